@@ -1,0 +1,124 @@
+"""Typed configuration of the decoder-only policy network (Qwen3 / Llama family)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+# Names accepted for dtypes in configs and on the command line.
+DTYPES: dict[str, Any] = {
+    "float32": jnp.float32,
+    "bfloat16": jnp.bfloat16,
+    "float16": jnp.float16,
+}
+
+# RoPE variants this implementation knows (HF ``rope_type``).
+ROPE_TYPES = ("default", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a Qwen3-style decoder.
+
+    ``qk_norm=True`` is Qwen3 (per-head RMSNorm on queries and keys before RoPE);
+    ``qk_norm=False`` is Llama. The dataclass is frozen and hashable, so it can be
+    a static argument of ``jax.jit``.
+    """
+
+    vocab_size: int = 256
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_type: str = "default"
+    # llama3 rope scaling parameters (only read when rope_type == "llama3"):
+    # (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+    rope_scaling: tuple[float, float, float, int] | None = None
+    max_position_embeddings: int = 4096
+    qk_norm: bool = True
+    attention_bias: bool = False
+    tie_embeddings: bool = True
+    param_dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype of matmuls; norms and softmax stay float32
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention")
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"ModelConfig.{name} must be one of {sorted(DTYPES)}, "
+                                 f"got {getattr(self, name)!r}")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"ModelConfig.rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+        if self.rope_type == "llama3" and (self.rope_scaling is None or len(self.rope_scaling) != 4):
+            raise ValueError("rope_type='llama3' needs rope_scaling=(factor, low_freq_factor, "
+                             "high_freq_factor, original_max_position_embeddings)")
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads served by each key/value head."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def jnp_dtype(self):
+        return DTYPES[self.dtype]
+
+    @property
+    def jnp_param_dtype(self):
+        return DTYPES[self.param_dtype]
+
+    def num_params(self) -> int:
+        """Exact parameter count (embeddings included, counted once when tied)."""
+        d, h, kv, hd, f = (self.hidden_size, self.num_heads, self.num_kv_heads,
+                           self.head_dim, self.intermediate_size)
+        attn = d * h * hd + 2 * d * kv * hd + h * hd * d
+        if self.attention_bias:
+            attn += h * hd + 2 * kv * hd + d
+        norms = 2 * d + (2 * hd if self.qk_norm else 0)
+        layer = attn + 3 * d * f + norms
+        embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.num_layers * layer + embed + d
+
+    def matmul_flops_per_token(self, context: int = 0) -> int:
+        """Forward FLOPs of one token: 2 x (non-embedding weights + head) plus attention
+        over ``context`` keys (2 x 2 x heads x head_dim x context)."""
+        d, h, kv, hd, f = (self.hidden_size, self.num_heads, self.num_kv_heads,
+                           self.head_dim, self.intermediate_size)
+        weights = self.num_layers * (d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f)
+        weights += d * self.vocab_size  # output head
+        attn = self.num_layers * 4 * h * hd * context
+        return 2 * weights + attn
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# Named presets. The ~1M and ~30M sizes are the benchmark sizes of bench/sampler.py.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(),
+    "1m": ModelConfig(vocab_size=1024, hidden_size=128, num_layers=4, num_heads=4,
+                      num_kv_heads=2, head_dim=32, intermediate_size=384),
+    "30m": ModelConfig(vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8,
+                       num_kv_heads=4, head_dim=64, intermediate_size=1536),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """Look up a named preset; raises with the list of known names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}") from None

@@ -1,0 +1,364 @@
+"""Hugging Face checkpoint interchange for Qwen3 and Llama (config.json + safetensors).
+
+``from_hf(path)`` reads a checkpoint directory (single ``model.safetensors`` or a
+sharded ``model.safetensors.index.json``) into a :class:`ModelConfig` and a
+parameter pytree; ``to_hf(cfg, params, path)`` writes one that
+``transformers.AutoModelForCausalLM.from_pretrained`` loads. Reading uses
+``safetensors`` directly (no torch, no transformers); every problem found in a
+checkpoint raises :class:`CheckpointError` naming the tensor or file and what
+is wrong with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from swarmjax.models.config import DTYPES, ModelConfig
+from swarmjax.models.transformer import abstract_params
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match what the config says it should hold."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """What differs between the supported HF decoder families."""
+
+    hf_name: str         # config.json "architectures"[0]
+    model_type: str      # config.json "model_type"
+    qk_norm: bool
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    a.hf_name: a for a in (
+        Architecture("Qwen3ForCausalLM", "qwen3", qk_norm=True),
+        Architecture("LlamaForCausalLM", "llama", qk_norm=False),
+    )
+}
+
+# Tensors some checkpoints carry that hold nothing we need.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+    """One HF tensor <-> one (per-layer slice of a) swarmjax parameter.
+
+    ``to_ours`` maps the HF array to our layout; ``to_hf`` is its inverse.
+    """
+
+    hf: str                       # name, with {i} for the layer index
+    ours: tuple[str, ...]         # path in the params dict
+    to_ours: Callable[[np.ndarray, ModelConfig], np.ndarray]
+    to_hf: Callable[[np.ndarray, ModelConfig], np.ndarray]
+
+
+def _ident(x, c):
+    return x
+
+
+def _t(x, c):  # Linear weight [out, in] <-> [in, out]
+    return x.T
+
+
+def _heads_in(n: Callable[[ModelConfig], int]):
+    """[n*hd, D] -> [D, n, hd] and back."""
+    return (lambda x, c: x.T.reshape(c.hidden_size, n(c), c.head_dim),
+            lambda x, c: x.reshape(c.hidden_size, -1).T)
+
+
+def _heads_bias(n: Callable[[ModelConfig], int]):
+    return (lambda x, c: x.reshape(n(c), c.head_dim), lambda x, c: x.reshape(-1))
+
+
+_Q, _KV = (lambda c: c.num_heads), (lambda c: c.num_kv_heads)
+
+
+def _tensor_table(cfg: ModelConfig) -> list[_Tensor]:
+    L = "model.layers.{i}."
+    table = [
+        _Tensor("model.embed_tokens.weight", ("embed",), _ident, _ident),
+        _Tensor("model.norm.weight", ("final_norm", "scale"), _ident, _ident),
+        _Tensor(L + "input_layernorm.weight", ("layers", "input_norm", "scale"), _ident, _ident),
+        _Tensor(L + "post_attention_layernorm.weight", ("layers", "post_attn_norm", "scale"),
+                _ident, _ident),
+        _Tensor(L + "self_attn.q_proj.weight", ("layers", "attn", "q_proj"), *_heads_in(_Q)),
+        _Tensor(L + "self_attn.k_proj.weight", ("layers", "attn", "k_proj"), *_heads_in(_KV)),
+        _Tensor(L + "self_attn.v_proj.weight", ("layers", "attn", "v_proj"), *_heads_in(_KV)),
+        _Tensor(L + "self_attn.o_proj.weight", ("layers", "attn", "o_proj"),
+                lambda x, c: x.T.reshape(c.num_heads, c.head_dim, c.hidden_size),
+                lambda x, c: x.reshape(-1, c.hidden_size).T),
+        _Tensor(L + "mlp.gate_proj.weight", ("layers", "mlp", "gate_proj"), _t, _t),
+        _Tensor(L + "mlp.up_proj.weight", ("layers", "mlp", "up_proj"), _t, _t),
+        _Tensor(L + "mlp.down_proj.weight", ("layers", "mlp", "down_proj"), _t, _t),
+    ]
+    if cfg.qk_norm:
+        table += [
+            _Tensor(L + "self_attn.q_norm.weight", ("layers", "attn", "q_norm", "scale"), _ident, _ident),
+            _Tensor(L + "self_attn.k_norm.weight", ("layers", "attn", "k_norm", "scale"), _ident, _ident),
+        ]
+    if cfg.attention_bias:
+        table += [
+            _Tensor(L + "self_attn.q_proj.bias", ("layers", "attn", "q_bias"), *_heads_bias(_Q)),
+            _Tensor(L + "self_attn.k_proj.bias", ("layers", "attn", "k_bias"), *_heads_bias(_KV)),
+            _Tensor(L + "self_attn.v_proj.bias", ("layers", "attn", "v_bias"), *_heads_bias(_KV)),
+            _Tensor(L + "self_attn.o_proj.bias", ("layers", "attn", "o_bias"), _ident, _ident),
+        ]
+    if not cfg.tie_embeddings:
+        table.append(_Tensor("lm_head.weight", ("lm_head",), _t, _t))
+    return table
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def config_from_hf(hf: dict[str, Any], param_dtype: str = "float32",
+                   dtype: str | None = None) -> tuple[ModelConfig, Architecture]:
+    """Translate a parsed ``config.json`` into a :class:`ModelConfig`; raises
+    :class:`CheckpointError` for architectures or options we do not implement."""
+    archs = hf.get("architectures") or []
+    arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+    if arch is None:
+        raise CheckpointError(f"unknown architecture {archs or hf.get('model_type')!r}; "
+                              f"supported: {sorted(ARCHITECTURES)}")
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"unsupported hidden_act {act!r} (only 'silu' / SwiGLU)")
+    if hf.get("mlp_bias"):
+        raise CheckpointError("unsupported option mlp_bias=true")
+    if hf.get("use_sliding_window"):
+        raise CheckpointError("unsupported option use_sliding_window=true")
+
+    rope = dict(hf.get("rope_parameters") or {})          # transformers >= 5
+    legacy = hf.get("rope_scaling") or {}                  # transformers 4.x
+    rope.setdefault("rope_theta", hf.get("rope_theta", 10_000.0))
+    for k, v in legacy.items():
+        rope.setdefault(k, v)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    rope_scaling = None
+    if rope_type == "llama3":
+        rope_scaling = (float(rope["factor"]), float(rope["low_freq_factor"]),
+                        float(rope["high_freq_factor"]),
+                        int(rope["original_max_position_embeddings"]))
+    elif rope_type != "default":
+        raise CheckpointError(f"unsupported rope_type {rope_type!r}; supported: default, llama3")
+
+    heads = hf["num_attention_heads"]
+    try:
+        cfg = ModelConfig(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"], num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            intermediate_size=hf["intermediate_size"], rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope["rope_theta"]), rope_type=rope_type, rope_scaling=rope_scaling,
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            qk_norm=arch.qk_norm, attention_bias=bool(hf.get("attention_bias", False)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            param_dtype=param_dtype, dtype=dtype or param_dtype)
+    except KeyError as e:
+        raise CheckpointError(f"config.json lacks required field {e.args[0]!r}") from None
+    return cfg, arch
+
+
+def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` dict for ``cfg`` (Qwen3 when qk_norm, else Llama)."""
+    arch = next(a for a in ARCHITECTURES.values() if a.qk_norm == cfg.qk_norm)
+    rope: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
+    if cfg.rope_type == "llama3":
+        f, lo, hi, old = cfg.rope_scaling
+        rope.update(factor=f, low_freq_factor=lo, high_freq_factor=hi,
+                    original_max_position_embeddings=old)
+    return {
+        "architectures": [arch.hf_name], "model_type": arch.model_type,
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
+        "hidden_act": "silu", "max_position_embeddings": cfg.max_position_embeddings,
+        "attention_bias": cfg.attention_bias, "mlp_bias": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        # both spellings, so transformers 4.x and 5.x read the same RoPE
+        "rope_parameters": rope, "rope_theta": cfg.rope_theta,
+        "rope_scaling": None if cfg.rope_type == "default" else rope,
+        "dtype": cfg.param_dtype, "torch_dtype": cfg.param_dtype,
+    }
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _tensor_files(path: str) -> dict[str, str]:
+    """tensor name -> safetensors file for a checkpoint directory."""
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.exists(index):
+        with open(index) as f:
+            try:
+                weight_map = json.load(f)["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    single = os.path.join(path, WEIGHTS_FILE)
+    if not os.path.exists(single):
+        raise CheckpointError(f"{path}: neither {WEIGHTS_FILE} nor {INDEX_FILE} found")
+    return {name: single for name in _keys_of(single)}
+
+
+def _keys_of(file: str) -> list[str]:
+    try:
+        with safe_open(file, framework="numpy") as f:
+            return list(f.keys())
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file}: unreadable safetensors file ({e})") from None
+
+
+class _Reader:
+    """Reads tensors by name, keeping each shard file open once."""
+
+    def __init__(self, files: dict[str, str]):
+        self.files, self.handles, self.used = files, {}, set()
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.files:
+            raise CheckpointError(f"missing tensor {name!r}")
+        file = self.files[name]
+        try:
+            if file not in self.handles:
+                if not os.path.exists(file):
+                    raise CheckpointError(f"tensor {name!r}: shard file {file} does not exist")
+                self.handles[file] = safe_open(file, framework="numpy").__enter__()
+            self.used.add(name)
+            return self.handles[file].get_tensor(name)
+        except SafetensorError as e:
+            raise CheckpointError(f"tensor {name!r} in {file}: unreadable ({e})") from None
+
+    def close(self):
+        for h in self.handles.values():
+            h.__exit__(None, None, None)
+
+
+def _set(tree: dict, path: tuple[str, ...], value):
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _get(tree: dict, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def from_hf(path: str, param_dtype: str = "float32", dtype: str | None = None,
+            shardings: Any = None) -> tuple[ModelConfig, dict[str, Any]]:
+    """Load a Qwen3/Llama HF checkpoint directory.
+
+    Args:
+      path: directory with ``config.json`` and safetensors weights.
+      param_dtype: dtype the parameters are stored in here ("float32" / "bfloat16").
+      dtype: compute dtype (default: ``param_dtype``).
+      shardings: optional pytree of ``NamedSharding`` (see
+        :func:`swarmjax.sharding.tree_shardings`) to place each parameter with.
+
+    Returns:
+      (config, params) with params in the layout of :func:`swarmjax.models.init_params`.
+
+    Raises:
+      CheckpointError: unknown architecture, missing/unexpected tensor, wrong shape,
+        unreadable file -- the message names the tensor or file.
+    """
+    cfg_file = os.path.join(path, CONFIG_FILE)
+    if not os.path.exists(cfg_file):
+        raise CheckpointError(f"{path}: no {CONFIG_FILE}")
+    with open(cfg_file) as f:
+        cfg, _ = config_from_hf(json.load(f), param_dtype, dtype)
+    target = abstract_params(cfg)
+    np_dtype = np.dtype(DTYPES[param_dtype])
+    reader = _Reader(_tensor_files(path))
+    params: dict[str, Any] = {}
+    try:
+        for entry in _tensor_table(cfg):
+            want = _get(target, entry.ours).shape
+            layered = "{i}" in entry.hf
+            names = [entry.hf.format(i=i) for i in range(cfg.num_layers)] if layered else [entry.hf]
+            per_layer = want[1:] if layered else want
+            expected = entry.to_hf(np.zeros(per_layer, np.float32), cfg).shape
+            parts = []
+            for name in names:
+                hf_arr = reader.get(name)
+                if tuple(hf_arr.shape) != tuple(expected):
+                    raise CheckpointError(f"tensor {name!r} has shape {tuple(hf_arr.shape)}, "
+                                          f"expected {tuple(expected)}")
+                parts.append(entry.to_ours(hf_arr, cfg).astype(np_dtype))
+            _set(params, entry.ours, np.stack(parts) if layered else parts[0])
+        leftover = sorted(n for n in set(reader.files) - reader.used
+                          if not n.endswith(_IGNORED_SUFFIXES)
+                          and not (cfg.tie_embeddings and n == "lm_head.weight"))
+        if leftover:
+            raise CheckpointError(f"unexpected tensor {leftover[0]!r} ({len(leftover)} unexpected "
+                                  f"in all) for {cfg.num_layers}-layer config in {path}")
+    finally:
+        reader.close()
+    if shardings is None:
+        params = jax.tree.map(jax.numpy.asarray, params)
+    else:
+        params = jax.tree.map(jax.device_put, params, shardings)
+    return cfg, params
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def to_hf(cfg: ModelConfig, params: dict[str, Any], path: str,
+          max_shard_bytes: int | None = None) -> None:
+    """Write ``cfg`` and ``params`` as an HF checkpoint directory.
+
+    ``max_shard_bytes`` splits the weights into ``model-0000k-of-0000n.safetensors``
+    files with a ``model.safetensors.index.json`` (as ``save_pretrained`` does).
+    """
+    os.makedirs(path, exist_ok=True)
+    host = jax.tree.map(np.asarray, jax.device_get(params))
+    tensors: dict[str, np.ndarray] = {}
+    for entry in _tensor_table(cfg):
+        arr = _get(host, entry.ours)
+        if "{i}" in entry.hf:
+            for i in range(cfg.num_layers):
+                tensors[entry.hf.format(i=i)] = np.ascontiguousarray(entry.to_hf(arr[i], cfg))
+        else:
+            tensors[entry.hf] = np.ascontiguousarray(entry.to_hf(arr, cfg))
+    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+        json.dump(config_to_hf(cfg), f, indent=2)
+    meta = {"format": "pt"}
+    if max_shard_bytes is None:
+        save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata=meta)
+        return
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, arr in tensors.items():
+        if shards[-1] and size + arr.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = arr
+        size += arr.nbytes
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(path, file), metadata=meta)
+        weight_map.update({name: file for name in shard})
+    total = sum(a.nbytes for a in tensors.values())
+    with open(os.path.join(path, INDEX_FILE), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

@@ -1,0 +1,142 @@
+"""Device mesh and the one table that maps logical axis names to mesh axes.
+
+Parameters and activations are annotated with *logical* axis names
+(``("embed", "mlp")``); :data:`DEFAULT_RULES` says which mesh axis (``data``,
+``fsdp``, ``tensor``) each logical name is split over. Changing the parallelism
+layout is changing this table, never the model code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical name -> mesh axis (or tuple of mesh axes, or None for replicated).
+DEFAULT_RULES: dict[str, Any] = {
+    "batch": ("data", "fsdp"),   # activations / rollouts: pure data parallel over data x fsdp
+    "vocab": "tensor",
+    "embed": "fsdp",             # ZeRO-3 style: weights split over fsdp, gathered per layer
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "layers": None,
+    "norm": None,
+    "seq": None,
+    "cache_seq": None,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh shape over (data, fsdp, tensor). One entry may be -1: "the remaining devices"."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def shape(self, num_devices: int) -> tuple[int, int, int]:
+        """Resolve -1 and check the product against ``num_devices``; raises ValueError."""
+        sizes = [self.data, self.fsdp, self.tensor]
+        if any(s == 0 or s < -1 for s in sizes):
+            raise ValueError(f"mesh sizes must be positive or -1, got {dict(zip(MESH_AXES, sizes))}")
+        if sizes.count(-1) > 1:
+            raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+        known = math.prod(s for s in sizes if s != -1)
+        if -1 in sizes:
+            if num_devices % known:
+                raise ValueError(f"cannot fill mesh {dict(zip(MESH_AXES, sizes))} with "
+                                 f"{num_devices} devices: {num_devices} is not a multiple of {known}")
+            sizes[sizes.index(-1)] = num_devices // known
+        elif known != num_devices:
+            raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {known} devices, "
+                             f"but {num_devices} are available")
+        return tuple(sizes)
+
+
+def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Build a ``(data, fsdp, tensor)`` mesh over ``devices`` (default: all devices).
+
+    Axes are ``AxisType.Auto``: the compiler propagates shardings from the
+    ``in_shardings``/``out_shardings`` we give ``jax.jit``.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = config.shape(len(devices))
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def _mesh_axes_for(name: str | None, rules: Mapping[str, Any]) -> tuple[str, ...]:
+    if name is None:
+        return ()
+    if name not in rules:
+        raise KeyError(f"logical axis {name!r} has no sharding rule; known: {sorted(rules)}")
+    axes = rules[name]
+    if axes is None:
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    rules: Mapping[str, Any] = DEFAULT_RULES) -> PartitionSpec:
+    """Map logical axis names of one array to a mesh ``PartitionSpec``.
+
+    A dimension not divisible by its mesh axes' total size is replicated instead
+    (e.g. 2 kv heads on a tensor axis of 4), and a mesh axis is used at most once
+    per array (first dimension wins), so every spec this returns is valid.
+    """
+    if len(logical) != len(shape):
+        raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
+    used: set[str] = set()
+    out = []
+    for name, size in zip(logical, shape):
+        axes = tuple(a for a in _mesh_axes_for(name, rules) if a not in used and mesh.shape[a] > 1)
+        total = math.prod(mesh.shape[a] for a in axes)
+        if not axes or size % total:
+            out.append(None)
+            continue
+        used.update(axes)
+        out.append(axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*out)
+
+
+def logical_sharding(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                     rules: Mapping[str, Any] = DEFAULT_RULES) -> NamedSharding:
+    """``NamedSharding`` for one array from its logical axis names."""
+    return NamedSharding(mesh, logical_to_spec(logical, shape, mesh, rules))
+
+
+def tree_shardings(logical_tree: Any, shape_tree: Any, mesh: Mesh,
+                   rules: Mapping[str, Any] = DEFAULT_RULES) -> Any:
+    """Map a pytree of logical ``PartitionSpec``s (leaves) and a matching pytree of
+    arrays / ``ShapeDtypeStruct``s to a pytree of ``NamedSharding``s."""
+    is_spec = lambda x: isinstance(x, PartitionSpec)
+    return jax.tree.map(lambda spec, x: logical_sharding(tuple(spec), _shape(x), mesh, rules),
+                        logical_tree, shape_tree, is_leaf=is_spec)
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def shard_tree(tree: Any, shardings: Any) -> Any:
+    """Place every array of ``tree`` with the matching ``NamedSharding`` (host or device input)."""
+    return jax.tree.map(lambda x, s: jax.device_put(x, s), tree, shardings)
+
+
+def batch_sharding(mesh: Mesh, ndim: int, rules: Mapping[str, Any] = DEFAULT_RULES,
+                   batch_size: int | None = None) -> NamedSharding:
+    """Sharding of an array whose leading axis is the batch: split over the batch
+    rule's mesh axes (``data`` x ``fsdp``), other axes replicated. When
+    ``batch_size`` is given and not divisible, the array is replicated."""
+    logical = ("batch",) + (None,) * (ndim - 1)
+    shape = (batch_size if batch_size is not None else
+             math.prod(mesh.shape[a] for a in _mesh_axes_for("batch", rules)),) + (1,) * (ndim - 1)
+    return logical_sharding(logical, shape, mesh, rules)
