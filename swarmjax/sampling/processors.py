@@ -1,0 +1,93 @@
+"""Turning logits into a token: temperature, top-k, top-p, greedy; with log-probs.
+
+Pure functions on ``[B, V]`` float32 logits, usable inside any jitted loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are chosen; frozen and hashable (a static jit argument).
+
+    temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+    top_k: keep the k largest logits (0 = off).
+    top_p: keep the smallest set of tokens whose probability reaches p (1 = off).
+    max_new_tokens: size of the output buffer; rows may stop earlier (per-row limit,
+      stop tokens), and the loop ends as soon as every row has stopped.
+    pad_id: written after a row has stopped.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 32
+    pad_id: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def filter_logits(logits: Array, cfg: SamplingConfig) -> Array:
+    """The sampling distribution's logits [B, V]: ``logits / T``, then top-k, then
+    top-p (nucleus) applied as in HF ``generate``; removed tokens get ``-inf``."""
+    logits = logits.astype(jnp.float32) / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = lax.top_k(logits, cfg.top_k)[0][..., -1:]                 # [B, 1]
+        logits = jnp.where(logits >= kth, logits, -jnp.inf)
+    if cfg.top_p < 1.0:
+        sorted_logits = jnp.flip(jnp.sort(logits, axis=-1), axis=-1)    # [B, V] descending
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs                      # mass strictly above
+        keep = jnp.sum(before < cfg.top_p, axis=-1, keepdims=True)       # >= 1 token kept
+        threshold = jnp.take_along_axis(sorted_logits, keep - 1, axis=-1)
+        logits = jnp.where(logits >= threshold, logits, -jnp.inf)
+    return logits
+
+
+def select_tokens(logits: Array, key: Array, cfg: SamplingConfig) -> tuple[Array, Array, Array]:
+    """Choose one token per row.
+
+    Args:
+      logits: [B, V] raw model logits.
+      key: PRNG key (unused when greedy).
+
+    Returns:
+      tokens [B] int32;
+      logprob [B]: log-probability of the token under the distribution actually
+        sampled from (after temperature/top-k/top-p; 0 for greedy, a point mass);
+      model_logprob [B]: ``log softmax(logits)[token]``, the plain temperature-1 model.
+    """
+    logits = logits.astype(jnp.float32)
+    if cfg.greedy:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logprob = jnp.zeros(tokens.shape, jnp.float32)
+    else:
+        filtered = filter_logits(logits, cfg)
+        tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+        logprob = _gather(jax.nn.log_softmax(filtered, axis=-1), tokens)
+    model_logprob = _gather(jax.nn.log_softmax(logits, axis=-1), tokens)
+    return tokens, logprob, model_logprob
+
+
+def _gather(x: Array, idx: Array) -> Array:
+    return jnp.take_along_axis(x, idx[:, None], axis=-1)[:, 0]

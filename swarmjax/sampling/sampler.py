@@ -1,0 +1,216 @@
+"""On-device autoregressive sampling with a KV cache: prefill + ``lax.while_loop``
+decode inside one ``jax.jit``.
+
+:func:`generate` is the pure, traceable core (use it inside your own jitted
+code); :class:`Sampler` jits it once with ``NamedSharding``s over a mesh (batch
+over the data axes, weights by the logical rule table) and donates the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from swarmjax.models.config import ModelConfig
+from swarmjax.models.transformer import (KVCache, cache_logical_axes, default_positions, forward,
+                                         init_cache, param_logical_axes)
+from swarmjax.sampling.processors import SamplingConfig, select_tokens
+from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    """Result of :func:`generate` for B rows and N = ``max_new_tokens``.
+
+    tokens:         [B, N] int32 sampled ids, ``pad_id`` after a row stopped.
+    logprobs:       [B, N] f32 log-prob under the sampling distribution used (0 where masked).
+    model_logprobs: [B, N] f32 log-prob under the plain temperature-1 model (0 where masked).
+    token_mask:     [B, N] bool, True on generated tokens (the stop token included).
+    lengths:        [B] int32 number of generated tokens.
+    done:           [B] bool, row stopped (stop token or its own max_new_tokens).
+    cache:          the KV cache after decoding (prompt left-aligned at slot 0).
+    """
+
+    tokens: Array
+    logprobs: Array
+    model_logprobs: Array
+    token_mask: Array
+    lengths: Array
+    done: Array
+    cache: KVCache
+
+
+def left_align(tokens: Array, mask: Array) -> tuple[Array, Array]:
+    """Move padding of each row to the front, keeping token order (works for
+    right-, left- or already-aligned padding). tokens, mask: [B, P]."""
+    order = jnp.argsort(mask.astype(jnp.int32), axis=1, stable=True)    # pads first
+    return (jnp.take_along_axis(tokens, order, axis=1),
+            jnp.take_along_axis(mask.astype(bool), order, axis=1))
+
+
+def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array,
+             prompt_mask: Array, key: Array, cache: KVCache,
+             max_new_tokens: Array | None = None, stop_tokens: Array | None = None) -> SampleOutput:
+    """Sample continuations of a batch of prompts (traceable; jit it or call it in jit).
+
+    Args:
+      params: model parameters.
+      cfg, scfg: static model and sampling configs.
+      prompts: [B, P] int token ids; prompt_mask: [B, P] bool (False on padding,
+        left or right). Every row needs at least one real token.
+      key: PRNG key.
+      cache: a :class:`KVCache` with ``max_len >= P + scfg.max_new_tokens``; its
+        contents are overwritten (pass the previous call's ``out.cache`` to reuse the buffer).
+      max_new_tokens: optional [B] int per-row limit (<= ``scfg.max_new_tokens``).
+      stop_tokens: optional [B, K] int per-row stop ids, padded with -1.
+
+    Decoding stops for a row at its first stop token or its limit, and the whole
+    loop ends when every row has stopped.
+    """
+    B, P = prompts.shape
+    N = scfg.max_new_tokens
+    if cache.max_len < P + N:
+        raise ValueError(f"cache holds {cache.max_len} slots, need prompt {P} + {N} new tokens")
+    limit = jnp.full((B,), N, jnp.int32) if max_new_tokens is None else \
+        jnp.minimum(jnp.asarray(max_new_tokens, jnp.int32), N)
+    stops = jnp.full((B, 0), -1, jnp.int32) if stop_tokens is None else jnp.asarray(stop_tokens, jnp.int32)
+
+    prompts, prompt_mask = left_align(prompts, prompt_mask)
+    cache = cache.replace(valid=jnp.zeros_like(cache.valid))
+    out = forward(params, cfg, prompts, default_positions(prompt_mask), prompt_mask, cache, 0)
+    next_pos = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)              # [B]
+
+    def record(state, i, logits, key):
+        tokens, lps, mlps, lengths, done = state
+        tok, lp, mlp = select_tokens(logits, key, scfg)                    # [B] each
+        active = ~done
+        tok = jnp.where(active, tok, scfg.pad_id)
+        tokens = tokens.at[:, i].set(tok)
+        lps = lps.at[:, i].set(jnp.where(active, lp, 0.0))
+        mlps = mlps.at[:, i].set(jnp.where(active, mlp, 0.0))
+        lengths = lengths + active
+        hit_stop = jnp.any(tok[:, None] == stops, axis=-1)
+        done = done | (active & hit_stop) | (lengths >= limit)
+        return (tokens, lps, mlps, lengths, done), tok, active
+
+    state = (jnp.full((B, N), scfg.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32),
+             jnp.zeros((B, N), jnp.float32), jnp.zeros((B,), jnp.int32), limit <= 0)
+    key, sub = jax.random.split(key)
+    state, tok, active = record(state, 0, out.logits[:, -1], sub)
+
+    def cond(carry):
+        i, state, *_ = carry
+        return (i < N - 1) & ~jnp.all(state[-1])
+
+    def body(carry):
+        i, state, tok, active, cache, pos, key = carry
+        step = forward(params, cfg, tok[:, None], pos[:, None], active[:, None], cache, P + i)
+        key, sub = jax.random.split(key)
+        state, tok, active = record(state, i + 1, step.logits[:, 0], sub)
+        return i + 1, state, tok, active, step.cache, pos + 1, key
+
+    carry = (jnp.int32(0), state, tok, active, out.cache, next_pos, key)
+    _, state, _, _, cache, _, _ = lax.while_loop(cond, body, carry)
+    tokens, lps, mlps, lengths, done = state
+    token_mask = jnp.arange(N)[None, :] < lengths[:, None]
+    return SampleOutput(tokens=tokens, logprobs=lps, model_logprobs=mlps, token_mask=token_mask,
+                        lengths=lengths, done=done, cache=cache)
+
+
+class Sampler:
+    """Jitted :func:`generate` for one model/sampling config, optionally over a mesh.
+
+    >>> sampler = Sampler(cfg, SamplingConfig(temperature=0.0, max_new_tokens=16))
+    >>> out = sampler(params, prompts, prompt_mask, jax.random.key(0))
+
+    With ``mesh``, inputs are placed with ``NamedSharding``s: batch over the mesh's
+    data axes (replicated if not divisible), weights and cache by the logical
+    rule table. The cache argument is donated: pass ``out.cache`` back in to
+    decode the next batch in the same buffer.
+    """
+
+    def __init__(self, cfg: ModelConfig, scfg: SamplingConfig, mesh: Mesh | None = None,
+                 rules=DEFAULT_RULES):
+        self.cfg, self.scfg, self.mesh, self.rules = cfg, scfg, mesh, rules
+        self._jitted: dict[tuple, Any] = {}
+
+    def param_shardings(self, params: Any) -> Any:
+        """NamedShardings of ``params`` on this sampler's mesh (None without a mesh)."""
+        if self.mesh is None:
+            return None
+        return tree_shardings(param_logical_axes(self.cfg), params, self.mesh, self.rules)
+
+    def _cache_shardings(self, batch: int, max_len: int):
+        shapes = jax.eval_shape(lambda: init_cache(self.cfg, batch, max_len))
+        return tree_shardings(cache_logical_axes(), shapes, self.mesh, self.rules)
+
+    def init_cache(self, batch: int, prompt_len: int) -> KVCache:
+        """An empty cache sized for ``prompt_len + max_new_tokens`` (sharded on the mesh)."""
+        max_len = prompt_len + self.scfg.max_new_tokens
+        if self.mesh is None:
+            return init_cache(self.cfg, batch, max_len)
+        return jax.jit(lambda: init_cache(self.cfg, batch, max_len),
+                       out_shardings=self._cache_shardings(batch, max_len))()
+
+    def _compile(self, params, batch: int, cache: KVCache, per_row: tuple[bool, bool]):
+        sig = (batch, cache.max_len, per_row)
+        if sig in self._jitted:
+            return self._jitted[sig]
+        def fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens):
+            return generate(params, self.cfg, self.scfg, prompts, prompt_mask, key, cache,
+                            max_new_tokens, stop_tokens)
+
+        if self.mesh is None:
+            jitted = jax.jit(fn, donate_argnums=4)
+        else:
+            rows = lambda nd: batch_sharding(self.mesh, nd, self.rules, batch)
+            repl = NamedSharding(self.mesh, PartitionSpec())
+            jitted = jax.jit(
+                fn, donate_argnums=4,
+                in_shardings=(self.param_shardings(params), rows(2), rows(2), repl,
+                              self._cache_shardings(batch, cache.max_len),
+                              rows(1) if per_row[0] else None, rows(2) if per_row[1] else None))
+        self._jitted[sig] = jitted
+        return jitted
+
+    def __call__(self, params: Any, prompts: Array, prompt_mask: Array | None = None,
+                 key: Array | None = None, max_new_tokens: Array | None = None,
+                 stop_tokens: Array | None = None, cache: KVCache | None = None) -> SampleOutput:
+        """Sample; shapes as in :func:`generate`. ``prompt_mask`` defaults to all True,
+        ``key`` to ``jax.random.key(0)``, ``cache`` to a fresh one."""
+        prompts = jnp.asarray(prompts, jnp.int32)
+        B, P = prompts.shape
+        prompt_mask = jnp.ones((B, P), bool) if prompt_mask is None else jnp.asarray(prompt_mask, bool)
+        if not bool(jnp.all(jnp.any(prompt_mask, axis=1))):
+            raise ValueError("every prompt row needs at least one real (unmasked) token")
+        if int(jnp.max(prompts)) >= self.cfg.vocab_size or int(jnp.min(prompts)) < 0:
+            raise ValueError(f"prompt token ids must be in [0, {self.cfg.vocab_size})")
+        key = jax.random.key(0) if key is None else key
+        cache = self.init_cache(B, P) if cache is None else cache
+        fn = self._compile(params, B, cache, (max_new_tokens is not None, stop_tokens is not None))
+        return fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens)
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
+                length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged lists of token ids -> left-padded ``tokens [B, P]`` and ``mask [B, P]``."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("need at least one prompt, and every prompt needs at least one token")
+    P = max(len(p) for p in prompts) if length is None else length
+    if any(len(p) > P for p in prompts):
+        raise ValueError(f"a prompt is longer than length={P}")
+    tokens = np.full((len(prompts), P), pad_id, np.int32)
+    mask = np.zeros((len(prompts), P), bool)
+    for b, p in enumerate(prompts):
+        tokens[b, P - len(p):] = p
+        mask[b, P - len(p):] = True
+    return tokens, mask
