@@ -258,8 +258,12 @@ def _dummy_inputs(cfg: ModelConfig):
 def init_params(cfg: ModelConfig, key: Array) -> dict[str, Any]:
     """Random parameters (normal(0.02) weights, unit norms, zero biases) as a plain
     nested dict of arrays with stacked ``[L, ...]`` layer weights."""
-    variables = Transformer(cfg).init(key, *_dummy_inputs(cfg))
-    return nn.meta.unbox(variables["params"])
+    return _init_jit(cfg, key)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_jit(cfg: ModelConfig, key: Array) -> dict[str, Any]:
+    return nn.meta.unbox(Transformer(cfg).init(key, *_dummy_inputs(cfg))["params"])
 
 
 @functools.lru_cache(maxsize=32)
@@ -327,3 +331,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array,
         positions = default_positions(token_mask)
     return Transformer(cfg).apply({"params": params}, tokens, positions, token_mask, cache,
                                   jnp.asarray(cache_index, jnp.int32), return_max_logits)
+
+
+# ``forward`` compiled once per (config, shapes): for callers outside their own jit.
+forward_jit = jax.jit(forward, static_argnums=1, static_argnames="return_max_logits")

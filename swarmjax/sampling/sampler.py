@@ -100,25 +100,26 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
         lengths = lengths + active
         hit_stop = jnp.any(tok[:, None] == stops, axis=-1)
         done = done | (active & hit_stop) | (lengths >= limit)
-        return (tokens, lps, mlps, lengths, done), tok, active
+        # only rows still running feed their token back (finished rows stay invalid)
+        return (tokens, lps, mlps, lengths, done), tok, ~done
 
     state = (jnp.full((B, N), scfg.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32),
              jnp.zeros((B, N), jnp.float32), jnp.zeros((B,), jnp.int32), limit <= 0)
     key, sub = jax.random.split(key)
-    state, tok, active = record(state, 0, out.logits[:, -1], sub)
+    state, tok, feed = record(state, 0, out.logits[:, -1], sub)
 
     def cond(carry):
         i, state, *_ = carry
         return (i < N - 1) & ~jnp.all(state[-1])
 
     def body(carry):
-        i, state, tok, active, cache, pos, key = carry
-        step = forward(params, cfg, tok[:, None], pos[:, None], active[:, None], cache, P + i)
+        i, state, tok, feed, cache, pos, key = carry
+        step = forward(params, cfg, tok[:, None], pos[:, None], feed[:, None], cache, P + i)
         key, sub = jax.random.split(key)
-        state, tok, active = record(state, i + 1, step.logits[:, 0], sub)
-        return i + 1, state, tok, active, step.cache, pos + 1, key
+        state, tok, feed = record(state, i + 1, step.logits[:, 0], sub)
+        return i + 1, state, tok, feed, step.cache, pos + 1, key
 
-    carry = (jnp.int32(0), state, tok, active, out.cache, next_pos, key)
+    carry = (jnp.int32(0), state, tok, feed, out.cache, next_pos, key)
     _, state, _, _, cache, _, _ = lax.while_loop(cond, body, carry)
     tokens, lps, mlps, lengths, done = state
     token_mask = jnp.arange(N)[None, :] < lengths[:, None]

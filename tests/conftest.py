@@ -1,0 +1,38 @@
+"""Shared fixtures. The suite runs with 8 simulated CPU devices so sharded and
+unsharded code are tested in one process (1-device code uses device 0)."""
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from swarmjax.models import ModelConfig, init_params  # noqa: E402
+
+
+def spread(params, scale=8.0):
+    """Random-init weights are tiny (std 0.02), so a random model repeats its last
+    token; scaling the matrices makes greedy decoding exercise many different ids."""
+    return jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, params)
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+    # untied, GQA with 2 query heads per kv head, qk-norm: every code path of the model.
+    return ModelConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                       head_dim=8, intermediate_size=64, tie_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_params(tiny_cfg):
+    return spread(init_params(tiny_cfg, jax.random.key(0)))
+
+
+@pytest.fixture
+def rng():
+    return np.random.RandomState(0)

@@ -1,0 +1,147 @@
+"""The decoder against an independent NumPy implementation written from the Qwen3 formulas."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swarmjax.models import ModelConfig, forward, init_cache, init_params, param_logical_axes
+from swarmjax.models.transformer import abstract_params, forward_jit
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _rope(x, pos, theta):  # x [T, N, hd]
+    hd = x.shape[-1]
+    inv = 1.0 / theta ** (np.arange(0, hd, 2) / hd)
+    ang = pos[:, None] * inv[None]                       # [T, hd/2]
+    cos, sin = np.cos(ang)[:, None], np.sin(ang)[:, None]
+    x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def numpy_forward(p, cfg, tokens):
+    """One sequence [T] -> logits [T, V], max pre-softmax logit [L, H]."""
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+    x = p["embed"][tokens]
+    maxes = []
+    for l in range(cfg.num_layers):
+        lp = jax.tree.map(lambda a: a[l], p["layers"])
+        a = lp["attn"]
+        h = _rms(x, lp["input_norm"]["scale"], cfg.rms_norm_eps)
+        q = np.einsum("td,dhk->thk", h, a["q_proj"])
+        k = np.einsum("td,dhk->thk", h, a["k_proj"])
+        v = np.einsum("td,dhk->thk", h, a["v_proj"])
+        q = _rope(_rms(q, a["q_norm"]["scale"], cfg.rms_norm_eps), pos, cfg.rope_theta)
+        k = _rope(_rms(k, a["k_norm"]["scale"], cfg.rms_norm_eps), pos, cfg.rope_theta)
+        outs, mx = [], []
+        for head in range(cfg.num_heads):
+            kv = head // cfg.num_groups
+            s = q[:, head] @ k[:, kv].T / np.sqrt(cfg.head_dim)     # [T, T]
+            s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+            mx.append(s.max())
+            w = np.exp(s - s.max(-1, keepdims=True))
+            outs.append((w / w.sum(-1, keepdims=True)) @ v[:, kv])
+        maxes.append(mx)
+        x = x + np.einsum("thk,hkd->td", np.stack(outs, 1), a["o_proj"])
+        h = _rms(x, lp["post_attn_norm"]["scale"], cfg.rms_norm_eps)
+        m = lp["mlp"]
+        g = h @ m["gate_proj"]
+        x = x + (g / (1 + np.exp(-g)) * (h @ m["up_proj"])) @ m["down_proj"]
+    x = _rms(x, p["final_norm"]["scale"], cfg.rms_norm_eps)
+    return x @ p["lm_head"], np.array(maxes)
+
+
+def test_forward_matches_numpy_reference(tiny_cfg, tiny_params, rng):
+    tokens = rng.randint(0, tiny_cfg.vocab_size, (2, 11))
+    out = forward_jit(tiny_params, tiny_cfg, jnp.asarray(tokens), return_max_logits=True)
+    assert out.logits.shape == (2, 11, tiny_cfg.vocab_size) and out.logits.dtype == jnp.float32
+    ref_maxes = []
+    for b in range(2):
+        ref_logits, ref_max = numpy_forward(tiny_params, tiny_cfg, tokens[b])
+        np.testing.assert_allclose(out.logits[b], ref_logits, atol=2e-4, rtol=1e-4)
+        ref_maxes.append(ref_max)
+    # max over the batch, per layer and head
+    np.testing.assert_allclose(out.max_logits, np.max(ref_maxes, axis=0), atol=1e-4, rtol=1e-4)
+    assert out.max_logits.shape == (tiny_cfg.num_layers, tiny_cfg.num_heads)
+
+
+def test_max_logits_not_computed_unless_requested(tiny_cfg, tiny_params):
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    assert forward_jit(tiny_params, tiny_cfg, tokens).max_logits is None
+    hlo = jax.jit(lambda p, t: forward_jit(p, tiny_cfg, t).logits).lower(tiny_params, tokens).as_text()
+    hlo_max = jax.jit(lambda p, t: forward_jit(p, tiny_cfg, t, return_max_logits=True)
+                      ).lower(tiny_params, tokens).as_text()
+    assert hlo.count("maximum") < hlo_max.count("maximum")
+
+
+def test_left_padding_does_not_change_real_tokens(tiny_cfg, tiny_params, rng):
+    tokens = rng.randint(1, tiny_cfg.vocab_size, (1, 6))
+    padded = np.concatenate([np.zeros((1, 3), int), tokens], 1)
+    mask = np.concatenate([np.zeros((1, 3), bool), np.ones((1, 6), bool)], 1)
+    a = forward_jit(tiny_params, tiny_cfg, jnp.asarray(tokens)).logits
+    b = forward_jit(tiny_params, tiny_cfg, jnp.asarray(padded), token_mask=jnp.asarray(mask)).logits
+    np.testing.assert_allclose(a, b[:, 3:], atol=1e-5)
+
+
+def test_cached_chunks_match_full_forward(tiny_cfg, tiny_params, rng):
+    tokens = jnp.asarray(rng.randint(0, tiny_cfg.vocab_size, (2, 9)))
+    full = forward_jit(tiny_params, tiny_cfg, tokens).logits
+    cache = init_cache(tiny_cfg, 2, 12)
+    got, start = [], 0
+    for size in (4, 1, 3, 1):   # prefill, then single tokens and a chunk
+        chunk = tokens[:, start:start + size]
+        pos = jnp.broadcast_to(jnp.arange(start, start + size), chunk.shape)
+        out = forward_jit(tiny_params, tiny_cfg, chunk, pos, cache=cache, cache_index=start)
+        cache, start = out.cache, start + size
+        got.append(out.logits)
+    np.testing.assert_allclose(jnp.concatenate(got, 1), full, atol=1e-5)
+    assert int(cache.valid.sum()) == 2 * 9
+
+
+def test_param_tree_layout_and_logical_axes(tiny_cfg):
+    params = abstract_params(tiny_cfg)
+    logical = param_logical_axes(tiny_cfg)
+    flat_p = jax.tree_util.tree_leaves_with_path(params)
+    flat_l = jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    assert len(flat_p) == len(flat_l)
+    for (path, leaf), spec in zip(flat_p, flat_l):
+        assert len(spec) == leaf.ndim, (path, spec)
+    # stacked layers, per-head projections (Muon orthogonalises per matrix later)
+    assert params["layers"]["attn"]["q_proj"].shape == (2, 32, 4, 8)
+    assert logical["layers"]["attn"]["q_proj"] == jax.sharding.PartitionSpec(
+        "layers", "embed", "heads", "head_dim")
+    assert sum(x.size for x in jax.tree.leaves(params)) == tiny_cfg.num_params()
+
+
+def test_llama_variant_has_no_qk_norm(tiny_cfg):
+    llama = tiny_cfg.replace(qk_norm=False, attention_bias=True)
+    attn = abstract_params(llama)["layers"]["attn"]
+    assert "q_norm" not in attn and "q_bias" in attn and "o_bias" in attn
+    assert sum(x.size for x in jax.tree.leaves(abstract_params(llama))) == llama.num_params()
+
+
+def test_bfloat16_params_and_compute(tiny_cfg, tiny_params, rng):
+    cfg16 = tiny_cfg.replace(param_dtype="bfloat16", dtype="bfloat16")
+    p16 = init_params(cfg16, jax.random.key(0))
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))
+    tokens = jnp.asarray(rng.randint(0, tiny_cfg.vocab_size, (2, 7)))
+    p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny_params)
+    lo = forward_jit(p16, cfg16, tokens).logits
+    hi = forward_jit(tiny_params, tiny_cfg, tokens).logits
+    assert lo.dtype == jnp.float32
+    # bf16 has ~3 significant digits: close, but not equal
+    scale = float(jnp.abs(hi).max())
+    assert 0 < float(jnp.abs(lo - hi).max()) < 0.1 * scale
+
+
+@pytest.mark.parametrize("bad", [dict(num_heads=6, num_kv_heads=4), dict(hidden_size=0),
+                                 dict(dtype="float64"), dict(rope_type="yarn"),
+                                 dict(rope_type="llama3")])
+def test_bad_model_config_raises(bad):
+    with pytest.raises(ValueError):
+        ModelConfig(**bad)
