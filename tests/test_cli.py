@@ -1,0 +1,57 @@
+"""`swarmjax sample` end to end (in process, so compiled programs are shared)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from swarmjax.cli import main
+from swarmjax.models.hf import to_hf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_sample_random_model(capsys):
+    assert main(["sample", "--preset", "tiny", "--prompt", "1 2 3", "--prompt", "4",
+                 "--max-new-tokens", "5", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"\[(\d)\] prompt \[(.*?)\] -> \[(.*?)\]", out)
+    assert [(r[0], r[1]) for r in rows] == [("0", "1, 2, 3"), ("1", "4")]
+    assert all(len(r[2].split(",")) == 5 for r in rows)
+    assert re.search(r"generated 10 tokens in [\d.]+s: [\d.]+ tokens/s", out)
+
+
+def test_sample_from_hf_checkpoint_on_a_mesh(tmp_path, tiny_cfg, tiny_params, capsys):
+    to_hf(tiny_cfg, tiny_params, str(tmp_path))
+    assert main(["sample", "--hf", str(tmp_path), "--batch", "4", "--mesh", "2,2,2",
+                 "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path) in out and "'tensor': 2" in out
+    assert len(re.findall(r"^\[\d\] prompt", out, re.M)) == 4
+
+
+def test_example_config_file_runs(capsys):
+    assert main(["sample", "--config", os.path.join(ROOT, "configs", "sample_cpu.py"),
+                 "--max-new-tokens", "4"]) == 0
+    assert "tokens/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["sample", "--mesh", "3,1,1"], "needs 3 devices"),
+    (["sample", "--config", "nope.py"], "does not exist"),
+    (["sample", "--top-p", "0"], "top_p"),
+    (["sample", "--hf", "/nonexistent"], "config.json"),
+])
+def test_bad_input_is_one_clear_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_console_script_is_installed():
+    script = os.path.join(os.path.dirname(sys.executable), "swarmjax")
+    for argv in ([script, "--help"], [sys.executable, "-m", "swarmjax.cli", "--help"]):
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        assert "sample" in out
