@@ -1,0 +1,212 @@
+"""Policy-gradient losses of the GSPO / GRPO family, as pure functions.
+
+Every loss maps per-token log-probs to a *per-token objective* ``o [B, T]``;
+one aggregation turns it into the scalar ``J`` and the loss is ``-J``. Notation
+(DESIGN.md section 4): mask ``m_{i,t}`` (policy-sampled tokens), ``|y_i| = sum_t m``,
+token log-ratio ``l_{i,t} = log pi_theta - log pi_old`` on masked tokens.
+
+* GSPO (Zheng et al. 2025, arXiv 2507.18071):
+  ``s_i = exp(mean_t l_{i,t})``, ``o_i = min(s_i A_i, clip(s_i, 1-eps_l, 1+eps_h) A_i)``.
+* GSPO-token: ``s_{i,t} = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)]`` with the same
+  clipped form per token (value equals GSPO when ``A_{i,t} = A_i``).
+* GRPO (Shao et al. 2024): ``r_{i,t} = exp(l_{i,t})``, clipped per token, optional
+  ``- beta * KL_k3(pi_theta || pi_ref)`` with ``k3 = exp(q - p) - (q - p) - 1``.
+
+Aggregations (:data:`AGGREGATIONS`): ``seq_mean_token_mean`` (mean over tokens of a
+sequence, then over sequences: GSPO/GRPO), ``token_mean`` (sum over all tokens /
+total tokens: DAPO), ``seq_mean_token_sum_norm`` (sum over tokens / a constant
+length, then mean over sequences: Dr. GRPO).
+
+Optional truncated importance weight between the learner's old policy and the
+sampler (off-policy correction): ``w = min(exp(log pi_old - log pi_sampler), C)``
+per token, or per sequence with the length-normalised log-ratio; it multiplies
+the objective as a constant (stop-gradient).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+sg = jax.lax.stop_gradient
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Which loss and its knobs (frozen: a static jit argument)."""
+
+    name: str = "gspo"                       # key of LOSSES
+    eps_low: float = 3e-4                    # GSPO paper settings; GRPO uses 0.2 / 0.28 (DAPO)
+    eps_high: float = 4e-4
+    aggregation: str = "seq_mean_token_mean"  # key of AGGREGATIONS
+    norm_length: int = 0                     # Dr. GRPO constant; 0 = the batch's T
+    kl_beta: float = 0.0                     # weight of KL to the reference policy (k3)
+    is_cap: float = 0.0                      # truncated IS cap C; 0 = off
+    is_level: str = "token"                  # "token" | "sequence"
+
+    def __post_init__(self):
+        if self.name not in LOSSES:
+            raise ValueError(f"unknown loss {self.name!r}; known: {sorted(LOSSES)}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r}; known: {sorted(AGGREGATIONS)}")
+        if self.is_level not in ("token", "sequence"):
+            raise ValueError(f"is_level must be 'token' or 'sequence', got {self.is_level!r}")
+        if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
+            raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
+        if self.kl_beta < 0 or self.is_cap < 0:
+            raise ValueError("kl_beta and is_cap must be >= 0")
+
+
+def token_logprobs(logits: Array, tokens: Array) -> Array:
+    """``logp[b, t] = log softmax(logits[b, t-1])[tokens[b, t]]``, 0 at t = 0.
+
+    logits: [B, T, V] (position t predicts token t+1); tokens: [B, T]. Returns [B, T] f32.
+    """
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (1, 0)))
+
+
+def _seq_mean(x: Array, mask: Array) -> Array:
+    """[B, T] -> [B] mean over masked tokens (0 for empty rows)."""
+    return jnp.sum(x * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+
+
+def _clip_min(ratio: Array, adv: Array, cfg: LossConfig) -> tuple[Array, Array]:
+    """``min(ratio * A, clip(ratio, 1-eps_l, 1+eps_h) * A)`` and where the clip binds."""
+    clipped_ratio = jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    obj = jnp.minimum(ratio * adv, clipped_ratio * adv)
+    binds = ((adv > 0) & (ratio > 1.0 + cfg.eps_high)) | ((adv < 0) & (ratio < 1.0 - cfg.eps_low))
+    return obj, binds
+
+
+def _token_adv(adv: Array, shape) -> Array:
+    return adv[:, None] * jnp.ones(shape) if adv.ndim == 1 else adv
+
+
+def gspo_objective(logp, old_logp, adv, mask, cfg):
+    """GSPO: one clipped sequence ratio per row, broadcast to the row's tokens."""
+    if adv.ndim != 1:
+        raise ValueError("GSPO takes one advantage per sequence: advantages [B]")
+    s = jnp.exp(_seq_mean(logp - old_logp, mask))                   # [B]
+    obj, binds = _clip_min(s, adv, cfg)
+    shape = logp.shape
+    return _token_adv(obj, shape), _token_adv(s, shape), _token_adv(binds, shape) > 0
+
+
+def gspo_token_objective(logp, old_logp, adv, mask, cfg):
+    """GSPO-token: ``s_{i,t} = sg[s_i] * exp(logp - sg[logp])`` clipped per token."""
+    s = jnp.exp(_seq_mean(logp - old_logp, mask))                   # [B]
+    s_tok = sg(s)[:, None] * jnp.exp(logp - sg(logp))               # [B, T], value s_i
+    obj, binds = _clip_min(s_tok, _token_adv(adv, logp.shape), cfg)
+    return obj, s_tok, binds
+
+
+def grpo_objective(logp, old_logp, adv, mask, cfg):
+    """GRPO / PPO-clip per token: ``r_{i,t} = exp(logp - old_logp)``."""
+    ratio = jnp.exp(logp - old_logp)
+    obj, binds = _clip_min(ratio, _token_adv(adv, logp.shape), cfg)
+    return obj, ratio, binds
+
+
+# name -> objective(logp, old_logp, advantages, mask, cfg) -> (obj, ratio, clip_binds), each [B, T]
+LOSSES: dict[str, Callable] = {
+    "gspo": gspo_objective,
+    "gspo_token": gspo_token_objective,
+    "grpo": grpo_objective,
+}
+
+
+def _agg_seq_mean_token_mean(obj, mask, totals, cfg):
+    per_seq = _seq_mean(obj, mask)
+    return jnp.sum(per_seq) / jnp.maximum(totals[0], 1.0)
+
+
+def _agg_token_mean(obj, mask, totals, cfg):
+    return jnp.sum(obj * mask) / jnp.maximum(totals[1], 1.0)
+
+
+def _agg_seq_mean_token_sum_norm(obj, mask, totals, cfg):
+    length = cfg.norm_length or obj.shape[1]
+    return jnp.sum(obj * mask) / (jnp.maximum(totals[0], 1.0) * length)
+
+
+# name -> aggregate(obj [B,T], mask [B,T], totals (num_seqs, num_tokens), cfg) -> scalar J
+AGGREGATIONS: dict[str, Callable] = {
+    "seq_mean_token_mean": _agg_seq_mean_token_mean,
+    "token_mean": _agg_token_mean,
+    "seq_mean_token_sum_norm": _agg_seq_mean_token_sum_norm,
+}
+
+
+def k3(log_p: Array, log_q: Array) -> Array:
+    """Schulman's k3 estimator of KL(p || q) from samples of p: ``exp(q-p) - (q-p) - 1`` (>= 0)."""
+    d = log_q - log_p
+    return jnp.exp(d) - d - 1.0
+
+
+def batch_totals(mask: Array) -> tuple[Array, Array]:
+    """(number of sequences with >= 1 loss token, number of loss tokens) of a batch.
+    Pass the totals of a whole minibatch when computing the loss per microbatch so
+    the microbatch losses sum to the minibatch loss exactly."""
+    mask = mask.astype(jnp.float32)
+    return jnp.sum(jnp.sum(mask, -1) > 0).astype(jnp.float32), jnp.sum(mask)
+
+
+def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, cfg: LossConfig,
+                sampler_logp: Array | None = None, ref_logp: Array | None = None,
+                totals: tuple[Array, Array] | None = None) -> tuple[Array, dict[str, Array]]:
+    """The scalar loss ``-J`` and metrics.
+
+    Args:
+      logp: [B, T] log pi_theta of each token (differentiated).
+      old_logp: [B, T] log pi_old (constant).
+      advantages: [B] per sequence, or [B, T] per token (not for plain GSPO).
+      mask: [B, T] loss mask (1 on policy-sampled tokens).
+      cfg: :class:`LossConfig`.
+      sampler_logp: [B, T] sampler log-probs; needed when ``cfg.is_cap > 0``.
+      ref_logp: [B, T] reference-policy log-probs; needed when ``cfg.kl_beta > 0``.
+      totals: (num_seqs, num_tokens) normalisers; default :func:`batch_totals` of ``mask``.
+
+    Returns:
+      (loss, metrics) with metrics ``clip_fraction``, ``ratio_mean``, ``approx_kl``
+      (k3 of pi_theta vs pi_old), ``objective``, and ``kl_ref`` / ``is_weight_mean``
+      when enabled. Rows with no loss token contribute nothing.
+    """
+    mask = mask.astype(jnp.float32)
+    old_logp = sg(old_logp)
+    advantages = sg(advantages.astype(jnp.float32))
+    totals = batch_totals(mask) if totals is None else totals
+    obj, ratio, binds = LOSSES[cfg.name](logp, old_logp, advantages, mask, cfg)
+    metrics = {}
+    if cfg.is_cap > 0:
+        if sampler_logp is None:
+            raise ValueError("is_cap > 0 needs sampler_logp")
+        diff = old_logp - sg(sampler_logp)
+        if cfg.is_level == "sequence":
+            diff = _seq_mean(diff, mask)[:, None]
+        w = jnp.minimum(jnp.exp(diff), cfg.is_cap) * jnp.ones_like(obj)
+        obj = obj * w
+        metrics["is_weight_mean"] = _masked_mean(w, mask)
+    if cfg.kl_beta > 0:
+        if ref_logp is None:
+            raise ValueError("kl_beta > 0 needs ref_logp")
+        kl = k3(logp, sg(ref_logp))
+        obj = obj - cfg.kl_beta * kl
+        metrics["kl_ref"] = _masked_mean(kl, mask)
+    J = AGGREGATIONS[cfg.aggregation](obj, mask, totals, cfg)
+    metrics.update(
+        objective=J,
+        clip_fraction=_masked_mean(binds.astype(jnp.float32), mask),
+        ratio_mean=_masked_mean(sg(ratio), mask),
+        approx_kl=_masked_mean(k3(sg(logp), old_logp), mask),
+    )
+    return -J, metrics
+
+
+def _masked_mean(x: Array, mask: Array) -> Array:
+    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
