@@ -140,3 +140,28 @@ def batch_sharding(mesh: Mesh, ndim: int, rules: Mapping[str, Any] = DEFAULT_RUL
     shape = (batch_size if batch_size is not None else
              math.prod(mesh.shape[a] for a in _mesh_axes_for("batch", rules)),) + (1,) * (ndim - 1)
     return logical_sharding(logical, shape, mesh, rules)
+
+
+def _dict_keys(path) -> tuple:
+    return tuple(k.key if isinstance(k, jax.tree_util.DictKey) else object() for k in path)
+
+
+def state_shardings_like(state: Any, params: Any, param_shardings: Any, mesh: Mesh) -> Any:
+    """Shardings for a tree that embeds copies of ``params`` (e.g. optax state: Adam's
+    ``mu``/``nu``, Muon's momentum): a leaf whose key path ends with a parameter's
+    path and has its shape takes that parameter's sharding; everything else (step
+    counters, scalars) is replicated. Works through ``MaskedNode``s and partitioned
+    states, where ``optax.tree_map_params`` does not."""
+    by_path = {}
+    for (path, p), s in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(param_shardings)):
+        by_path[_dict_keys(path)] = (_shape(p), s)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def pick(path, leaf):
+        keys = _dict_keys(path)
+        for start in range(len(keys)):
+            hit = by_path.get(keys[start:])
+            if hit is not None and hit[0] == _shape(leaf):
+                return hit[1]
+        return replicated
+    return jax.tree_util.tree_map_with_path(pick, state)
