@@ -155,6 +155,15 @@ def test_token_logprobs_alignment():
         np.testing.assert_allclose(got[b, t], l[tokens[b, t]] - np.log(np.exp(l).sum()), rtol=1e-5)
 
 
+def test_presets():
+    from swarmjax.rl.losses import loss_preset
+    dapo = loss_preset("dapo", kl_beta=0.01)
+    assert (dapo.name, dapo.eps_high, dapo.aggregation, dapo.kl_beta) == ("grpo", 0.28, "token_mean", 0.01)
+    assert loss_preset("gspo") == LossConfig()
+    with pytest.raises(ValueError, match="unknown loss preset"):
+        loss_preset("ppo")
+
+
 def test_bad_loss_config():
     for bad in (dict(name="ppo2"), dict(aggregation="sum"), dict(is_level="row"), dict(eps_low=1.0)):
         with pytest.raises(ValueError):

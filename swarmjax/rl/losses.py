@@ -61,6 +61,23 @@ class LossConfig:
             raise ValueError("kl_beta and is_cap must be >= 0")
 
 
+# Named settings from the papers (DESIGN.md s4); pass overrides as keyword arguments.
+LOSS_PRESETS: dict[str, dict] = {
+    "gspo": dict(name="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean_token_mean"),
+    "gspo_token": dict(name="gspo_token", eps_low=3e-4, eps_high=4e-4),
+    "grpo": dict(name="grpo", eps_low=0.2, eps_high=0.2, aggregation="seq_mean_token_mean"),
+    "dapo": dict(name="grpo", eps_low=0.2, eps_high=0.28, aggregation="token_mean"),
+    "drgrpo": dict(name="grpo", eps_low=0.2, eps_high=0.2, aggregation="seq_mean_token_sum_norm"),
+}
+
+
+def loss_preset(name: str, **overrides) -> LossConfig:
+    """``LossConfig`` with a paper's settings, e.g. ``loss_preset("dapo", kl_beta=0.01)``."""
+    if name not in LOSS_PRESETS:
+        raise ValueError(f"unknown loss preset {name!r}; known: {sorted(LOSS_PRESETS)}")
+    return LossConfig(**{**LOSS_PRESETS[name], **overrides})
+
+
 def token_logprobs(logits: Array, tokens: Array) -> Array:
     """``logp[b, t] = log softmax(logits[b, t-1])[tokens[b, t]]``, 0 at t = 0.
 

@@ -1,0 +1,118 @@
+"""Learner-step benchmark: tokens/s, MFU, and the cost of Muon over AdamW.
+
+    python bench/update.py            # table
+    python bench/update.py --json     # one JSON object
+
+For each model size (presets ``1m`` and ``30m``) one ``Learner.update`` with one
+minibatch and one microbatch is timed on a batch of ``--batch`` x ``--seq``
+tokens, all of them in the loss. The step runs a forward pass for the old
+log-probs, then forward + backward + optimizer, so the FLOPs it performs are
+4 x the forward FLOPs, with forward FLOPs per token =
+``2 x matmul weights + 4 x L x H x hd x T`` (attention over the full T, as
+executed). MFU = achieved FLOP/s / the float32 matmul peak measured in the same
+run (a jitted 2048 x 2048 matmul). Muon / AdamW is the step-time ratio of the
+same step with the two optimizers (QK-Clip off in both, so it is the cost of
+Newton-Schulz); the Muon + QK-Clip time is reported too. Newton-Schulz costs a
+fixed time per optimizer step (``ns_overhead_s``) whatever the batch, so the
+ratio depends on tokens per step: the default 32 x 256 = 8192 tokens is a
+modest RL minibatch; ``--batch 16 --seq 128`` shows the small-batch end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import matmul_peak_flops, time_best  # noqa: E402
+
+from swarmjax.models.config import preset  # noqa: E402
+from swarmjax.models.transformer import init_params  # noqa: E402
+from swarmjax.optim.muon import OptimConfig  # noqa: E402
+from swarmjax.rl.trajectory import TrajectoryBatch  # noqa: E402
+from swarmjax.rl.update import Learner, UpdateConfig  # noqa: E402
+
+
+def make_batch(cfg, batch: int, seq: int, seed: int = 0) -> TrajectoryBatch:
+    r = np.random.RandomState(seed)
+    tokens = r.randint(0, cfg.vocab_size, (batch, seq))
+    loss_mask = np.ones((batch, seq), bool)
+    adv = r.randn(batch).astype(np.float32)
+    return TrajectoryBatch.create(tokens, loss_mask, adv, sampler_logprobs=np.zeros((batch, seq)))
+
+
+def time_update(cfg, optim: OptimConfig, batch: TrajectoryBatch, repeats: int) -> tuple[float, float]:
+    """(compile + first step seconds, best steady step seconds)."""
+    learner = Learner(cfg, UpdateConfig(optim=optim, num_minibatches=1, num_microbatches=1))
+    state = learner.init(init_params(cfg, jax.random.key(0)))
+    t0 = time.perf_counter()
+    state, metrics = jax.block_until_ready(learner.update(state, batch))
+    first = time.perf_counter() - t0
+    holder = {"state": state}
+
+    def step():
+        holder["state"], m = learner.update(holder["state"], batch)
+        jax.block_until_ready(m)
+    return first, time_best(step, repeats)
+
+
+def bench_size(name: str, args, peak: float) -> dict:
+    cfg = preset(name)
+    batch = make_batch(cfg, args.batch, args.seq)
+    tokens = args.batch * args.seq
+    flops = 4 * cfg.matmul_flops_per_token(context=args.seq) * tokens
+    compile_s, muon_s = time_update(cfg, OptimConfig(name="muon", qk_clip_tau=0.0), batch, args.repeats)
+    _, adamw_s = time_update(cfg, OptimConfig(name="adamw", qk_clip_tau=0.0), batch, args.repeats)
+    _, clip_s = time_update(cfg, OptimConfig(name="muon", qk_clip_tau=100.0), batch, args.repeats)
+    return {
+        "params": cfg.num_params(), "tokens_per_step": tokens, "compile_s": compile_s,
+        "step_s": muon_s, "tok_s": tokens / muon_s, "achieved_flops": flops / muon_s,
+        "peak_flops": peak, "mfu": flops / muon_s / peak,
+        "adamw_step_s": adamw_s, "muon_qkclip_step_s": clip_s,
+        "muon_over_adamw": muon_s / adamw_s, "qkclip_over_muon": clip_s / muon_s,
+        # Newton-Schulz seconds per step: fixed per step, so the ratio falls with batch size
+        "ns_overhead_s": muon_s - adamw_s,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["1m", "30m"])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+
+    peak = matmul_peak_flops()
+    results = {name: bench_size(name, args, peak) for name in args.sizes}
+    # the machine's speed drifts (shared cores): re-measure and keep the higher peak
+    late_peak = matmul_peak_flops()
+    if late_peak > peak:
+        for r in results.values():
+            r["peak_flops"], r["mfu"] = late_peak, r["achieved_flops"] / late_peak
+        peak = late_peak
+    if args.json:
+        print(json.dumps(results))
+        return
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}, "
+          f"batch {args.batch} x {args.seq} tokens, float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+    head = f"{'size':>5} {'params':>8} {'compile s':>9} {'step s':>8} {'tok/s':>9} {'GFLOP/s':>8} " \
+           f"{'MFU':>6} {'adamw s':>8} {'NS s':>6} {'muon/adamw':>10} {'+qkclip':>8}"
+    print(head)
+    for name, r in results.items():
+        print(f"{name:>5} {r['params'] / 1e6:>7.2f}M {r['compile_s']:>9.2f} {r['step_s']:>8.3f} "
+              f"{r['tok_s']:>9.0f} {r['achieved_flops'] / 1e9:>8.1f} {r['mfu']:>6.1%} "
+              f"{r['adamw_step_s']:>8.3f} {r['ns_overhead_s']:>6.2f} {r['muon_over_adamw']:>10.3f} "
+              f"{r['qkclip_over_muon']:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()
