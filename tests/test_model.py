@@ -85,7 +85,7 @@ def test_left_padding_does_not_change_real_tokens(tiny_cfg, tiny_params, rng):
     mask = np.concatenate([np.zeros((1, 3), bool), np.ones((1, 6), bool)], 1)
     a = forward_jit(tiny_params, tiny_cfg, jnp.asarray(tokens)).logits
     b = forward_jit(tiny_params, tiny_cfg, jnp.asarray(padded), token_mask=jnp.asarray(mask)).logits
-    np.testing.assert_allclose(a, b[:, 3:], atol=1e-5)
+    np.testing.assert_allclose(a, b[:, 3:], atol=5e-5)  # f32: padded softmax sums in another order
 
 
 def test_cached_chunks_match_full_forward(tiny_cfg, tiny_params, rng):

@@ -5,10 +5,11 @@ with per-head q/k RMSNorm and RoPE -> residual -> RMSNorm -> SwiGLU MLP ->
 residual] -> RMSNorm -> output head (optionally tied to the embedding).
 Llama is the same with ``qk_norm=False``.
 
-Layers are stacked on a leading ``layers`` axis and run under ``nn.scan``: one
-compiled layer body regardless of depth (compile time matters on CPU and in
-tests), and per-layer weights are plain ``[L, ...]`` arrays that Muon can
-orthogonalise per matrix.
+Layer weights are stacked on a leading ``layers`` axis (plain ``[L, ...]`` arrays
+that Muon orthogonalises per matrix). Without a KV cache the stack runs under
+``lax.scan`` (one compiled layer body whatever the depth); with a cache (decoding)
+it is unrolled over per-layer weights and per-layer cache buffers, so a decode
+step copies neither.
 
 Functional entry points (all take and return plain pytrees):
 
@@ -46,7 +47,8 @@ _INIT = nn.initializers.normal(stddev=0.02)
 class KVCache:
     """Fixed-size key/value cache.
 
-    k, v:  [L, B, S, Hkv, hd]  keys/values per layer and cache slot.
+    k, v:  L-tuples of [B, Hkv, S, hd]  keys/values per layer, kv head and slot (head-major,
+                                        so attention reads them without a transpose).
     valid: [B, S] bool          slot holds a real (non-pad) token.
     """
 
@@ -56,7 +58,7 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k[0].shape[2]
 
 
 @flax.struct.dataclass
@@ -121,13 +123,20 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with optional q/k RMSNorm, RoPE and a KV cache."""
+    """Grouped-query attention with optional q/k RMSNorm, RoPE and a read-only KV cache.
+
+    The chunk attends over ``[cache slots, its own tokens]``: logits against the cached
+    keys and against the chunk's keys are computed separately and share one softmax.
+    The layer never writes the cache; it returns the chunk's k, v and the caller
+    writes all layers at once (one in-place update per step instead of copying a
+    layer's cache in and out of the layer loop, which dominated decode time on CPU).
+    """
 
     cfg: ModelConfig
     want_max: bool = False
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, cache_k, cache_v, cache_index, layer):
+    def __call__(self, x, cos, sin, mask_new, mask_cache, cache_k, cache_v):
         cfg = self.cfg
         dt = cfg.jnp_dtype
         B, T, D = x.shape
@@ -150,29 +159,28 @@ class Attention(nn.Module):
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
 
+        # Head-major layouts ([B, K, G, T, .]) let XLA's CPU dot run without transposing
+        # the cache (einsum outputs in b-t-k order were ~7x slower at decode).
+        qg = (q.reshape(B, T, K, G, hd) * jnp.asarray(hd ** -0.5, dt)).transpose(0, 2, 3, 1, 4)
+        kh, vh = k.swapaxes(1, 2), v.swapaxes(1, 2)                      # [B, K, T, hd]
+        logits = jnp.einsum("bkgth,bksh->bkgts", qg, kh,
+                            preferred_element_type=jnp.float32)          # [B, K, G, T, T]
+        logits = jnp.where(mask_new[:, None, None], logits, _NEG)
         if cache_k is not None:
-            # Write this chunk into layer `layer` at slot `cache_index`, then attend over
-            # the whole cache (masked). The full [L, ...] buffer is the scan carry, so the
-            # write is in place.
-            start = (layer, 0, cache_index, 0, 0)
-            cache_k = lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)
-            cache_v = lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
-            keys = lax.dynamic_index_in_dim(cache_k, layer, 0, keepdims=False).astype(dt)
-            values = lax.dynamic_index_in_dim(cache_v, layer, 0, keepdims=False).astype(dt)
-        else:
-            keys, values = k, v                              # [B, S=T, K, hd]
-
-        qg = q.reshape(B, T, K, G, hd)
-        logits = jnp.einsum("btkgh,bskh->bkgts", qg, keys,
-                            preferred_element_type=jnp.float32) * (hd ** -0.5)  # [B, K, G, T, S]
-        logits = jnp.where(mask[:, None, None, :, :], logits, _NEG)
+            cached = jnp.einsum("bkgth,bksh->bkgts", qg, cache_k.astype(dt),
+                                preferred_element_type=jnp.float32)      # [B, K, G, T, S]
+            cached = jnp.where(mask_cache[:, None, None], cached, _NEG)
+            logits = jnp.concatenate([cached, logits], axis=-1)          # [B, K, G, T, S+T]
         max_logit = logits.max(axis=(0, 3, 4)).reshape(H) if self.want_max else None  # [H]
         probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskh->btkgh", probs, values).reshape(B, T, H, hd)
-        y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt))
+        out = jnp.einsum("bkgts,bksh->bkgth", probs[..., -T:], vh)       # [B, K, G, T, hd]
+        if cache_k is not None:
+            out = out + jnp.einsum("bkgts,bksh->bkgth", probs[..., :-T], cache_v.astype(dt))
+        out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
+        y = jnp.einsum("bthk,hkd->btd", out.reshape(B, T, H, hd), wo.astype(dt))
         if cfg.attention_bias:
             y = y + _param(self, "o_bias", (D,), ("embed",), nn.initializers.zeros).astype(dt)
-        return y, cache_k, cache_v, max_logit
+        return y, kh, vh, max_logit
 
 
 class MLP(nn.Module):
@@ -191,68 +199,42 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm decoder layer; scanned over the ``layers`` axis."""
+    """One pre-norm decoder layer. Returns the new hidden state, this chunk's k, v
+    ``[B, K, T, hd]`` (for the caller to cache) and the max logit per head (or None)."""
 
     cfg: ModelConfig
     want_max: bool = False
 
     @nn.compact
-    def __call__(self, carry, cos, sin, mask, cache_index):
-        x, cache_k, cache_v, layer = carry
+    def __call__(self, x, cos, sin, mask_new, mask_cache=None, cache_k=None, cache_v=None):
         h = RMSNorm(self.cfg, name="input_norm")(x)
-        a, cache_k, cache_v, max_logit = Attention(self.cfg, self.want_max, name="attn")(
-            h, cos, sin, mask, cache_k, cache_v, cache_index, layer)
+        a, k, v, max_logit = Attention(self.cfg, self.want_max, name="attn")(
+            h, cos, sin, mask_new, mask_cache, cache_k, cache_v)
         x = x + a
         x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="post_attn_norm")(x))
-        return (x, cache_k, cache_v, layer + 1), max_logit
+        return x, k, v, max_logit
 
 
-class Transformer(nn.Module):
-    """The full decoder. See :func:`forward` for the functional call."""
+# ----------------------------------------------------------------------------- parameters
+#
+# Top level: {"embed": [V, D], "final_norm": {"scale": [D]}, "layers": <Block params with a
+# leading [L] axis>, "lm_head": [D, V] (untied only)}. The layer stack is built from
+# Block.init under jax.vmap; the layers are run by lax.scan (training, scoring) or,
+# with a KV cache, unrolled over per-layer weights and caches (decode: no per-step
+# copies of stacked weights or caches, which is what dominated CPU decode time).
 
-    cfg: ModelConfig
-
-    @nn.compact
-    def __call__(self, tokens, positions, token_mask, cache=None, cache_index=0,
-                 return_max_logits=False):
-        cfg = self.cfg
-        B, T = tokens.shape
-        embed = _param(self, "embed", (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"))
-        x = jnp.take(embed, tokens, axis=0).astype(cfg.jnp_dtype)   # [B, T, D]
-        cos, sin = rope_tables(positions, cfg)                       # [B, T, hd]
-
-        if cache is None:
-            key_valid, k_slots = token_mask, jnp.arange(T)
-            q_slots, ck, cv = jnp.arange(T), None, None
-        else:
-            key_valid = lax.dynamic_update_slice(cache.valid, token_mask, (0, cache_index))
-            k_slots = jnp.arange(cache.max_len)
-            q_slots, ck, cv = cache_index + jnp.arange(T), cache.k, cache.v
-        # [B, T, S]: key is a real token and not in the future of the query.
-        mask = key_valid[:, None, :] & (k_slots[None, None, :] <= q_slots[None, :, None])
-
-        stack = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast,) * 4, length=cfg.num_layers,
-                        metadata_params={nn.PARTITION_NAME: "layers"})
-        (x, ck, cv, _), max_logits = stack(cfg, return_max_logits, name="layers")(
-            (x, ck, cv, jnp.int32(0)), cos, sin, mask, cache_index)
-
-        x = RMSNorm(cfg, name="final_norm")(x)
-        if cfg.tie_embeddings:
-            logits = jnp.einsum("btd,vd->btv", x, embed.astype(cfg.jnp_dtype),
-                                preferred_element_type=jnp.float32)
-        else:
-            head = _param(self, "lm_head", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"))
-            logits = jnp.einsum("btd,dv->btv", x, head.astype(cfg.jnp_dtype),
-                                preferred_element_type=jnp.float32)
-        new_cache = None if cache is None else KVCache(k=ck, v=cv, valid=key_valid)
-        return ForwardOutput(logits=logits.astype(jnp.float32), cache=new_cache,
-                             max_logits=max_logits)
+_TOP_LOGICAL = {"embed": ("vocab", "embed"), "final_norm": {"scale": ("norm",)},
+                "lm_head": ("embed", "vocab")}
 
 
-def _dummy_inputs(cfg: ModelConfig):
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    return tokens, tokens, jnp.ones((1, 1), bool)
+def _block_dummies(cfg: ModelConfig):
+    x = jnp.zeros((1, 1, cfg.hidden_size), cfg.jnp_dtype)
+    cs = jnp.zeros((1, 1, cfg.head_dim), jnp.float32)
+    return x, cs, cs, jnp.ones((1, 1, 1), bool)
+
+
+def _init_block(cfg: ModelConfig, key: Array):
+    return Block(cfg).init(key, *_block_dummies(cfg))["params"]
 
 
 def init_params(cfg: ModelConfig, key: Array) -> dict[str, Any]:
@@ -263,38 +245,70 @@ def init_params(cfg: ModelConfig, key: Array) -> dict[str, Any]:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _init_jit(cfg: ModelConfig, key: Array) -> dict[str, Any]:
-    return nn.meta.unbox(Transformer(cfg).init(key, *_dummy_inputs(cfg))["params"])
-
-
-@functools.lru_cache(maxsize=32)
-def _boxed_abstract(cfg: ModelConfig):
-    return jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), *_dummy_inputs(cfg)))
+    k_embed, k_head, k_layers = jax.random.split(key, 3)
+    pdt = cfg.jnp_param_dtype
+    layers = jax.vmap(lambda k: nn.meta.unbox(_init_block(cfg, k)))(
+        jax.random.split(k_layers, cfg.num_layers))
+    params = {"embed": _INIT(k_embed, (cfg.vocab_size, cfg.hidden_size), pdt),
+              "final_norm": {"scale": jnp.ones((cfg.hidden_size,), pdt)},
+              "layers": layers}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = _INIT(k_head, (cfg.hidden_size, cfg.vocab_size), pdt)
+    return params
 
 
 def abstract_params(cfg: ModelConfig) -> dict[str, Any]:
     """Parameter pytree of ``jax.ShapeDtypeStruct`` (no allocation)."""
-    return nn.meta.unbox(_boxed_abstract(cfg)["params"])
+    return jax.eval_shape(lambda: _init_jit(cfg, jax.random.key(0)))
 
 
+@functools.lru_cache(maxsize=32)
 def param_logical_axes(cfg: ModelConfig) -> dict[str, Any]:
     """Pytree (same structure as the params) of ``PartitionSpec``s holding the
     *logical* axis names of every parameter, e.g. ``P('layers', 'embed', 'mlp')``."""
-    return nn.get_partition_spec(_boxed_abstract(cfg))["params"]
+    P = jax.sharding.PartitionSpec
+    boxed = jax.eval_shape(lambda: _init_block(cfg, jax.random.key(0)))
+    per_layer = nn.get_partition_spec(boxed)
+    axes = {"embed": P(*_TOP_LOGICAL["embed"]),
+            "final_norm": {"scale": P(*_TOP_LOGICAL["final_norm"]["scale"])},
+            "layers": jax.tree.map(lambda spec: P("layers", *spec), per_layer,
+                                   is_leaf=lambda x: isinstance(x, P))}
+    if not cfg.tie_embeddings:
+        axes["lm_head"] = P(*_TOP_LOGICAL["lm_head"])
+    return axes
+
+
+def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
+    """Params with ``layers`` as a tuple of L per-layer trees (from the stacked
+    ``[L, ...]`` form). :func:`forward` accepts both; decoding loops use this form
+    so no layer weights are sliced inside the loop."""
+    layers = params["layers"]
+    if isinstance(layers, (list, tuple)):
+        return params
+    L = jax.tree.leaves(layers)[0].shape[0]
+    return {**params, "layers": tuple(jax.tree.map(lambda a, l=l: a[l], layers) for l in range(L))}
+
+
+# ----------------------------------------------------------------------------- cache
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    """Empty cache: k, v zeros [L, B, S, Hkv, hd] in ``dtype`` (default: compute dtype),
-    valid all False [B, S]."""
+    """Empty cache: L pairs of k, v zeros [B, Hkv, S, hd] in ``dtype`` (default: compute
+    dtype), valid all False [B, S]."""
     dtype = cfg.jnp_dtype if dtype is None else dtype
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                   valid=jnp.zeros((batch, max_len), bool))
+    shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+    zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
+    return KVCache(k=zeros(), v=zeros(), valid=jnp.zeros((batch, max_len), bool))
 
 
-def cache_logical_axes() -> KVCache:
+def cache_logical_axes(cfg: ModelConfig) -> KVCache:
     """Logical axis names of the cache arrays (for :mod:`swarmjax.sharding`)."""
-    kv = jax.sharding.PartitionSpec("layers", "batch", "cache_seq", "kv_heads", "head_dim")
-    return KVCache(k=kv, v=kv, valid=jax.sharding.PartitionSpec("batch", "cache_seq"))
+    P = jax.sharding.PartitionSpec
+    kv = (P("batch", "kv_heads", "cache_seq", "head_dim"),) * cfg.num_layers
+    return KVCache(k=kv, v=kv, valid=P("batch", "cache_seq"))
+
+
+# ----------------------------------------------------------------------------- forward
 
 
 def default_positions(token_mask: Array) -> Array:
@@ -310,13 +324,17 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array,
     """Run the decoder.
 
     Args:
-      params: parameter pytree from :func:`init_params` or :func:`swarmjax.models.hf.from_hf`.
+      params: parameter pytree from :func:`init_params` or :func:`swarmjax.models.hf.from_hf`
+        (stacked layers, or per-layer from :func:`unstack_layers`).
       tokens: [B, T] int token ids.
       positions: [B, T] RoPE positions; default :func:`default_positions` of the mask.
       token_mask: [B, T] bool, False on padding (never attended to); default all True.
       cache: optional :class:`KVCache`; the chunk is written at slots
-        ``[cache_index, cache_index + T)`` and attends over every valid slot up to itself.
-      cache_index: scalar int slot of ``tokens[:, 0]`` in the cache.
+        ``[cache_index, cache_index + T)`` and attends over the valid slots before
+        ``cache_index`` and causally over itself.
+      cache_index: scalar int slot of ``tokens[:, 0]`` in the cache. The Python int 0
+        means the cache holds nothing before this chunk (a prefill): the cached part
+        of attention is skipped at trace time.
       return_max_logits: also return ``max_logits [L, H]``, the largest masked
         pre-softmax logit ``q.k / sqrt(hd)`` per layer and query head (over batch,
         queries and keys). Static: when False nothing extra is computed.
@@ -324,13 +342,43 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array,
     Returns:
       :class:`ForwardOutput` with float32 logits [B, T, V].
     """
-    if token_mask is None:
-        token_mask = jnp.ones(tokens.shape, bool)
-    token_mask = token_mask.astype(bool)
-    if positions is None:
-        positions = default_positions(token_mask)
-    return Transformer(cfg).apply({"params": params}, tokens, positions, token_mask, cache,
-                                  jnp.asarray(cache_index, jnp.int32), return_max_logits)
+    B, T = tokens.shape
+    token_mask = jnp.ones((B, T), bool) if token_mask is None else token_mask.astype(bool)
+    positions = default_positions(token_mask) if positions is None else positions
+    dt = cfg.jnp_dtype
+    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)               # [B, T, D]
+    cos, sin = rope_tables(positions, cfg)                                 # [B, T, hd]
+    mask_new = token_mask[:, None, :] & jnp.tril(jnp.ones((T, T), bool))[None]   # [B, T, T]
+    block = Block(cfg, return_max_logits)
+
+    if cache is None:
+        def body(x, layer_params):
+            x, _, _, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask_new)
+            return x, max_logit
+        x, max_logits = lax.scan(body, x, params["layers"])                # max_logits [L, H]
+        new_cache = None
+    else:
+        empty = isinstance(cache_index, int) and cache_index == 0
+        index = jnp.asarray(cache_index, jnp.int32)
+        slots = jnp.arange(cache.max_len)
+        # cached slots strictly before this chunk that hold real tokens      [B, 1, S]
+        mask_cache = None if empty else (cache.valid & (slots[None, :] < index))[:, None, :]
+        new_k, new_v, maxes = [], [], []
+        for l, layer_params in enumerate(unstack_layers(params)["layers"]):
+            ck, cv = (None, None) if empty else (cache.k[l], cache.v[l])
+            x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask_new,
+                                             mask_cache, ck, cv)
+            new_k.append(lax.dynamic_update_slice(cache.k[l], k.astype(cache.k[l].dtype), (0, 0, index, 0)))
+            new_v.append(lax.dynamic_update_slice(cache.v[l], v.astype(cache.v[l].dtype), (0, 0, index, 0)))
+            maxes.append(max_logit)
+        new_cache = KVCache(k=tuple(new_k), v=tuple(new_v),
+                            valid=lax.dynamic_update_slice(cache.valid, token_mask, (0, index)))
+        max_logits = jnp.stack(maxes) if return_max_logits else None
+
+    x = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
+    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]   # [D, V]
+    logits = jnp.einsum("btd,dv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)
+    return ForwardOutput(logits=logits.astype(jnp.float32), cache=new_cache, max_logits=max_logits)
 
 
 # ``forward`` compiled once per (config, shapes): for callers outside their own jit.

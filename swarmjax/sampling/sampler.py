@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import (KVCache, cache_logical_axes, default_positions, forward,
-                                         init_cache, param_logical_axes)
+                                         init_cache, param_logical_axes, unstack_layers)
 from swarmjax.sampling.processors import SamplingConfig, select_tokens
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
 
@@ -84,6 +84,7 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
         jnp.minimum(jnp.asarray(max_new_tokens, jnp.int32), N)
     stops = jnp.full((B, 0), -1, jnp.int32) if stop_tokens is None else jnp.asarray(stop_tokens, jnp.int32)
 
+    params = unstack_layers(params)        # slice the layer stack once, not once per step
     prompts, prompt_mask = left_align(prompts, prompt_mask)
     cache = cache.replace(valid=jnp.zeros_like(cache.valid))
     out = forward(params, cfg, prompts, default_positions(prompt_mask), prompt_mask, cache, 0)
@@ -152,7 +153,7 @@ class Sampler:
 
     def _cache_shardings(self, batch: int, max_len: int):
         shapes = jax.eval_shape(lambda: init_cache(self.cfg, batch, max_len))
-        return tree_shardings(cache_logical_axes(), shapes, self.mesh, self.rules)
+        return tree_shardings(cache_logical_axes(self.cfg), shapes, self.mesh, self.rules)
 
     def init_cache(self, batch: int, prompt_len: int) -> KVCache:
         """An empty cache sized for ``prompt_len + max_new_tokens`` (sharded on the mesh)."""
