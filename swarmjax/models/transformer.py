@@ -123,20 +123,19 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with optional q/k RMSNorm, RoPE and a read-only KV cache.
+    """Grouped-query attention with optional q/k RMSNorm, RoPE and a KV cache.
 
-    The chunk attends over ``[cache slots, its own tokens]``: logits against the cached
-    keys and against the chunk's keys are computed separately and share one softmax.
-    The layer never writes the cache; it returns the chunk's k, v and the caller
-    writes all layers at once (one in-place update per step instead of copying a
-    layer's cache in and out of the layer loop, which dominated decode time on CPU).
+    Without a cache the chunk attends over itself (``mask [B, T, T]``). With a
+    layer's cache buffers ``[B, K, S, hd]`` the chunk's k, v are written at slot
+    ``cache_index`` first and the chunk attends over the whole buffer
+    (``mask [B, T, S]``); the updated buffers are returned.
     """
 
     cfg: ModelConfig
     want_max: bool = False
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask_new, mask_cache, cache_k, cache_v):
+    def __call__(self, x, cos, sin, mask, cache_k=None, cache_v=None, cache_index=None):
         cfg = self.cfg
         dt = cfg.jnp_dtype
         B, T, D = x.shape
@@ -159,28 +158,25 @@ class Attention(nn.Module):
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
 
-        # Head-major layouts ([B, K, G, T, .]) let XLA's CPU dot run without transposing
-        # the cache (einsum outputs in b-t-k order were ~7x slower at decode).
+        # Head-major layouts ([B, K, G, T, .], cache [B, K, S, hd]) let XLA's CPU dot
+        # run without transposing the cache (b-t-k einsum outputs were ~7x slower).
         qg = (q.reshape(B, T, K, G, hd) * jnp.asarray(hd ** -0.5, dt)).transpose(0, 2, 3, 1, 4)
-        kh, vh = k.swapaxes(1, 2), v.swapaxes(1, 2)                      # [B, K, T, hd]
-        logits = jnp.einsum("bkgth,bksh->bkgts", qg, kh,
-                            preferred_element_type=jnp.float32)          # [B, K, G, T, T]
-        logits = jnp.where(mask_new[:, None, None], logits, _NEG)
-        if cache_k is not None:
-            cached = jnp.einsum("bkgth,bksh->bkgts", qg, cache_k.astype(dt),
-                                preferred_element_type=jnp.float32)      # [B, K, G, T, S]
-            cached = jnp.where(mask_cache[:, None, None], cached, _NEG)
-            logits = jnp.concatenate([cached, logits], axis=-1)          # [B, K, G, T, S+T]
+        keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)                 # [B, K, T, hd]
+        if cache_k is not None:   # write first (in place in a decode loop), then read all
+            at = (0, 0, cache_index, 0)
+            keys = lax.dynamic_update_slice(cache_k, keys.astype(cache_k.dtype), at)
+            values = lax.dynamic_update_slice(cache_v, values.astype(cache_v.dtype), at)
+        logits = jnp.einsum("bkgth,bksh->bkgts", qg, keys.astype(dt),
+                            preferred_element_type=jnp.float32)          # [B, K, G, T, S]
+        logits = jnp.where(mask[:, None, None], logits, _NEG)
         max_logit = logits.max(axis=(0, 3, 4)).reshape(H) if self.want_max else None  # [H]
         probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bksh->bkgth", probs[..., -T:], vh)       # [B, K, G, T, hd]
-        if cache_k is not None:
-            out = out + jnp.einsum("bkgts,bksh->bkgth", probs[..., :-T], cache_v.astype(dt))
+        out = jnp.einsum("bkgts,bksh->bkgth", probs, values.astype(dt))  # [B, K, G, T, hd]
         out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
-        y = jnp.einsum("bthk,hkd->btd", out.reshape(B, T, H, hd), wo.astype(dt))
+        y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt))
         if cfg.attention_bias:
             y = y + _param(self, "o_bias", (D,), ("embed",), nn.initializers.zeros).astype(dt)
-        return y, kh, vh, max_logit
+        return y, keys, values, max_logit
 
 
 class MLP(nn.Module):
@@ -199,17 +195,18 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm decoder layer. Returns the new hidden state, this chunk's k, v
-    ``[B, K, T, hd]`` (for the caller to cache) and the max logit per head (or None)."""
+    """One pre-norm decoder layer. Returns the new hidden state, k and v (the updated
+    cache buffers ``[B, K, S, hd]`` when given, else this chunk's ``[B, K, T, hd]``)
+    and the max logit per head (or None)."""
 
     cfg: ModelConfig
     want_max: bool = False
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask_new, mask_cache=None, cache_k=None, cache_v=None):
+    def __call__(self, x, cos, sin, mask, cache_k=None, cache_v=None, cache_index=None):
         h = RMSNorm(self.cfg, name="input_norm")(x)
         a, k, v, max_logit = Attention(self.cfg, self.want_max, name="attn")(
-            h, cos, sin, mask_new, mask_cache, cache_k, cache_v)
+            h, cos, sin, mask, cache_k, cache_v, cache_index)
         x = x + a
         x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="post_attn_norm")(x))
         return x, k, v, max_logit
@@ -360,19 +357,24 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array,
     else:
         empty = isinstance(cache_index, int) and cache_index == 0
         index = jnp.asarray(cache_index, jnp.int32)
+        valid = lax.dynamic_update_slice(cache.valid, token_mask, (0, index))   # [B, S]
         slots = jnp.arange(cache.max_len)
-        # cached slots strictly before this chunk that hold real tokens      [B, 1, S]
-        mask_cache = None if empty else (cache.valid & (slots[None, :] < index))[:, None, :]
+        # a prefill attends over itself and is then written; later chunks are written
+        # into the layer's buffer and attend over every valid slot up to themselves
+        mask = mask_new if empty else \
+            valid[:, None, :] & (slots[None, None, :] <= (index + jnp.arange(T))[None, :, None])
         new_k, new_v, maxes = [], [], []
         for l, layer_params in enumerate(unstack_layers(params)["layers"]):
             ck, cv = (None, None) if empty else (cache.k[l], cache.v[l])
-            x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask_new,
-                                             mask_cache, ck, cv)
-            new_k.append(lax.dynamic_update_slice(cache.k[l], k.astype(cache.k[l].dtype), (0, 0, index, 0)))
-            new_v.append(lax.dynamic_update_slice(cache.v[l], v.astype(cache.v[l].dtype), (0, 0, index, 0)))
+            x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask,
+                                             ck, cv, index)
+            if empty:
+                k = lax.dynamic_update_slice(cache.k[l], k.astype(cache.k[l].dtype), (0, 0, 0, 0))
+                v = lax.dynamic_update_slice(cache.v[l], v.astype(cache.v[l].dtype), (0, 0, 0, 0))
+            new_k.append(k)
+            new_v.append(v)
             maxes.append(max_logit)
-        new_cache = KVCache(k=tuple(new_k), v=tuple(new_v),
-                            valid=lax.dynamic_update_slice(cache.valid, token_mask, (0, index)))
+        new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=valid)
         max_logits = jnp.stack(maxes) if return_max_logits else None
 
     x = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
