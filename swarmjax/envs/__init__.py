@@ -1,0 +1,2 @@
+"""Environments. ``widesearch``: the wide-search swarm task (config, vocabulary,
+reference simulator)."""
