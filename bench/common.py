@@ -27,3 +27,27 @@ def matmul_peak_flops(n: int = 2048, repeats: int = 10, dtype=jnp.float32) -> fl
     mm = jax.jit(lambda x, y: x @ y)
     jax.block_until_ready(mm(a, b))
     return 2 * n ** 3 / time_best(lambda: jax.block_until_ready(mm(a, b)), repeats)
+
+
+def base_parser(doc: str):
+    """Flags every benchmark takes: --sizes, --batch, --repeats, --json."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", nargs="+", default=["1m", "30m"])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def run_sizes(bench_size: Callable[[str, float], dict], sizes: list[str]) -> tuple[dict, float]:
+    """Measure the peak, run ``bench_size(name, peak)`` per size, re-measure the peak
+    (the machine's speed drifts on shared cores) and keep the higher one, with each
+    result's ``mfu`` recomputed from its ``achieved_flops``."""
+    peak = matmul_peak_flops()
+    results = {name: bench_size(name, peak) for name in sizes}
+    peak = max(peak, matmul_peak_flops())
+    for r in results.values():
+        r["peak_flops"], r["mfu"] = peak, r["achieved_flops"] / peak
+    return results, peak

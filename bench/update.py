@@ -20,7 +20,6 @@ modest RL minibatch; ``--batch 16 --seq 128`` shows the small-batch end.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -31,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import matmul_peak_flops, time_best  # noqa: E402
+from common import base_parser, run_sizes, time_best  # noqa: E402
 
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
@@ -83,22 +82,10 @@ def bench_size(name: str, args, peak: float) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", nargs="+", default=["1m", "30m"])
-    p.add_argument("--batch", type=int, default=32)
+    p = base_parser(__doc__)
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json", action="store_true")
     args = p.parse_args()
-
-    peak = matmul_peak_flops()
-    results = {name: bench_size(name, args, peak) for name in args.sizes}
-    # the machine's speed drifts (shared cores): re-measure and keep the higher peak
-    late_peak = matmul_peak_flops()
-    if late_peak > peak:
-        for r in results.values():
-            r["peak_flops"], r["mfu"] = late_peak, r["achieved_flops"] / late_peak
-        peak = late_peak
+    results, peak = run_sizes(lambda name, peak: bench_size(name, args, peak), args.sizes)
     if args.json:
         print(json.dumps(results))
         return
