@@ -1,0 +1,1 @@
+"""Orchestration traces (DESIGN.md section 6): export episodes as replayable JSON."""
