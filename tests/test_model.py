@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.models import ModelConfig, forward, init_cache, init_params, param_logical_axes
+from swarmjax.models import ModelConfig, init_cache, init_params, param_logical_axes
 from swarmjax.models.transformer import abstract_params, forward_jit
 
 

@@ -3,7 +3,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from optax.contrib import MuonDimensionNumbers
 

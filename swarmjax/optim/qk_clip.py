@@ -56,7 +56,7 @@ def qk_clip(params: dict[str, Any], max_logits: Array, cfg: ModelConfig, tau: fl
       (new params, metrics: ``qk_clip_heads`` number of heads over tau,
       ``max_attn_logit`` the largest logit seen).
     """
-    L, H, K, G = cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.num_groups
+    L, K, G = cfg.num_layers, cfg.num_kv_heads, cfg.num_groups
     gamma = clip_factors(max_logits, tau)                              # [L, H]
     attn = dict(params["layers"]["attn"])
     dt = lambda x: x.dtype
