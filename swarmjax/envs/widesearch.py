@@ -9,16 +9,22 @@ critical steps and the outcome. It is deliberately plain Python, with no JAX.
 Protocol decisions where DESIGN.md is silent (the engine must match them):
 
 * A turn that starts with an unexpected token, a lookup of a non-entity, a spawn
-  block with no entities or a non-entity inside, more than ``max_subagents`` spawn
-  blocks, or a worker turn other than lookup/return: the environment appends
-  ``<fail>``; the turn counts as one step of that agent, and it ends at the token
-  that broke it (what follows is read as the next turn).
+  block with no entities, a non-entity inside a block, a block of more than
+  ``worker_context - 4`` entities, a ``<spawn>`` that would open sub-agent number
+  ``max_subagents + 1`` of the episode, or a worker turn other than lookup/return:
+  the environment appends ``<fail>``; the turn counts as one step of that agent,
+  and it ends at the token that broke it (what follows is read as the next turn).
 * An answer ends the episode with the pairs parsed before the first token that
-  breaks the ``e v`` pattern (a malformed answer is a short answer).
+  breaks the ``e v`` pattern (a malformed answer is a short answer); a worker's
+  return likewise.
 * A turn is only started while ``critical_steps + 1 <= budget``; otherwise the
   episode ends with reason ``budget`` (so an answer always fits in the budget).
-* A worker that has not returned after ``subagent_steps`` steps, or fills its
-  context, is stopped and reports ``<result> <fail> </result>``.
+* Contexts hold at most ``orch_context`` / ``worker_context`` tokens. When an
+  agent must say or hear a token and its context is full: an answer or return in
+  progress ends with the pairs so far; otherwise the episode ends with reason
+  ``context`` (orchestrator) or the worker is stopped and fails.
+* A worker that has not returned after ``subagent_steps`` steps is stopped and
+  reports ``<result> <fail> </result>``.
 """
 
 from __future__ import annotations
@@ -53,9 +59,21 @@ class WideSearchConfig:
         if self.budget is not None and self.budget < 2:
             raise ValueError(f"budget {self.budget} is below 2, the cheapest possible episode "
                              "(one lookup stage and an answer)")
-        for name in ("num_values", "max_subagents", "subagent_steps", "orch_context", "worker_context"):
+        for name in ("num_values", "max_subagents", "subagent_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.orch_context < self.max_task_size + 4:
+            raise ValueError(f"orch_context {self.orch_context} cannot hold the largest task prompt "
+                             f"({self.max_task_size + 3} tokens) and a turn")
+        if self.worker_context < 5:
+            raise ValueError(f"worker_context must be >= 5 (a one-entity prompt and a turn), "
+                             f"got {self.worker_context}")
+
+    @property
+    def max_block_entities(self) -> int:
+        """Largest spawn block: the worker prompt ``<worker> <task> e.. </task>`` plus one
+        token must fit its context."""
+        return self.worker_context - 4
 
     def serial_critical_steps(self, n: int) -> int:
         """n lookups then an answer."""
@@ -141,135 +159,176 @@ class Outcome:
     spawned: int
     finished: int
     stages: list[dict]                # per orchestrator step: kind, worker steps, worker results
+    worker_tokens: list[list[int]] = dataclasses.field(default_factory=list)  # per sub-agent, spawn order
 
 
 Policy = Callable[[list[int]], int]   # context token ids -> next token id
 
 
-def _run_worker(cfg: WideSearchConfig, vocab: Vocab, ep: Episode, entities: list[int],
-                policy: Policy) -> tuple[int, list[tuple[int, int]] | None]:
-    """Returns (steps taken, returned pairs or None on failure)."""
-    ctx = [vocab["<worker>"], vocab["<task>"], *(vocab.entity(e) for e in entities), vocab["</task>"]]
-    steps = 0
-    while steps < cfg.subagent_steps:
-        steps += 1
-        tok = policy(ctx)
-        ctx.append(tok)
-        if tok == vocab["<lookup>"]:
-            arg = policy(ctx)
-            ctx.append(arg)
-            ctx += ([vocab["<val>"], vocab.value(ep.table[arg - vocab.entity_base])]
-                    if vocab.is_entity(arg) else [vocab["<fail>"]])
-        elif tok == vocab["<return>"]:
-            pairs = _read_pairs(vocab, ctx, policy, vocab["</return>"], cfg.worker_context)
-            return steps, pairs
-        else:
-            ctx.append(vocab["<fail>"])
-        if len(ctx) >= cfg.worker_context:
-            break
-    return steps, None
+class _Full(Exception):
+    """An agent had to say or hear a token with its context full."""
 
 
-def _read_pairs(vocab: Vocab, ctx: list[int], policy: Policy, close: int, limit: int) -> list[tuple[int, int]]:
-    """Read ``e v e v .. close`` from the policy, stopping at the first break of the pattern."""
+class _Agent:
+    """One agent's context of bounded capacity, driven by a policy."""
+
+    def __init__(self, prompt: list[int], capacity: int, policy: Policy):
+        self.ctx, self.sampled = list(prompt), [False] * len(prompt)
+        self.capacity, self.policy = capacity, policy
+
+    def say(self) -> int:
+        if len(self.ctx) >= self.capacity:
+            raise _Full
+        tok = self.policy(self.ctx)
+        self.ctx.append(tok)
+        self.sampled.append(True)
+        return tok
+
+    def hear(self, *toks: int) -> None:
+        for tok in toks:
+            if len(self.ctx) >= self.capacity:
+                raise _Full
+            self.ctx.append(tok)
+            self.sampled.append(False)
+
+
+def _read_pairs(vocab: Vocab, agent: _Agent) -> list[tuple[int, int]]:
+    """Read ``e v e v ..`` until the first break of the pattern (or a full context)."""
     pairs = []
-    while len(ctx) < limit:
-        e = policy(ctx)
-        ctx.append(e)
-        if not vocab.is_entity(e):
-            break
-        v = policy(ctx)
-        ctx.append(v)
-        if not vocab.is_value(v):
-            break
-        pairs.append((e - vocab.entity_base, v - vocab.value_base))
+    try:
+        while True:
+            e = agent.say()
+            if not vocab.is_entity(e):
+                break
+            v = agent.say()
+            if not vocab.is_value(v):
+                break
+            pairs.append((e - vocab.entity_base, v - vocab.value_base))
+    except _Full:
+        pass
     return pairs
 
 
-def simulate(cfg: WideSearchConfig, ep: Episode, orch: Policy, worker: Policy) -> Outcome:
-    """Run one episode token by token with the two policies (see the module docstring)."""
+def _lookup(vocab: Vocab, ep: Episode, agent: _Agent) -> None:
+    arg = agent.say()
+    agent.hear(*([vocab["<val>"], vocab.value(ep.table[arg - vocab.entity_base])]
+                 if vocab.is_entity(arg) else [vocab["<fail>"]]))
+
+
+def worker_prompt(vocab: Vocab, entities: Sequence[int]) -> list[int]:
+    """``<worker> <task> e.. </task>``."""
+    return [vocab["<worker>"], vocab["<task>"], *(vocab.entity(e) for e in entities), vocab["</task>"]]
+
+
+def _run_worker(cfg: WideSearchConfig, vocab: Vocab, ep: Episode, entities: list[int],
+                policy: Policy) -> tuple[int, list[tuple[int, int]] | None, _Agent]:
+    """Returns (steps taken, returned pairs or None on failure, the worker's context)."""
+    agent = _Agent(worker_prompt(vocab, entities), cfg.worker_context, policy)
+    steps = 0
+    try:
+        while steps < cfg.subagent_steps:
+            tok = agent.say()
+            steps += 1
+            if tok == vocab["<lookup>"]:
+                _lookup(vocab, ep, agent)
+            elif tok == vocab["<return>"]:
+                return steps, _read_pairs(vocab, agent), agent
+            else:
+                agent.hear(vocab["<fail>"])
+    except _Full:
+        pass
+    return steps, None, agent
+
+
+def _read_spawn(cfg: WideSearchConfig, vocab: Vocab, agent: _Agent, spawned: int) -> list[list[int]] | None:
+    """After ``<spawn>``: blocks ``e.. </spawn>`` joined by ``<spawn>`` up to ``<wait>``;
+    None (malformed) at the first token that breaks the grammar or the limits."""
+    if spawned >= cfg.max_subagents:
+        return None
+    blocks: list[list[int]] = [[]]
+    while True:
+        tok = agent.say()
+        if vocab.is_entity(tok):
+            if len(blocks[-1]) >= cfg.max_block_entities:
+                return None
+            blocks[-1].append(tok - vocab.entity_base)
+        elif tok == vocab["</spawn>"] and blocks[-1]:
+            nxt = agent.say()
+            if nxt == vocab["<wait>"]:
+                return blocks
+            if nxt != vocab["<spawn>"] or spawned + len(blocks) >= cfg.max_subagents:
+                return None
+            blocks.append([])
+        else:
+            return None
+
+
+def simulate(cfg: WideSearchConfig, ep: Episode, orch: Policy, worker: Policy,
+             workers: Sequence[Policy] | None = None) -> Outcome:
+    """Run one episode token by token (see the module docstring for the rules).
+
+    ``orch`` drives the orchestrator; sub-agent number ``i`` of the episode (spawn
+    order) is driven by ``workers[i]`` when given, else by ``worker``.
+    """
     vocab = Vocab(cfg)
-    ctx = [vocab["<orch>"], vocab["<task>"], *(vocab.entity(e) for e in ep.task), vocab["</task>"]]
-    sampled = [False] * len(ctx)
+    agent = _Agent([vocab["<orch>"], vocab["<task>"], *(vocab.entity(e) for e in ep.task),
+                    vocab["</task>"]], cfg.orch_context, orch)
     budget = cfg.budget if cfg.budget is not None else 10 ** 9
     crit = orch_steps = total = spawned = finished = 0
     stages: list[dict] = []
+    worker_tokens: list[list[int]] = []
     answer, reason = None, "context"
-
-    def say() -> int:
-        tok = orch(ctx)
-        ctx.append(tok)
-        sampled.append(True)
-        return tok
-
-    def env(*toks: int):
-        ctx.extend(toks)
-        sampled.extend([False] * len(toks))
-
-    while len(ctx) < cfg.orch_context:
-        if crit + 1 > budget:
-            reason = "budget"
-            break
-        orch_steps += 1
-        crit += 1
-        total += 1
-        tok = say()
-        stage = {"kind": vocab.symbol(tok), "worker_steps": [], "results": []}
-        stages.append(stage)
-        if tok == vocab["<lookup>"]:
-            arg = say()
-            if vocab.is_entity(arg):
-                env(vocab["<val>"], vocab.value(ep.table[arg - vocab.entity_base]))
+    try:
+        while True:
+            if crit + 1 > budget:
+                reason = "budget"
+                break
+            tok = agent.say()
+            orch_steps += 1
+            crit += 1
+            total += 1
+            stage = {"kind": vocab.symbol(tok), "worker_steps": [], "results": []}
+            stages.append(stage)
+            if tok == vocab["<lookup>"]:
+                _lookup(vocab, ep, agent)
+            elif tok == vocab["<answer>"]:
+                answer, reason = _read_pairs(vocab, agent), "answer"
+                break
+            elif tok == vocab["<spawn>"]:
+                blocks = _read_spawn(cfg, vocab, agent, spawned)
+                if blocks is None:
+                    agent.hear(vocab["<fail>"])
+                    continue
+                for ents in blocks:
+                    policy = workers[spawned] if workers is not None else worker
+                    steps, pairs, wagent = _run_worker(cfg, vocab, ep, ents, policy)
+                    spawned += 1
+                    stage["worker_steps"].append(steps)
+                    stage["results"].append(pairs)
+                    worker_tokens.append(wagent.ctx)
+                finished += sum(r is not None for r in stage["results"])
+                total += sum(stage["worker_steps"])
+                crit += max(stage["worker_steps"])
+                for pairs in stage["results"]:
+                    body = ([vocab["<fail>"]] if pairs is None else
+                            [t for e, v in pairs for t in (vocab.entity(e), vocab.value(v))])
+                    agent.hear(vocab["<result>"], *body, vocab["</result>"])
             else:
-                env(vocab["<fail>"])
-        elif tok == vocab["<answer>"]:
-            limit = cfg.orch_context
-            before = len(ctx)
-            answer = _read_pairs(vocab, ctx, orch, vocab["</answer>"], limit)
-            sampled.extend([True] * (len(ctx) - before))
-            reason = "answer"
-            break
-        elif tok == vocab["<spawn>"]:
-            blocks, ok = [], True
-            while ok and len(ctx) < cfg.orch_context:
-                ents = []
-                while len(ctx) < cfg.orch_context:
-                    t = say()
-                    if vocab.is_entity(t):
-                        ents.append(t - vocab.entity_base)
-                    else:
-                        ok = t == vocab["</spawn>"] and bool(ents)
-                        break
-                blocks.append(ents)
-                if not ok:
-                    break
-                nxt = say()
-                if nxt == vocab["<wait>"]:
-                    break
-                ok = nxt == vocab["<spawn>"]
-            ok = ok and ctx[-1] == vocab["<wait>"] and spawned + len(blocks) <= cfg.max_subagents
-            if not ok:
-                env(vocab["<fail>"])
-                continue
-            results = []
-            for ents in blocks:
-                steps, pairs = _run_worker(cfg, vocab, ep, ents, worker)
-                stage["worker_steps"].append(steps)
-                results.append(pairs)
-            stage["results"] = results
-            spawned += len(blocks)
-            finished += sum(r is not None for r in results)
-            total += sum(stage["worker_steps"])
-            crit += max(stage["worker_steps"])
-            for pairs in results:
-                body = ([vocab["<fail>"]] if pairs is None else
-                        [t for e, v in pairs for t in (vocab.entity(e), vocab.value(v))])
-                env(vocab["<result>"], *body, vocab["</result>"])
-        else:
-            env(vocab["<fail>"])
-    return Outcome(orch_tokens=ctx, sampled=sampled, answer=answer, end_reason=reason,
+                agent.hear(vocab["<fail>"])
+    except _Full:
+        reason = "context"
+    return Outcome(orch_tokens=agent.ctx, sampled=agent.sampled, answer=answer, end_reason=reason,
                    orch_steps=orch_steps, critical_steps=crit, total_steps=total,
-                   spawned=spawned, finished=finished, stages=stages)
+                   spawned=spawned, finished=finished, stages=stages, worker_tokens=worker_tokens)
+
+
+def score(ep: Episode, answer: Sequence[tuple[int, int]] | None) -> tuple[int, int, int]:
+    """Verifier: (correct, answered, truth) item counts. ``answered`` counts distinct
+    pairs; a pair is correct when its entity was asked for and its value is the table's."""
+    pairs = set(answer or ())
+    asked = set(ep.task)
+    correct = sum(e in asked and ep.table[e] == v for e, v in pairs)
+    return correct, len(pairs), len(ep.task)
 
 
 def scripted(tokens: Sequence[int]) -> Policy:

@@ -163,9 +163,8 @@ class Attention(nn.Module):
         qg = (q.reshape(B, T, K, G, hd) * jnp.asarray(hd ** -0.5, dt)).transpose(0, 2, 3, 1, 4)
         keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)                 # [B, K, T, hd]
         if cache_k is not None:   # write first (in place in a decode loop), then read all
-            at = (0, 0, cache_index, 0)
-            keys = lax.dynamic_update_slice(cache_k, keys.astype(cache_k.dtype), at)
-            values = lax.dynamic_update_slice(cache_v, values.astype(cache_v.dtype), at)
+            keys = write_slots(cache_k, keys.astype(cache_k.dtype), cache_index)
+            values = write_slots(cache_v, values.astype(cache_v.dtype), cache_index)
         logits = jnp.einsum("bkgth,bksh->bkgts", qg, keys.astype(dt),
                             preferred_element_type=jnp.float32)          # [B, K, G, T, S]
         logits = jnp.where(mask[:, None, None], logits, _NEG)
@@ -177,6 +176,18 @@ class Attention(nn.Module):
         if cfg.attention_bias:
             y = y + _param(self, "o_bias", (D,), ("embed",), nn.initializers.zeros).astype(dt)
         return y, keys, values, max_logit
+
+
+def write_slots(buf: Array, new: Array, index: Array) -> Array:
+    """Write a chunk into a cache buffer along its slot axis (-2).
+
+    buf [B, ..., S, hd], new [B, ..., T, hd]; index: a scalar slot for every row, or
+    [B] per-row slots (rows of a swarm rollout advance at different rates).
+    """
+    if jnp.ndim(index) == 0:
+        return lax.dynamic_update_slice(buf, new, (0,) * (buf.ndim - 2) + (index, 0))
+    return jax.vmap(lambda b, n, i: lax.dynamic_update_slice(b, n, (0,) * (b.ndim - 2) + (i, 0)))(
+        buf, new, index)
 
 
 class MLP(nn.Module):
@@ -329,9 +340,9 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array,
       cache: optional :class:`KVCache`; the chunk is written at slots
         ``[cache_index, cache_index + T)`` and attends over the valid slots before
         ``cache_index`` and causally over itself.
-      cache_index: scalar int slot of ``tokens[:, 0]`` in the cache. The Python int 0
-        means the cache holds nothing before this chunk (a prefill): the cached part
-        of attention is skipped at trace time.
+      cache_index: slot of ``tokens[:, 0]`` in the cache: a scalar, or [B] per-row slots.
+        The Python int 0 means the cache holds nothing before this chunk (a prefill):
+        the cached part of attention is skipped at trace time.
       return_max_logits: also return ``max_logits [L, H]``, the largest masked
         pre-softmax logit ``q.k / sqrt(hd)`` per layer and query head (over batch,
         queries and keys). Static: when False nothing extra is computed.
@@ -356,13 +367,14 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array,
         new_cache = None
     else:
         empty = isinstance(cache_index, int) and cache_index == 0
-        index = jnp.asarray(cache_index, jnp.int32)
-        valid = lax.dynamic_update_slice(cache.valid, token_mask, (0, index))   # [B, S]
+        index = jnp.asarray(cache_index, jnp.int32)                        # [] or [B]
+        valid = write_slots(cache.valid[..., None], token_mask[..., None], index)[..., 0]  # [B, S]
         slots = jnp.arange(cache.max_len)
+        query_slots = jnp.reshape(index, (-1, 1)) + jnp.arange(T)          # [B or 1, T]
         # a prefill attends over itself and is then written; later chunks are written
         # into the layer's buffer and attend over every valid slot up to themselves
         mask = mask_new if empty else \
-            valid[:, None, :] & (slots[None, None, :] <= (index + jnp.arange(T))[None, :, None])
+            valid[:, None, :] & (slots[None, None, :] <= query_slots[:, :, None])
         new_k, new_v, maxes = [], [], []
         for l, layer_params in enumerate(unstack_layers(params)["layers"]):
             ck, cv = (None, None) if empty else (cache.k[l], cache.v[l])

@@ -1,0 +1,1 @@
+"""The swarm rollout engine: orchestrator + frozen sub-agents decoding in one jit."""

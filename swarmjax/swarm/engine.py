@@ -1,0 +1,286 @@
+"""The jitted swarm rollout: an orchestrator and its frozen sub-agents decoding together.
+
+One ``jax.jit`` runs a whole batch of wide-search episodes (DESIGN.md section 3)
+token by token, in a ``lax.while_loop`` of *ticks*. In a tick every agent that is
+not waiting appends one token to its context:
+
+* B orchestrator rows decode with the trainable params, KV cache ``[B, C + 1]``;
+* B x K sub-agent slots decode as one batch with the frozen params, cache
+  ``[B * K, W + 1]`` (each slot runs at most once per episode);
+* tokens the environment says (tool replies, results, sub-agent task prompts)
+  go through the model into the cache exactly like sampled ones, but are not
+  sampled and are masked out of the loss;
+* the environment's transition (:mod:`swarmjax.envs.widesearch_jax`) parses every
+  emitted token; rows that wait or have ended are masked, and each model's
+  forward is skipped (``lax.cond``) in ticks where none of its rows emits.
+
+Rows write their own cache slot (``forward`` with per-row ``cache_index``); the
+extra slot ``C`` / ``W`` is scratch for masked rows, so nothing is ever written
+out of bounds. The loop ends when every episode has ended (answer, budget or
+context); ``max_ticks`` is a proven upper bound, not a truncation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from swarmjax.envs import widesearch_jax as wsj
+from swarmjax.envs.widesearch import WideSearchConfig
+from swarmjax.models.config import ModelConfig
+from swarmjax.models.transformer import (KVCache, cache_logical_axes, forward, init_cache,
+                                         param_logical_axes, unstack_layers)
+from swarmjax.sampling.processors import SamplingConfig, select_tokens
+from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Static rollout settings: the task sizes and how each role samples.
+    (``max_new_tokens`` of the sampling configs is unused: contexts bound the decode.)"""
+
+    env: WideSearchConfig = WideSearchConfig()
+    orch_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+    worker_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+
+    @property
+    def max_ticks(self) -> int:
+        """Per tick a running episode's orchestrator emits, or one of its sub-agents
+        emits, or a finished stage is booked: at most C + K * W + K + 1 ticks."""
+        e = self.env
+        return e.orch_context + e.max_subagents * (e.worker_context + 1) + 2
+
+
+@flax.struct.dataclass
+class Scripts:
+    """Forced choices (for tests and replays): each agent's *sampled* tokens in order,
+    ``-1``-padded; once a script runs out the agent says ``<eos>``.
+    orch [B, Lo]; workers [B, K, Lw] (slot = spawn order in the episode)."""
+
+    orch: Array
+    workers: Array
+
+
+@flax.struct.dataclass
+class RolloutResult:
+    """Token-in-token-out output for B episodes (C, W: context sizes; K: slots).
+
+    tokens [B, C] int32        the orchestrator's whole context (``<pad>`` after length)
+    length [B] int32
+    loss_mask [B, C] bool      True only on tokens the orchestrator sampled
+    logprobs [B, C] f32        sampler log-prob of those tokens (sampling distribution)
+    model_logprobs [B, C] f32  same under the plain temperature-1 model
+    stage_ids [B, C] int32     orchestrator step a token belongs to (0: the prompt)
+    worker_tokens [B, K, W], worker_length [B, K], worker_sampled [B, K, W]
+    worker_steps [B, K], worker_stage [B, K] (spawning orchestrator step), worker_ok [B, K]
+    worker_return [B, K, W] the "e v .." tokens each sub-agent returned, worker_return_len [B, K]
+    answer [B, A, 2] (entity, value) pairs, answer_len [B]
+    correct, answered, truth [B]: verifier counts (distinct answered pairs)
+    orch_steps, critical_steps, total_steps, spawned, finished [B]
+    end_reason [B]: index into ``widesearch_jax.END_REASONS``
+    ticks []: loop iterations run
+    """
+
+    tokens: Array
+    length: Array
+    loss_mask: Array
+    logprobs: Array
+    model_logprobs: Array
+    stage_ids: Array
+    worker_tokens: Array
+    worker_length: Array
+    worker_sampled: Array
+    worker_steps: Array
+    worker_stage: Array
+    worker_ok: Array
+    worker_return: Array
+    worker_return_len: Array
+    answer: Array
+    answer_len: Array
+    correct: Array
+    answered: Array
+    truth: Array
+    orch_steps: Array
+    critical_steps: Array
+    total_steps: Array
+    spawned: Array
+    finished: Array
+    end_reason: Array
+    ticks: Array
+
+
+def _choose(logits: Array, key: Array, scfg: SamplingConfig, script: Array | None,
+            cursor: Array) -> tuple[Array, Array, Array]:
+    """Tokens [R] with their sampler and model log-probs: sampled, or read from the
+    script at ``cursor`` [R] (then both log-probs are the model's)."""
+    if script is None:
+        return select_tokens(logits, key, scfg)
+    L = script.shape[1]
+    tok = jnp.take_along_axis(script, jnp.clip(cursor, 0, L - 1)[:, None], axis=1)[:, 0]
+    tok = jnp.where((cursor < L) & (tok >= 0), tok, wsj.T["<eos>"]).astype(jnp.int32)
+    lp = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)), tok[:, None], 1)[:, 0]
+    return tok, lp, lp
+
+
+def _put(buf: Array, pos: Array, value: Array, where: Array) -> Array:
+    """buf[r, pos[r]] = value[r] on rows where ``where``; buf [R, S], the rest [R]."""
+    rows = jnp.arange(buf.shape[0])
+    return buf.at[rows, jnp.where(where, pos, buf.shape[1])].set(value.astype(buf.dtype), mode="drop")
+
+
+def _step_model(params, cfg: ModelConfig, cache: KVCache, logits: Array, tok: Array, pos: Array,
+                emit: Array) -> tuple[KVCache, Array]:
+    """Feed one token per row at its own slot; keep old logits on rows that did not emit.
+    Skipped entirely when no row emits."""
+    def run(args):
+        cache, logits = args
+        slot = jnp.where(emit, pos, cache.max_len - 1)          # scratch slot for masked rows
+        out = forward(params, cfg, tok[:, None], pos[:, None], emit[:, None], cache, slot)
+        return out.cache, jnp.where(emit[:, None], out.logits[:, 0], logits)
+    return lax.cond(jnp.any(emit), run, lambda args: args, (cache, logits))
+
+
+def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_cfg: ModelConfig,
+            rcfg: RolloutConfig, tasks: wsj.Tasks, key: Array, scripts: Scripts | None = None,
+            constrain=None) -> RolloutResult:
+    """Run B episodes to the end (traceable; :class:`SwarmRollout` jits it).
+
+    Args:
+      orch_params / worker_params: the orchestrator's (trainable) and the sub-agents'
+        (frozen) parameters; may be the same tree.
+      tasks: :class:`~swarmjax.envs.widesearch_jax.Tasks` with batch B.
+      key: PRNG key for sampling.
+      scripts: optional forced choices (tests, replays).
+      constrain: optional ``(name, tree) -> tree`` sharding constraint hook.
+    """
+    ecfg = rcfg.env
+    B = tasks.n.shape[0]
+    K, C, W = ecfg.max_subagents, ecfg.orch_context, ecfg.worker_context
+    constrain = constrain or (lambda name, tree: tree)
+    orch_params, worker_params = unstack_layers(orch_params), unstack_layers(worker_params)
+    asked = jnp.zeros((B, ecfg.num_entities), bool).at[
+        jnp.arange(B)[:, None], jnp.where(tasks.entities >= 0, tasks.entities, ecfg.num_entities)].set(
+        True, mode="drop")
+
+    # the orchestrator's prompt, prefilled (right-padded: token j sits at slot j)
+    prompt, pmask = wsj.orch_prompt(ecfg, tasks)                        # [B, N + 3]
+    P = prompt.shape[1]
+    o_cache = constrain("orch_cache", init_cache(orch_cfg, B, C + 1))
+    pre = forward(orch_params, orch_cfg, prompt, jnp.broadcast_to(jnp.arange(P), (B, P)), pmask,
+                  o_cache, 0)
+    o_logits = jnp.take_along_axis(pre.logits, (tasks.n + 2)[:, None, None], axis=1)[:, 0]   # [B, V]
+    w_cache = constrain("worker_cache", init_cache(worker_cfg, B * K, W + 1))
+    w_logits = jnp.zeros((B * K, worker_cfg.vocab_size), jnp.float32)
+    o, w = wsj.init_state(ecfg, tasks)
+
+    pad = jnp.full((B, C - P), wsj.T["<pad>"], jnp.int32)
+    bufs = dict(tokens=jnp.concatenate([prompt, pad], axis=1),
+                loss_mask=jnp.zeros((B, C), bool), logprobs=jnp.zeros((B, C), jnp.float32),
+                model_logprobs=jnp.zeros((B, C), jnp.float32), stage_ids=jnp.zeros((B, C), jnp.int32),
+                worker_tokens=jnp.full((B * K, W), wsj.T["<pad>"], jnp.int32),
+                worker_sampled=jnp.zeros((B * K, W), bool))
+    cursors = (jnp.zeros((B,), jnp.int32), jnp.zeros((B * K,), jnp.int32))
+    tick_fn = jax.vmap(lambda o, w, table, asked, so, sw: wsj.episode_tick(ecfg, o, w, table, asked, so, sw))
+
+    def body(carry):
+        t, key, o, w, o_cache, w_cache, o_logits, w_logits, bufs, (oc, wc) = carry
+        key, ko, kw = jax.random.split(key, 3)
+        s_o, lp_o, mlp_o = _choose(o_logits, ko, rcfg.orch_sampling,
+                                   None if scripts is None else scripts.orch, oc)
+        s_w, _, _ = _choose(w_logits, kw, rcfg.worker_sampling,
+                            None if scripts is None else scripts.workers.reshape(B * K, -1), wc)
+        o, w, (ot, oe, osm, opos), (wt, we, wsm, wpos) = tick_fn(
+            o, w, tasks.table, asked, s_o, s_w.reshape(B, K))
+        wt, we, wsm, wpos = (x.reshape(B * K) for x in (wt, we, wsm, wpos))
+        bufs = dict(
+            tokens=_put(bufs["tokens"], opos, ot, oe),
+            loss_mask=_put(bufs["loss_mask"], opos, osm, oe),
+            logprobs=_put(bufs["logprobs"], opos, jnp.where(osm, lp_o, 0.0), oe),
+            model_logprobs=_put(bufs["model_logprobs"], opos, jnp.where(osm, mlp_o, 0.0), oe),
+            stage_ids=_put(bufs["stage_ids"], opos, o.orch_steps, oe),
+            worker_tokens=_put(bufs["worker_tokens"], wpos, wt, we),
+            worker_sampled=_put(bufs["worker_sampled"], wpos, wsm, we))
+        o_cache, o_logits = _step_model(orch_params, orch_cfg, o_cache, o_logits, ot, opos, oe)
+        w_cache, w_logits = _step_model(worker_params, worker_cfg, w_cache, w_logits, wt, wpos, we)
+        return t + 1, key, o, w, o_cache, w_cache, o_logits, w_logits, bufs, (oc + osm, wc + wsm)
+
+    def cond(carry):
+        t, _, o = carry[:3]
+        return (t < rcfg.max_ticks) & jnp.any(o.end == wsj.RUNNING)
+
+    carry = (jnp.int32(0), key, o, w, pre.cache, w_cache, o_logits, w_logits, bufs, cursors)
+    t, _, o, w, _, _, _, _, bufs, _ = lax.while_loop(cond, body, carry)
+    return RolloutResult(
+        tokens=bufs["tokens"], length=o.ctx_len, loss_mask=bufs["loss_mask"],
+        logprobs=bufs["logprobs"], model_logprobs=bufs["model_logprobs"], stage_ids=bufs["stage_ids"],
+        worker_tokens=bufs["worker_tokens"].reshape(B, K, W), worker_length=w.ctx_len,
+        worker_sampled=bufs["worker_sampled"].reshape(B, K, W), worker_steps=w.steps,
+        worker_stage=w.stage, worker_ok=w.ok & (w.phase == wsj.W_DONE), worker_return=w.ret,
+        worker_return_len=w.ret_len, answer=o.answer,
+        answer_len=o.ans_len, correct=o.correct, answered=o.answered, truth=tasks.n,
+        orch_steps=o.orch_steps, critical_steps=o.critical, total_steps=o.total, spawned=o.spawned,
+        finished=o.finished, end_reason=o.end, ticks=t)
+
+
+class SwarmRollout:
+    """:func:`rollout` jitted once per batch shape, optionally over a mesh.
+
+    >>> engine = SwarmRollout(RolloutConfig(), model_cfg)
+    >>> result = engine(orch_params, worker_params, wsj.reset(key, env_cfg, 64), key)
+
+    With ``mesh``, episodes (and their K sub-agent slots) are split over the mesh's
+    data axes, weights follow the logical rule table, the caches are constrained
+    batch-sharded; results come back sharded the same way.
+    """
+
+    def __init__(self, rcfg: RolloutConfig, orch_cfg: ModelConfig, worker_cfg: ModelConfig | None = None,
+                 mesh: Mesh | None = None, rules=DEFAULT_RULES):
+        self.rcfg, self.orch_cfg = rcfg, orch_cfg
+        self.worker_cfg = worker_cfg or orch_cfg
+        self.mesh, self.rules = mesh, rules
+        self._jitted: dict[tuple, Any] = {}
+        for name, cfg in (("orchestrator", orch_cfg), ("sub-agent", self.worker_cfg)):
+            if cfg.vocab_size < wsj.Vocab(rcfg.env).size:
+                raise ValueError(f"{name} model vocab_size {cfg.vocab_size} is smaller than the task "
+                                 f"vocabulary ({wsj.Vocab(rcfg.env).size} tokens)")
+
+    def _constrain(self, batch: int):
+        def fn(name, tree):
+            if self.mesh is None:
+                return tree
+            cfg = self.orch_cfg if name == "orch_cache" else self.worker_cfg
+            shards = tree_shardings(cache_logical_axes(cfg), tree, self.mesh, self.rules)
+            return jax.lax.with_sharding_constraint(tree, shards)
+        return fn
+
+    def _compile(self, orch_params, worker_params, batch: int, scripted: bool):
+        sig = (batch, scripted)
+        if sig not in self._jitted:
+            def fn(op, wp, tasks, key, scripts):
+                return rollout(op, wp, self.orch_cfg, self.worker_cfg, self.rcfg, tasks, key, scripts,
+                               self._constrain(batch))
+            if self.mesh is None:
+                self._jitted[sig] = jax.jit(fn)
+            else:
+                rows = lambda nd: batch_sharding(self.mesh, nd, self.rules, batch)
+                shard = lambda cfg, p: tree_shardings(param_logical_axes(cfg), p, self.mesh, self.rules)
+                task_sh = wsj.Tasks(table=rows(2), entities=rows(2), n=rows(1))
+                script_sh = Scripts(orch=rows(2), workers=rows(3)) if scripted else None
+                self._jitted[sig] = jax.jit(fn, in_shardings=(
+                    shard(self.orch_cfg, orch_params), shard(self.worker_cfg, worker_params), task_sh,
+                    NamedSharding(self.mesh, PartitionSpec()), script_sh))
+        return self._jitted[sig]
+
+    def __call__(self, orch_params: Any, worker_params: Any, tasks: wsj.Tasks, key: Array,
+                 scripts: Scripts | None = None) -> RolloutResult:
+        batch = int(tasks.n.shape[0])
+        fn = self._compile(orch_params, worker_params, batch, scripts is not None)
+        return fn(orch_params, worker_params, tasks, key, scripts)

@@ -1,0 +1,71 @@
+"""From a :class:`~swarmjax.swarm.engine.RolloutResult` to rewards, metrics and
+per-episode :class:`~swarmjax.envs.widesearch.Outcome` records (the reference
+simulator's format, which traces are exported from)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from swarmjax.envs import widesearch_jax as wsj
+from swarmjax.envs.widesearch import Episode, Outcome, Vocab, WideSearchConfig
+from swarmjax.rl.parl import PARLConfig, item_f1, parl_reward
+from swarmjax.swarm.engine import RolloutResult
+
+Array = jax.Array
+
+
+def episode_rewards(result: RolloutResult, pcfg: PARLConfig, step: Array | int) -> tuple[Array, dict]:
+    """PARL reward [B] and each channel [B] (``r_perf`` = item-F1, ``r_parallel``,
+    ``r_finish``, ``cost``, ``lambda1``, ``lambda2``) at training step ``step``."""
+    f1 = item_f1(result.correct, result.answered, result.truth, result.end_reason == wsj.END_ANSWER)
+    return parl_reward(f1, result.spawned, result.finished, result.total_steps, step, pcfg)
+
+
+def episodes(tasks: wsj.Tasks) -> list[Episode]:
+    """The tasks as reference-simulator episodes (host lists)."""
+    table, ents, n = jax.device_get((tasks.table, tasks.entities, tasks.n))
+    return [Episode(table=[int(v) for v in table[b]], task=[int(e) for e in ents[b, :n[b]]])
+            for b in range(len(n))]
+
+
+def to_outcomes(cfg: WideSearchConfig, result: RolloutResult) -> list[Outcome]:
+    """Per-episode :class:`Outcome` (host objects, for traces, printing and tests)."""
+    vocab = Vocab(cfg)
+    r = jax.tree.map(np.asarray, jax.device_get(result))
+    outs = []
+    for b in range(r.length.shape[0]):
+        L = int(r.length[b])
+        tokens, stage_ids, sampled = r.tokens[b, :L], r.stage_ids[b, :L], r.loss_mask[b, :L]
+        spawned = int(r.spawned[b])
+        results = []
+        for k in range(spawned):
+            ret = r.worker_return[b, k, :r.worker_return_len[b, k]]
+            results.append([(int(ret[i]) - vocab.entity_base, int(ret[i + 1]) - vocab.value_base)
+                            for i in range(0, len(ret), 2)] if r.worker_ok[b, k] else None)
+        stages = []
+        for i in range(1, int(r.orch_steps[b]) + 1):
+            first = int(tokens[np.argmax((stage_ids == i) & sampled)])
+            ks = [k for k in range(spawned) if r.worker_stage[b, k] == i]
+            stages.append({"kind": vocab.symbol(first), "worker_steps": [int(r.worker_steps[b, k]) for k in ks],
+                           "results": [results[k] for k in ks]})
+        end = wsj.END_REASONS[int(r.end_reason[b])]
+        answer = ([(int(e), int(v)) for e, v in r.answer[b, :r.answer_len[b]]] if end == "answer" else None)
+        outs.append(Outcome(
+            orch_tokens=[int(t) for t in tokens], sampled=[bool(s) for s in sampled], answer=answer,
+            end_reason=end, orch_steps=int(r.orch_steps[b]), critical_steps=int(r.critical_steps[b]),
+            total_steps=int(r.total_steps[b]), spawned=spawned, finished=int(r.finished[b]), stages=stages,
+            worker_tokens=[[int(t) for t in r.worker_tokens[b, k, :r.worker_length[b, k]]]
+                           for k in range(spawned)]))
+    return outs
+
+
+def summarize(result: RolloutResult, channels: dict[str, Array] | None = None) -> dict[str, float]:
+    """Batch means of the episode metrics (and reward channels, when given)."""
+    m = {"critical_steps": result.critical_steps, "total_steps": result.total_steps,
+         "subagents": result.spawned, "subagents_finished": result.finished,
+         "answered_frac": result.end_reason == wsj.END_ANSWER,
+         "tokens": result.length}
+    m.update(channels or {})
+    return {k: float(jnp.mean(jnp.asarray(v, jnp.float32))) for k, v in m.items()}
