@@ -1,0 +1,249 @@
+"""Differential tests: the jitted swarm engine against the pure-Python reference simulator.
+
+Both are driven by the same tokens: scripted policies (serial, splits of several
+shapes, malformed turns, budget and context overruns, sub-agents out of steps),
+randomized scripts, and a random-weight model whose sampled tokens are replayed
+through the reference. Every field of every episode must agree: the orchestrator's
+tokens (so every environment token), the loss mask, step counts, critical steps,
+answers, sub-agent contexts, and the rewards.
+"""
+
+import dataclasses
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swarmjax.envs import widesearch_jax as wsj
+from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig, score, scripted, simulate
+from swarmjax.models import ModelConfig, init_params
+from swarmjax.rl.parl import PARLConfig
+from swarmjax.sharding.mesh import MeshConfig, make_mesh
+from swarmjax.swarm.engine import RolloutConfig, Scripts, SwarmRollout
+from swarmjax.swarm.outcome import episode_rewards, episodes, to_outcomes
+from test_widesearch import serial_script, split_scripts
+
+# Default sizes, with a budget serial work cannot meet at n = 16.
+BIG = WideSearchConfig(budget=10)
+# Small everything, so random play hits every limit: context, steps, spawns, budget.
+SMALL = WideSearchConfig(num_entities=8, num_values=6, min_task_size=1, max_task_size=4,
+                         max_subagents=3, subagent_steps=3, budget=12, orch_context=40,
+                         worker_context=14)
+
+
+def model_for(cfg: WideSearchConfig) -> ModelConfig:
+    return ModelConfig(vocab_size=Vocab(cfg).size, hidden_size=32, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=8, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """One engine (and random params) per environment config, shared by the tests."""
+    out = {}
+    for name, cfg in (("big", BIG), ("small", SMALL)):
+        mcfg = model_for(cfg)
+        params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(mcfg, jax.random.key(1)))
+        out[name] = (cfg, SwarmRollout(RolloutConfig(env=cfg), mcfg), params)
+    return out
+
+
+def worker_script(cfg, ep, ents):
+    """A well-behaved worker for ``ents``: look each up, return them."""
+    v = Vocab(cfg)
+    toks = [t for e in ents for t in (v["<lookup>"], v.entity(e))] + [v["<return>"]]
+    return toks + [t for e in ents for t in (v.entity(e), v.value(ep.table[e]))] + [v["</return>"]]
+
+
+def random_orch_script(cfg, ep, rng):
+    """Turns of every kind, valid and not, then (usually) an answer, possibly malformed."""
+    v = Vocab(cfg)
+    ent = lambda: v.entity(rng.choice(ep.task) if rng.random() < 0.8 else rng.randrange(cfg.num_entities))
+    toks = []
+    for _ in range(rng.randint(0, 6)):
+        kind = rng.random()
+        if kind < 0.3:
+            toks += [v["<lookup>"], ent() if rng.random() < 0.8 else v.value(0)]
+        elif kind < 0.75:
+            for b in range(rng.randint(1, cfg.max_subagents + 1)):
+                toks += [v["<spawn>"]] + [ent() for _ in range(rng.choice([0, 1, 1, 2, 3]))] + [v["</spawn>"]]
+            toks.append(v["<wait>"] if rng.random() < 0.85 else v["<answer>"])
+        else:
+            toks.append(rng.randrange(v.size))
+    if rng.random() < 0.85:
+        toks.append(v["<answer>"])
+        for e in ep.task:
+            if rng.random() < 0.8:
+                toks += [v.entity(e), v.value(ep.table[e] if rng.random() < 0.8 else rng.randrange(cfg.num_values))]
+        toks.append(v["</answer>"] if rng.random() < 0.8 else v["<lookup>"])
+    return toks
+
+
+def random_worker_script(cfg, ep, rng):
+    v = Vocab(cfg)
+    if rng.random() < 0.5:
+        return worker_script(cfg, ep, rng.sample(range(cfg.num_entities), rng.randint(1, 3)))
+    return [rng.randrange(v.size) for _ in range(rng.randint(0, 12))]
+
+
+def pad_scripts(orch, workers, K):
+    lo = max(1, max(len(s) for s in orch))
+    lw = max(1, max((len(s) for ws in workers for s in ws), default=1))
+    o = np.full((len(orch), lo), -1, np.int32)
+    w = np.full((len(orch), K, lw), -1, np.int32)
+    for b, s in enumerate(orch):
+        o[b, :len(s)] = s
+        for k, ws in enumerate(workers[b]):
+            w[b, k, :len(ws)] = ws
+    return Scripts(orch=jnp.asarray(o), workers=jnp.asarray(w))
+
+
+def tasks_from(cfg, eps):
+    N = cfg.max_task_size
+    return wsj.Tasks(table=jnp.asarray([e.table for e in eps], jnp.int32),
+                     entities=jnp.asarray([e.task + [-1] * (N - len(e.task)) for e in eps], jnp.int32),
+                     n=jnp.asarray([len(e.task) for e in eps], jnp.int32))
+
+
+def assert_same(cfg, eps, result, refs):
+    """Every field of every episode agrees, and the engine's verifier and rewards
+    equal the reference's."""
+    outs = to_outcomes(cfg, result)
+    pcfg = PARLConfig()
+    reward, ch = episode_rewards(result, pcfg, 0)
+    for b, (ep, got, want) in enumerate(zip(eps, outs, refs)):
+        for f in dataclasses.fields(want):
+            assert getattr(got, f.name) == getattr(want, f.name), (b, f.name, Vocab(cfg).decode(want.orch_tokens))
+        correct, answered, truth = score(ep, want.answer)
+        assert (int(result.correct[b]), int(result.answered[b]), int(result.truth[b])) == (correct, answered, truth)
+        p = correct / max(answered, 1)
+        r = correct / truth
+        f1 = 2 * p * r / (p + r) if want.answer is not None and correct else 0.0
+        assert float(ch["r_perf"][b]) == pytest.approx(f1, abs=1e-6)
+        want_reward = (f1 + pcfg.lambda1 * min(want.spawned, pcfg.parallel_target) / pcfg.parallel_target
+                       + pcfg.lambda2 * (want.finished / want.spawned if want.spawned else 0.0)
+                       - pcfg.step_cost * want.total_steps)
+        assert float(reward[b]) == pytest.approx(want_reward, abs=1e-5)
+
+
+def run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=None):
+    K = cfg.max_subagents
+    workers = [list(ws) + [[]] * (K - len(ws)) for ws in workers]
+    scripts = pad_scripts(orch, workers, K)
+    result = (mesh_engine or engine)(params, params, tasks_from(cfg, eps), jax.random.key(0), scripts)
+    refs = [simulate(cfg, ep, scripted(o), scripted([]), workers=[scripted(s) for s in ws])
+            for ep, o, ws in zip(eps, orch, workers)]
+    assert_same(cfg, eps, result, refs)
+    return result, refs
+
+
+def test_scripted_shapes(engines):
+    """Serial (over budget), and the 16 entities split 8x2, 4x4, 2x8, 16x1 (too many), all
+    with one batch; plus a worker that runs out of steps and malformed spawns."""
+    cfg, engine, params = engines["big"]
+    v = Vocab(cfg)
+    rng = random.Random(0)
+    eps = [Episode.sample(cfg, rng, n=16) for _ in range(8)]
+    orch, workers = [serial_script(eps[0])], [[]]
+    for ep, parts in zip(eps[1:5], (8, 4, 2, 16)):
+        o, _ = split_scripts(ep, parts)
+        orch.append(o)
+        workers.append([worker_script(cfg, ep, ep.task[i::parts]) for i in range(min(parts, 8))])
+    # a worker with 6 lookups (> S_sub = 5 steps) next to a good one
+    ep = eps[5]
+    orch.append(v.encode(f"<spawn> e{ep.task[0]} </spawn> <spawn> e{ep.task[1]} </spawn> <wait> <answer> </answer>"))
+    workers.append([[v["<lookup>"], v.entity(ep.task[0])] * 6, worker_script(cfg, ep, ep.task[1:2])])
+    # malformed spawns: empty block, value in a block, garbage after </spawn>; then serial lookups
+    ep = eps[6]
+    orch.append(v.encode(f"<spawn> </spawn> <spawn> v1 <spawn> e{ep.task[0]} </spawn> <lookup> "
+                         f"<lookup> e{ep.task[0]} <answer> e{ep.task[0]} v{ep.table[ep.task[0]]} </answer>"))
+    workers.append([])
+    # a spawn of 2 where the orchestrator answers before <wait>
+    orch.append(v.encode(f"<spawn> e{eps[7].task[0]} </spawn> <answer> </answer>"))
+    workers.append([])
+    result, refs = run_scripted(engine, cfg, params, eps, orch, workers)
+    assert [r.end_reason for r in refs[:5]] == ["budget", "answer", "answer", "answer", "answer"]
+    # 8x2 = 1+3+1, 4x4 = 1+5+1; 2x8 needs 9 steps per worker > S_sub = 5: both fail at 5
+    assert [r.critical_steps for r in refs[1:4]] == [5, 7, 7]
+    # 16 blocks: the 9th <spawn> breaks the turn (K = 8); the rest is read as new turns
+    assert refs[4].stages[0]["worker_steps"] == [] and refs[4].orch_tokens.count(v["<fail>"]) >= 1
+    assert (refs[1].finished, refs[2].finished, refs[3].finished) == (8, 4, 0)
+    assert refs[5].stages[0]["worker_steps"] == [5, 2] and refs[5].finished == 1
+
+
+def test_randomized_scripts(engines):
+    """Random turns of every kind (valid and malformed) on the small config, which
+    makes episodes hit the context, step, spawn and budget limits."""
+    cfg, engine, params = engines["small"]
+    rng = random.Random(1)
+    eps = [Episode.sample(cfg, rng) for _ in range(48)]
+    orch = [random_orch_script(cfg, ep, rng) for ep in eps]
+    workers = [[random_worker_script(cfg, ep, rng) for _ in range(cfg.max_subagents)] for ep in eps]
+    _, refs = run_scripted(engine, cfg, params, eps, orch, workers)
+    reasons = {r.end_reason for r in refs}
+    assert reasons == {"answer", "budget", "context"}, reasons      # every ending is exercised
+    assert any(r.spawned for r in refs) and any(r.finished < r.spawned for r in refs)
+    assert any(s == cfg.subagent_steps for r in refs for st in r.stages for s in st["worker_steps"])
+
+
+def replay(cfg, eps, result):
+    """Feed the engine's sampled tokens back through the reference simulator."""
+    r = jax.device_get(result)
+    refs = []
+    for b, ep in enumerate(eps):
+        orch = [int(t) for t, s in zip(r.tokens[b], r.loss_mask[b]) if s]
+        workers = [[int(t) for t, s in zip(r.worker_tokens[b, k], r.worker_sampled[b, k]) if s]
+                   for k in range(cfg.max_subagents)]
+        refs.append(simulate(cfg, ep, scripted(orch), scripted([]), workers=[scripted(w) for w in workers]))
+    return refs
+
+
+@pytest.mark.parametrize("which", ["small", "big"])
+def test_random_model_episodes_replay_exactly(engines, which):
+    cfg, engine, params = engines[which]
+    tasks = wsj.reset(jax.random.key(3), cfg, 16)
+    result = engine(params, params, tasks, jax.random.key(4))
+    eps = episodes(tasks)
+    refs = replay(cfg, eps, result)
+    assert_same(cfg, eps, result, refs)
+    assert sum(len(r.stages) for r in refs) > 16          # the random policy did act
+    # log-probs are there exactly on sampled tokens, and are log-probabilities
+    lp, mask = np.asarray(result.logprobs), np.asarray(result.loss_mask)
+    assert np.all(lp[mask] < 0) and np.all(lp[~mask] == 0)
+
+
+def test_sharded_engine_matches_the_reference(engines):
+    """The differential tests again on a 2x2x2 mesh of 8 devices: scripted episodes,
+    then sampled ones (episodes split over data x fsdp, weights over tensor)."""
+    cfg, engine, params = engines["small"]
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    sharded = SwarmRollout(engine.rcfg, engine.orch_cfg, mesh=mesh)
+    rng = random.Random(5)
+    eps = [Episode.sample(cfg, rng) for _ in range(16)]
+    orch = [random_orch_script(cfg, ep, rng) for ep in eps]
+    workers = [[random_worker_script(cfg, ep, rng) for _ in range(cfg.max_subagents)] for ep in eps]
+    result, _ = run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=sharded)
+    assert len(result.tokens.sharding.device_set) == 8
+    assert result.tokens.sharding.shard_shape(result.tokens.shape)[0] == 4     # 16 episodes / 4
+    tasks = wsj.reset(jax.random.key(6), cfg, 16)
+    sampled = sharded(params, params, tasks, jax.random.key(0))
+    assert_same(cfg, episodes(tasks), sampled, replay(cfg, episodes(tasks), sampled))
+
+
+def test_reset_and_groups():
+    cfg = SMALL
+    tasks = wsj.reset(jax.random.key(0), cfg, 64)
+    n = np.asarray(tasks.n)
+    assert n.min() >= cfg.min_task_size and n.max() <= cfg.max_task_size
+    for b in range(64):
+        ents = np.asarray(tasks.entities[b])
+        assert len(set(ents[:n[b]])) == n[b] and np.all(ents[n[b]:] == -1)
+    rep, groups = wsj.repeat_groups(tasks, 4)
+    assert rep.n.shape == (256,) and np.all(np.asarray(groups) == np.repeat(np.arange(64), 4))
+    np.testing.assert_array_equal(np.asarray(rep.table[4:8]), np.repeat(np.asarray(tasks.table[1:2]), 4, 0))
+
+
+def test_vocab_too_small_is_a_clear_error():
+    with pytest.raises(ValueError, match="vocab_size"):
+        SwarmRollout(RolloutConfig(env=SMALL), model_for(SMALL).replace(vocab_size=10))
