@@ -169,20 +169,13 @@ class _Full(Exception):
     """An agent had to say or hear a token with its context full."""
 
 
-class _Agent:
-    """One agent's context of bounded capacity, driven by a policy."""
+class Agent:
+    """One agent's context (bounded capacity). ``role`` is "orchestrator" or "worker";
+    ``slot`` the worker's spawn index in its episode."""
 
-    def __init__(self, prompt: list[int], capacity: int, policy: Policy):
+    def __init__(self, prompt: list[int], capacity: int, role: str, slot: int = -1):
         self.ctx, self.sampled = list(prompt), [False] * len(prompt)
-        self.capacity, self.policy = capacity, policy
-
-    def say(self) -> int:
-        if len(self.ctx) >= self.capacity:
-            raise _Full
-        tok = self.policy(self.ctx)
-        self.ctx.append(tok)
-        self.sampled.append(True)
-        return tok
+        self.capacity, self.role, self.slot = capacity, role, slot
 
     def hear(self, *toks: int) -> None:
         for tok in toks:
@@ -192,15 +185,39 @@ class _Agent:
             self.sampled.append(False)
 
 
-def _read_pairs(vocab: Vocab, agent: _Agent) -> list[tuple[int, int]]:
+# The protocol is written as coroutines so the same code runs one agent at a time
+# (``simulate``) or many in lockstep (a host-driven batched rollout): a process
+# yields an ``Agent`` when that agent must say a token (the driver sends it back),
+# and the orchestrator yields a ``Stage`` at ``<wait>`` (the driver runs the worker
+# processes, in any interleaving, and sends back their ``(steps, pairs)``).
+
+
+@dataclasses.dataclass
+class Stage:
+    """Sub-agents launched together: their agents and protocol processes (spawn order)."""
+
+    agents: list[Agent]
+    procs: list
+
+
+def _say(agent: Agent):
+    if len(agent.ctx) >= agent.capacity:
+        raise _Full
+    tok = yield agent
+    agent.ctx.append(tok)
+    agent.sampled.append(True)
+    return tok
+
+
+def _read_pairs(vocab: Vocab, agent: Agent):
     """Read ``e v e v ..`` until the first break of the pattern (or a full context)."""
     pairs = []
     try:
         while True:
-            e = agent.say()
+            e = yield from _say(agent)
             if not vocab.is_entity(e):
                 break
-            v = agent.say()
+            v = yield from _say(agent)
             if not vocab.is_value(v):
                 break
             pairs.append((e - vocab.entity_base, v - vocab.value_base))
@@ -209,8 +226,8 @@ def _read_pairs(vocab: Vocab, agent: _Agent) -> list[tuple[int, int]]:
     return pairs
 
 
-def _lookup(vocab: Vocab, ep: Episode, agent: _Agent) -> None:
-    arg = agent.say()
+def _lookup(vocab: Vocab, ep: Episode, agent: Agent):
+    arg = yield from _say(agent)
     agent.hear(*([vocab["<val>"], vocab.value(ep.table[arg - vocab.entity_base])]
                  if vocab.is_entity(arg) else [vocab["<fail>"]]))
 
@@ -220,40 +237,38 @@ def worker_prompt(vocab: Vocab, entities: Sequence[int]) -> list[int]:
     return [vocab["<worker>"], vocab["<task>"], *(vocab.entity(e) for e in entities), vocab["</task>"]]
 
 
-def _run_worker(cfg: WideSearchConfig, vocab: Vocab, ep: Episode, entities: list[int],
-                policy: Policy) -> tuple[int, list[tuple[int, int]] | None, _Agent]:
-    """Returns (steps taken, returned pairs or None on failure, the worker's context)."""
-    agent = _Agent(worker_prompt(vocab, entities), cfg.worker_context, policy)
+def worker_process(cfg: WideSearchConfig, vocab: Vocab, ep: Episode, agent: Agent):
+    """A sub-agent's protocol; returns (steps taken, returned pairs or None on failure)."""
     steps = 0
     try:
         while steps < cfg.subagent_steps:
-            tok = agent.say()
+            tok = yield from _say(agent)
             steps += 1
             if tok == vocab["<lookup>"]:
-                _lookup(vocab, ep, agent)
+                yield from _lookup(vocab, ep, agent)
             elif tok == vocab["<return>"]:
-                return steps, _read_pairs(vocab, agent), agent
+                return steps, (yield from _read_pairs(vocab, agent))
             else:
                 agent.hear(vocab["<fail>"])
     except _Full:
         pass
-    return steps, None, agent
+    return steps, None
 
 
-def _read_spawn(cfg: WideSearchConfig, vocab: Vocab, agent: _Agent, spawned: int) -> list[list[int]] | None:
+def _read_spawn(cfg: WideSearchConfig, vocab: Vocab, agent: Agent, spawned: int):
     """After ``<spawn>``: blocks ``e.. </spawn>`` joined by ``<spawn>`` up to ``<wait>``;
     None (malformed) at the first token that breaks the grammar or the limits."""
     if spawned >= cfg.max_subagents:
         return None
     blocks: list[list[int]] = [[]]
     while True:
-        tok = agent.say()
+        tok = yield from _say(agent)
         if vocab.is_entity(tok):
             if len(blocks[-1]) >= cfg.max_block_entities:
                 return None
             blocks[-1].append(tok - vocab.entity_base)
         elif tok == vocab["</spawn>"] and blocks[-1]:
-            nxt = agent.say()
+            nxt = yield from _say(agent)
             if nxt == vocab["<wait>"]:
                 return blocks
             if nxt != vocab["<spawn>"] or spawned + len(blocks) >= cfg.max_subagents:
@@ -263,16 +278,11 @@ def _read_spawn(cfg: WideSearchConfig, vocab: Vocab, agent: _Agent, spawned: int
             return None
 
 
-def simulate(cfg: WideSearchConfig, ep: Episode, orch: Policy, worker: Policy,
-             workers: Sequence[Policy] | None = None) -> Outcome:
-    """Run one episode token by token (see the module docstring for the rules).
-
-    ``orch`` drives the orchestrator; sub-agent number ``i`` of the episode (spawn
-    order) is driven by ``workers[i]`` when given, else by ``worker``.
-    """
+def episode_process(cfg: WideSearchConfig, ep: Episode):
+    """The whole episode as a coroutine (see above); returns its :class:`Outcome`."""
     vocab = Vocab(cfg)
-    agent = _Agent([vocab["<orch>"], vocab["<task>"], *(vocab.entity(e) for e in ep.task),
-                    vocab["</task>"]], cfg.orch_context, orch)
+    agent = Agent([vocab["<orch>"], vocab["<task>"], *(vocab.entity(e) for e in ep.task),
+                   vocab["</task>"]], cfg.orch_context, "orchestrator")
     budget = cfg.budget if cfg.budget is not None else 10 ** 9
     crit = orch_steps = total = spawned = finished = 0
     stages: list[dict] = []
@@ -283,29 +293,29 @@ def simulate(cfg: WideSearchConfig, ep: Episode, orch: Policy, worker: Policy,
             if crit + 1 > budget:
                 reason = "budget"
                 break
-            tok = agent.say()
+            tok = yield from _say(agent)
             orch_steps += 1
             crit += 1
             total += 1
             stage = {"kind": vocab.symbol(tok), "worker_steps": [], "results": []}
             stages.append(stage)
             if tok == vocab["<lookup>"]:
-                _lookup(vocab, ep, agent)
+                yield from _lookup(vocab, ep, agent)
             elif tok == vocab["<answer>"]:
-                answer, reason = _read_pairs(vocab, agent), "answer"
+                answer, reason = (yield from _read_pairs(vocab, agent)), "answer"
                 break
             elif tok == vocab["<spawn>"]:
-                blocks = _read_spawn(cfg, vocab, agent, spawned)
+                blocks = yield from _read_spawn(cfg, vocab, agent, spawned)
                 if blocks is None:
                     agent.hear(vocab["<fail>"])
                     continue
-                for ents in blocks:
-                    policy = workers[spawned] if workers is not None else worker
-                    steps, pairs, wagent = _run_worker(cfg, vocab, ep, ents, policy)
-                    spawned += 1
-                    stage["worker_steps"].append(steps)
-                    stage["results"].append(pairs)
-                    worker_tokens.append(wagent.ctx)
+                agents = [Agent(worker_prompt(vocab, ents), cfg.worker_context, "worker", spawned + i)
+                          for i, ents in enumerate(blocks)]
+                done = yield Stage(agents, [worker_process(cfg, vocab, ep, a) for a in agents])
+                spawned += len(blocks)
+                stage["worker_steps"] = [steps for steps, _ in done]
+                stage["results"] = [pairs for _, pairs in done]
+                worker_tokens += [a.ctx for a in agents]
                 finished += sum(r is not None for r in stage["results"])
                 total += sum(stage["worker_steps"])
                 crit += max(stage["worker_steps"])
@@ -320,6 +330,30 @@ def simulate(cfg: WideSearchConfig, ep: Episode, orch: Policy, worker: Policy,
     return Outcome(orch_tokens=agent.ctx, sampled=agent.sampled, answer=answer, end_reason=reason,
                    orch_steps=orch_steps, critical_steps=crit, total_steps=total,
                    spawned=spawned, finished=finished, stages=stages, worker_tokens=worker_tokens)
+
+
+def _drive(proc, policy_for: Callable[[Agent], Policy]):
+    """Run a process to completion, one agent at a time; returns its value."""
+    reply = None
+    try:
+        while True:
+            msg = proc.send(reply)
+            reply = ([_drive(p, policy_for) for p in msg.procs] if isinstance(msg, Stage)
+                     else policy_for(msg)(msg.ctx))
+    except StopIteration as stop:
+        return stop.value
+
+
+def simulate(cfg: WideSearchConfig, ep: Episode, orch: Policy, worker: Policy,
+             workers: Sequence[Policy] | None = None) -> Outcome:
+    """Run one episode token by token, sub-agents one after another (the rules are in
+    the module docstring). ``orch`` drives the orchestrator; sub-agent number ``i`` of
+    the episode (spawn order) is driven by ``workers[i]`` when given, else by ``worker``."""
+    def policy_for(agent: Agent) -> Policy:
+        if agent.role == "orchestrator":
+            return orch
+        return workers[agent.slot] if workers is not None else worker
+    return _drive(episode_process(cfg, ep), policy_for)
 
 
 def score(ep: Episode, answer: Sequence[tuple[int, int]] | None) -> tuple[int, int, int]:

@@ -186,6 +186,9 @@ def write_slots(buf: Array, new: Array, index: Array) -> Array:
     """
     if jnp.ndim(index) == 0:
         return lax.dynamic_update_slice(buf, new, (0,) * (buf.ndim - 2) + (index, 0))
+    # vmap of dynamic_update_slice stays in place inside a decode loop (measured on
+    # XLA:CPU: as fast as one shared slot); a one-hot select or ``.at[].set`` rewrote
+    # the whole buffer every step (2x slower per swarm tick).
     return jax.vmap(lambda b, n, i: lax.dynamic_update_slice(b, n, (0,) * (b.ndim - 2) + (i, 0)))(
         buf, new, index)
 
