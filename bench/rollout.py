@@ -40,6 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import time_best  # noqa: E402
 
+from swarmjax.envs import scripts  # noqa: E402
 from swarmjax.envs import widesearch_jax as wsj  # noqa: E402
 from swarmjax.envs.widesearch import (Agent, Episode, Stage, Vocab, WideSearchConfig,  # noqa: E402
                                       episode_process)
@@ -53,30 +54,17 @@ from swarmjax.swarm.outcome import to_outcomes  # noqa: E402
 
 
 def make_workload(cfg: WideSearchConfig, batch: int, seed: int = 0):
-    """Episodes and per-agent scripts (orchestrator [B], workers [B][K])."""
-    v = Vocab(cfg)
+    """Episodes and per-agent scripts (orchestrator [B], workers [B][<= K])."""
     rng = random.Random(seed)
     eps, orch, workers = [], [], []
     for b in range(batch):
         ep = Episode.sample(cfg, rng)
-        n = len(ep.task)
-        style = b % 4
+        n, style = len(ep.task), b % 4
         parts = 1 if n == 1 or style == 3 else (4 if style == 2 else min(cfg.max_subagents, math.ceil(n / 2)))
-        parts = min(parts, n)
-        answer = [v["<answer>"]] + [t for e in ep.task for t in (v.entity(e), v.value(ep.table[e]))] + [v["</answer>"]]
-        if parts == 1:
-            orch.append([t for e in ep.task for t in (v["<lookup>"], v.entity(e))] + answer)
-            workers.append([])
-        else:
-            chunks = [ep.task[i::parts] for i in range(parts)]
-            o = []
-            for c in chunks:
-                o += [v["<spawn>"], *(v.entity(e) for e in c), v["</spawn>"]]
-            orch.append(o + [v["<wait>"]] + answer)
-            workers.append([[t for e in c for t in (v["<lookup>"], v.entity(e))] + [v["<return>"]]
-                            + [t for e in c for t in (v.entity(e), v.value(ep.table[e]))] + [v["</return>"]]
-                            for c in chunks])
+        o, w = (scripts.serial(cfg, ep), []) if min(parts, n) == 1 else scripts.split(cfg, ep, min(parts, n))
         eps.append(ep)
+        orch.append(o)
+        workers.append(w)
     return eps, orch, workers
 
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from swarmjax.envs import scripts
 from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig, score, scripted, simulate
 from swarmjax.models import ModelConfig, init_params
@@ -49,13 +50,6 @@ def engines():
     return out
 
 
-def worker_script(cfg, ep, ents):
-    """A well-behaved worker for ``ents``: look each up, return them."""
-    v = Vocab(cfg)
-    toks = [t for e in ents for t in (v["<lookup>"], v.entity(e))] + [v["<return>"]]
-    return toks + [t for e in ents for t in (v.entity(e), v.value(ep.table[e]))] + [v["</return>"]]
-
-
 def random_orch_script(cfg, ep, rng):
     """Turns of every kind, valid and not, then (usually) an answer, possibly malformed."""
     v = Vocab(cfg)
@@ -83,7 +77,7 @@ def random_orch_script(cfg, ep, rng):
 def random_worker_script(cfg, ep, rng):
     v = Vocab(cfg)
     if rng.random() < 0.5:
-        return worker_script(cfg, ep, rng.sample(range(cfg.num_entities), rng.randint(1, 3)))
+        return scripts.worker(cfg, ep, rng.sample(range(cfg.num_entities), rng.randint(1, 3)))
     return [rng.randrange(v.size) for _ in range(rng.randint(0, 12))]
 
 
@@ -149,11 +143,11 @@ def test_scripted_shapes(engines):
     for ep, parts in zip(eps[1:5], (8, 4, 2, 16)):
         o, _ = split_scripts(ep, parts)
         orch.append(o)
-        workers.append([worker_script(cfg, ep, ep.task[i::parts]) for i in range(min(parts, 8))])
+        workers.append([scripts.worker(cfg, ep, ep.task[i::parts]) for i in range(min(parts, 8))])
     # a worker with 6 lookups (> S_sub = 5 steps) next to a good one
     ep = eps[5]
     orch.append(v.encode(f"<spawn> e{ep.task[0]} </spawn> <spawn> e{ep.task[1]} </spawn> <wait> <answer> </answer>"))
-    workers.append([[v["<lookup>"], v.entity(ep.task[0])] * 6, worker_script(cfg, ep, ep.task[1:2])])
+    workers.append([[v["<lookup>"], v.entity(ep.task[0])] * 6, scripts.worker(cfg, ep, ep.task[1:2])])
     # malformed spawns: empty block, value in a block, garbage after </spawn>; then serial lookups
     ep = eps[6]
     orch.append(v.encode(f"<spawn> </spawn> <spawn> v1 <spawn> e{ep.task[0]} </spawn> <lookup> "

@@ -54,3 +54,67 @@ def test_split_trace_shows_the_parallel_stage(traces):
     assert sum(e["type"] == "spawn" for e in split["edges"]) == 8
     assert max(e["t"] for e in split["events"]) == 4            # the answer turn starts at 4
     assert max(e["t"] for e in serial["events"]) == 16
+
+
+# ----------------------------------------------------------------------------- show / render
+
+
+def test_trace_show_prints_timeline_and_draws_png(tmp_path, capsys):
+    from swarmjax.cli import main
+
+    path = str(tmp_path / "demo.jsonl")
+    assert main(["trace", "demo", path]) == 0
+    png = str(tmp_path / "swarm.png")
+    assert main(["trace", "show", path, "--id", "swarm-8x2", "--png", png]) == 0
+    out = capsys.readouterr().out
+    assert "critical steps 5  total steps 26  sub-agents 8 (8 returned)" in out
+    rows = [line for line in out.splitlines() if line.startswith(("orchestrator ", "worker_"))]
+    assert rows[0].split()[1:] == ["S", "A"] and len(rows) == 9
+    assert all(line.rstrip().endswith("===") for line in rows[1:])      # 8 workers over steps 1..3
+    import matplotlib.image
+
+    img = matplotlib.image.imread(png)
+    assert img.shape[0] > 300 and img.shape[1] > 300
+    assert main(["trace", "show", path, "--all"]) == 0
+    assert "LLLLLLLLLLLLLLLLA" in capsys.readouterr().out          # the serial episode: 16 lookups
+
+
+def test_trace_show_bad_input_is_one_line(tmp_path, capsys):
+    from swarmjax.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"trace_id": "a"}\nnot json\n')
+    assert main(["trace", "show", str(bad)]) == 2
+    assert "bad.jsonl:2: not JSON" in capsys.readouterr().err
+    bad.write_text('{"trace_id": "a"}\n')
+    assert main(["trace", "show", str(bad)]) == 2
+    assert "missing task_id" in capsys.readouterr().err
+    assert main(["trace", "show", str(tmp_path / "none.jsonl")]) == 2
+
+
+def test_engine_rollout_traces_validate():
+    """Traces exported from jitted-engine episodes (random model: malformed turns,
+    failed workers) validate against the schema and keep the episode's metrics."""
+    import jax
+
+    from swarmjax.envs import widesearch_jax as wsj
+    from swarmjax.rl.parl import PARLConfig
+    from swarmjax.swarm.outcome import episode_rewards, rollout_traces
+    from swarmjax.traces.render import segments
+    from test_swarm import SMALL, model_for
+
+    from swarmjax.models import init_params
+    from swarmjax.swarm.engine import RolloutConfig, SwarmRollout
+
+    mcfg = model_for(SMALL)
+    params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(mcfg, jax.random.key(1)))
+    tasks = wsj.reset(jax.random.key(3), SMALL, 16)
+    result = SwarmRollout(RolloutConfig(env=SMALL), mcfg)(params, params, tasks, jax.random.key(4))
+    _, channels = episode_rewards(result, PARLConfig(), 0)
+    traces = rollout_traces(SMALL, tasks, result, channels)
+    schema = load_schema()
+    for b, trace in enumerate(traces):
+        jsonschema.validate(trace, schema)
+        assert trace["metrics"]["critical_steps"] == int(result.critical_steps[b])
+        assert set(trace["rewards"]) >= {"r_perf", "r_parallel", "r_finish", "cost"}
+        assert max([end for _, _, end, _ in segments(trace)] + [0]) <= int(result.critical_steps[b])

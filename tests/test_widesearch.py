@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from swarmjax.envs import scripts
 from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig, scripted, simulate
 from swarmjax.rl.parl import PARLConfig, anneal, item_f1, parl_reward
 
@@ -18,35 +19,14 @@ def ep16():
 
 
 def serial_script(ep):
-    toks = []
-    for e in ep.task:
-        toks += [V["<lookup>"], V.entity(e)]
-    toks.append(V["<answer>"])
-    for e in ep.task:
-        toks += [V.entity(e), V.value(ep.table[e])]
-    return toks + [V["</answer>"]]
+    return scripts.serial(CFG, ep)
 
 
 def split_scripts(ep, parts):
-    """Orchestrator spawns `parts` workers, each looks up its chunk and returns; then answers."""
-    chunks = [ep.task[i::parts] for i in range(parts)]
-    orch = []
-    for c in chunks:
-        orch += [V["<spawn>"], *(V.entity(e) for e in c), V["</spawn>"]]
-    orch.append(V["<wait>"])
-    orch.append(V["<answer>"])
-    for e in ep.task:
-        orch += [V.entity(e), V.value(ep.table[e])]
-    orch.append(V["</answer>"])
-    work = []
-    for c in chunks:
-        for e in c:
-            work += [V["<lookup>"], V.entity(e)]
-        work.append(V["<return>"])
-        for e in c:
-            work += [V.entity(e), V.value(ep.table[e])]
-        work.append(V["</return>"])
-    return orch, work
+    """Orchestrator spawns `parts` workers, each looks up its chunk and returns; then answers.
+    The worker scripts are concatenated (the reference runs workers one after another)."""
+    orch, work = scripts.split(CFG, ep, parts)
+    return orch, [t for w in work for t in w]
 
 
 def test_serial_episode_costs_n_plus_one():

@@ -241,12 +241,13 @@ class SwarmRollout:
     batch-sharded; results come back sharded the same way.
     """
 
+    _jitted: dict[tuple, Any] = {}      # class-wide cache of compiled rollouts
+
     def __init__(self, rcfg: RolloutConfig, orch_cfg: ModelConfig, worker_cfg: ModelConfig | None = None,
                  mesh: Mesh | None = None, rules=DEFAULT_RULES):
         self.rcfg, self.orch_cfg = rcfg, orch_cfg
         self.worker_cfg = worker_cfg or orch_cfg
         self.mesh, self.rules = mesh, rules
-        self._jitted: dict[tuple, Any] = {}
         for name, cfg in (("orchestrator", orch_cfg), ("sub-agent", self.worker_cfg)):
             if cfg.vocab_size < wsj.Vocab(rcfg.env).size:
                 raise ValueError(f"{name} model vocab_size {cfg.vocab_size} is smaller than the task "
@@ -262,7 +263,8 @@ class SwarmRollout:
         return fn
 
     def _compile(self, orch_params, worker_params, batch: int, scripted: bool):
-        sig = (batch, scripted)
+        # shared by every engine with equal configs, so re-creating one does not recompile
+        sig = (self.rcfg, self.orch_cfg, self.worker_cfg, self.mesh, repr(self.rules), batch, scripted)
         if sig not in self._jitted:
             def fn(op, wp, tasks, key, scripts):
                 return rollout(op, wp, self.orch_cfg, self.worker_cfg, self.rcfg, tasks, key, scripts,

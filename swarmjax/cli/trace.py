@@ -1,0 +1,60 @@
+"""``swarmjax trace``: look at orchestration traces.
+
+    swarmjax trace show FILE [--index N | --id ID] [--png OUT.png]
+    swarmjax trace demo OUT.jsonl      # a serial and an 8-way episode, to look at
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+from swarmjax.cli import register
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("show", "demo"), help="show a trace file, or write a demo one")
+    p.add_argument("file", help="trace file (.jsonl or .json); for demo: where to write")
+    p.add_argument("--index", type=int, help="which trace of the file (default 0)")
+    p.add_argument("--id", dest="trace_id", help="pick the trace by trace_id")
+    p.add_argument("--png", help="also draw the Gantt chart to this PNG file")
+    p.add_argument("--all", action="store_true", help="show every trace of the file")
+
+
+def _demo(path: str) -> None:
+    from swarmjax.envs import scripts
+    from swarmjax.envs.widesearch import Episode, WideSearchConfig, scripted, simulate
+    from swarmjax.traces.export import trace_from_outcome, write_jsonl
+
+    cfg = WideSearchConfig(budget=None)
+    ep = Episode.sample(cfg, random.Random(0), n=16)
+    serial = simulate(cfg, ep, scripted(scripts.serial(cfg, ep)), scripted([]))
+    orch, work = scripts.split(cfg, ep, 8)
+    split = simulate(cfg, ep, scripted(orch), scripted([]), workers=[scripted(w) for w in work])
+    traces = [trace_from_outcome(cfg, ep, out, {"r_perf": 1.0}, name, "demo-n16")
+              for name, out in (("serial", serial), ("swarm-8x2", split))]
+    write_jsonl(traces, path)
+    print(f"wrote {len(traces)} traces to {path}: serial ({serial.critical_steps} critical steps) "
+          f"and swarm-8x2 ({split.critical_steps})")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "demo":
+        _demo(args.file)
+        return 0
+    from swarmjax.traces.render import load_traces, save_gantt, select, timeline
+
+    traces = load_traces(args.file)
+    chosen = traces if args.all else [select(traces, args.index, args.trace_id)]
+    for i, trace in enumerate(chosen):
+        if i:
+            print("\n" + "-" * 80 + "\n")
+        print(timeline(trace))
+    if args.png:
+        if len(chosen) > 1:
+            raise ValueError("--png draws one trace: pick it with --index or --id instead of --all")
+        print(f"\nGantt chart written to {save_gantt(chosen[0], args.png)}")
+    return 0
+
+
+register("trace", "show orchestration traces (timeline, Gantt PNG) or write a demo file")((add_arguments, run))
