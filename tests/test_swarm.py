@@ -166,19 +166,38 @@ def test_scripted_shapes(engines):
     assert refs[5].stages[0]["worker_steps"] == [5, 2] and refs[5].finished == 1
 
 
+def random_batch(cfg, seed, size):
+    rng = random.Random(seed)
+    eps = [Episode.sample(cfg, rng) for _ in range(size)]
+    orch = [random_orch_script(cfg, ep, rng) for ep in eps]
+    workers = [[random_worker_script(cfg, ep, rng) for _ in range(cfg.max_subagents)] for ep in eps]
+    return eps, orch, workers
+
+
 def test_randomized_scripts(engines):
     """Random turns of every kind (valid and malformed) on the small config, which
     makes episodes hit the context, step, spawn and budget limits."""
     cfg, engine, params = engines["small"]
-    rng = random.Random(1)
-    eps = [Episode.sample(cfg, rng) for _ in range(48)]
-    orch = [random_orch_script(cfg, ep, rng) for ep in eps]
-    workers = [[random_worker_script(cfg, ep, rng) for _ in range(cfg.max_subagents)] for ep in eps]
+    eps, orch, workers = random_batch(cfg, 1, 48)
     _, refs = run_scripted(engine, cfg, params, eps, orch, workers)
     reasons = {r.end_reason for r in refs}
     assert reasons == {"answer", "budget", "context"}, reasons      # every ending is exercised
     assert any(r.spawned for r in refs) and any(r.finished < r.spawned for r in refs)
     assert any(s == cfg.subagent_steps for r in refs for st in r.stages for s in st["worker_steps"])
+
+
+def test_starved_lane_pool_changes_timing_not_outcomes(engines):
+    """One KV-cache lane for 48 x 3 sub-agent slots: sub-agents queue for it, the
+    loop runs far more ticks, and every episode still matches the reference."""
+    cfg, engine, params = engines["small"]
+    eps, orch, workers = random_batch(cfg, 1, 48)
+    starved = SwarmRollout(dataclasses.replace(engine.rcfg, worker_lanes=1e-3), engine.orch_cfg)
+    result, refs = run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=starved)
+    full = SwarmRollout(dataclasses.replace(engine.rcfg, worker_lanes=1.0), engine.orch_cfg)
+    assert starved.rcfg.lanes_per_group(48 * cfg.max_subagents) == 1
+    assert sum(r.spawned for r in refs) > 10
+    baseline, _ = run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=full)
+    assert int(result.ticks) > 2 * int(baseline.ticks)
 
 
 def replay(cfg, eps, result):
@@ -213,10 +232,7 @@ def test_sharded_engine_matches_the_reference(engines):
     cfg, engine, params = engines["small"]
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     sharded = SwarmRollout(engine.rcfg, engine.orch_cfg, mesh=mesh)
-    rng = random.Random(5)
-    eps = [Episode.sample(cfg, rng) for _ in range(16)]
-    orch = [random_orch_script(cfg, ep, rng) for ep in eps]
-    workers = [[random_worker_script(cfg, ep, rng) for _ in range(cfg.max_subagents)] for ep in eps]
+    eps, orch, workers = random_batch(cfg, 5, 16)
     result, _ = run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=sharded)
     assert len(result.tokens.sharding.device_set) == 8
     assert result.tokens.sharding.shard_shape(result.tokens.shape)[0] == 4     # 16 episodes / 4

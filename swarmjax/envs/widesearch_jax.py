@@ -293,10 +293,11 @@ def orch_emit(cfg: WideSearchConfig, o: OrchState, w: WorkerState, table: Array,
     return o, w, tok, emit, emit & is_sample
 
 
-def worker_emit(cfg: WideSearchConfig, w: WorkerState, table: Array,
-                sampled: Array) -> tuple[WorkerState, Array, Array, Array]:
+def worker_emit(cfg: WideSearchConfig, w: WorkerState, table: Array, sampled: Array,
+                ready: Array = True) -> tuple[WorkerState, Array, Array, Array]:
     """One sub-agent slot's next context token and its parse (fields of ``w`` are
-    scalars here; vmap over slots). Returns (state, token, emitted, was_sampled)."""
+    scalars here; vmap over slots). ``ready`` False holds the slot for this tick (it
+    has no KV-cache lane yet). Returns (state, token, emitted, was_sampled)."""
     vocab = Vocab(cfg)
     W = cfg.worker_context
     ph = w.phase
@@ -306,7 +307,7 @@ def worker_emit(cfg: WideSearchConfig, w: WorkerState, table: Array,
         j < w.ntask + 2, vocab.entity_base + w.task[jnp.clip(j - 2, 0, w.task.shape[0] - 1)],
         T["</task>"])))
     forced = jnp.where(ph == W_PROMPT, prompt_tok, w.queue[jnp.clip(w.qpos, 0, 1)])
-    wants = is_sample | (ph == W_PROMPT) | (ph == W_ENV)
+    wants = (is_sample | (ph == W_PROMPT) | (ph == W_ENV)) & ready
     out_of_steps = (ph == W_TURN) & (w.steps >= cfg.subagent_steps)
     full = w.ctx_len >= W
     emit = wants & ~out_of_steps & ~full
@@ -363,17 +364,20 @@ def resolve_wait(o: OrchState, w: WorkerState) -> OrchState:
 
 
 def episode_tick(cfg: WideSearchConfig, o: OrchState, w: WorkerState, table: Array, asked: Array,
-                 orch_sampled: Array, worker_sampled: Array):
+                 orch_sampled: Array, worker_sampled: Array, worker_ready: Array | None = None):
     """Advance one episode by one token per agent (see the module docstring).
 
     Args: per-episode states; table [E]; asked [E] bool (entities of the task);
-      orch_sampled [] and worker_sampled [K]: what the policies drew this tick.
+      orch_sampled [] and worker_sampled [K]: what the policies drew this tick;
+      worker_ready [K] bool: slots allowed to emit this tick (default all).
     Returns (orch, workers, orch (token, emitted, sampled), workers (token, emitted,
     sampled) [K] each, ctx positions the tokens were written at (orch [], workers [K])).
     """
     o_pos = o.ctx_len
     o, w, o_tok, o_emit, o_smp = orch_emit(cfg, o, w, table, asked, orch_sampled)
     w_pos = w.ctx_len
-    w, w_tok, w_emit, w_smp = jax.vmap(lambda ws, s: worker_emit(cfg, ws, table, s))(w, worker_sampled)
+    ready = jnp.ones(worker_sampled.shape, bool) if worker_ready is None else worker_ready
+    w, w_tok, w_emit, w_smp = jax.vmap(lambda ws, s, r: worker_emit(cfg, ws, table, s, r))(
+        w, worker_sampled, ready)
     o = resolve_wait(o, w)
     return o, w, (o_tok, o_emit, o_smp, o_pos), (w_tok, w_emit, w_smp, w_pos)

@@ -5,8 +5,11 @@ token by token, in a ``lax.while_loop`` of *ticks*. In a tick every agent that i
 not waiting appends one token to its context:
 
 * B orchestrator rows decode with the trainable params, KV cache ``[B, C + 1]``;
-* B x K sub-agent slots decode as one batch with the frozen params, cache
-  ``[B * K, W + 1]`` (each slot runs at most once per episode);
+* B x K sub-agent slots (each runs at most once per episode) decode as one batch
+  with the frozen params; a running slot holds one of ``L`` KV-cache lanes
+  ``[L, W + 1]`` from a pool (:mod:`swarmjax.swarm.lanes`; ``L`` = ``worker_lanes``
+  x B x K), so the sub-agent forward costs what the running sub-agents need, not K
+  per episode;
 * tokens the environment says (tool replies, results, sub-agent task prompts)
   go through the model into the cache exactly like sampled ones, but are not
   sampled and are masked out of the loss;
@@ -23,6 +26,7 @@ context); ``max_ticks`` is a proven upper bound, not a truncation.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import flax.struct
@@ -38,6 +42,7 @@ from swarmjax.models.transformer import (KVCache, cache_logical_axes, forward, i
                                          param_logical_axes, unstack_layers)
 from swarmjax.sampling.processors import SamplingConfig, select_tokens
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
+from swarmjax.swarm import lanes as lanes_lib
 
 Array = jax.Array
 
@@ -50,13 +55,25 @@ class RolloutConfig:
     env: WideSearchConfig = WideSearchConfig()
     orch_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
     worker_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+    worker_lanes: float = 0.5     # KV-cache lanes for sub-agents, as a fraction of B x K slots
 
-    @property
-    def max_ticks(self) -> int:
-        """Per tick a running episode's orchestrator emits, or one of its sub-agents
-        emits, or a finished stage is booked: at most C + K * W + K + 1 ticks."""
+    def __post_init__(self):
+        if not 0.0 < self.worker_lanes <= 1.0:
+            raise ValueError(f"worker_lanes is a fraction of the sub-agent slots in (0, 1], "
+                             f"got {self.worker_lanes}")
+
+    def lanes_per_group(self, slots: int) -> int:
+        return max(1, math.ceil(slots * self.worker_lanes))
+
+    def max_ticks(self, slots: int) -> int:
+        """A bound, not a truncation. While an episode runs, each tick its orchestrator
+        emits (<= C), books a stage (<= K), one of its sub-agents emits (<= K (W + 1)),
+        or its sub-agents wait for lanes while every lane of the group emits
+        (<= S (W + 1) / Lg ticks)."""
         e = self.env
-        return e.orch_context + e.max_subagents * (e.worker_context + 1) + 2
+        lanes = self.lanes_per_group(slots)
+        return (e.orch_context + e.max_subagents * (e.worker_context + 2) + 2
+                + math.ceil(slots * (e.worker_context + 1) / lanes))
 
 
 @flax.struct.dataclass
@@ -150,7 +167,7 @@ def _step_model(params, cfg: ModelConfig, cache: KVCache, logits: Array, tok: Ar
 
 def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_cfg: ModelConfig,
             rcfg: RolloutConfig, tasks: wsj.Tasks, key: Array, scripts: Scripts | None = None,
-            constrain=None) -> RolloutResult:
+            constrain=None, groups: int = 1) -> RolloutResult:
     """Run B episodes to the end (traceable; :class:`SwarmRollout` jits it).
 
     Args:
@@ -160,10 +177,16 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
       key: PRNG key for sampling.
       scripts: optional forced choices (tests, replays).
       constrain: optional ``(name, tree) -> tree`` sharding constraint hook.
+      groups: independent lane pools (one per data shard; must divide B).
     """
     ecfg = rcfg.env
     B = tasks.n.shape[0]
     K, C, W = ecfg.max_subagents, ecfg.orch_context, ecfg.worker_context
+    if B % groups:
+        raise ValueError(f"batch {B} is not divisible into {groups} lane groups")
+    D, S = groups, B * K // groups                                      # groups, slots per group
+    Lg = rcfg.lanes_per_group(S)
+    L = D * Lg
     constrain = constrain or (lambda name, tree: tree)
     orch_params, worker_params = unstack_layers(orch_params), unstack_layers(worker_params)
     asked = jnp.zeros((B, ecfg.num_entities), bool).at[
@@ -177,8 +200,9 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
     pre = forward(orch_params, orch_cfg, prompt, jnp.broadcast_to(jnp.arange(P), (B, P)), pmask,
                   o_cache, 0)
     o_logits = jnp.take_along_axis(pre.logits, (tasks.n + 2)[:, None, None], axis=1)[:, 0]   # [B, V]
-    w_cache = constrain("worker_cache", init_cache(worker_cfg, B * K, W + 1))
-    w_logits = jnp.zeros((B * K, worker_cfg.vocab_size), jnp.float32)
+    w_cache = constrain("worker_cache", init_cache(worker_cfg, L, W + 1))
+    w_logits = jnp.zeros((L, worker_cfg.vocab_size), jnp.float32)
+    pool = lanes_lib.init_lanes(D, S, Lg)
     o, w = wsj.init_state(ecfg, tasks)
 
     pad = jnp.full((B, C - P), wsj.T["<pad>"], jnp.int32)
@@ -188,17 +212,24 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
                 worker_tokens=jnp.full((B * K, W), wsj.T["<pad>"], jnp.int32),
                 worker_sampled=jnp.zeros((B * K, W), bool))
     cursors = (jnp.zeros((B,), jnp.int32), jnp.zeros((B * K,), jnp.int32))
-    tick_fn = jax.vmap(lambda o, w, table, asked, so, sw: wsj.episode_tick(ecfg, o, w, table, asked, so, sw))
+    tick_fn = jax.vmap(lambda o, w, table, asked, so, sw, ready: wsj.episode_tick(
+        ecfg, o, w, table, asked, so, sw, ready))
 
     def body(carry):
-        t, key, o, w, o_cache, w_cache, o_logits, w_logits, bufs, (oc, wc) = carry
+        t, key, o, w, o_cache, w_cache, o_logits, w_logits, bufs, (oc, wc), pool = carry
         key, ko, kw = jax.random.split(key, 3)
+        # running sub-agents without a lane get one (fresh lanes start with an empty cache)
+        running = (w.phase != wsj.W_IDLE) & (w.phase != wsj.W_DONE)             # [B, K]
+        pool, fresh = lanes_lib.allocate(pool, running.reshape(D, S))
+        w_cache = w_cache.replace(valid=jnp.where(fresh.reshape(L, 1), False, w_cache.valid))
+        ready = (pool.lane_of >= 0).reshape(B, K)
+        slot_logits = lanes_lib.to_slots(w_logits.reshape(D, Lg, -1), pool).reshape(B * K, -1)
         s_o, lp_o, mlp_o = _choose(o_logits, ko, rcfg.orch_sampling,
                                    None if scripts is None else scripts.orch, oc)
-        s_w, _, _ = _choose(w_logits, kw, rcfg.worker_sampling,
+        s_w, _, _ = _choose(slot_logits, kw, rcfg.worker_sampling,
                             None if scripts is None else scripts.workers.reshape(B * K, -1), wc)
         o, w, (ot, oe, osm, opos), (wt, we, wsm, wpos) = tick_fn(
-            o, w, tasks.table, asked, s_o, s_w.reshape(B, K))
+            o, w, tasks.table, asked, s_o, s_w.reshape(B, K), ready)
         wt, we, wsm, wpos = (x.reshape(B * K) for x in (wt, we, wsm, wpos))
         bufs = dict(
             tokens=_put(bufs["tokens"], opos, ot, oe),
@@ -209,15 +240,19 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
             worker_tokens=_put(bufs["worker_tokens"], wpos, wt, we),
             worker_sampled=_put(bufs["worker_sampled"], wpos, wsm, we))
         o_cache, o_logits = _step_model(orch_params, orch_cfg, o_cache, o_logits, ot, opos, oe)
-        w_cache, w_logits = _step_model(worker_params, worker_cfg, w_cache, w_logits, wt, wpos, we)
-        return t + 1, key, o, w, o_cache, w_cache, o_logits, w_logits, bufs, (oc + osm, wc + wsm)
+        lane = lambda x: lanes_lib.to_lanes(x.reshape(D, S), pool).reshape(L)
+        held = pool.owner.reshape(L) >= 0
+        w_cache, w_logits = _step_model(worker_params, worker_cfg, w_cache, w_logits, lane(wt), lane(wpos),
+                                        lane(we) & held)
+        pool = lanes_lib.release(pool, (w.phase == wsj.W_DONE).reshape(D, S))
+        return t + 1, key, o, w, o_cache, w_cache, o_logits, w_logits, bufs, (oc + osm, wc + wsm), pool
 
     def cond(carry):
         t, _, o = carry[:3]
-        return (t < rcfg.max_ticks) & jnp.any(o.end == wsj.RUNNING)
+        return (t < rcfg.max_ticks(S)) & jnp.any(o.end == wsj.RUNNING)
 
-    carry = (jnp.int32(0), key, o, w, pre.cache, w_cache, o_logits, w_logits, bufs, cursors)
-    t, _, o, w, _, _, _, _, bufs, _ = lax.while_loop(cond, body, carry)
+    carry = (jnp.int32(0), key, o, w, pre.cache, w_cache, o_logits, w_logits, bufs, cursors, pool)
+    t, _, o, w, _, _, _, _, bufs, _, _ = lax.while_loop(cond, body, carry)
     return RolloutResult(
         tokens=bufs["tokens"], length=o.ctx_len, loss_mask=bufs["loss_mask"],
         logprobs=bufs["logprobs"], model_logprobs=bufs["model_logprobs"], stage_ids=bufs["stage_ids"],
@@ -253,6 +288,14 @@ class SwarmRollout:
                 raise ValueError(f"{name} model vocab_size {cfg.vocab_size} is smaller than the task "
                                  f"vocabulary ({wsj.Vocab(rcfg.env).size} tokens)")
 
+    def groups(self, batch: int) -> int:
+        """Lane pools: one per data shard when the batch splits evenly, else one."""
+        if self.mesh is None:
+            return 1
+        shard = batch_sharding(self.mesh, 1, self.rules, batch)
+        n = batch // shard.shard_shape((batch,))[0]
+        return n if batch % n == 0 else 1
+
     def _constrain(self, batch: int):
         def fn(name, tree):
             if self.mesh is None:
@@ -266,9 +309,11 @@ class SwarmRollout:
         # shared by every engine with equal configs, so re-creating one does not recompile
         sig = (self.rcfg, self.orch_cfg, self.worker_cfg, self.mesh, repr(self.rules), batch, scripted)
         if sig not in self._jitted:
+            groups = self.groups(batch)
+
             def fn(op, wp, tasks, key, scripts):
                 return rollout(op, wp, self.orch_cfg, self.worker_cfg, self.rcfg, tasks, key, scripts,
-                               self._constrain(batch))
+                               self._constrain(batch), groups)
             if self.mesh is None:
                 self._jitted[sig] = jax.jit(fn)
             else:
