@@ -21,7 +21,6 @@ Everything is per episode and scalar; the engine ``vmap``s it over the batch.
 
 from __future__ import annotations
 
-from typing import Any
 
 import flax.struct
 import jax
