@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig
 
 
-def answer(cfg: WideSearchConfig, ep: Episode) -> list[int]:
-    """``<answer> e v .. </answer>`` with the true values, in task order."""
+def answer(cfg: WideSearchConfig, ep: Episode, entities: Sequence[int] | None = None) -> list[int]:
+    """``<answer> e v .. </answer>`` with the true values of ``entities`` (default: the task)."""
     v = Vocab(cfg)
-    return [v["<answer>"], *(t for e in ep.task for t in (v.entity(e), v.value(ep.table[e]))), v["</answer>"]]
+    ents = ep.task if entities is None else entities
+    return [v["<answer>"], *(t for e in ents for t in (v.entity(e), v.value(ep.table[e]))), v["</answer>"]]
 
 
 def serial(cfg: WideSearchConfig, ep: Episode) -> list[int]:
@@ -29,11 +30,22 @@ def worker(cfg: WideSearchConfig, ep: Episode, entities: Sequence[int]) -> list[
             + [t for e in entities for t in (v.entity(e), v.value(ep.table[e]))] + [v["</return>"]])
 
 
-def split(cfg: WideSearchConfig, ep: Episode, parts: int) -> tuple[list[int], list[list[int]]]:
-    """Spawn ``parts`` sub-agents on round-robin chunks of the task, wait, answer.
-    Returns the orchestrator's script and one script per sub-agent (spawn order);
-    with n = 16 and 8 parts: 1 + 3 + 1 = 5 critical steps."""
+def delegate(cfg: WideSearchConfig, ep: Episode, chunks: Sequence[Sequence[int]],
+             answer_entities: Sequence[int] | None = None) -> tuple[list[int], list[list[int]]]:
+    """Spawn one sub-agent per chunk, wait, answer (``answer_entities``, default the task).
+    Returns the orchestrator's script and one script per sub-agent (spawn order)."""
     v = Vocab(cfg)
-    chunks = [ep.task[i::parts] for i in range(parts)]
     orch = [t for c in chunks for t in (v["<spawn>"], *(v.entity(e) for e in c), v["</spawn>"])]
-    return orch + [v["<wait>"]] + answer(cfg, ep), [worker(cfg, ep, c) for c in chunks]
+    return orch + [v["<wait>"]] + answer(cfg, ep, answer_entities), [worker(cfg, ep, c) for c in chunks]
+
+
+def worker_succeeds(cfg: WideSearchConfig, chunk: Sequence[int]) -> bool:
+    """Whether :func:`worker` on ``chunk`` returns within the step limit and its context."""
+    n = len(chunk)
+    return n + 1 <= cfg.subagent_steps and 7 * n + 5 <= cfg.worker_context   # prompt, lookups, return
+
+
+def split(cfg: WideSearchConfig, ep: Episode, parts: int) -> tuple[list[int], list[list[int]]]:
+    """:func:`delegate` over ``parts`` round-robin chunks of the task, answering the whole
+    task; with n = 16 and 8 parts: 1 + 3 + 1 = 5 critical steps."""
+    return delegate(cfg, ep, [ep.task[i::parts] for i in range(parts)])

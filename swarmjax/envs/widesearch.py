@@ -160,6 +160,7 @@ class Outcome:
     finished: int
     stages: list[dict]                # per orchestrator step: kind, worker steps, worker results
     worker_tokens: list[list[int]] = dataclasses.field(default_factory=list)  # per sub-agent, spawn order
+    worker_sampled: list[list[bool]] = dataclasses.field(default_factory=list)  # per token: said by it
 
 
 Policy = Callable[[list[int]], int]   # context token ids -> next token id
@@ -287,6 +288,7 @@ def episode_process(cfg: WideSearchConfig, ep: Episode):
     crit = orch_steps = total = spawned = finished = 0
     stages: list[dict] = []
     worker_tokens: list[list[int]] = []
+    worker_sampled: list[list[bool]] = []
     answer, reason = None, "context"
     try:
         while True:
@@ -316,6 +318,7 @@ def episode_process(cfg: WideSearchConfig, ep: Episode):
                 stage["worker_steps"] = [steps for steps, _ in done]
                 stage["results"] = [pairs for _, pairs in done]
                 worker_tokens += [a.ctx for a in agents]
+                worker_sampled += [a.sampled for a in agents]
                 finished += sum(r is not None for r in stage["results"])
                 total += sum(stage["worker_steps"])
                 crit += max(stage["worker_steps"])
@@ -329,7 +332,8 @@ def episode_process(cfg: WideSearchConfig, ep: Episode):
         reason = "context"
     return Outcome(orch_tokens=agent.ctx, sampled=agent.sampled, answer=answer, end_reason=reason,
                    orch_steps=orch_steps, critical_steps=crit, total_steps=total,
-                   spawned=spawned, finished=finished, stages=stages, worker_tokens=worker_tokens)
+                   spawned=spawned, finished=finished, stages=stages, worker_tokens=worker_tokens,
+                   worker_sampled=worker_sampled)
 
 
 def _drive(proc, policy_for: Callable[[Agent], Policy]):

@@ -57,7 +57,9 @@ def to_outcomes(cfg: WideSearchConfig, result: RolloutResult) -> list[Outcome]:
             end_reason=end, orch_steps=int(r.orch_steps[b]), critical_steps=int(r.critical_steps[b]),
             total_steps=int(r.total_steps[b]), spawned=spawned, finished=int(r.finished[b]), stages=stages,
             worker_tokens=[[int(t) for t in r.worker_tokens[b, k, :r.worker_length[b, k]]]
-                           for k in range(spawned)]))
+                           for k in range(spawned)],
+            worker_sampled=[[bool(x) for x in r.worker_sampled[b, k, :r.worker_length[b, k]]]
+                            for k in range(spawned)]))
     return outs
 
 

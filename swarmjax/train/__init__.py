@@ -1,0 +1,1 @@
+"""Training stages: SFT warm start from scripted demonstrations (``sft``)."""

@@ -1,0 +1,159 @@
+"""Stage 2 — PARL: the orchestrator learns to delegate, with frozen sub-agents.
+
+One training step:
+
+1. ``tasks_per_step`` fresh tasks, each repeated ``group_size`` times (G samples per task);
+2. one jitted swarm rollout (:class:`~swarmjax.swarm.engine.SwarmRollout`): orchestrator
+   with the trained params, sub-agents with the frozen warm-start params;
+3. PARL reward ``r_perf + lambda1(t) r_parallel + lambda2(t) r_finish - c * total_steps``
+   with ``lambda1``, ``lambda2`` annealed by the training step;
+4. group-relative advantages (GRPO / Dr. GRPO / batch std), optionally dynamic
+   sampling (groups whose rewards are all equal get no loss tokens);
+5. one :class:`~swarmjax.rl.update.Learner` update (GSPO by default, several
+   minibatches, Muon + QK-Clip) on exactly the rollout's token ids, loss mask and
+   sampler log-probs.
+
+:func:`evaluate` measures a policy per task size n with the budget lifted (each
+policy's natural cost): item-F1, critical / total steps, sub-agents per episode and
+the fraction of episodes that spawn none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from swarmjax.envs import widesearch_jax as wsj
+from swarmjax.models.config import ModelConfig
+from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, uniform_groups
+from swarmjax.rl.losses import loss_preset
+from swarmjax.rl.parl import PARLConfig, item_f1
+from swarmjax.rl.trajectory import TrajectoryBatch
+from swarmjax.rl.update import Learner, TrainState, UpdateConfig
+from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.swarm.engine import RolloutConfig, RolloutResult, SwarmRollout
+from swarmjax.swarm.outcome import episode_rewards
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class PARLTrainConfig:
+    rollout: RolloutConfig = RolloutConfig()
+    parl: PARLConfig = PARLConfig()
+    update: UpdateConfig = UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4)
+    tasks_per_step: int = 8
+    group_size: int = 8                # G rollouts per task
+    advantage: str = "grpo"            # key of rl.advantages.ADVANTAGES
+    dynamic_sampling: bool = False     # drop (mask) groups whose rewards are all equal
+
+    def __post_init__(self):
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
+        if self.tasks_per_step < 1 or self.group_size < 1:
+            raise ValueError("tasks_per_step and group_size must be >= 1")
+        per = self.update.num_minibatches * self.update.num_microbatches
+        if (self.tasks_per_step * self.group_size) % per:
+            raise ValueError(f"tasks_per_step x group_size = {self.tasks_per_step * self.group_size} "
+                             f"is not divisible by num_minibatches x num_microbatches = {per}")
+
+    @property
+    def batch(self) -> int:
+        return self.tasks_per_step * self.group_size
+
+
+def trajectories(result: RolloutResult, advantages: Array, group_ids: Array, rewards: Array) -> TrajectoryBatch:
+    """The orchestrator rows of a rollout as a learner batch (token-in-token-out: the
+    exact ids, loss only on the orchestrator's sampled tokens, the sampler's log-probs)."""
+    C = result.tokens.shape[1]
+    token_mask = jnp.arange(C)[None, :] < result.length[:, None]
+    return TrajectoryBatch.create(result.tokens, result.loss_mask, advantages, token_mask=token_mask,
+                                  sampler_logprobs=result.logprobs, group_ids=group_ids, rewards=rewards)
+
+
+class PARLTrainer:
+    """Rollout + reward + update, one call per training step.
+
+    >>> trainer = PARLTrainer(model_cfg, PARLTrainConfig())
+    >>> state = trainer.init(warm_params, worker_params=warm_params)
+    >>> state, metrics = trainer.step(state, jax.random.key(i))
+    """
+
+    def __init__(self, model_cfg: ModelConfig, cfg: PARLTrainConfig, worker_cfg: ModelConfig | None = None,
+                 mesh: Mesh | None = None):
+        self.model_cfg, self.cfg = model_cfg, cfg
+        self.engine = SwarmRollout(cfg.rollout, model_cfg, worker_cfg, mesh=mesh)
+        self.learner = Learner(model_cfg, cfg.update, mesh=mesh)
+        self._rewards = jax.jit(self._rewards_impl)
+
+    def init(self, params: Any, worker_params: Any) -> TrainState:
+        """Train state over copies of ``params``; the frozen sub-agents ride along in
+        ``state.frozen["workers"]`` (copied too: the learner donates its state)."""
+        copy = lambda tree: jax.tree.map(jnp.copy, tree)
+        return self.learner.init(copy(params), frozen={"workers": copy(worker_params)})
+
+    def _rewards_impl(self, result: RolloutResult, group_ids: Array, step: Array):
+        reward, channels = episode_rewards(result, self.cfg.parl, step)
+        adv = compute_advantages(self.cfg.advantage, reward, group_ids)
+        keep = ~uniform_groups(reward, group_ids) if self.cfg.dynamic_sampling else jnp.ones_like(reward, bool)
+        batch = trajectories(result, adv, group_ids, reward)
+        batch = batch.replace(loss_mask=batch.loss_mask & keep[:, None])
+        return batch, reward, channels, keep
+
+    def step(self, state: TrainState, key: Array) -> tuple[TrainState, dict[str, float]]:
+        """One PARL step (see the module docstring). Metrics: reward and every channel
+        (batch means), item-F1, critical / total steps, sub-agents, answered fraction,
+        the learner's metrics, timings."""
+        cfg = self.cfg
+        k_tasks, k_roll = jax.random.split(key)
+        t0 = time.perf_counter()
+        tasks, groups = wsj.repeat_groups(wsj.reset(k_tasks, cfg.rollout.env, cfg.tasks_per_step),
+                                          cfg.group_size)
+        result = self.engine(state.params, state.frozen["workers"], tasks, k_roll)
+        batch, reward, channels, keep = self._rewards(result, groups, state.step)
+        jax.block_until_ready(batch)
+        t1 = time.perf_counter()
+        state, learn = self.learner.update(state, batch)
+        learn = jax.device_get(learn)
+        t2 = time.perf_counter()
+        metrics = {k: float(np.mean(v)) for k, v in jax.device_get(channels).items()}
+        metrics.update(
+            reward=float(jnp.mean(reward)), item_f1=metrics["r_perf"],
+            critical_steps=float(jnp.mean(result.critical_steps)),
+            total_steps=float(jnp.mean(result.total_steps)), subagents=float(jnp.mean(result.spawned)),
+            answered=float(jnp.mean(result.end_reason == wsj.END_ANSWER)),
+            kept_groups=float(jnp.mean(keep)), rollout_s=t1 - t0, update_s=t2 - t1,
+            orch_tokens=float(jnp.sum(result.length)),
+            sampled_tokens=float(jnp.sum(result.loss_mask) + jnp.sum(result.worker_sampled)))
+        metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
+        return state, metrics
+
+
+def greedy(rcfg: RolloutConfig, budget: int | None = None) -> RolloutConfig:
+    """Evaluation rollouts: greedy decoding for both roles, the budget replaced."""
+    g = SamplingConfig(temperature=0.0)
+    return dataclasses.replace(rcfg, env=dataclasses.replace(rcfg.env, budget=budget),
+                               orch_sampling=g, worker_sampling=g)
+
+
+def evaluate(engine: SwarmRollout, params: Any, worker_params: Any, sizes: list[int], episodes: int,
+             key: Array) -> dict[int, dict[str, float]]:
+    """Per task size n: ``item_f1``, ``critical_steps``, ``total_steps``, ``subagents``,
+    ``no_spawn_fraction``, ``answered`` over ``episodes`` fresh tasks (same tasks for
+    every policy evaluated with the same key)."""
+    out = {}
+    for n in sizes:
+        tasks = wsj.reset(jax.random.fold_in(key, n), engine.rcfg.env, episodes, n=n)
+        r = engine(params, worker_params, tasks, jax.random.fold_in(key, 10_000 + n))
+        f1 = item_f1(r.correct, r.answered, r.truth, r.end_reason == wsj.END_ANSWER)
+        out[n] = {"item_f1": float(jnp.mean(f1)), "critical_steps": float(jnp.mean(r.critical_steps)),
+                  "total_steps": float(jnp.mean(r.total_steps)), "subagents": float(jnp.mean(r.spawned)),
+                  "no_spawn_fraction": float(jnp.mean(r.spawned == 0)),
+                  "answered": float(jnp.mean(r.end_reason == wsj.END_ANSWER))}
+    return out
