@@ -31,3 +31,77 @@ def load_config(path: str, expected_type: type | None = None) -> Any:
     if not dataclasses.is_dataclass(config):
         raise ValueError(f"config file {path!r}: get_config() must return a dataclass")
     return config
+
+
+def _field_type(cls: type, name: str, path: str):
+    import typing
+
+    names = [f.name for f in dataclasses.fields(cls)]
+    if name not in names:
+        raise ValueError(f"--set {path}: {cls.__name__} has no field {name!r} (fields: {', '.join(names)})")
+    return typing.get_type_hints(cls)[name]
+
+
+def _check_type(value: Any, hint: Any, path: str) -> Any:
+    import types
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in args:
+            try:
+                return _check_type(value, option, path)
+            except ValueError:
+                continue
+        raise ValueError(f"--set {path}: {value!r} is not a {hint}")
+    if hint is type(None):
+        if value is None:
+            return None
+    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif hint in (str, bool) and type(value) is hint:
+        return value
+    elif origin is tuple and isinstance(value, (tuple, list)):
+        inner = args[0] if args else Any
+        return tuple(v if inner is Any else _check_type(v, inner, path) for v in value)
+    elif hint is Any:
+        return value
+    raise ValueError(f"--set {path}: {value!r} is not a {getattr(hint, '__name__', hint)}")
+
+
+def apply_overrides(config: Any, overrides: list[str]) -> Any:
+    """Apply ``--set a.b.c=VALUE`` overrides to a (nested, frozen) dataclass config.
+
+    VALUE is a Python literal (``3e-4``, ``16``, ``True``, ``None``, ``(1, 4)``,
+    ``'cosine'``; a bare word is taken as a string). The dotted path must name a
+    field, and the value must fit its type annotation; errors are one line naming
+    the override. The nested replacement itself is ``simple_parsing.replace``.
+    """
+    import ast
+
+    import simple_parsing
+
+    changes: dict[str, Any] = {}
+    for item in overrides:
+        path, sep, raw = item.partition("=")
+        path = path.strip()
+        if not sep or not path:
+            raise ValueError(f"--set takes FIELD=VALUE, got {item!r}")
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            value = raw.strip()
+        node, parts = config, path.split(".")
+        for i, part in enumerate(parts):
+            hint = _field_type(type(node), part, path)
+            if i < len(parts) - 1:
+                node = getattr(node, part)
+                if not dataclasses.is_dataclass(node):
+                    raise ValueError(f"--set {path}: {'.'.join(parts[:i + 1])} is not a config section")
+        changes[path] = _check_type(value, hint, path)
+    try:
+        return simple_parsing.replace(config, changes)
+    except (TypeError, ValueError) as e:     # a config's own validation (__post_init__)
+        raise ValueError(f"--set: {e}") from None

@@ -55,3 +55,21 @@ def test_console_script_is_installed():
     for argv in ([script, "--help"], [sys.executable, "-m", "swarmjax.cli", "--help"]):
         out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
         assert "sample" in out
+
+
+def test_config_overrides_are_typed():
+    from swarmjax.config_file import apply_overrides
+    from swarmjax.train.parl import PARLTrainConfig
+
+    cfg = PARLTrainConfig()
+    out = apply_overrides(cfg, ["update.optim.learning_rate=3", "parl.schedule=cosine", "rollout.env.budget=None",
+                                "group_size=4", "dynamic_sampling=True"])
+    assert out.update.optim.learning_rate == 3.0 and isinstance(out.update.optim.learning_rate, float)
+    assert (out.parl.schedule, out.rollout.env.budget, out.group_size, out.dynamic_sampling) == \
+        ("cosine", None, 4, True)
+    assert cfg.group_size == 8                                     # the original is untouched
+    for bad, msg in [("group_size=2.5", "is not a int"), ("dynamic_sampling=1", "is not a bool"),
+                     ("update.optim.lr=1", "no field 'lr'"), ("group_size", "FIELD=VALUE"),
+                     ("parl.schedule=step", "unknown schedule"), ("group_size.x=1", "not a config section")]:
+        with pytest.raises(ValueError, match=msg):
+            apply_overrides(cfg, [bad])

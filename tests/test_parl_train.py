@@ -79,3 +79,35 @@ def test_bad_parl_config():
         PARLTrainConfig(tasks_per_step=3, group_size=3)
     with pytest.raises(ValueError, match="advantage"):
         PARLTrainConfig(advantage="ppo")
+
+
+def test_train_command_end_to_end(tmp_path, capsys):
+    """`swarmjax train` on a tiny job: every output file, a summary per task size."""
+    import json
+    import os
+
+    from swarmjax.cli import main
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = os.path.join(root, "configs", "parl_widesearch_cpu.py")
+    small = ["model.hidden_size=32", "model.head_dim=8", "model.intermediate_size=64",
+             "sft.steps=8", "sft.demos=64", "sft.eval_demos=16", "parl_steps=2", "parl.tasks_per_step=2",
+             "parl.group_size=4", "parl.update.num_minibatches=2", "eval_sizes=(1, 16)", "eval_episodes=4",
+             "traces_per_eval=1"]
+    args = ["train", "--config", config, "--workdir", str(tmp_path), "--no-progress"]
+    assert main(args + [a for s in small for a in ("--set", s)]) == 0
+    for name in ("config.txt", "metrics.jsonl", "eval.jsonl", "traces.jsonl", "summary.json", "summary.md",
+                 "curves.png"):
+        assert os.path.getsize(tmp_path / name) > 0, name
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["warm_start"]) == set(summary["final"]) == {"1", "16"}
+    assert set(summary["final"]["16"]) == {"item_f1", "critical_steps", "total_steps", "subagents",
+                                           "no_spawn_fraction"}
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in steps].count("sft") == 8 and [r["stage"] for r in steps].count("parl") == 2
+    assert "| 16 | final |" in capsys.readouterr().out
+    # bad overrides are one clear line before anything runs
+    assert main(args + ["--set", "parl.update.optim.lr=1"]) == 2
+    assert "has no field 'lr'" in capsys.readouterr().err
+    assert main(args + ["--set", "eval_sizes=(1, 40)"]) == 2
+    assert "outside the task sizes" in capsys.readouterr().err

@@ -143,14 +143,17 @@ def greedy(rcfg: RolloutConfig, budget: int | None = None) -> RolloutConfig:
 
 
 def evaluate(engine: SwarmRollout, params: Any, worker_params: Any, sizes: list[int], episodes: int,
-             key: Array) -> dict[int, dict[str, float]]:
+             key: Array, keep: dict | None = None) -> dict[int, dict[str, float]]:
     """Per task size n: ``item_f1``, ``critical_steps``, ``total_steps``, ``subagents``,
     ``no_spawn_fraction``, ``answered`` over ``episodes`` fresh tasks (same tasks for
-    every policy evaluated with the same key)."""
+    every policy evaluated with the same key). ``keep``, if given, receives
+    ``{n: (tasks, result)}`` (e.g. to export traces)."""
     out = {}
     for n in sizes:
         tasks = wsj.reset(jax.random.fold_in(key, n), engine.rcfg.env, episodes, n=n)
         r = engine(params, worker_params, tasks, jax.random.fold_in(key, 10_000 + n))
+        if keep is not None:
+            keep[n] = (tasks, r)
         f1 = item_f1(r.correct, r.answered, r.truth, r.end_reason == wsj.END_ANSWER)
         out[n] = {"item_f1": float(jnp.mean(f1)), "critical_steps": float(jnp.mean(r.critical_steps)),
                   "total_steps": float(jnp.mean(r.total_steps)), "subagents": float(jnp.mean(r.spawned)),
