@@ -71,6 +71,16 @@ def _check_type(value: Any, hint: Any, path: str) -> Any:
     raise ValueError(f"--set {path}: {value!r} is not a {getattr(hint, '__name__', hint)}")
 
 
+def _optional_section(hint: Any) -> type | None:
+    """The dataclass type ``X`` of a ``X | None`` annotation, else None."""
+    import typing
+
+    options = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(options) == 1 and dataclasses.is_dataclass(options[0]):
+        return options[0]
+    return None
+
+
 def apply_overrides(config: Any, overrides: list[str]) -> Any:
     """Apply ``--set a.b.c=VALUE`` overrides to a (nested, frozen) dataclass config.
 
@@ -98,6 +108,11 @@ def apply_overrides(config: Any, overrides: list[str]) -> Any:
             hint = _field_type(type(node), part, path)
             if i < len(parts) - 1:
                 node = getattr(node, part)
+                if node is None and (section := _optional_section(hint)) is not None:
+                    # an unset optional section (e.g. ``mesh: MeshConfig | None = None``):
+                    # --set mesh.data=4 starts from the section's defaults
+                    node = section()
+                    config = simple_parsing.replace(config, {".".join(parts[:i + 1]): node})
                 if not dataclasses.is_dataclass(node):
                     raise ValueError(f"--set {path}: {'.'.join(parts[:i + 1])} is not a config section")
         changes[path] = _check_type(value, hint, path)

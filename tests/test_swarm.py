@@ -18,7 +18,7 @@ import pytest
 
 from swarmjax.envs import scripts
 from swarmjax.envs import widesearch_jax as wsj
-from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig, score, scripted, simulate
+from swarmjax.envs.widesearch import PROTOCOL, Episode, Vocab, WideSearchConfig, score, scripted, simulate
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
@@ -100,6 +100,16 @@ def tasks_from(cfg, eps):
                      n=jnp.asarray([len(e.task) for e in eps], jnp.int32))
 
 
+def novel_ref(ep, out):
+    """Sub-agents whose block brings an asked-for entity no earlier block had (host)."""
+    seen, count, base = set(), 0, len(PROTOCOL)
+    for toks in out.worker_tokens:
+        block = [t - base for t in toks[2:toks.index(PROTOCOL.index("</task>"))]]
+        count += any(e in ep.task and e not in seen for e in block)
+        seen |= set(block)
+    return count
+
+
 def assert_same(cfg, eps, result, refs):
     """Every field of every episode agrees, and the engine's verifier and rewards
     equal the reference's."""
@@ -115,7 +125,8 @@ def assert_same(cfg, eps, result, refs):
         r = correct / truth
         f1 = 2 * p * r / (p + r) if want.answer is not None and correct else 0.0
         assert float(ch["r_perf"][b]) == pytest.approx(f1, abs=1e-6)
-        want_reward = (f1 + pcfg.lambda1 * min(want.spawned, pcfg.parallel_target) / pcfg.parallel_target
+        assert float(ch["r_parallel"][b]) * pcfg.parallel_target == min(novel_ref(ep, want), pcfg.parallel_target)
+        want_reward = (f1 + pcfg.lambda1 * min(novel_ref(ep, want), pcfg.parallel_target) / pcfg.parallel_target
                        + pcfg.lambda2 * (want.finished / want.spawned if want.spawned else 0.0)
                        - pcfg.step_cost * want.total_steps)
         assert float(reward[b]) == pytest.approx(want_reward, abs=1e-5)

@@ -1,7 +1,10 @@
-"""``swarmjax train``: warm start then PARL (see :mod:`swarmjax.train.job`).
+"""``swarmjax train`` / ``swarmjax eval``: warm start then PARL, and evaluating its
+checkpoints (see :mod:`swarmjax.train.job`).
 
     swarmjax train --config configs/parl_widesearch_cpu.py --workdir runs/cpu
     swarmjax train --config ... --workdir ... --set parl.update.optim.learning_rate=3e-4 --set parl_steps=50
+    swarmjax train --config ... --workdir runs/cpu --resume          # continue from the newest checkpoint
+    swarmjax eval --config ... --workdir runs/cpu [--checkpoint best] [--sizes 1,16]
 """
 
 from __future__ import annotations
@@ -11,24 +14,65 @@ import argparse
 from swarmjax.cli import register
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def _job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="Python file whose get_config() returns a TrainJob")
-    p.add_argument("--workdir", required=True, help="where metrics, traces and the summary go")
+    p.add_argument("--workdir", required=True, help="where metrics, traces, checkpoints and the summary go")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. parl.group_size=4 (repeatable)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def run(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace):
     from swarmjax.config_file import apply_overrides, load_config
-    from swarmjax.train.job import TrainJob, run_job, summary_table
+    from swarmjax.train.job import TrainJob
 
     job = apply_overrides(load_config(args.config, TrainJob), args.overrides)
     job.validate()
-    summary = run_job(job, args.workdir, progress=not args.no_progress)
+    return job
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    _job_arguments(p)
+    p.add_argument("--resume", action="store_true", help="continue from the workdir's newest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from swarmjax.train.job import run_job, summary_table
+
+    summary = run_job(_load(args), args.workdir, progress=not args.no_progress, resume=args.resume)
     print(summary_table(summary))
-    print(f"written to {args.workdir}: summary.json, summary.md, curves.png, metrics.jsonl, eval.jsonl, traces.jsonl")
+    print(f"written to {args.workdir}: summary.json, summary.md, curves.png, metrics.jsonl, eval.jsonl, "
+          "traces.jsonl, checkpoints/")
     return 0
 
 
-register("train", "warm start (SFT) then PARL; writes metrics, traces and a summary")((add_arguments, run))
+def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+    _job_arguments(p)
+    p.add_argument("--checkpoint", default="latest", help="'latest', 'best' (by eval item-F1) or a PARL step")
+    p.add_argument("--sizes", help="task sizes to evaluate, e.g. 1,8,16 (default: the config's eval_sizes)")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from swarmjax.train.job import evaluate_checkpoint, summary_table
+
+    sizes = None
+    if args.sizes:
+        try:
+            sizes = tuple(int(x) for x in args.sizes.split(","))
+        except ValueError:
+            raise ValueError(f"--sizes takes comma-separated integers, got {args.sizes!r}") from None
+    job = _load(args)
+    if sizes:
+        import dataclasses
+        job = dataclasses.replace(job, eval_sizes=sizes)
+        job.validate()
+    out = evaluate_checkpoint(job, args.workdir, args.checkpoint)
+    print(f"checkpoint at PARL step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
+    print(summary_table(out))
+    return 0
+
+
+register("train", "warm start (SFT) then PARL; writes metrics, traces, checkpoints and a summary")(
+    (add_train_arguments, run_train))
+register("eval", "evaluate a training run's checkpoint per task size on held-out tasks")(
+    (add_eval_arguments, run_eval))

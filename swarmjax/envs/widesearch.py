@@ -79,6 +79,25 @@ class WideSearchConfig:
         """n lookups then an answer."""
         return n + 1
 
+    @property
+    def worker_capacity(self) -> int:
+        """Most entities one sub-agent can look up and return: ``c`` lookups and a return
+        take ``c + 1`` steps, and its context holds the prompt (``c + 3``), the lookups
+        and their values (``4 c``) and the return (``2 c + 2``)."""
+        return max(0, min(self.subagent_steps - 1, (self.worker_context - 5) // 7))
+
+    def min_critical_steps(self, n: int) -> int:
+        """Fewest critical steps any policy can answer all ``n`` entities in: ``d`` of them
+        delegated in one stage to ``ceil(d / K)``-entity sub-agents (``1 + ceil(d / K) + 1``
+        steps), the other ``n - d`` looked up serially, then the answer. A second spawn
+        stage never helps: it costs at least 3 more steps, a serial lookup 1 per entity
+        and the stage it would replace is already counted. n = 16, K = 8, capacity 2: 5."""
+        K, c = self.max_subagents, self.worker_capacity
+        best = n + 1
+        for d in range(1, min(n, K * c) + 1):
+            best = min(best, 1 + (-(-d // K) + 1) + (n - d) + 1)
+        return best
+
 
 class Vocab:
     """Token ids: protocol symbols first, then one token per entity, then per value."""

@@ -4,8 +4,12 @@
 
 * ``r_perf``: item-level F1 of the answered (entity, value) pairs against the truth;
   0 when the episode ended without an answer.
-* ``r_parallel = min(spawned, parallel_target) / parallel_target``: rewards
-  instantiating sub-agents (against serial collapse).
+* ``r_parallel = min(novel, parallel_target) / parallel_target``: rewards
+  instantiating sub-agents (against serial collapse). ``novel`` counts the
+  sub-agents whose spawn block holds at least one asked-for entity that no earlier
+  sub-agent of the episode was given: a bonus per *spawn* is hacked by spawning
+  many sub-agents on the same entity (seen in our runs: all of them return, so
+  ``r_finish`` does not object), a bonus per new piece of work is not.
 * ``r_finish = finished / spawned`` (0 when nothing was spawned): rewards sub-agents
   that return (against spurious parallelism).
 * ``lambda1``, ``lambda2`` anneal from their initial values to 0 over
@@ -64,11 +68,13 @@ def item_f1(correct: Array, answered: Array, truth: Array, has_answer: Array) ->
 
 
 def parl_reward(f1: Array, spawned: Array, finished: Array, total_steps: Array, step: Array,
-                cfg: PARLConfig) -> tuple[Array, dict[str, Array]]:
+                cfg: PARLConfig, novel: Array | None = None) -> tuple[Array, dict[str, Array]]:
     """Total reward [B] and each channel [B] (``r_perf``, ``r_parallel``, ``r_finish``,
-    ``cost``) plus the current ``lambda1`` / ``lambda2``."""
+    ``cost``) plus the current ``lambda1`` / ``lambda2``. ``novel`` [B]: sub-agents
+    given new asked-for work (default: every spawned one)."""
     spawned = spawned.astype(jnp.float32)
-    r_parallel = jnp.minimum(spawned, cfg.parallel_target) / cfg.parallel_target
+    novel = spawned if novel is None else novel.astype(jnp.float32)
+    r_parallel = jnp.minimum(novel, cfg.parallel_target) / cfg.parallel_target
     r_finish = jnp.where(spawned > 0, finished / jnp.maximum(spawned, 1.0), 0.0)
     cost = cfg.step_cost * total_steps.astype(jnp.float32)
     l1, l2 = anneal(cfg.lambda1, step, cfg), anneal(cfg.lambda2, step, cfg)

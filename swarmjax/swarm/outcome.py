@@ -16,11 +16,35 @@ from swarmjax.swarm.engine import RolloutResult
 Array = jax.Array
 
 
+def novel_subagents(result: RolloutResult) -> Array:
+    """Sub-agents per episode [B] whose spawn block holds at least one asked-for entity
+    that no earlier sub-agent of the episode was given (the count ``r_parallel`` uses).
+
+    A sub-agent's block is the ``e..`` of its prompt ``<worker> <task> e.. </task>``
+    (worker_tokens [B, K, W]); the task is the orchestrator prompt's ``e..``
+    (tokens[:, 2 : 2 + n], n = ``truth``)."""
+    B, K, W = result.worker_tokens.shape
+    tok = result.worker_tokens                                                  # [B, K, W]
+    w = jnp.arange(W)
+    close = jnp.argmax(tok == wsj.T["</task>"], axis=-1)                        # [B, K]
+    live = jnp.arange(K)[None] < result.spawned[:, None]                        # [B, K]
+    block = (w >= 2) & (w < close[..., None]) & live[..., None]                 # [B, K, W]
+    N = result.tokens.shape[1] - 2
+    task = result.tokens[:, 2:2 + N]                                            # [B, N]
+    task_ok = jnp.arange(task.shape[1])[None] < result.truth[:, None]          # [B, N]
+    asked = jnp.any((tok[..., None] == task[:, None, None, :]) & task_ok[:, None, None, :], -1)  # [B, K, W]
+    same = tok[:, :, :, None, None] == tok[:, None, None, :, :]                 # [B, K, W, K', W']
+    earlier = jnp.arange(K)[None, :] < jnp.arange(K)[:, None]                   # [K, K']: k' < k
+    seen = jnp.any(same & block[:, None, None] & earlier[None, :, None, :, None], axis=(-2, -1))
+    return jnp.sum(jnp.any(block & asked & ~seen, axis=-1), axis=-1).astype(jnp.int32)
+
+
 def episode_rewards(result: RolloutResult, pcfg: PARLConfig, step: Array | int) -> tuple[Array, dict]:
     """PARL reward [B] and each channel [B] (``r_perf`` = item-F1, ``r_parallel``,
     ``r_finish``, ``cost``, ``lambda1``, ``lambda2``) at training step ``step``."""
     f1 = item_f1(result.correct, result.answered, result.truth, result.end_reason == wsj.END_ANSWER)
-    return parl_reward(f1, result.spawned, result.finished, result.total_steps, step, pcfg)
+    return parl_reward(f1, result.spawned, result.finished, result.total_steps, step, pcfg,
+                       novel=novel_subagents(result))
 
 
 def episodes(tasks: wsj.Tasks) -> list[Episode]:

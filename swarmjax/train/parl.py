@@ -38,7 +38,7 @@ from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.engine import RolloutConfig, RolloutResult, SwarmRollout
-from swarmjax.swarm.outcome import episode_rewards
+from swarmjax.swarm.outcome import episode_rewards, novel_subagents
 
 Array = jax.Array
 
@@ -82,7 +82,7 @@ class PARLTrainer:
 
     >>> trainer = PARLTrainer(model_cfg, PARLTrainConfig())
     >>> state = trainer.init(warm_params, worker_params=warm_params)
-    >>> state, metrics = trainer.step(state, jax.random.key(i))
+    >>> state, metrics = trainer.step(state, jax.random.key(i), step=i)
     """
 
     def __init__(self, model_cfg: ModelConfig, cfg: PARLTrainConfig, worker_cfg: ModelConfig | None = None,
@@ -106,17 +106,23 @@ class PARLTrainer:
         batch = batch.replace(loss_mask=batch.loss_mask & keep[:, None])
         return batch, reward, channels, keep
 
-    def step(self, state: TrainState, key: Array) -> tuple[TrainState, dict[str, float]]:
-        """One PARL step (see the module docstring). Metrics: reward and every channel
-        (batch means), item-F1, critical / total steps, sub-agents, answered fraction,
-        the learner's metrics, timings."""
+    def step(self, state: TrainState, key: Array, step: int, tasks: wsj.Tasks | None = None
+             ) -> tuple[TrainState, dict[str, float]]:
+        """One PARL step (see the module docstring). ``step``: the PARL step index (rollout
+        batches so far), which drives the lambda schedules; ``tasks``: ``tasks_per_step``
+        tasks (e.g. from :func:`swarmjax.data.task_iterator`), sampled fresh from ``key``
+        when None. Metrics: reward and every channel (batch means), item-F1, critical /
+        total steps, sub-agents, answered fraction, the learner's metrics, timings."""
         cfg = self.cfg
         k_tasks, k_roll = jax.random.split(key)
         t0 = time.perf_counter()
-        tasks, groups = wsj.repeat_groups(wsj.reset(k_tasks, cfg.rollout.env, cfg.tasks_per_step),
-                                          cfg.group_size)
+        if tasks is None:
+            tasks = wsj.reset(k_tasks, cfg.rollout.env, cfg.tasks_per_step)
+        elif tasks.n.shape[0] != cfg.tasks_per_step:
+            raise ValueError(f"got {tasks.n.shape[0]} tasks, tasks_per_step is {cfg.tasks_per_step}")
+        tasks, groups = wsj.repeat_groups(tasks, cfg.group_size)
         result = self.engine(state.params, state.frozen["workers"], tasks, k_roll)
-        batch, reward, channels, keep = self._rewards(result, groups, state.step)
+        batch, reward, channels, keep = self._rewards(result, groups, jnp.asarray(step, jnp.int32))
         jax.block_until_ready(batch)
         t1 = time.perf_counter()
         state, learn = self.learner.update(state, batch)
@@ -127,6 +133,7 @@ class PARLTrainer:
             reward=float(jnp.mean(reward)), item_f1=metrics["r_perf"],
             critical_steps=float(jnp.mean(result.critical_steps)),
             total_steps=float(jnp.mean(result.total_steps)), subagents=float(jnp.mean(result.spawned)),
+            novel_subagents=float(jnp.mean(novel_subagents(result))),
             answered=float(jnp.mean(result.end_reason == wsj.END_ANSWER)),
             kept_groups=float(jnp.mean(keep)), rollout_s=t1 - t0, update_s=t2 - t1,
             orch_tokens=float(jnp.sum(result.length)),
@@ -142,18 +149,24 @@ def greedy(rcfg: RolloutConfig, budget: int | None = None) -> RolloutConfig:
                                orch_sampling=g, worker_sampling=g)
 
 
-def evaluate(engine: SwarmRollout, params: Any, worker_params: Any, sizes: list[int], episodes: int,
+def sample_eval_tasks(key: Array, env, sizes: list[int] | tuple[int, ...], episodes: int) -> dict[int, wsj.Tasks]:
+    """``episodes`` fresh tasks of each size n (for a job, use the held-out split instead:
+    :func:`swarmjax.train.job.eval_tasks`)."""
+    return {n: wsj.reset(jax.random.fold_in(key, n), env, episodes, n=n) for n in sizes}
+
+
+def evaluate(engine: SwarmRollout, params: Any, worker_params: Any, tasks: dict[int, wsj.Tasks],
              key: Array, keep: dict | None = None) -> dict[int, dict[str, float]]:
-    """Per task size n: ``item_f1``, ``critical_steps``, ``total_steps``, ``subagents``,
-    ``no_spawn_fraction``, ``answered`` over ``episodes`` fresh tasks (same tasks for
-    every policy evaluated with the same key). ``keep``, if given, receives
+    """Per task size n (``tasks[n]``: a batch of tasks of that size): ``item_f1``,
+    ``critical_steps``, ``total_steps``, ``subagents``, ``no_spawn_fraction``,
+    ``answered`` (means over the batch). ``keep``, if given, receives
     ``{n: (tasks, result)}`` (e.g. to export traces)."""
     out = {}
-    for n in sizes:
-        tasks = wsj.reset(jax.random.fold_in(key, n), engine.rcfg.env, episodes, n=n)
-        r = engine(params, worker_params, tasks, jax.random.fold_in(key, 10_000 + n))
+    for n, batch in tasks.items():
+        batch = jax.tree.map(jnp.asarray, batch)
+        r = engine(params, worker_params, batch, jax.random.fold_in(key, 10_000 + n))
         if keep is not None:
-            keep[n] = (tasks, r)
+            keep[n] = (batch, r)
         f1 = item_f1(r.correct, r.answered, r.truth, r.end_reason == wsj.END_ANSWER)
         out[n] = {"item_f1": float(jnp.mean(f1)), "critical_steps": float(jnp.mean(r.critical_steps)),
                   "total_steps": float(jnp.mean(r.total_steps)), "subagents": float(jnp.mean(r.spawned)),

@@ -39,7 +39,9 @@ class SFTConfig:
     batch: int = 16                    # trajectories per role per step
     demos: int = 2048                  # demonstration episodes (train split)
     eval_demos: int = 128              # held-out episodes for the per-role accuracy
-    spawn_fraction: float = 0.25       # demonstrations that delegate (random partitions)
+    spawn_fraction: float = 0.25       # demonstrations that delegate (random chunks)
+    max_chunk: int = 3                 # delegated chunk sizes are uniform in 1..max_chunk
+    bucket: int = 32                   # orchestrator batches are cut to a multiple of this length
     optim: OptimConfig = OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=300)
     seed: int = 0
 
@@ -48,6 +50,8 @@ class SFTConfig:
             raise ValueError("steps, batch and demos must be >= 1")
         if not 0.0 <= self.spawn_fraction <= 1.0:
             raise ValueError(f"spawn_fraction must be in [0, 1], got {self.spawn_fraction}")
+        if self.max_chunk < 1 or self.bucket < 1:
+            raise ValueError(f"max_chunk and bucket must be >= 1, got {self.max_chunk}, {self.bucket}")
 
 
 def role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
@@ -78,6 +82,27 @@ def _batch(demos: Demos, idx: np.ndarray) -> tuple[Array, Array, Array]:
             jnp.asarray(demos.loss_mask[idx]))
 
 
+def length_buckets(demos: Demos, width: int) -> dict[int, np.ndarray]:
+    """Demonstration indices grouped by length rounded up to a multiple of ``width``
+    (capped at the padded length): ``{bucket length: indices}``. Batches drawn from one
+    bucket are cut to its length, so short episodes are not padded to the longest
+    context (one compiled step per bucket length)."""
+    T = demos.tokens.shape[1]
+    lengths = demos.token_mask.sum(1)
+    rounded = np.minimum(-(-lengths // width) * width, T)
+    return {int(L): np.flatnonzero(rounded == L) for L in np.unique(rounded)}
+
+
+def sample_bucketed(buckets: dict[int, np.ndarray], batch: int, rng: np.random.Generator
+                    ) -> tuple[np.ndarray, int]:
+    """``batch`` indices from one bucket, the bucket picked with probability proportional
+    to its size (every demonstration equally likely overall). Returns (indices, length)."""
+    lengths = sorted(buckets)
+    sizes = np.array([len(buckets[L]) for L in lengths], np.float64)
+    L = lengths[rng.choice(len(lengths), p=sizes / sizes.sum())]
+    return buckets[L][rng.integers(0, len(buckets[L]), batch)], L
+
+
 def evaluate(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, batch: int = 64) -> dict[str, float]:
     """Per-role token accuracy and NLL on demonstrations (teacher-forced)."""
     stats = jax.jit(role_stats, static_argnums=1)
@@ -98,8 +123,9 @@ def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTCon
               on_step: Callable[[int, dict[str, float]], None] | None = None) -> tuple[Any, dict[str, Any]]:
     """Warm-start ``params`` on demonstrations. Returns the trained params and a report:
     the loss history and held-out per-role accuracy before and after."""
-    train_o, train_w = make_demos(env, scfg.demos, scfg.seed, scfg.spawn_fraction)
-    eval_o, eval_w = make_demos(env, scfg.eval_demos, scfg.seed + 1_000_003, scfg.spawn_fraction)
+    train_o, train_w = make_demos(env, scfg.demos, scfg.seed, scfg.spawn_fraction, max_chunk=scfg.max_chunk)
+    eval_o, eval_w = make_demos(env, scfg.eval_demos, scfg.seed + 1_000_003, scfg.spawn_fraction,
+                                max_chunk=scfg.max_chunk)
     opt = make_optimizer(scfg.optim)
     opt_state = opt.init(params)
 
@@ -110,11 +136,13 @@ def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTCon
         return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
 
     rng = np.random.default_rng(scfg.seed)
+    buckets = length_buckets(train_o, scfg.bucket)
     report: dict[str, Any] = {"before": evaluate(params, cfg, eval_o, eval_w), "history": []}
     for i in range(scfg.steps):
-        io = rng.integers(0, len(train_o), scfg.batch)
+        io, length = sample_bucketed(buckets, scfg.batch, rng)
         iw = rng.integers(0, len(train_w), scfg.batch)
-        params, opt_state, metrics = step(params, opt_state, _batch(train_o, io), _batch(train_w, iw))
+        orch = tuple(x[:, :length] for x in _batch(train_o, io))
+        params, opt_state, metrics = step(params, opt_state, orch, _batch(train_w, iw))
         metrics = {k: float(v) for k, v in metrics.items()}
         report["history"].append(metrics)
         if on_step is not None:

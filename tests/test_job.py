@@ -1,0 +1,122 @@
+"""`swarmjax train` / `swarmjax eval` end to end on a tiny job: every output file, exact
+resume from a checkpoint, bad configs as one line before anything compiles."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from swarmjax.cli import main
+from swarmjax.config_file import apply_overrides, load_config
+from swarmjax.train.checkpoint import Checkpointer
+from swarmjax.train.job import TrainJob, _restore
+from swarmjax.train.parl import PARLTrainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "parl_widesearch_cpu.py")
+TIMING = {"rollout_s", "update_s", "tok_s"}
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("tasks"))
+    return ["model.hidden_size=32", "model.head_dim=8", "model.intermediate_size=64", "model.num_layers=1",
+            "sft.steps=6", "sft.demos=32", "sft.eval_demos=8", "parl.tasks_per_step=2", "parl.group_size=4",
+            "parl.update.num_minibatches=2", "eval_sizes=(1, 16)", "eval_episodes=4", "eval_every=2",
+            "traces_per_eval=1", "checkpoint.every=2", "checkpoint.async_save=True", "data.train_size=64",
+            "data.test_size=160", f"data.data_dir='{data_dir}'", "mesh=None"]
+
+
+def train(workdir, small, *extra, resume=False):
+    args = ["train", "--config", CONFIG, "--workdir", str(workdir), "--no-progress"]
+    args += [a for s in small + list(extra) for a in ("--set", s)]
+    return main(args + (["--resume"] if resume else []))
+
+
+def rows(path, stage="parl"):
+    out = [json.loads(line) for line in open(path)]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in out if r.get("stage", stage) == stage]
+
+
+def final_state(workdir, small, steps):
+    job = apply_overrides(load_config(CONFIG, TrainJob), small + [f"parl_steps={steps}"])
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=2)
+    try:
+        assert ckpt.latest_step() == steps
+        state, meta = _restore(job, PARLTrainer(job.model, job.parl), ckpt, steps)
+    finally:
+        ckpt.close()
+    return state, meta
+
+
+def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
+    full, split = tmp_path / "full", tmp_path / "split"
+    assert train(full, small, "parl_steps=4") == 0
+    for name in ("config.txt", "metrics.jsonl", "eval.jsonl", "traces.jsonl", "summary.json", "summary.md",
+                 "curves.png"):
+        assert os.path.getsize(full / name) > 0, name
+    summary = json.loads((full / "summary.json").read_text())
+    assert set(summary["warm_start"]) == set(summary["final"]) == {"1", "16"}
+    assert set(summary["final"]["16"]) == {"item_f1", "critical_steps", "total_steps", "subagents",
+                                           "no_spawn_fraction"}
+    assert [r["step"] for r in rows(full / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert len(rows(full / "metrics.jsonl", "sft")) == 6
+    assert "| 16 | final |" in capsys.readouterr().out
+
+    # 2 steps, stop, resume to 4: the same steps, metrics and parameters as 4 in one go
+    assert train(split, small, "parl_steps=2") == 0
+    assert train(split, small, "parl_steps=2") == 2                     # would overwrite: refused
+    assert "--resume" in capsys.readouterr().err
+    assert train(split, small, "parl_steps=4", resume=True) == 0
+    assert rows(split / "metrics.jsonl") == rows(full / "metrics.jsonl")
+    assert rows(split / "metrics.jsonl", "sft") == rows(full / "metrics.jsonl", "sft")
+    evals = lambda d: [json.loads(line) for line in open(d / "eval.jsonl")]
+    assert evals(split) == evals(full)
+    a, meta_a = final_state(full, small, 4)
+    b, meta_b = final_state(split, small, 4)
+    same = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
+    assert all(jax.tree.leaves(same))
+    assert meta_a["data"] == meta_b["data"] and meta_a["parl_step"] == 4
+
+    # as if the run had died after logging steps 2 and 3 but before checkpoint 4 was finished:
+    # resume from 2 drops those lines and computes them again, identically
+    shutil.rmtree(split / "checkpoints" / "4")
+    assert train(split, small, "parl_steps=4", resume=True) == 0
+    assert rows(split / "metrics.jsonl") == rows(full / "metrics.jsonl") and evals(split) == evals(full)
+
+    # swarmjax eval: the newest and the best checkpoint, on held-out tasks
+    base = ["eval", "--config", CONFIG, "--workdir", str(full)] + [a for s in small for a in ("--set", s)]
+    capsys.readouterr()
+    assert main(base + ["--sizes", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "PARL step 4" in out and "| 16 | final |" in out and "| 1 |" not in out
+    final = json.loads((full / "summary.json").read_text())["final"]["16"]["item_f1"]
+    assert f"| 16 | final | {final:.3f} |" in out                      # same tasks, same greedy policy
+    assert main(base + ["--checkpoint", "best"]) == 0
+    assert main(base + ["--checkpoint", "7"]) == 2
+    assert "no finalised checkpoint for step 7" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override, message", [
+    ("parl.update.optim.lr=1", "has no field 'lr'"),
+    ("eval_sizes=(1, 40)", "outside the task sizes"),
+    ("parl_steps='many'", "is not a int"),
+    ("parl.rollout.env.budget=4", "below 5, the fewest critical steps"),
+    ("mesh.data=3", "needs 3 devices"),
+    ("mesh.tensor=2", "not divisible by the mesh's data x fsdp = 4"),
+])
+def test_bad_config_is_one_line(tmp_path, override, message, capsys):
+    args = ["train", "--config", CONFIG, "--workdir", str(tmp_path / "x"), "--set", "eval_episodes=6",
+            "--set", override]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not os.path.exists(tmp_path / "x")                          # nothing ran
+
+
+def test_resume_without_checkpoint(tmp_path, capsys):
+    assert main(["train", "--config", CONFIG, "--workdir", str(tmp_path), "--resume"]) == 2
+    assert "no finished checkpoint" in capsys.readouterr().err
