@@ -2,9 +2,15 @@
 
 Wide-search with n up to 16 and up to 8 sub-agents of <= 2 lookups (worker context 24
 fits two), critical-step budget 8 (serial work at n = 16 needs 17; the best split 5),
-a 0.1M-parameter Qwen3 trained for both roles by the warm start, then PARL with GSPO.
-PARL channels (our closed forms, see swarmjax/rl/parl.py): r_parallel = min(spawned, 8) / 8,
-r_finish = returned / spawned, both annealed linearly to 0; step cost 0.005.
+a 0.6M-parameter Qwen3 trained for both roles by the warm start (32k fresh
+demonstrations, 30% of them delegating the whole task over random chunks of 1-3
+entities; greedy decoding of the result is serial),
+then PARL with GSPO and Muon.
+PARL channels (our closed forms, see swarmjax/rl/parl.py): r_parallel = "work", the
+asked-for entities that came back from sub-agents / 16 (a one-entity task earns 1/16
+for delegating, less than the steps it costs), weight 0.3; r_finish = returned /
+spawned (1 when none), weight 0.3; both annealed linearly to 0 over 200 of the 250
+PARL steps; step cost 0.005. About 7.5 minutes on 2 CPU cores.
 """
 
 from swarmjax.envs.widesearch import Vocab, WideSearchConfig
@@ -14,7 +20,7 @@ from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.update import UpdateConfig
 from swarmjax.swarm.engine import RolloutConfig
-from swarmjax.train.job import TrainJob
+from swarmjax.train.job import CheckpointConfig, DataConfig, TrainJob
 from swarmjax.train.parl import PARLTrainConfig
 from swarmjax.train.sft import SFTConfig
 
@@ -24,12 +30,15 @@ ENV = WideSearchConfig(num_entities=32, num_values=32, min_task_size=1, max_task
 
 def get_config() -> TrainJob:
     return TrainJob(
-        model=ModelConfig(vocab_size=Vocab(ENV).size, hidden_size=64, num_layers=2, num_heads=4,
-                          num_kv_heads=2, head_dim=16, intermediate_size=192),
-        sft=SFTConfig(steps=500, batch=16, demos=2048, spawn_fraction=0.25,
-                      optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=500)),
+        model=ModelConfig(vocab_size=Vocab(ENV).size, hidden_size=128, num_layers=3, num_heads=4,
+                          num_kv_heads=2, head_dim=32, intermediate_size=384),
+        sft=SFTConfig(steps=1000, batch=32, demos=32768, spawn_fraction=0.3, max_chunk=3,
+                      optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=1000)),
         parl=PARLTrainConfig(
-            rollout=RolloutConfig(env=ENV), parl=PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=150),
-            tasks_per_step=8, group_size=8,
+            rollout=RolloutConfig(env=ENV),
+            parl=PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=200, parallel="work", parallel_target=16),
+            tasks_per_step=8, group_size=8, dynamic_sampling=True,
             update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4, optim=OptimConfig(learning_rate=3e-4))),
-        parl_steps=200, eval_sizes=(1, 4, 8, 16), eval_episodes=32, eval_every=50, seed=0)
+        data=DataConfig(train_size=20000, test_size=2048),
+        checkpoint=CheckpointConfig(every=50, keep_last=2),
+        parl_steps=250, eval_sizes=(1, 4, 8, 16), eval_episodes=32, eval_every=50, seed=0)

@@ -27,7 +27,7 @@ def small(tmp_path_factory):
             "sft.steps=6", "sft.demos=32", "sft.eval_demos=8", "parl.tasks_per_step=2", "parl.group_size=4",
             "parl.update.num_minibatches=2", "eval_sizes=(1, 16)", "eval_episodes=4", "eval_every=2",
             "traces_per_eval=1", "checkpoint.every=2", "checkpoint.async_save=True", "data.train_size=64",
-            "data.test_size=160", f"data.data_dir='{data_dir}'", "mesh=None"]
+            "data.validation_size=160", "data.test_size=160", f"data.data_dir='{data_dir}'", "mesh=None"]
 
 
 def train(workdir, small, *extra, resume=False):
@@ -102,7 +102,7 @@ def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
 
 @pytest.mark.parametrize("override, message", [
     ("parl.update.optim.lr=1", "has no field 'lr'"),
-    ("eval_sizes=(1, 40)", "outside the task sizes"),
+    ("eval_sizes=(1, 40)", "within the task sizes 1..16"),
     ("parl_steps='many'", "is not a int"),
     ("parl.rollout.env.budget=4", "below 5, the fewest critical steps"),
     ("mesh.data=3", "needs 3 devices"),

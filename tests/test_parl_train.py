@@ -63,6 +63,21 @@ def test_dynamic_sampling_masks_uniform_groups(trainer):
     assert int(jnp.sum(result.loss_mask)) > 0
 
 
+def test_kl_to_the_warm_start(trainer):
+    """With kl_beta > 0 the starting orchestrator is kept as the KL reference; the KL
+    is 0 at the first step and the reference stays frozen."""
+    loss = dataclasses.replace(trainer.cfg.update.loss, kl_beta=0.1)
+    t = PARLTrainer(CFG, dataclasses.replace(trainer.cfg, update=dataclasses.replace(trainer.cfg.update, loss=loss)))
+    params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(CFG, jax.random.key(0)))
+    state = t.init(params, worker_params=params)
+    ref = jax.tree.map(np.asarray, state.frozen["reference"])
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, ref, jax.tree.map(np.asarray, params))))
+    state, m = t.step(state, jax.random.key(1), step=0)
+    assert "learner/kl_ref" in m and 0.0 <= m["learner/kl_ref"] < 1e-2
+    same = jax.tree.map(lambda a, b: np.array_equal(a, np.asarray(b)), ref, state.frozen["reference"])
+    assert all(jax.tree.leaves(same))
+
+
 def test_evaluate_per_task_size():
     params = init_params(CFG, jax.random.key(0))
     engine = SwarmRollout(greedy(RolloutConfig(env=ENV)), CFG)

@@ -23,7 +23,7 @@ from swarmjax.models import ModelConfig, init_params
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.engine import RolloutConfig, Scripts, SwarmRollout
-from swarmjax.swarm.outcome import episode_rewards, episodes, to_outcomes
+from swarmjax.swarm.outcome import episode_rewards, episodes, returned_entities, to_outcomes
 from test_widesearch import serial_script, split_scripts
 
 # Default sizes, with a budget serial work cannot meet at n = 16.
@@ -126,8 +126,10 @@ def assert_same(cfg, eps, result, refs):
         f1 = 2 * p * r / (p + r) if want.answer is not None and correct else 0.0
         assert float(ch["r_perf"][b]) == pytest.approx(f1, abs=1e-6)
         assert float(ch["r_parallel"][b]) * pcfg.parallel_target == min(novel_ref(ep, want), pcfg.parallel_target)
+        returned = {e for st in want.stages for r in st["results"] if r for e, _ in r if e in ep.task}
+        assert int(returned_entities(result)[b]) == len(returned), b
         want_reward = (f1 + pcfg.lambda1 * min(novel_ref(ep, want), pcfg.parallel_target) / pcfg.parallel_target
-                       + pcfg.lambda2 * (want.finished / want.spawned if want.spawned else 0.0)
+                       + pcfg.lambda2 * (want.finished / want.spawned if want.spawned else 1.0)
                        - pcfg.step_cost * want.total_steps)
         assert float(reward[b]) == pytest.approx(want_reward, abs=1e-5)
 

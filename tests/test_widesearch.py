@@ -52,6 +52,36 @@ def test_best_split_costs_five():
     assert out.stages[0]["worker_steps"] == [3] * 8
     assert out.answer == [(e, ep.table[e]) for e in ep.task]
     assert V.decode(out.orch_tokens).count("<result>") == 8
+    assert CFG.min_critical_steps(16) == out.critical_steps                # nothing beats it
+
+
+def test_min_critical_steps():
+    """The bound the config check uses: brute force over (delegated d, sub-agents k)."""
+    for cfg in (CFG, WideSearchConfig(max_subagents=3, subagent_steps=3, worker_context=24),
+                WideSearchConfig(max_subagents=8, subagent_steps=4, worker_context=24)):
+        c = cfg.worker_capacity
+        for n in range(1, 17):
+            best = n + 1
+            for d in range(1, n + 1):
+                for k in range(1, cfg.max_subagents + 1):
+                    if -(-d // k) <= c:
+                        best = min(best, 1 + -(-d // k) + 1 + (n - d) + 1)
+            assert cfg.min_critical_steps(n) == best, (n, cfg)
+    assert WideSearchConfig(subagent_steps=4, worker_context=24).worker_capacity == 2
+
+
+@pytest.mark.parametrize("context", [24, 25, 26, 32])
+def test_worker_capacity_matches_the_simulator(context):
+    """A worker given ``worker_capacity`` entities returns all of them; one more, and it
+    cannot (checked on the reference simulator with the scripted worker)."""
+    cfg = WideSearchConfig(subagent_steps=8, worker_context=context, budget=None)
+    c = cfg.worker_capacity
+    ep = Episode.sample(cfg, random.Random(context), n=c + 1)
+    for k, ok in ((c, True), (c + 1, False)):
+        orch, work = split_scripts(Episode(table=ep.table, task=ep.task[:k]), 1)
+        out = simulate(cfg, Episode(table=ep.table, task=ep.task[:k]), scripted(orch), scripted(work))
+        got = out.stages[0]["results"][0]
+        assert (got is not None and len(got) == k) == ok, (context, k, got)
 
 
 def test_worker_out_of_steps_reports_fail():
@@ -125,12 +155,35 @@ def test_item_f1_and_parl_channels():
     assert float(item_f1(jnp.array([5]), jnp.array([5]), jnp.array([5]), jnp.array([False]))[0]) == 0
     cfg = PARLConfig(lambda1=0.5, lambda2=0.2, anneal_steps=100, parallel_target=8, step_cost=0.01)
     r, ch = parl_reward(jnp.array([1.0, 1.0]), jnp.array([0, 8]), jnp.array([0, 6]),
-                        jnp.array([17, 26]), 0, cfg)
+                        jnp.array([17, 26]), 0, cfg, {"novel": jnp.array([0, 8])})
     np.testing.assert_allclose(ch["r_parallel"], [0, 1])
-    np.testing.assert_allclose(ch["r_finish"], [0, 0.75])
-    np.testing.assert_allclose(r, [1 - 0.17, 1 + 0.5 + 0.2 * 0.75 - 0.26], rtol=1e-6)
-    r_end, _ = parl_reward(jnp.array([1.0]), jnp.array([8]), jnp.array([8]), jnp.array([26]), 100, cfg)
+    np.testing.assert_allclose(ch["r_finish"], [1, 0.75])      # spawning nothing loses nothing
+    np.testing.assert_allclose(r, [1 + 0.2 - 0.17, 1 + 0.5 + 0.2 * 0.75 - 0.26], rtol=1e-6)
+    r_end, _ = parl_reward(jnp.array([1.0]), jnp.array([8]), jnp.array([8]), jnp.array([26]), 100, cfg,
+                           {"novel": jnp.array([8])})
     np.testing.assert_allclose(r_end, [1 - 0.26], rtol=1e-6)   # auxiliary channels annealed away
+
+
+def test_parallel_reward_forms():
+    """r_parallel per closed form: 8 sub-agents on one entity earn one novel sub-agent;
+    eight one-entity sub-agents on a 16-entity task earn half the coverage of 8 x 2."""
+    f1, spawned, finished, steps = jnp.ones(3), jnp.array([8, 8, 8]), jnp.array([8, 8, 8]), jnp.array([10, 18, 26])
+    counts = {"novel": jnp.array([1, 8, 8]), "returned": jnp.array([1, 8, 16]), "n": jnp.array([16, 16, 16])}
+    got = {form: parl_reward(f1, spawned, finished, steps, 0, PARLConfig(parallel=form), counts)[1]["r_parallel"]
+           for form in ("spawned", "novel", "coverage")}
+    np.testing.assert_allclose(got["spawned"], [1, 1, 1])
+    np.testing.assert_allclose(got["novel"], [1 / 8, 1, 1])
+    np.testing.assert_allclose(got["coverage"], [1 / 16, 0.5, 1])
+    work = parl_reward(f1, spawned, finished, steps, 0, PARLConfig(parallel="work", parallel_target=16), counts)
+    np.testing.assert_allclose(work[1]["r_parallel"], [1 / 16, 0.5, 1])
+    one = {"returned": jnp.array([1]), "n": jnp.array([1]), "novel": jnp.array([1])}   # a 1-entity task, delegated
+    r = lambda form: parl_reward(jnp.ones(1), jnp.ones(1), jnp.ones(1), jnp.array([4]), 0,
+                                 PARLConfig(parallel=form, parallel_target=16), one)[1]["r_parallel"]
+    assert float(r("coverage")[0]) == 1.0 and float(r("work")[0]) == 1 / 16
+    with pytest.raises(ValueError, match="needs counts"):
+        parl_reward(f1, spawned, finished, steps, 0, PARLConfig(parallel="coverage"))
+    with pytest.raises(ValueError, match="unknown parallel"):
+        PARLConfig(parallel="more")
 
 
 def test_schedules():

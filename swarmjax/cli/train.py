@@ -4,7 +4,7 @@ checkpoints (see :mod:`swarmjax.train.job`).
     swarmjax train --config configs/parl_widesearch_cpu.py --workdir runs/cpu
     swarmjax train --config ... --workdir ... --set parl.update.optim.learning_rate=3e-4 --set parl_steps=50
     swarmjax train --config ... --workdir runs/cpu --resume          # continue from the newest checkpoint
-    swarmjax eval --config ... --workdir runs/cpu [--checkpoint best] [--sizes 1,16]
+    swarmjax eval --config ... --workdir runs/cpu [--checkpoint best] [--sizes 1,16] [--split validation]
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from swarmjax.train.job import run_job, summary_table
+    from swarmjax.train.job import run_job
+    from swarmjax.train.logs import summary_table
 
     summary = run_job(_load(args), args.workdir, progress=not args.no_progress, resume=args.resume)
     print(summary_table(summary))
@@ -50,10 +51,12 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     _job_arguments(p)
     p.add_argument("--checkpoint", default="latest", help="'latest', 'best' (by eval item-F1) or a PARL step")
     p.add_argument("--sizes", help="task sizes to evaluate, e.g. 1,8,16 (default: the config's eval_sizes)")
+    p.add_argument("--split", default="test", choices=("test", "validation"), help="held-out split (default test)")
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from swarmjax.train.job import evaluate_checkpoint, summary_table
+    from swarmjax.train.job import evaluate_checkpoint
+    from swarmjax.train.logs import summary_table
 
     sizes = None
     if args.sizes:
@@ -66,7 +69,7 @@ def run_eval(args: argparse.Namespace) -> int:
         import dataclasses
         job = dataclasses.replace(job, eval_sizes=sizes)
         job.validate()
-    out = evaluate_checkpoint(job, args.workdir, args.checkpoint)
+    out = evaluate_checkpoint(job, args.workdir, args.checkpoint, args.split)
     print(f"checkpoint at PARL step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
     print(summary_table(out))
     return 0

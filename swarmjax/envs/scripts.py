@@ -41,8 +41,7 @@ def delegate(cfg: WideSearchConfig, ep: Episode, chunks: Sequence[Sequence[int]]
 
 def worker_succeeds(cfg: WideSearchConfig, chunk: Sequence[int]) -> bool:
     """Whether :func:`worker` on ``chunk`` returns within the step limit and its context."""
-    n = len(chunk)
-    return n + 1 <= cfg.subagent_steps and 7 * n + 5 <= cfg.worker_context   # prompt, lookups, return
+    return len(chunk) <= cfg.worker_capacity
 
 
 def split(cfg: WideSearchConfig, ep: Episode, parts: int) -> tuple[list[int], list[list[int]]]:

@@ -83,8 +83,9 @@ class WideSearchConfig:
     def worker_capacity(self) -> int:
         """Most entities one sub-agent can look up and return: ``c`` lookups and a return
         take ``c + 1`` steps, and its context holds the prompt (``c + 3``), the lookups
-        and their values (``4 c``) and the return (``2 c + 2``)."""
-        return max(0, min(self.subagent_steps - 1, (self.worker_context - 5) // 7))
+        and their values (``4 c``) and the return's ``<return>`` and pairs (``2 c + 1``;
+        a return cut by a full context keeps the pairs said, so ``</return>`` may not fit)."""
+        return max(0, min(self.subagent_steps - 1, (self.worker_context - 4) // 7))
 
     def min_critical_steps(self, n: int) -> int:
         """Fewest critical steps any policy can answer all ``n`` entities in: ``d`` of them

@@ -4,14 +4,29 @@
 
 * ``r_perf``: item-level F1 of the answered (entity, value) pairs against the truth;
   0 when the episode ended without an answer.
-* ``r_parallel = min(novel, parallel_target) / parallel_target``: rewards
-  instantiating sub-agents (against serial collapse). ``novel`` counts the
-  sub-agents whose spawn block holds at least one asked-for entity that no earlier
-  sub-agent of the episode was given: a bonus per *spawn* is hacked by spawning
-  many sub-agents on the same entity (seen in our runs: all of them return, so
-  ``r_finish`` does not object), a bonus per new piece of work is not.
-* ``r_finish = finished / spawned`` (0 when nothing was spawned): rewards sub-agents
-  that return (against spurious parallelism).
+* ``r_parallel`` rewards delegating (against serial collapse); its closed form is
+  picked from :data:`PARALLEL` by ``PARLConfig.parallel``:
+
+  - ``"novel"`` (default): ``min(novel, parallel_target) / parallel_target``, with
+    ``novel`` the sub-agents whose spawn block holds at least one asked-for entity
+    that no earlier sub-agent of the episode was given. A bonus per *spawn*
+    (``"spawned"``) is hacked by spawning many sub-agents on the same entity (seen in
+    our runs: all of them return, so ``r_finish`` does not object); a bonus per new
+    piece of work is not.
+  - ``"coverage"``: the fraction of the asked-for entities that sub-agents returned
+    (``returned / n``): it saturates only when the whole task went to sub-agents
+    that finished, so it does not pay eight one-entity sub-agents on a 16-entity
+    task as much as eight two-entity ones; but it pays a one-entity task in full
+    for delegating its entity.
+  - ``"work"``: ``min(returned, parallel_target) / parallel_target`` — asked-for
+    entities that came back from sub-agents, counted against a fixed amount of work
+    (set ``parallel_target`` to the largest task size): like ``coverage`` it grows
+    with every entity delegated successfully, unlike it a one-entity task earns
+    ``1 / parallel_target`` for delegating, less than the steps it costs.
+* ``r_finish = finished / spawned`` (1 when nothing was spawned): the share of
+  sub-agents that returned, against spurious parallelism. It only ever takes away:
+  with 0 for "nothing spawned" (our first form) it paid every spawn that returned,
+  and a one-entity task was delegated for the bonus (seen in our runs).
 * ``lambda1``, ``lambda2`` anneal from their initial values to 0 over
   ``anneal_steps`` (linear or cosine), so the final policy optimises task
   performance alone; ``c`` is a small per-step compute cost.
@@ -37,18 +52,30 @@ SCHEDULES: dict[str, Callable[[Array], Array]] = {
 }
 
 
+# name -> r_parallel [B] from per-episode counts (see the module docstring)
+PARALLEL: dict[str, Callable[[dict[str, Array], "PARLConfig"], Array]] = {
+    "spawned": lambda c, cfg: jnp.minimum(c["spawned"], cfg.parallel_target) / cfg.parallel_target,
+    "novel": lambda c, cfg: jnp.minimum(c["novel"], cfg.parallel_target) / cfg.parallel_target,
+    "coverage": lambda c, cfg: c["returned"] / jnp.maximum(c["n"], 1.0),
+    "work": lambda c, cfg: jnp.minimum(c["returned"], cfg.parallel_target) / cfg.parallel_target,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class PARLConfig:
     lambda1: float = 0.3          # initial weight of r_parallel
     lambda2: float = 0.3          # initial weight of r_finish
     anneal_steps: int = 200       # both reach 0 here
     schedule: str = "linear"      # key of SCHEDULES
-    parallel_target: int = 8      # sub-agents at which r_parallel saturates
+    parallel: str = "novel"       # key of PARALLEL: the closed form of r_parallel
+    parallel_target: int = 8      # sub-agents ("novel", "spawned") or entities ("work") at which r_parallel saturates
     step_cost: float = 0.005      # c
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {sorted(SCHEDULES)}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"unknown parallel reward {self.parallel!r}; known: {sorted(PARALLEL)}")
         if self.anneal_steps < 1 or self.parallel_target < 1:
             raise ValueError("anneal_steps and parallel_target must be >= 1")
 
@@ -68,14 +95,19 @@ def item_f1(correct: Array, answered: Array, truth: Array, has_answer: Array) ->
 
 
 def parl_reward(f1: Array, spawned: Array, finished: Array, total_steps: Array, step: Array,
-                cfg: PARLConfig, novel: Array | None = None) -> tuple[Array, dict[str, Array]]:
+                cfg: PARLConfig, counts: dict[str, Array] | None = None) -> tuple[Array, dict[str, Array]]:
     """Total reward [B] and each channel [B] (``r_perf``, ``r_parallel``, ``r_finish``,
-    ``cost``) plus the current ``lambda1`` / ``lambda2``. ``novel`` [B]: sub-agents
-    given new asked-for work (default: every spawned one)."""
+    ``cost``) plus the current ``lambda1`` / ``lambda2``. ``counts``: the per-episode
+    counts [B] the chosen ``r_parallel`` needs beyond ``spawned`` (``novel``: sub-agents
+    given new asked-for work; ``returned``: asked-for entities sub-agents returned;
+    ``n``: task sizes)."""
     spawned = spawned.astype(jnp.float32)
-    novel = spawned if novel is None else novel.astype(jnp.float32)
-    r_parallel = jnp.minimum(novel, cfg.parallel_target) / cfg.parallel_target
-    r_finish = jnp.where(spawned > 0, finished / jnp.maximum(spawned, 1.0), 0.0)
+    c = {"spawned": spawned, **{k: jnp.asarray(v, jnp.float32) for k, v in (counts or {}).items()}}
+    missing = {"novel": ("novel",), "coverage": ("returned", "n"), "work": ("returned",)}.get(cfg.parallel, ())
+    if any(k not in c for k in missing):
+        raise ValueError(f"r_parallel {cfg.parallel!r} needs counts {missing}")
+    r_parallel = PARALLEL[cfg.parallel](c, cfg)
+    r_finish = jnp.where(spawned > 0, finished / jnp.maximum(spawned, 1.0), 1.0)
     cost = cfg.step_cost * total_steps.astype(jnp.float32)
     l1, l2 = anneal(cfg.lambda1, step, cfg), anneal(cfg.lambda2, step, cfg)
     reward = f1 + l1 * r_parallel + l2 * r_finish - cost

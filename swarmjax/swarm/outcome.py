@@ -39,12 +39,29 @@ def novel_subagents(result: RolloutResult) -> Array:
     return jnp.sum(jnp.any(block & asked & ~seen, axis=-1), axis=-1).astype(jnp.int32)
 
 
+def returned_entities(result: RolloutResult) -> Array:
+    """Distinct asked-for entities per episode [B] that finished sub-agents returned
+    (the ``e`` of each ``e v`` pair of worker_return [B, K, W] of ``worker_ok`` slots)."""
+    B, K, W = result.worker_return.shape
+    j = jnp.arange(W)
+    ok = result.worker_ok & (jnp.arange(K)[None] < result.spawned[:, None])            # [B, K]
+    pair = (j % 2 == 0) & (j + 1 < result.worker_return_len[..., None]) & ok[..., None]  # [B, K, W]
+    ent = jnp.where(pair, result.worker_return, -1).reshape(B, K * W)                   # [B, KW]
+    N = result.tokens.shape[1] - 2
+    task = result.tokens[:, 2:2 + N]
+    task_ok = jnp.arange(task.shape[1])[None] < result.truth[:, None]
+    asked = jnp.any((ent[..., None] == task[:, None, :]) & task_ok[:, None, :], -1) & (ent >= 0)   # [B, KW]
+    first = ~jnp.any((ent[:, :, None] == ent[:, None, :]) & jnp.tril(jnp.ones((K * W,) * 2, bool), -1)[None],
+                     -1)                                                                 # no earlier copy
+    return jnp.sum(asked & first, -1).astype(jnp.int32)
+
+
 def episode_rewards(result: RolloutResult, pcfg: PARLConfig, step: Array | int) -> tuple[Array, dict]:
     """PARL reward [B] and each channel [B] (``r_perf`` = item-F1, ``r_parallel``,
     ``r_finish``, ``cost``, ``lambda1``, ``lambda2``) at training step ``step``."""
     f1 = item_f1(result.correct, result.answered, result.truth, result.end_reason == wsj.END_ANSWER)
-    return parl_reward(f1, result.spawned, result.finished, result.total_steps, step, pcfg,
-                       novel=novel_subagents(result))
+    counts = {"novel": novel_subagents(result), "returned": returned_entities(result), "n": result.truth}
+    return parl_reward(f1, result.spawned, result.finished, result.total_steps, step, pcfg, counts)
 
 
 def episodes(tasks: wsj.Tasks) -> list[Episode]:

@@ -97,7 +97,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | os.PathLike, *, save_every: int, keep_last: int = 3,
                  best_metric: str | None = "item_f1", best_mode: str = "max",
-                 async_save: bool = True):
+                 async_save: bool = True, read_only: bool = False):
         if save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {save_every}")
         if keep_last < 1:
@@ -107,7 +107,7 @@ class Checkpointer:
         directory = os.fspath(directory)
         if "://" not in directory:                      # keep gs:// etc. as they are
             directory = os.path.abspath(directory)
-        self.save_every, self.keep_last = save_every, keep_last
+        self.save_every, self.keep_last, self._read_only = save_every, keep_last, read_only
         self.best_metric, self.best_mode = best_metric, best_mode
 
         # Find steps with the commit-marker check (see the module docstring); writes use
@@ -129,8 +129,11 @@ class Checkpointer:
             best_fn=best_fn, best_mode=best_mode,
             step_name_format=self._name_format,
             enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True,
-            create=True)
+            # read-only (e.g. `swarmjax eval` beside a running job): never create the
+            # directory, never delete the trainer's in-flight tmp steps, never save
+            read_only=read_only,
+            cleanup_tmp_directories=not read_only,
+            create=not read_only)
         registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
         for item, save_args, restore_args in ((_STATE, ocp.args.StandardSave, ocp.args.StandardRestore),
                                               (_META, ocp.args.JsonSave, ocp.args.JsonRestore)):
@@ -154,6 +157,8 @@ class Checkpointer:
         Raises ValueError if ``meta`` does not survive a JSON round trip unchanged or a
         metric is not a number."""
         step = int(step)
+        if self._read_only:
+            raise ValueError(f"{self.directory} was opened read-only")
         steps = self._mngr.all_steps()
         if step in steps:
             return False

@@ -4,10 +4,17 @@ Writes into ``workdir``: ``config.txt`` (the resolved job), ``metrics.jsonl`` (o
 line per SFT / PARL step), ``eval.jsonl`` (per task size, per evaluation),
 ``traces.jsonl`` (a few evaluation episodes as orchestration traces),
 ``checkpoints/`` (orbax: train state, data-iterator state, counters),
-``summary.json`` / ``summary.md`` (warm-start vs final policy per task size, wall
-clock), ``curves.png`` (learning curves) and, when ``tensorboardX`` is installed,
-TensorBoard event files under ``tb/``. Tasks come from the TFDS task set prepared
-under ``data_dir`` (train split for PARL, test split for evaluation).
+``summary.json`` / ``summary.md`` (warm-start vs final policy per task size on the
+test split, wall clock), ``curves.png`` (learning curves) and, when ``tensorboardX``
+is installed, TensorBoard event files under ``tb/``. Tasks come from the TFDS task set
+prepared under ``data_dir``: the train split feeds PARL, the validation split the
+periodic evaluations (and so the choice of the best checkpoint), the test split only
+the warm-start / final comparison of the summary.
+
+Multi-host: every process runs this function; process 0 prepares the data first and
+alone writes files; each process reads its own slice of the train split
+(``tasks_per_step / process_count`` tasks per step) and the slices form one global
+batch over the mesh (a mesh is required with several processes).
 
 Resume: a run continues from its newest finished checkpoint with ``resume=True``
 (``swarmjax train --resume``) and then computes exactly what an uninterrupted run
@@ -31,9 +38,10 @@ from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import Vocab
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
-from swarmjax.sharding.mesh import MeshConfig, make_mesh
+from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.swarm.outcome import rollout_traces
+from swarmjax.train.logs import JobLog, curves, summary_table
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.sft import SFTConfig, train_sft
 
@@ -46,18 +54,20 @@ class DataConfig:
 
     data_dir: str | None = None    # None: <workdir>/data
     train_size: int = 20000        # PARL draws its tasks from here (shuffled, repeated)
-    test_size: int = 2048          # held-out; evaluation takes the first tasks of each size n
+    validation_size: int = 2048    # periodic evaluations (first tasks of each size n); best checkpoint
+    test_size: int = 2048          # the summary's warm-start vs final comparison
     seed: int = 0                  # generation seed of the task set (splits use disjoint streams)
 
     def __post_init__(self):
-        if self.train_size < 1 or self.test_size < 1:
-            raise ValueError("data.train_size and data.test_size must be >= 1")
+        if min(self.train_size, self.validation_size, self.test_size) < 1:
+            raise ValueError("data.train_size, data.validation_size and data.test_size must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = 50                # PARL steps between checkpoints (the last step is always saved)
-    keep_last: int = 2             # plus the best one by mean eval item-F1
+    every: int = 50                # PARL steps between checkpoints (also after the warm start,
+                                   # at every evaluation and at the last step)
+    keep_last: int = 2             # plus the best one by mean validation item-F1
     async_save: bool = True
 
     def __post_init__(self):
@@ -86,9 +96,10 @@ class TrainJob:
         need = Vocab(env).size
         if self.model.vocab_size < need:
             raise ValueError(f"model.vocab_size {self.model.vocab_size} < the task vocabulary ({need} tokens)")
-        bad = [n for n in self.eval_sizes if not 1 <= n <= env.max_task_size]
-        if bad:
-            raise ValueError(f"eval_sizes {bad} outside the task sizes 1..{env.max_task_size}")
+        bad = [n for n in self.eval_sizes if not env.min_task_size <= n <= env.max_task_size]
+        if bad or not self.eval_sizes:
+            raise ValueError(f"eval_sizes {list(self.eval_sizes)} must be non-empty and within the task sizes "
+                             f"{env.min_task_size}..{env.max_task_size}")
         if self.parl_steps < 0 or self.eval_episodes < 1:
             raise ValueError("parl_steps must be >= 0 and eval_episodes >= 1")
         if env.budget is not None:
@@ -97,6 +108,9 @@ class TrainJob:
                 raise ValueError(f"parl.rollout.env.budget {env.budget} is below {need_steps}, the fewest "
                                  f"critical steps any policy needs for a task of size {env.max_task_size} "
                                  f"(K = {env.max_subagents} sub-agents of at most {env.worker_capacity} lookups)")
+        procs = jax.process_count()
+        if procs > 1 and (self.mesh is None or self.parl.tasks_per_step % procs):
+            raise ValueError(f"{procs} processes need a mesh and parl.tasks_per_step divisible by {procs}")
         if self.mesh is not None:
             shape = self.mesh.shape(jax.device_count())       # raises on an impossible mesh
             data = shape[0] * shape[1]
@@ -104,62 +118,26 @@ class TrainJob:
                             ("eval_episodes", self.eval_episodes)):
                 if b % data:
                     raise ValueError(f"{name} = {b} is not divisible by the mesh's data x fsdp = {data}")
-        if self.data.train_size < self.parl.tasks_per_step * jax.process_count():
-            raise ValueError(f"data.train_size {self.data.train_size} < parl.tasks_per_step x processes")
+        if self.data.train_size < self.parl.tasks_per_step:
+            raise ValueError(f"data.train_size {self.data.train_size} < parl.tasks_per_step")
 
+    def identity(self) -> dict[str, str]:
+        """The fields that define what a run computes, as reprs: a run may be resumed
+        (or evaluated) with other step counts, evaluation settings, checkpoint policy,
+        mesh or data directory, but not with another model, task set or training
+        configuration."""
+        same = dataclasses.replace(self, parl_steps=0, eval_sizes=(1,), eval_episodes=1, eval_every=0,
+                                   traces_per_eval=0, checkpoint=CheckpointConfig(), mesh=None,
+                                   data=dataclasses.replace(self.data, data_dir=None))
+        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)}
 
-class _Log:
-    """JSONL logs (and TensorBoard scalars when ``tensorboardX`` is installed). On resume
-    from PARL step ``s`` the logs keep the warm-start lines and everything before ``s``."""
-
-    NAMES = ("metrics.jsonl", "eval.jsonl", "traces.jsonl")
-
-    def __init__(self, workdir: str, resume_step: int | None):
-        if resume_step is not None:
-            for name in self.NAMES:
-                _truncate(os.path.join(workdir, name), resume_step)
-        mode = "a" if resume_step is not None else "w"
-        self.files = {name: open(os.path.join(workdir, name), mode) for name in self.NAMES}
-        try:
-            from tensorboardX import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(workdir, "tb"))
-        except ImportError:
-            self.tb = None
-
-    def write(self, name: str, record: dict) -> None:
-        self.files[name].write(json.dumps(record) + "\n")
-        self.files[name].flush()
-        if self.tb is not None and name != "traces.jsonl":
-            tag = record.get("stage") or f"eval/{record['policy']}/n{record['n']}"
-            step = record["step"]
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-                    self.tb.add_scalar(f"{tag}/{k}", v, step)
-
-    def close(self) -> None:
-        for f in self.files.values():
-            f.close()
-        if self.tb is not None:
-            self.tb.close()
-
-
-def _keep_line(row: dict, step: int) -> bool:
-    """Whether a log line was written before PARL step ``step`` was started."""
-    if "stage" in row:                                    # metrics.jsonl
-        return row["stage"] == "sft" or row["step"] < step
-    if "policy" in row:                                   # eval.jsonl
-        return row["policy"] == "warm_start" or row["step"] <= step
-    parts = row["trace_id"].split("-")                    # traces: <label>-s<step>-n<n>-<b>
-    return parts[0] == "warm_start" or int(parts[1][1:]) <= step
-
-
-def _truncate(path: str, step: int) -> None:
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        rows = [line for line in f if line.strip() and _keep_line(json.loads(line), step)]
-    with open(path, "w") as f:
-        f.writelines(rows)
+    def check_same_run(self, saved: dict[str, str], what: str) -> None:
+        """Raise ValueError naming the fields that differ from the run's ``identity()``."""
+        mine = self.identity()
+        diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
+        if diff:
+            raise ValueError(f"{what}: the config differs from the run's in {', '.join(diff)} "
+                             "(only step counts, evaluation, checkpoint, mesh and data_dir may change)")
 
 
 def _bar(total: int, desc: str, enabled: bool, initial: int = 0):
@@ -167,9 +145,9 @@ def _bar(total: int, desc: str, enabled: bool, initial: int = 0):
     return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True, leave=True)
 
 
-def eval_tasks(source, sizes: tuple[int, ...], episodes: int) -> dict[int, wsj.Tasks]:
-    """The first ``episodes`` held-out tasks of each size n in ``sizes`` (a data source
-    of task records, e.g. the test split). Raises ValueError if a size is short."""
+def eval_tasks(source, sizes: tuple[int, ...], episodes: int, split: str = "test") -> dict[int, wsj.Tasks]:
+    """The first ``episodes`` tasks of each size n in ``sizes`` from a data source of task
+    records (a held-out split), as host arrays. Raises ValueError if a size is short."""
     picked: dict[int, list[dict]] = {n: [] for n in sizes}
     for i in range(len(source)):
         rec = source[i]
@@ -181,24 +159,62 @@ def eval_tasks(source, sizes: tuple[int, ...], episodes: int) -> dict[int, wsj.T
     out = {}
     for n, recs in picked.items():
         if len(recs) < episodes:
-            raise ValueError(f"the test split has {len(recs)} tasks of size {n}, eval_episodes is {episodes}: "
-                             f"raise data.test_size")
+            raise ValueError(f"the {split} split has {len(recs)} tasks of size {n}, eval_episodes is {episodes}: "
+                             f"raise data.{split}_size")
         out[n] = wsj.Tasks(*(np.stack([np.asarray(r[k], np.int32) for r in recs])
                              for k in ("table", "entities", "n")))
     return out
+
+
+def _global(tasks: wsj.Tasks, mesh, local_slice: bool) -> wsj.Tasks:
+    """Host task arrays as global jax Arrays batch-sharded over ``mesh``: each process's
+    own slice of the batch (``local_slice``, from its data shard) or a batch every
+    process holds whole. With one process (or no mesh) a plain device put."""
+    if jax.process_count() == 1 or mesh is None:
+        return jax.tree.map(jax.numpy.asarray, tasks)
+
+    def one(x):
+        x = np.asarray(x)
+        if local_slice:
+            B = x.shape[0] * jax.process_count()
+            return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, batch_size=B), x)
+        sharding = batch_sharding(mesh, x.ndim, batch_size=x.shape[0])
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    return jax.tree.map(one, tasks)
 
 
 def _mean_f1(res: dict[int, dict[str, float]]) -> float:
     return float(np.mean([row["item_f1"] for row in res.values()]))
 
 
+def _prepare(job: TrainJob, workdir: str, progress: bool):
+    """The task set's sources; process 0 prepares (or finds) it before the others open it."""
+    from swarmjax.data import prepare
+
+    if not progress or jax.process_index() != 0:
+        import tensorflow_datasets as tfds
+        tfds.disable_progress_bar()
+    d = job.data
+    args = dict(env=job.parl.rollout.env, data_dir=d.data_dir or os.path.join(workdir, "data"),
+                train_size=d.train_size, validation_size=d.validation_size, test_size=d.test_size, seed=d.seed)
+    if jax.process_count() == 1:
+        return prepare(**args)
+    from jax.experimental import multihost_utils
+    if jax.process_index() == 0:
+        sources = prepare(**args)
+    multihost_utils.sync_global_devices("swarmjax: task set prepared")
+    return sources if jax.process_index() == 0 else prepare(**args)
+
+
 def run_job(job: TrainJob, workdir: str, progress: bool = True, resume: bool = False) -> dict[str, Any]:
     """Run the job (or continue it from its newest checkpoint with ``resume``); returns
-    the summary (also written to ``workdir``)."""
-    from swarmjax.data import prepare, task_iterator, to_tasks
+    the summary (also written to ``workdir`` by process 0)."""
+    from swarmjax.data import task_iterator, to_tasks
     from swarmjax.train.checkpoint import Checkpointer
 
     job.validate()
+    primary = jax.process_index() == 0
+    progress = progress and primary
     os.makedirs(workdir, exist_ok=True)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=job.checkpoint.every,
                         keep_last=job.checkpoint.keep_last, best_metric="item_f1",
@@ -211,25 +227,29 @@ def run_job(job: TrainJob, workdir: str, progress: bool = True, resume: bool = F
     if resume and latest is None:
         ckpt.close()
         raise ValueError(f"--resume: no finished checkpoint in {os.path.join(workdir, 'checkpoints')}")
-    with open(os.path.join(workdir, "config.txt"), "w") as f:
-        f.write(repr(job) + "\n")
     t_start = time.perf_counter()
     env = job.parl.rollout.env
     key = jax.random.key(job.seed)
     mesh = None if job.mesh is None else make_mesh(job.mesh)
 
-    data_dir = job.data.data_dir or os.path.join(workdir, "data")
-    sources = prepare(env, data_dir, train_size=job.data.train_size, validation_size=0,
-                      test_size=job.data.test_size, seed=job.data.seed)
-    held_out = eval_tasks(sources["test"], job.eval_sizes, job.eval_episodes)
-    train_iter = task_iterator(sources["train"], job.parl.tasks_per_step, seed=job.seed, env=env)
+    sources = _prepare(job, workdir, progress)
+    test = _global(eval_tasks(sources["test"], job.eval_sizes, job.eval_episodes, "test"), mesh, False)
+    valid = _global(eval_tasks(sources["validation"], job.eval_sizes, job.eval_episodes, "validation"), mesh, False)
+    local_tasks = job.parl.tasks_per_step // jax.process_count()
+    train_iter = task_iterator(sources["train"], local_tasks, seed=job.seed, env=env)
 
     trainer = PARLTrainer(job.model, job.parl, mesh=mesh)
     eval_engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=mesh)
     eval_key = jax.random.fold_in(key, 2)
 
-    if latest is None:                                # stage 1: warm start
-        log = _Log(workdir, None)
+    if latest is not None:                            # resume: the warm start is in the checkpoint
+        state, meta = _restore(job, trainer, ckpt, latest)
+        job.check_same_run(meta["job"], "--resume")
+        train_iter.set_state(meta["data"])
+        log = JobLog(workdir, meta["parl_step"], enabled=primary)
+        warm = jax.tree.map(jax.numpy.copy, state.frozen["workers"])   # the learner donates its state
+    else:                                             # stage 1: warm start
+        log = JobLog(workdir, None, enabled=primary)
         params = init_params(job.model, jax.random.fold_in(key, 0))
         bar = _bar(job.sft.steps, "warm start (SFT)", progress)
 
@@ -242,35 +262,37 @@ def run_job(job: TrainJob, workdir: str, progress: bool = True, resume: bool = F
         warm, sft_report = train_sft(params, job.model, dataclasses.replace(env, budget=None), job.sft, on_sft)
         bar.close()
         state = trainer.init(warm, worker_params=warm)
-        meta = {"parl_step": 0, "seed": job.seed, "wall_clock_s": 0.0, "data": None,
+        meta = {"parl_step": 0, "seed": job.seed, "wall_clock_s": 0.0, "data": train_iter.get_state(),
+                "job": job.identity(),
                 "sft_accuracy": {k: v for k, v in sft_report["after"].items() if k.endswith("_acc")}}
-    else:                                             # resume: the warm start is in the checkpoint
-        state, meta = _restore(job, trainer, ckpt, latest)
-        train_iter.set_state(meta["data"])
-        log = _Log(workdir, meta["parl_step"])
-        warm = jax.tree.map(jax.numpy.copy, state.frozen["workers"])   # the learner donates its state
+    if primary:
+        with open(os.path.join(workdir, "config.txt"), "w") as f:
+            f.write(repr(job) + "\n")
 
-    def run_eval(policy, label: str, step: int) -> dict[int, dict[str, float]]:
+    def run_eval(policy, label: str, step: int, split: str) -> dict[int, dict[str, float]]:
         kept: dict = {}
-        res = evaluate(eval_engine, policy, warm, held_out, eval_key, kept)
+        res = evaluate(eval_engine, policy, warm, test if split == "test" else valid, eval_key, kept)
         for n, row in res.items():
-            log.write("eval.jsonl", {"policy": label, "step": step, "n": n, **row})
-            tasks, result = kept[n]
-            for tr in rollout_traces(eval_engine.rcfg.env, tasks, result, prefix=f"{label}-s{step}-n{n}",
-                                     limit=job.traces_per_eval):
-                log.write("traces.jsonl", tr)
+            log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
+            if primary and split == "test":
+                tasks, result = kept[n]
+                for tr in rollout_traces(eval_engine.rcfg.env, tasks, result, prefix=f"{label}-s{step}-n{n}",
+                                         limit=job.traces_per_eval):
+                    log.write("traces.jsonl", tr)
         return res
 
     if latest is None:
-        meta["warm_eval"] = {str(n): row for n, row in run_eval(warm, "warm_start", 0).items()}
+        meta["warm_eval"] = {str(n): row for n, row in run_eval(warm, "warm_start", 0, "test").items()}
+        meta["wall_clock_s"] = time.perf_counter() - t_start
+        t_start = time.perf_counter()
+        ckpt.save(0, state, meta, force=True)        # the warm start survives a crash in PARL
     warm_eval = {int(n): row for n, row in meta["warm_eval"].items()}
 
     # stage 2: PARL with the warm start frozen as sub-agents
     start = meta["parl_step"]
-    final_eval = {int(n): row for n, row in meta.get("last_eval", meta["warm_eval"]).items()}
     bar = _bar(job.parl_steps, "PARL", progress, initial=min(start, job.parl_steps))
     for i in range(start, job.parl_steps):
-        tasks = to_tasks(next(train_iter))
+        tasks = _global(to_tasks(next(train_iter)), mesh, True)
         state, m = trainer.step(state, jax.random.fold_in(jax.random.fold_in(key, 3), i), step=i, tasks=tasks)
         m["tok_s"] = m["sampled_tokens"] / max(m["rollout_s"], 1e-9)
         log.write("metrics.jsonl", {"stage": "parl", "step": i, **m})
@@ -280,32 +302,31 @@ def run_job(job: TrainJob, workdir: str, progress: bool = True, resume: bool = F
         done = i + 1
         metrics = None
         if done == job.parl_steps or (job.eval_every and done % job.eval_every == 0):
-            final_eval = run_eval(state.params, "parl", done)
-            metrics = {"item_f1": _mean_f1(final_eval)}
-            meta["last_eval"] = {str(n): row for n, row in final_eval.items()}
+            metrics = {"item_f1": _mean_f1(run_eval(state.params, "parl", done, "validation"))}
+        if done == job.parl_steps:
+            meta["final_eval"] = {str(n): row for n, row in run_eval(state.params, "final", done, "test").items()}
         meta.update(parl_step=done, data=train_iter.get_state(),
                     wall_clock_s=meta["wall_clock_s"] + time.perf_counter() - t_start)
         t_start = time.perf_counter()
-        ckpt.save(done, state, meta, metrics=metrics, force=done == job.parl_steps)
+        ckpt.save(done, state, meta, metrics=metrics, force=metrics is not None)
     bar.close()
-    if job.parl_steps == 0 or start >= job.parl_steps:
-        ckpt.save(max(start, job.parl_steps), state, meta, force=True)
     ckpt.close()
     log.close()
 
-    wall = meta["wall_clock_s"] + time.perf_counter() - t_start
+    final_eval = {int(n): row for n, row in meta.get("final_eval", meta["warm_eval"]).items()}
     summary = {
         "warm_start": {str(n): {k: row[k] for k in EVAL_KEYS} for n, row in warm_eval.items()},
         "final": {str(n): {k: row[k] for k in EVAL_KEYS} for n, row in final_eval.items()},
         "sft_accuracy": meta["sft_accuracy"],
-        "wall_clock_s": wall,
-        "parl_steps": job.parl_steps, "device": jax.devices()[0].device_kind,
+        "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - t_start,
+        "parl_steps": meta["parl_step"], "device": jax.devices()[0].device_kind,
     }
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    with open(os.path.join(workdir, "summary.md"), "w") as f:
-        f.write(summary_table(summary) + "\n")
-    _curves(workdir)
+    if primary:
+        with open(os.path.join(workdir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        with open(os.path.join(workdir, "summary.md"), "w") as f:
+            f.write(summary_table(summary) + "\n")
+        curves(workdir)
     return summary
 
 
@@ -317,21 +338,25 @@ def _restore(job: TrainJob, trainer: PARLTrainer, ckpt, step: int):
     key = jax.random.key(0)
     shapes = jax.eval_shape(lambda: trainer.init(init_params(job.model, key), init_params(job.model, key)))
     shardings = (trainer.learner.state_shardings(shapes) if trainer.learner.mesh is not None
-                 else jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+                 else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
     return ckpt.restore(step, abstract_state(shapes, shardings))
 
 
-def evaluate_checkpoint(job: TrainJob, workdir: str, which: str = "latest",
-                        sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
+def evaluate_checkpoint(job: TrainJob, workdir: str, which: str = "latest", split: str = "test"
+                        ) -> dict[str, Any]:
     """Evaluate a checkpoint of ``workdir`` (``which``: "latest", "best" or a PARL step)
-    and its frozen warm start on the held-out tasks, budget lifted. Returns
-    ``{"step": s, "warm_start": {n: row}, "final": {n: row}}`` (rows as in the summary)."""
-    from swarmjax.data import prepare
+    and its frozen warm start on held-out tasks of ``split`` (the run's own task set),
+    budget lifted, for ``job.eval_sizes``. Opens the checkpoints read-only, so it can run
+    beside the training job. Returns ``{"step": s, "warm_start": {n: row}, "final": {n: row}}``."""
     from swarmjax.train.checkpoint import Checkpointer
 
     job.validate()
-    sizes = tuple(sizes or job.eval_sizes)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=job.checkpoint.every)
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        raise ValueError(f"no checkpoints in {workdir}")
+    if split not in ("validation", "test"):
+        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
+    ckpt = Checkpointer(directory, save_every=job.checkpoint.every, read_only=True)
     try:
         step = {"latest": ckpt.latest_step, "best": ckpt.best_step}.get(which, lambda: None)()
         if step is None and which not in ("latest", "best"):
@@ -339,16 +364,15 @@ def evaluate_checkpoint(job: TrainJob, workdir: str, which: str = "latest",
                 raise ValueError(f"checkpoint must be 'latest', 'best' or a step number, got {which!r}")
             step = int(which)
         if step is None:
-            raise ValueError(f"no {which} checkpoint in {os.path.join(workdir, 'checkpoints')}")
+            raise ValueError(f"no {which} checkpoint in {directory}")
         mesh = None if job.mesh is None else make_mesh(job.mesh)
         trainer = PARLTrainer(job.model, job.parl, mesh=mesh)
-        state, _ = _restore(job, trainer, ckpt, step)
+        state, meta = _restore(job, trainer, ckpt, step)
     finally:
         ckpt.close()
-    sources = prepare(job.parl.rollout.env, job.data.data_dir or os.path.join(workdir, "data"),
-                      train_size=job.data.train_size, validation_size=0, test_size=job.data.test_size,
-                      seed=job.data.seed)
-    tasks = eval_tasks(sources["test"], sizes, job.eval_episodes)
+    job.check_same_run(meta["job"], "swarmjax eval")
+    sources = _prepare(job, workdir, progress=False)
+    tasks = _global(eval_tasks(sources[split], job.eval_sizes, job.eval_episodes, split), mesh, False)
     engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=mesh)
     key = jax.random.fold_in(jax.random.key(job.seed), 2)
     warm = state.frozen["workers"]
@@ -357,41 +381,3 @@ def evaluate_checkpoint(job: TrainJob, workdir: str, which: str = "latest",
         out[label] = {str(n): {k: row[k] for k in EVAL_KEYS}
                       for n, row in evaluate(engine, params, warm, tasks, key).items()}
     return out
-
-
-def summary_table(summary: dict[str, Any]) -> str:
-    """Markdown: per task size, warm start vs final policy."""
-    lines = ["| n | policy | item-F1 | critical steps | total steps | sub-agents | no-spawn |",
-             "|---|---|---|---|---|---|---|"]
-    for n in summary["warm_start"]:
-        for label in ("warm_start", "final"):
-            r = summary[label][n]
-            lines.append(f"| {n} | {label.replace('_', ' ')} | {r['item_f1']:.3f} | {r['critical_steps']:.2f} | "
-                         f"{r['total_steps']:.2f} | {r['subagents']:.2f} | {r['no_spawn_fraction']:.2f} |")
-    if "wall_clock_s" in summary:
-        lines.append(f"\nwall clock {summary['wall_clock_s']:.0f} s on {summary['device']}, "
-                     f"{summary['parl_steps']} PARL steps")
-    return "\n".join(lines)
-
-
-def _curves(workdir: str) -> None:
-    """curves.png: SFT loss; PARL reward, item-F1, critical steps and sub-agents per step."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-    parl = [r for r in rows if r["stage"] == "parl"]
-    sft = [r for r in rows if r["stage"] == "sft"]
-    fig, axes = plt.subplots(1, 5, figsize=(20, 3.4))
-    axes[0].plot([r["step"] for r in sft], [r["loss"] for r in sft])
-    axes[0].set_title("SFT loss")
-    for ax, k in zip(axes[1:], ("reward", "item_f1", "critical_steps", "subagents")):
-        ax.plot([r["step"] for r in parl], [r[k] for r in parl])
-        ax.set_title(f"PARL {k}")
-        ax.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(os.path.join(workdir, "curves.png"), dpi=100)
-    plt.close(fig)

@@ -94,9 +94,14 @@ class PARLTrainer:
 
     def init(self, params: Any, worker_params: Any) -> TrainState:
         """Train state over copies of ``params``; the frozen sub-agents ride along in
-        ``state.frozen["workers"]`` (copied too: the learner donates its state)."""
+        ``state.frozen["workers"]`` (copied too: the learner donates its state). With a
+        KL term (``update.loss.kl_beta > 0``) the reference policy is the starting
+        orchestrator, ``state.frozen["reference"]``."""
         copy = lambda tree: jax.tree.map(jnp.copy, tree)
-        return self.learner.init(copy(params), frozen={"workers": copy(worker_params)})
+        frozen = {"workers": copy(worker_params)}
+        if self.cfg.update.loss.kl_beta > 0:
+            frozen["reference"] = copy(params)
+        return self.learner.init(copy(params), frozen=frozen)
 
     def _rewards_impl(self, result: RolloutResult, group_ids: Array, step: Array):
         reward, channels = episode_rewards(result, self.cfg.parl, step)
