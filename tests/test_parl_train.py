@@ -64,8 +64,9 @@ def test_dynamic_sampling_masks_uniform_groups(trainer):
 
 
 def test_kl_to_the_warm_start(trainer):
-    """With kl_beta > 0 the starting orchestrator is kept as the KL reference; the KL
-    is 0 at the first step and the reference stays frozen."""
+    """With kl_beta > 0 the starting orchestrator is kept as the KL reference: the KL
+    term is reported (positive once the first minibatch moved the params) and the
+    reference stays frozen."""
     loss = dataclasses.replace(trainer.cfg.update.loss, kl_beta=0.1)
     t = PARLTrainer(CFG, dataclasses.replace(trainer.cfg, update=dataclasses.replace(trainer.cfg.update, loss=loss)))
     params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(CFG, jax.random.key(0)))
@@ -73,7 +74,7 @@ def test_kl_to_the_warm_start(trainer):
     ref = jax.tree.map(np.asarray, state.frozen["reference"])
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, ref, jax.tree.map(np.asarray, params))))
     state, m = t.step(state, jax.random.key(1), step=0)
-    assert "learner/kl_ref" in m and 0.0 <= m["learner/kl_ref"] < 1e-2
+    assert "learner/kl_ref" in m and m["learner/kl_ref"] > 0.0
     same = jax.tree.map(lambda a, b: np.array_equal(a, np.asarray(b)), ref, state.frozen["reference"])
     assert all(jax.tree.leaves(same))
 
