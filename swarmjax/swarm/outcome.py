@@ -16,6 +16,16 @@ from swarmjax.swarm.engine import RolloutResult
 Array = jax.Array
 
 
+def _asked(result: RolloutResult, tok: Array) -> Array:
+    """Whether each token of ``tok`` [B, ...] is an entity the episode asked for (the
+    ``e..`` of the orchestrator prompt ``<orch> <task> e.. </task>``, n = ``truth``)."""
+    task = result.tokens[:, 2:result.tokens.shape[1]]                            # [B, C - 2]
+    task_ok = jnp.arange(task.shape[1])[None] < result.truth[:, None]
+    flat = tok.reshape(tok.shape[0], -1)
+    hit = jnp.any((flat[..., None] == task[:, None, :]) & task_ok[:, None, :], -1)
+    return hit.reshape(tok.shape)
+
+
 def novel_subagents(result: RolloutResult) -> Array:
     """Sub-agents per episode [B] whose spawn block holds at least one asked-for entity
     that no earlier sub-agent of the episode was given (the count ``r_parallel`` uses).
@@ -29,10 +39,7 @@ def novel_subagents(result: RolloutResult) -> Array:
     close = jnp.argmax(tok == wsj.T["</task>"], axis=-1)                        # [B, K]
     live = jnp.arange(K)[None] < result.spawned[:, None]                        # [B, K]
     block = (w >= 2) & (w < close[..., None]) & live[..., None]                 # [B, K, W]
-    N = result.tokens.shape[1] - 2
-    task = result.tokens[:, 2:2 + N]                                            # [B, N]
-    task_ok = jnp.arange(task.shape[1])[None] < result.truth[:, None]          # [B, N]
-    asked = jnp.any((tok[..., None] == task[:, None, None, :]) & task_ok[:, None, None, :], -1)  # [B, K, W]
+    asked = _asked(result, tok)                                                 # [B, K, W]
     same = tok[:, :, :, None, None] == tok[:, None, None, :, :]                 # [B, K, W, K', W']
     earlier = jnp.arange(K)[None, :] < jnp.arange(K)[:, None]                   # [K, K']: k' < k
     seen = jnp.any(same & block[:, None, None] & earlier[None, :, None, :, None], axis=(-2, -1))
@@ -47,10 +54,7 @@ def returned_entities(result: RolloutResult) -> Array:
     ok = result.worker_ok & (jnp.arange(K)[None] < result.spawned[:, None])            # [B, K]
     pair = (j % 2 == 0) & (j + 1 < result.worker_return_len[..., None]) & ok[..., None]  # [B, K, W]
     ent = jnp.where(pair, result.worker_return, -1).reshape(B, K * W)                   # [B, KW]
-    N = result.tokens.shape[1] - 2
-    task = result.tokens[:, 2:2 + N]
-    task_ok = jnp.arange(task.shape[1])[None] < result.truth[:, None]
-    asked = jnp.any((ent[..., None] == task[:, None, :]) & task_ok[:, None, :], -1) & (ent >= 0)   # [B, KW]
+    asked = _asked(result, ent) & (ent >= 0)                                     # [B, KW]
     first = ~jnp.any((ent[:, :, None] == ent[:, None, :]) & jnp.tril(jnp.ones((K * W,) * 2, bool), -1)[None],
                      -1)                                                                 # no earlier copy
     return jnp.sum(asked & first, -1).astype(jnp.int32)
