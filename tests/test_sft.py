@@ -28,13 +28,44 @@ def test_demonstrations_follow_the_protocol():
         assert out.end_reason == "answer"
         # the answer holds only true values the orchestrator saw (no made-up values)
         assert all(ep.table[e] == v for e, v in out.answer)
-        returned = {e for r in (r for s in out.stages for r in s["results"]) if r for e, _ in r}
+        returned = [e for r in (r for s in out.stages for r in s["results"]) if r for e, _ in r]
         if out.spawned:
             delegated += 1
-            assert {e for e, _ in out.answer} == returned
+            # exactly the pairs that came back, in the order they came back
+            assert [e for e, _ in out.answer] == returned
         else:
             assert [e for e, _ in out.answer] == ep.task and out.critical_steps == len(ep.task) + 1
     assert 60 < delegated < 140
+
+
+def test_demonstrations_answer_what_a_cut_short_worker_returned():
+    # a worker context of 24 holds two lookups and their return; given three entities,
+    # a worker returns the two pairs it said before its context filled up
+    env = WideSearchConfig(num_entities=16, num_values=8, max_task_size=8, max_subagents=4,
+                           subagent_steps=4, budget=None, orch_context=96, worker_context=24)
+    rng, partial = random.Random(1), 0
+    for _ in range(100):
+        out = episode_demo(env, Episode.sample(env, rng), rng, spawn_fraction=1.0, max_chunk=3)
+        if not out.spawned:                  # one-entity tasks are never delegated
+            continue
+        results = [r for s in out.stages for r in s["results"]]
+        partial += any(r and len(r) == 2 and len(c) == 3 for r, c in zip(results, _blocks(out), strict=True))
+        assert [e for e, _ in out.answer] == [e for r in results if r for e, _ in r]
+    assert partial > 10
+
+
+def _blocks(out):
+    """The spawn blocks of an episode's orchestrator, in order."""
+    blocks, cur = [], None
+    for tok in out.orch_tokens:
+        if tok == V["<spawn>"]:
+            cur = []
+        elif tok == V["</spawn>"]:
+            blocks.append(cur)
+            cur = None
+        elif cur is not None:
+            cur.append(tok)
+    return blocks
 
 
 def test_loss_counts_only_said_tokens():

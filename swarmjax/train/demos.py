@@ -60,9 +60,13 @@ def episode_demo(cfg: WideSearchConfig, ep: Episode, rng: random.Random, spawn_f
     n = len(ep.task)
     if n > 1 and rng.random() < spawn_fraction:
         chunks = random_chunks(ep, max_chunk, cfg.max_subagents, rng)
-        # the orchestrator answers only what its sub-agents returned (no made-up values)
-        seen = [e for c in chunks if scripts.worker_succeeds(cfg, c) for e in c]
-        answer = [e for e in ep.task if e in seen]
+        # the orchestrator answers exactly the pairs its sub-agents returned, in the order
+        # they came back (no made-up values; a worker cut short by its context returns
+        # the pairs it said): first run to see the results, then with that answer
+        orch, work = scripts.delegate(cfg, ep, chunks, [])
+        out = simulate(cfg, ep, scripted(orch), scripted([]), workers=[scripted(w) for w in work])
+        answer = list(dict.fromkeys(e for st in out.stages for pairs in st["results"] if pairs
+                                    for e, _ in pairs))
         orch, work = scripts.delegate(cfg, ep, chunks, answer)
         out = simulate(cfg, ep, scripted(orch), scripted([]), workers=[scripted(w) for w in work])
     else:
