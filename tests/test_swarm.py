@@ -170,11 +170,13 @@ def test_scripted_shapes(engines):
     orch.append(v.encode(f"<spawn> e{eps[7].task[0]} </spawn> <answer> </answer>"))
     workers.append([])
     result, refs = run_scripted(engine, cfg, params, eps, orch, workers)
-    assert [r.end_reason for r in refs[:5]] == ["budget", "answer", "answer", "answer", "answer"]
+    assert [r.end_reason for r in refs[:5]] == ["budget", "answer", "answer", "answer", "budget"]
     # 8x2 = 1+3+1, 4x4 = 1+5+1; 2x8 needs 9 steps per worker > S_sub = 5: both fail at 5
     assert [r.critical_steps for r in refs[1:4]] == [5, 7, 7]
-    # 16 blocks: the 9th <spawn> breaks the turn (K = 8); the rest is read as new turns
-    assert refs[4].stages[0]["worker_steps"] == [] and refs[4].orch_tokens.count(v["<fail>"]) >= 1
+    # 16 blocks: the environment launches the first 8 (K = 8) with its own <wait>; the
+    # 9th <spawn> and what follows are read as malformed turns until the budget ends it
+    assert refs[4].stages[0]["worker_steps"] == [2] * 8 and refs[4].spawned == 8
+    assert refs[4].orch_tokens.count(v["<fail>"]) >= 1
     assert (refs[1].finished, refs[2].finished, refs[3].finished) == (8, 4, 0)
     assert refs[5].stages[0]["worker_steps"] == [5, 2] and refs[5].finished == 1
 

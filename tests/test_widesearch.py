@@ -110,15 +110,23 @@ def test_malformed_turns_get_fail_and_cost_a_step(bad, turns):
     assert V.decode(out.orch_tokens).split().count("<fail>") == turns
 
 
-def test_too_many_subagents_is_malformed():
+def test_the_kth_subagent_ends_the_spawn_turn():
+    # K = 2: after the second block the environment says <wait> and launches both;
+    # asking for a third sub-agent later is a malformed turn
     cfg = WideSearchConfig(budget=None, max_subagents=2)
     ep = Episode.sample(cfg, random.Random(3), n=3)
     orch = []
     for e in ep.task:
         orch += [V["<spawn>"], V.entity(e), V["</spawn>"]]
-    orch += [V["<wait>"], V["<answer>"], V["</answer>"]]
-    out = simulate(cfg, ep, scripted(orch), scripted([]))
-    assert out.spawned == 0 and "<fail>" in V.decode(out.orch_tokens)
+    orch += [V["<answer>"], V["</answer>"]]
+    work = [scripted(scripts.worker(cfg, ep, [e])) for e in ep.task[:2]]
+    out = simulate(cfg, ep, scripted(orch), scripted([]), workers=work)
+    assert out.spawned == out.finished == 2 and out.end_reason == "answer"
+    toks = V.decode(out.orch_tokens).split()
+    wait = toks.index("<wait>")
+    assert toks[wait - 1] == "</spawn>" and not out.sampled[wait]      # said by the environment
+    assert toks[wait + 1:].count("<fail>") == 3     # the third <spawn>, its entity, its </spawn>
+    assert out.critical_steps == 1 + 2 + 3 + 1      # spawn, worker (lookup + return), fails, answer
 
 
 def test_budget_stops_serial_work():

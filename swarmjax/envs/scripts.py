@@ -32,11 +32,15 @@ def worker(cfg: WideSearchConfig, ep: Episode, entities: Sequence[int]) -> list[
 
 def delegate(cfg: WideSearchConfig, ep: Episode, chunks: Sequence[Sequence[int]],
              answer_entities: Sequence[int] | None = None) -> tuple[list[int], list[list[int]]]:
-    """Spawn one sub-agent per chunk, wait, answer (``answer_entities``, default the task).
+    """Spawn one sub-agent per chunk, wait, answer (``answer_entities``, default the task);
+    the orchestrator of a first stage of K chunks does not say the ``<wait>`` (the
+    environment does).
     Returns the orchestrator's script and one script per sub-agent (spawn order)."""
     v = Vocab(cfg)
     orch = [t for c in chunks for t in (v["<spawn>"], *(v.entity(e) for e in c), v["</spawn>"])]
-    return orch + [v["<wait>"]] + answer(cfg, ep, answer_entities), [worker(cfg, ep, c) for c in chunks]
+    # after the K-th block the environment says <wait> itself
+    wait = [v["<wait>"]] if len(chunks) < cfg.max_subagents else []
+    return orch + wait + answer(cfg, ep, answer_entities), [worker(cfg, ep, c) for c in chunks]
 
 
 def worker_succeeds(cfg: WideSearchConfig, chunk: Sequence[int]) -> bool:

@@ -10,10 +10,15 @@ Protocol decisions where DESIGN.md is silent (the engine must match them):
 
 * A turn that starts with an unexpected token, a lookup of a non-entity, a spawn
   block with no entities, a non-entity inside a block, a block of more than
-  ``worker_context - 4`` entities, a ``<spawn>`` that would open sub-agent number
-  ``max_subagents + 1`` of the episode, or a worker turn other than lookup/return:
+  ``worker_context - 4`` entities, a ``<spawn>`` turn after ``max_subagents``
+  sub-agents of the episode were spawned, or a worker turn other than lookup/return:
   the environment appends ``<fail>``; the turn counts as one step of that agent,
   and it ends at the token that broke it (what follows is read as the next turn).
+* The block that opens the episode's ``max_subagents``-th sub-agent ends the spawn
+  turn: after its ``</spawn>`` the environment says ``<wait>`` and launches the stage
+  (the orchestrator cannot ask for more, so it is not asked). With a ninth
+  ``<spawn>`` failing the whole stage instead, RL learnt to stop one sub-agent short
+  of K (seen in our runs: 7 of 8 at n = 16, never exploring the eighth).
 * An answer ends the episode with the pairs parsed before the first token that
   breaks the ``e v`` pattern (a malformed answer is a short answer); a worker's
   return likewise.
@@ -289,10 +294,13 @@ def _read_spawn(cfg: WideSearchConfig, vocab: Vocab, agent: Agent, spawned: int)
                 return None
             blocks[-1].append(tok - vocab.entity_base)
         elif tok == vocab["</spawn>"] and blocks[-1]:
+            if spawned + len(blocks) >= cfg.max_subagents:
+                agent.hear(vocab["<wait>"])      # the K-th sub-agent: the environment launches
+                return blocks
             nxt = yield from _say(agent)
             if nxt == vocab["<wait>"]:
                 return blocks
-            if nxt != vocab["<spawn>"] or spawned + len(blocks) >= cfg.max_subagents:
+            if nxt != vocab["<spawn>"]:
                 return None
             blocks.append([])
         else:

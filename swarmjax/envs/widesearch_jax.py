@@ -7,7 +7,8 @@ docstring lists them); the differential tests drive both with the same tokens.
 Each agent is a small state machine whose ``phase`` says what its next context
 token is: one the agent samples (``TURN``, ``LOOKUP_ARG``, ``SPAWN_*``, ``ANS_*``,
 ``RET_*``) or one the environment forces (``ENV`` replays a queued tool reply,
-``RESULTS`` the sub-agents' results, ``PROMPT`` a sub-agent's task). One call to
+``RESULTS`` the sub-agents' results, ``PROMPT`` a sub-agent's task; ``SPAWN_NEXT``
+is forced to ``<wait>`` after the block of the episode's K-th sub-agent). One call to
 :func:`episode_tick` appends at most one token to every agent of an episode:
 
 1. the orchestrator emits (its sampled token, or the forced one) and parses it;
@@ -195,10 +196,13 @@ def orch_emit(cfg: WideSearchConfig, o: OrchState, w: WorkerState, table: Array,
     K, C = cfg.max_subagents, cfg.orch_context
     budget = cfg.budget if cfg.budget is not None else jnp.iinfo(jnp.int32).max - 1
     ph = o.phase
-    is_sample = _in(ph, O_SAMPLES)
+    # after the block of the episode's K-th sub-agent the environment says <wait>
+    at_cap = (ph == O_SPAWN_NEXT) & (o.spawned + o.nblocks >= K)
+    is_sample = _in(ph, O_SAMPLES) & ~at_cap
     res_tok, res_last = _result_token(w, o.res_k, o.res_j)
-    forced = jnp.where(ph == O_ENV, o.queue[jnp.clip(o.qpos, 0, 1)], res_tok)
-    wants = is_sample | (ph == O_ENV) | (ph == O_RESULTS)
+    forced = jnp.where(at_cap, T["<wait>"],
+                       jnp.where(ph == O_ENV, o.queue[jnp.clip(o.qpos, 0, 1)], res_tok))
+    wants = is_sample | at_cap | (ph == O_ENV) | (ph == O_RESULTS)
     over_budget = (ph == O_TURN) & (o.critical + 1 > budget)
     full = o.ctx_len >= C
     emit = wants & ~over_budget & ~full
@@ -237,10 +241,11 @@ def orch_emit(cfg: WideSearchConfig, o: OrchState, w: WorkerState, table: Array,
     ntask = w.ntask.at[jnp.clip(slot, 0, K - 1)].set(
         jnp.where(add_ent, o.nents + 1, w.ntask[jnp.clip(slot, 0, K - 1)]))
     nents = jnp.where(add_ent, o.nents + 1, nents)
-    # SPAWN_NEXT: <wait> launches the stage, <spawn> opens another block
+    # SPAWN_NEXT: <wait> (said, or forced at the K-th sub-agent) launches the stage,
+    # <spawn> opens another block
     sn = emit & (ph == O_SPAWN_NEXT)
     launch = sn & (tok == T["<wait>"])
-    reopen = sn & (tok == T["<spawn>"]) & (o.spawned + o.nblocks < K)
+    reopen = sn & (tok == T["<spawn>"]) & ~at_cap
     fail |= sn & ~launch & ~reopen
     nxt = jnp.where(launch, O_WAIT, jnp.where(reopen, O_SPAWN_ENT, nxt))
     nblocks = jnp.where(reopen, o.nblocks + 1, nblocks)
