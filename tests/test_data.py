@@ -151,6 +151,27 @@ def test_resume_from_state(sources, skip):
                 np.testing.assert_array_equal(got[k], want[k])
 
 
+def test_focus_oversamples_large_tasks_and_resumes(sources):
+    src = sources["train"]
+    base = np.mean([int(src[i]["n"]) >= 12 for i in range(len(src))])     # about 5/16
+    it = task_iterator(src, 8, seed=1, focus_min_n=12, focus_fraction=0.5)
+    batches = [next(it) for _ in range(40)]                                # 2.5 epochs of the focus stream
+    large = np.mean([b["n"] >= 12 for b in batches])
+    assert large == pytest.approx(0.5 + 0.5 * base, abs=0.08) and large > base + 0.2
+    ids = [t for b in batches[:8] for t in b["task_id"]]
+    assert len(set(ids)) > 48                     # both streams shuffled, not one task repeated
+    state = json.loads(json.dumps(it.get_state()))
+    want = [next(it) for _ in range(3)]
+    resumed = task_iterator(src, 8, seed=1, focus_min_n=12, focus_fraction=0.5)
+    resumed.set_state(state)
+    for w in want:
+        np.testing.assert_array_equal(next(resumed)["task_id"], w["task_id"])
+    for kwargs in (dict(focus_fraction=1.0, focus_min_n=12), dict(focus_fraction=0.5),
+                   dict(focus_fraction=0.5, focus_min_n=17), dict(focus_fraction=0.5, focus_min_n=12, num_epochs=1)):
+        with pytest.raises(ValueError):
+            task_iterator(src, 8, seed=1, **kwargs)
+
+
 @pytest.mark.parametrize("count", [2, 3])
 def test_process_shards_disjoint(sources, count):
     src = sources["validation"]   # 32 records

@@ -57,10 +57,18 @@ class DataConfig:
     validation_size: int = 2048    # periodic evaluations (first tasks of each size n); best checkpoint
     test_size: int = 2048          # the summary's warm-start vs final comparison
     seed: int = 0                  # generation seed of the task set (splits use disjoint streams)
+    # PARL oversampling of large tasks: this fraction of the tasks comes from the train
+    # tasks with n >= focus_min_n (the rest from all of them); evaluations stay uniform
+    focus_fraction: float = 0.0
+    focus_min_n: int | None = None
 
     def __post_init__(self):
         if min(self.train_size, self.validation_size, self.test_size) < 1:
             raise ValueError("data.train_size, data.validation_size and data.test_size must be >= 1")
+        if not 0.0 <= self.focus_fraction < 1.0:
+            raise ValueError(f"data.focus_fraction must be in [0, 1), got {self.focus_fraction}")
+        if self.focus_fraction > 0 and self.focus_min_n is None:
+            raise ValueError("data.focus_fraction > 0 needs data.focus_min_n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +126,9 @@ class TrainJob:
                             ("eval_episodes", self.eval_episodes)):
                 if b % data:
                     raise ValueError(f"{name} = {b} is not divisible by the mesh's data x fsdp = {data}")
+        if self.data.focus_fraction > 0 and not env.min_task_size <= self.data.focus_min_n <= env.max_task_size:
+            raise ValueError(f"data.focus_min_n {self.data.focus_min_n} is outside the task sizes "
+                             f"{env.min_task_size}..{env.max_task_size}")
         if self.data.train_size < self.parl.tasks_per_step:
             raise ValueError(f"data.train_size {self.data.train_size} < parl.tasks_per_step")
 
@@ -236,7 +247,8 @@ def run_job(job: TrainJob, workdir: str, progress: bool = True, resume: bool = F
     test = _global(eval_tasks(sources["test"], job.eval_sizes, job.eval_episodes, "test"), mesh, False)
     valid = _global(eval_tasks(sources["validation"], job.eval_sizes, job.eval_episodes, "validation"), mesh, False)
     local_tasks = job.parl.tasks_per_step // jax.process_count()
-    train_iter = task_iterator(sources["train"], local_tasks, seed=job.seed, env=env)
+    train_iter = task_iterator(sources["train"], local_tasks, seed=job.seed, env=env,
+                               focus_min_n=job.data.focus_min_n, focus_fraction=job.data.focus_fraction)
 
     trainer = PARLTrainer(job.model, job.parl, mesh=mesh)
     eval_engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=mesh)
