@@ -2,15 +2,16 @@
 
 Wide-search with n up to 16 and up to 8 sub-agents of <= 2 lookups (worker context 24
 fits two), critical-step budget 8 (serial work at n = 16 needs 17; the best split 5),
-a 0.6M-parameter Qwen3 trained for both roles by the warm start (32k fresh
-demonstrations, 30% of them delegating the whole task over random chunks of 1-3
-entities; greedy decoding of the result is serial),
-then PARL with GSPO and Muon.
+a 0.6M-parameter Qwen3 trained for both roles by the warm start (2000 steps on 32k
+fresh demonstrations, 30% of them delegating the whole task over random chunks of 1-3
+entities and answering what came back; greedy decoding of the result is serial),
+then 300 PARL steps with GSPO and Muon, half of each batch drawn from the tasks with
+n >= 12 (the only ones where the 7th and 8th sub-agent matter).
 PARL channels (our closed forms, see swarmjax/rl/parl.py): r_parallel = "work", the
 asked-for entities that came back from sub-agents / 16 (a one-entity task earns 1/16
 for delegating, less than the steps it costs), weight 0.3; r_finish = returned /
-spawned (1 when none), weight 0.3; both annealed linearly to 0 over 200 of the 250
-PARL steps; step cost 0.005. About 7.5 minutes on 2 CPU cores.
+spawned (1 when none), weight 0.3; both annealed linearly to 0 over 200 PARL steps;
+step cost 0.005. About 12 minutes on 2 CPU cores.
 """
 
 from swarmjax.envs.widesearch import Vocab, WideSearchConfig
@@ -32,13 +33,13 @@ def get_config() -> TrainJob:
     return TrainJob(
         model=ModelConfig(vocab_size=Vocab(ENV).size, hidden_size=128, num_layers=3, num_heads=4,
                           num_kv_heads=2, head_dim=32, intermediate_size=384),
-        sft=SFTConfig(steps=1000, batch=32, demos=32768, spawn_fraction=0.3, max_chunk=3,
-                      optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=1000)),
+        sft=SFTConfig(steps=2000, batch=32, demos=32768, spawn_fraction=0.3, max_chunk=3,
+                      optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=2000)),
         parl=PARLTrainConfig(
             rollout=RolloutConfig(env=ENV),
             parl=PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=200, parallel="work", parallel_target=16),
             tasks_per_step=8, group_size=8, dynamic_sampling=True,
             update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4, optim=OptimConfig(learning_rate=3e-4))),
-        data=DataConfig(train_size=20000, test_size=2048),
+        data=DataConfig(train_size=20000, test_size=2048, focus_fraction=0.5, focus_min_n=12),
         checkpoint=CheckpointConfig(every=50, keep_last=2),
-        parl_steps=250, eval_sizes=(1, 4, 8, 16), eval_episodes=32, eval_every=50, seed=0)
+        parl_steps=300, eval_sizes=(1, 4, 8, 16), eval_episodes=32, eval_every=50, seed=0)

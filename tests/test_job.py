@@ -107,6 +107,8 @@ def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
     ("parl.rollout.env.budget=4", "below 5, the fewest critical steps"),
     ("mesh.data=3", "needs 3 devices"),
     ("mesh.tensor=2", "not divisible by the mesh's data x fsdp = 4"),
+    ("data.focus_min_n=20", "data.focus_min_n 20 is outside the task sizes 1..16"),
+    ("data.focus_fraction=1.0", "data.focus_fraction must be in [0, 1)"),
 ])
 def test_bad_config_is_one_line(tmp_path, override, message, capsys):
     args = ["train", "--config", CONFIG, "--workdir", str(tmp_path / "x"), "--set", "eval_episodes=6",
