@@ -15,7 +15,13 @@ generate exactly ``batch x new_tokens`` tokens. Reported per size:
   the context actually present) / swarmjax's time, against ``peak_flops``, the
   float32 matmul peak measured in the same run;
 * ``token_agreement``: fraction of generated tokens equal between the two (greedy
-  on identical weights; float32 reductions differ in order, so near-ties may flip).
+  on identical weights; float32 reductions differ in order, so near-ties may flip);
+* the matmul floor of a decode step: only the step's weight matmuls (q, k, v, o,
+  gate, up, down per layer and the LM head, [B, d] activations, residual adds
+  between them), as a jitted ``fori_loop`` of ``new_tokens`` steps (``xla_floor_s``
+  per step) and as the same torch calls (``torch_floor_s``). ``ceiling_ratio`` =
+  HF's time per generated step / ``xla_floor_s``: the ratio swarmjax would reach if
+  everything but these matmuls were free.
 """
 
 from __future__ import annotations
@@ -77,6 +83,43 @@ def bench_hf(path: str, prompts: np.ndarray, new: int, repeats: int):
     return time_best(call, repeats), holder["tokens"]
 
 
+def decode_matmul_floor(cfg, batch: int, steps: int, repeats: int) -> tuple[float, float]:
+    """Seconds per decode step of the weight matmuls alone: (XLA, torch); see the
+    module docstring."""
+    import jax.numpy as jnp
+    import torch
+
+    d, L = cfg.hidden_size, cfg.num_layers
+    q, kv, f, V = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
+    rng = np.random.RandomState(0)
+    w = lambda *shape: (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    layers = [dict(q=w(d, q), k=w(d, kv), v=w(d, kv), o=w(q, d), g=w(d, f), u=w(d, f), dn=w(f, d))
+              for _ in range(L)]
+    head, h0 = w(d, V), w(batch, d)
+
+    def step(h, ws, mm):
+        for lw in ws["layers"]:
+            a = mm(h, lw["q"])
+            h = h + mm(a, lw["o"]) + mm(h, lw["k"]).sum() * 0 + mm(h, lw["v"]).sum() * 0
+            h = h + mm(mm(h, lw["g"]) * mm(h, lw["u"]), lw["dn"])
+        return h + mm(h, ws["head"])[:, :d] * 1e-3
+
+    ws = {"layers": layers, "head": head}
+    jws = jax.tree.map(jnp.asarray, ws)
+    loop = jax.jit(lambda h, ws: jax.lax.fori_loop(0, steps, lambda i, h: step(h, ws, jnp.matmul), h))
+    jax.block_until_ready(loop(jnp.asarray(h0), jws))
+    xla = time_best(lambda: jax.block_until_ready(loop(jnp.asarray(h0), jws)), repeats) / steps
+    tws = jax.tree.map(torch.from_numpy, ws)
+
+    def torch_loop():
+        with torch.inference_mode():
+            h = torch.from_numpy(h0)
+            for _ in range(steps):
+                h = step(h, tws, torch.matmul)
+    torch_loop()
+    return xla, time_best(torch_loop, repeats) / steps
+
+
 def bench_size(name: str, args, peak: float) -> dict:
     cfg = preset(name)
     params = init_params(cfg, jax.random.key(0))
@@ -85,12 +128,15 @@ def bench_size(name: str, args, peak: float) -> dict:
     with tempfile.TemporaryDirectory() as path:
         to_hf(cfg, params, path)
         hf_s, hf_tokens = bench_hf(path, prompts, args.new_tokens, args.repeats)
+    xla_floor, torch_floor = decode_matmul_floor(cfg, args.batch, args.new_tokens, args.repeats)
     n = args.batch * args.new_tokens
     flops = call_flops(cfg, args.batch, args.prompt_len, args.new_tokens)
     return {"params": cfg.num_params(), "compile_s": compile_s, "swarmjax_s": jax_s, "hf_s": hf_s,
             "swarmjax_tok_s": n / jax_s, "hf_tok_s": n / hf_s, "ratio": hf_s / jax_s,
             "peak_flops": peak, "achieved_flops": flops / jax_s, "mfu": flops / jax_s / peak,
-            "token_agreement": float(np.mean(jax_tokens == hf_tokens))}
+            "token_agreement": float(np.mean(jax_tokens == hf_tokens)),
+            "xla_floor_s": xla_floor, "torch_floor_s": torch_floor,
+            "ceiling_ratio": hf_s / args.new_tokens / xla_floor}
 
 
 def main() -> None:
@@ -111,6 +157,12 @@ def main() -> None:
         print(f"{name:>5} {r['params'] / 1e6:>7.2f}M {r['compile_s']:>9.2f} {r['swarmjax_tok_s']:>14.0f} "
               f"{r['hf_tok_s']:>9.0f} {r['ratio']:>6.2f} {r['achieved_flops'] / 1e9:>8.1f} "
               f"{r['mfu']:>8.1%} {r['token_agreement']:>6.1%}")
+    print("matmul floor of one decode step (weight matmuls only):")
+    for name, r in results.items():
+        print(f"{name:>5}  XLA {r['xla_floor_s'] * 1e3:6.2f} ms  torch {r['torch_floor_s'] * 1e3:6.2f} ms  "
+              f"HF full step {r['hf_s'] / args.new_tokens * 1e3:6.2f} ms  swarmjax full step "
+              f"{r['swarmjax_s'] / args.new_tokens * 1e3:6.2f} ms  -> ceiling ratio vs HF "
+              f"{r['ceiling_ratio']:.2f}")
 
 
 if __name__ == "__main__":

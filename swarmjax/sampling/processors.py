@@ -85,7 +85,8 @@ def select_tokens(logits: Array, key: Array, cfg: SamplingConfig) -> tuple[Array
         filtered = filter_logits(logits, cfg)
         tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
         logprob = _gather(jax.nn.log_softmax(filtered, axis=-1), tokens)
-    model_logprob = _gather(jax.nn.log_softmax(logits, axis=-1), tokens)
+    # logit[token] - logsumexp(logits): two reductions, no [B, V] log-softmax written out
+    model_logprob = _gather(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
     return tokens, logprob, model_logprob
 
 
