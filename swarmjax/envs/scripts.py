@@ -43,11 +43,6 @@ def delegate(cfg: WideSearchConfig, ep: Episode, chunks: Sequence[Sequence[int]]
     return orch + wait + answer(cfg, ep, answer_entities), [worker(cfg, ep, c) for c in chunks]
 
 
-def worker_succeeds(cfg: WideSearchConfig, chunk: Sequence[int]) -> bool:
-    """Whether :func:`worker` on ``chunk`` returns within the step limit and its context."""
-    return len(chunk) <= cfg.worker_capacity
-
-
 def split(cfg: WideSearchConfig, ep: Episode, parts: int) -> tuple[list[int], list[list[int]]]:
     """:func:`delegate` over ``parts`` round-robin chunks of the task, answering the whole
     task; with n = 16 and 8 parts: 1 + 3 + 1 = 5 critical steps."""

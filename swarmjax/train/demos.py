@@ -4,11 +4,13 @@ Orchestrators are mostly serial (look every entity up, then answer); a minority
 spawn sub-agents over a random — often poor — partition of the whole task:
 consecutive chunks of the task list with random sizes in ``1..max_chunk``, at most
 ``max_subagents`` of them. Chunks of one waste a sub-agent (and force a larger chunk
-elsewhere), chunks larger than a worker can handle fail; the orchestrator answers
-only what came back. Nothing in the demonstrations prefers the best split: PARL has
-to find it. Chunks follow the task order, so a spawn block is a copy of the next
-entities of the task list, and the orchestrator waits exactly when every entity has
-been handed out.
+elsewhere), chunks larger than a worker can handle come back short (a worker whose
+context fills up returns the pairs it said); the orchestrator answers exactly the
+pairs that came back, in the order they came back. Nothing in the demonstrations
+prefers the best split: PARL has to find it. Chunks follow the task order, so a spawn
+block is a copy of the next entities of the task list, and the orchestrator waits
+exactly when every entity has been handed out (after a K-th chunk the environment
+says the ``<wait>``).
 Workers look up each of their entities and return them. Every trajectory is a
 token sequence with a mask of the tokens its agent said (the loss goes only there).
 """
