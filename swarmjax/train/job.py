@@ -194,6 +194,15 @@ def _global(tasks: wsj.Tasks, mesh, local_slice: bool) -> wsj.Tasks:
     return jax.tree.map(one, tasks)
 
 
+def _host(tree):
+    """``tree``'s arrays whole on every process (a collective with several processes:
+    all must call it); with one process, unchanged."""
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
 def _mean_f1(res: dict[int, dict[str, float]]) -> float:
     return float(np.mean([row["item_f1"] for row in res.values()]))
 
@@ -286,10 +295,10 @@ def run_job(job: TrainJob, workdir: str, progress: bool = True, resume: bool = F
         res = evaluate(eval_engine, policy, warm, test if split == "test" else valid, eval_key, kept)
         for n, row in res.items():
             log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
-            if primary and split == "test":
-                tasks, result = kept[n]
-                for tr in rollout_traces(eval_engine.rcfg.env, tasks, result, prefix=f"{label}-s{step}-n{n}",
-                                         limit=job.traces_per_eval):
+            if split == "test":
+                tasks, result = _host(kept[n])                # every process joins the gather
+                for tr in (rollout_traces(eval_engine.rcfg.env, tasks, result, prefix=f"{label}-s{step}-n{n}",
+                                          limit=job.traces_per_eval) if primary else ()):
                     log.write("traces.jsonl", tr)
         return res
 

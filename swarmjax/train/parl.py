@@ -37,6 +37,7 @@ from swarmjax.rl.parl import PARLConfig, item_f1
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.sharding.mesh import batch_sharding
 from swarmjax.swarm.engine import RolloutConfig, RolloutResult, SwarmRollout
 from swarmjax.swarm.outcome import episode_rewards, novel_subagents
 
@@ -87,7 +88,7 @@ class PARLTrainer:
 
     def __init__(self, model_cfg: ModelConfig, cfg: PARLTrainConfig, worker_cfg: ModelConfig | None = None,
                  mesh: Mesh | None = None):
-        self.model_cfg, self.cfg = model_cfg, cfg
+        self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
         self.engine = SwarmRollout(cfg.rollout, model_cfg, worker_cfg, mesh=mesh)
         self.learner = Learner(model_cfg, cfg.update, mesh=mesh)
         self._rewards = jax.jit(self._rewards_impl)
@@ -109,6 +110,9 @@ class PARLTrainer:
         keep = ~uniform_groups(reward, group_ids) if self.cfg.dynamic_sampling else jnp.ones_like(reward, bool)
         batch = trajectories(result, adv, group_ids, reward)
         batch = batch.replace(loss_mask=batch.loss_mask & keep[:, None])
+        if self.mesh is not None:   # laid out as the learner takes it (no resharding across processes)
+            batch = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+                x, batch_sharding(self.mesh, x.ndim, batch_size=x.shape[0])), batch)
         return batch, reward, channels, keep
 
     def step(self, state: TrainState, key: Array, step: int, tasks: wsj.Tasks | None = None
@@ -133,7 +137,8 @@ class PARLTrainer:
         state, learn = self.learner.update(state, batch)
         learn = jax.device_get(learn)
         t2 = time.perf_counter()
-        metrics = {k: float(np.mean(v)) for k, v in jax.device_get(channels).items()}
+        # means on the device: per-episode arrays may span several processes' devices
+        metrics = {k: float(jnp.mean(v)) for k, v in channels.items()}
         metrics.update(
             reward=float(jnp.mean(reward)), item_f1=metrics["r_perf"],
             critical_steps=float(jnp.mean(result.critical_steps)),

@@ -1,0 +1,35 @@
+"""One process of a two-process ``swarmjax train`` (run by tests/test_multihost.py).
+
+usage: python multihost_worker.py PROCESS_ID PORT WORKDIR PARL_STEPS [--resume]
+"""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"   # 2 devices per process
+
+import jax  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["model.hidden_size=32", "model.head_dim=8", "model.intermediate_size=64", "model.num_layers=1",
+         "sft.steps=4", "sft.demos=32", "sft.eval_demos=8", "parl.tasks_per_step=4", "parl.group_size=2",
+         "parl.update.num_minibatches=2", "eval_sizes=(1, 16)", "eval_episodes=4", "eval_every=2",
+         "traces_per_eval=1", "checkpoint.every=2", "data.train_size=64", "data.validation_size=160",
+         "data.test_size=160", "mesh.data=-1"]
+
+
+def main():
+    pid, port, workdir, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+    from swarmjax.config_file import apply_overrides, load_config
+    from swarmjax.train.job import TrainJob, run_job
+
+    job = apply_overrides(load_config(os.path.join(ROOT, "configs", "parl_widesearch_cpu.py"), TrainJob),
+                          SMALL + [f"parl_steps={steps}"])
+    run_job(job, workdir, progress=False, resume="--resume" in sys.argv)
+    print("DONE", pid, jax.device_count(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
