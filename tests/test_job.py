@@ -1,6 +1,7 @@
 """`swarmjax train` / `swarmjax eval` end to end on a tiny job: every output file, exact
 resume from a checkpoint, bad configs as one line before anything compiles."""
 
+import glob
 import json
 import os
 import shutil
@@ -86,6 +87,37 @@ def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
     shutil.rmtree(split / "checkpoints" / "4")
     assert train(split, small, "parl_steps=4", resume=True) == 0
     assert rows(split / "metrics.jsonl") == rows(full / "metrics.jsonl") and evals(split) == evals(full)
+    # TensorBoard, as it reads the runs (resumes purge the PARL events from their step on)
+    tb_full, tb_split = tb_scalars(full / "tb" / "parl"), tb_scalars(split / "tb" / "parl")
+    assert [s for s, _ in tb_full["parl/item_f1"]] == [1, 2, 3, 4]           # PARL steps done
+    assert set(tb_split) == set(tb_full)
+    for tag, series in tb_full.items():
+        assert [s for s, _ in tb_split[tag]] == [s for s, _ in series], tag
+        if tag.rsplit("/", 1)[-1] not in TIMING:
+            np.testing.assert_allclose([v for _, v in tb_split[tag]], [v for _, v in series], err_msg=tag)
+    assert [s for s, _ in tb_scalars(full / "tb" / "sft")["sft/loss"]] == list(range(6))
+
+
+def tb_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    """Scalar series of a TensorBoard run directory, read the way TensorBoard does:
+    event files in name order, and a ``SessionLog.START`` at step s (tensorboardX's
+    ``purge_step``) drops the events read so far at steps >= s."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "events.*"))):
+        data, i = open(path, "rb").read(), 0
+        while i < len(data):                         # TFRecord: u64 length, u32 crc, data, u32 crc
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            ev = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+            i += 16 + n
+            if ev.HasField("session_log") and ev.session_log.status == ev.session_log.START:
+                out = {k: [(s, v) for s, v in series if s < ev.step] for k, series in out.items()}
+            for val in ev.summary.value:
+                out.setdefault(val.tag, []).append((ev.step, val.simple_value))
+    return out
 
     # swarmjax eval: the newest and the best checkpoint, on held-out tasks
     base = ["eval", "--config", CONFIG, "--workdir", str(full)] + [a for s in small for a in ("--set", s)]

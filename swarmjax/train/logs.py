@@ -14,7 +14,8 @@ class JobLog:
     and task size), ``traces.jsonl`` (orchestration traces). With ``resume_step`` the
     files are first cut back to the lines written before that PARL step began, then
     appended to, so a resumed run's logs equal an uninterrupted run's. TensorBoard
-    event files go to ``tb/`` when ``tensorboardX`` is installed (not rewound on resume)."""
+    event files go to ``tb/sft`` and ``tb/parl`` when ``tensorboardX`` is installed; a
+    resume hides the PARL events from its step on (TensorBoard's ``purge_step``)."""
 
     NAMES = ("metrics.jsonl", "eval.jsonl", "traces.jsonl")
 
@@ -30,7 +31,15 @@ class JobLog:
         self.files = {name: open(os.path.join(workdir, name), mode) for name in self.NAMES}
         try:
             from tensorboardX import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+            tb = os.path.join(workdir, "tb")
+            # two TensorBoard runs: the warm start, and PARL with its evaluations, whose
+            # events from the resume step on are hidden (purge_step) so a resumed run
+            # shows what an uninterrupted one would
+            # (the x axis of PARL is steps done: a training step i is drawn at i + 1, where
+            # the evaluation after it is; a resume from checkpoint s recomputes from s + 1)
+            self.tb = {"sft": SummaryWriter(os.path.join(tb, "sft")),
+                       "parl": SummaryWriter(os.path.join(tb, "parl"),
+                                             purge_step=None if resume_step is None else resume_step + 1)}
         except ImportError:
             pass
 
@@ -39,17 +48,21 @@ class JobLog:
             return
         self.files[name].write(json.dumps(record) + "\n")
         self.files[name].flush()
-        if self.tb is not None and name != "traces.jsonl":
+        # TensorBoard: curves only (the final test evaluation is in summary.json; a
+        # shorter run's final one, which a resume replaces, would otherwise stay drawn)
+        if self.tb is not None and name != "traces.jsonl" and record.get("policy") != "final":
             tag = record.get("stage") or f"eval/{record['split']}/{record['policy']}/n{record['n']}"
+            writer = self.tb["sft" if tag == "sft" else "parl"]
+            step = record["step"] + (tag == "parl")
             for k, v in record.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-                    self.tb.add_scalar(f"{tag}/{k}", v, record["step"])
+                    writer.add_scalar(f"{tag}/{k}", v, step)
 
     def close(self) -> None:
         for f in self.files.values():
             f.close()
-        if self.tb is not None:
-            self.tb.close()
+        for writer in (self.tb or {}).values():
+            writer.close()
 
 
 def keep_line(row: dict, step: int) -> bool:
