@@ -15,7 +15,7 @@ class JobLog:
     files are first cut back to the lines written before that PARL step began, then
     appended to, so a resumed run's logs equal an uninterrupted run's. TensorBoard
     event files go to ``tb/sft`` and ``tb/parl`` when ``tensorboardX`` is installed; a
-    resume hides the PARL events from its step on (TensorBoard's ``purge_step``)."""
+    resume hides the PARL events it recomputes (TensorBoard's ``purge_step``)."""
 
     NAMES = ("metrics.jsonl", "eval.jsonl", "traces.jsonl")
 
@@ -32,11 +32,10 @@ class JobLog:
         try:
             from tensorboardX import SummaryWriter
             tb = os.path.join(workdir, "tb")
-            # two TensorBoard runs: the warm start, and PARL with its evaluations, whose
-            # events from the resume step on are hidden (purge_step) so a resumed run
-            # shows what an uninterrupted one would
-            # (the x axis of PARL is steps done: a training step i is drawn at i + 1, where
-            # the evaluation after it is; a resume from checkpoint s recomputes from s + 1)
+            # two TensorBoard runs: the warm start, and PARL with its evaluations. The PARL
+            # x axis is steps done (training step i is drawn at i + 1, with the evaluation
+            # after it); a resume from checkpoint s recomputes from s + 1, so the events
+            # from there on are hidden (purge_step) and the curves equal an uninterrupted run's
             self.tb = {"sft": SummaryWriter(os.path.join(tb, "sft")),
                        "parl": SummaryWriter(os.path.join(tb, "parl"),
                                              purge_step=None if resume_step is None else resume_step + 1)}
