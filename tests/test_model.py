@@ -103,6 +103,16 @@ def test_cached_chunks_match_full_forward(tiny_cfg, tiny_params, rng):
     assert int(cache.valid.sum()) == 2 * 9
 
 
+def test_logits_to_keep_is_the_tail(tiny_cfg, tiny_params, rng):
+    tokens = jnp.asarray(rng.randint(0, tiny_cfg.vocab_size, (2, 9)))
+    full = forward_jit(tiny_params, tiny_cfg, tokens).logits
+    cache = init_cache(tiny_cfg, 2, 12)
+    for out in (forward_jit(tiny_params, tiny_cfg, tokens, logits_to_keep=2),
+                forward_jit(tiny_params, tiny_cfg, tokens, cache=cache, logits_to_keep=2)):
+        assert out.logits.shape == (2, 2, tiny_cfg.vocab_size)
+        np.testing.assert_allclose(out.logits, full[:, -2:], atol=1e-5)
+
+
 def test_per_row_cache_slots(tiny_cfg, tiny_params, rng):
     """Rows that advance at different rates (a swarm rollout) write their own slot:
     feeding row b's token t at slot t, at any interleaving, gives the full-forward logits."""

@@ -127,6 +127,17 @@ def test_filter_logits_matches_numpy(temperature, top_k, top_p, rng):
         np.testing.assert_allclose(got[b], _np_filter(logits[b], temperature, top_k, top_p), rtol=1e-6)
 
 
+def test_greedy_select_is_first_argmax_with_model_logprob(rng):
+    logits = rng.randn(64, 50).astype(np.float32)
+    logits[::2, 7] = logits[::2, 31] = logits[::2].max(axis=1) + 1.0   # ties: the first index wins
+    logits[1, :] = -3.0                                                # a flat row: index 0
+    tokens, lp, mlp = select_tokens(jnp.asarray(logits), jax.random.key(0), SamplingConfig(temperature=0.0))
+    np.testing.assert_array_equal(tokens, np.argmax(logits, axis=1))
+    assert (tokens[::2] == 7).all() and tokens[1] == 0 and (np.asarray(lp) == 0).all()
+    want = np.asarray(jax.nn.log_softmax(logits))[np.arange(64), np.argmax(logits, axis=1)]
+    np.testing.assert_allclose(mlp, want, atol=1e-5)
+
+
 def test_sampling_frequencies_follow_the_filtered_distribution():
     logits = jnp.asarray([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
     scfg = SamplingConfig(temperature=0.8, top_p=0.9)

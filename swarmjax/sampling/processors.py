@@ -79,15 +79,31 @@ def select_tokens(logits: Array, key: Array, cfg: SamplingConfig) -> tuple[Array
     """
     logits = logits.astype(jnp.float32)
     if cfg.greedy:
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tokens, top = greedy_argmax(logits)
         logprob = jnp.zeros(tokens.shape, jnp.float32)
-    else:
-        filtered = filter_logits(logits, cfg)
-        tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
-        logprob = _gather(jax.nn.log_softmax(filtered, axis=-1), tokens)
+        # log softmax at the argmax: top - logsumexp = -log sum exp(logits - top)
+        model_logprob = -jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
+        return tokens, logprob, model_logprob
+    filtered = filter_logits(logits, cfg)
+    tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+    logprob = _gather(jax.nn.log_softmax(filtered, axis=-1), tokens)
     # logit[token] - logsumexp(logits): two reductions, no [B, V] log-softmax written out
     model_logprob = _gather(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
     return tokens, logprob, model_logprob
+
+
+def greedy_argmax(logits: Array) -> tuple[Array, Array]:
+    """``argmax`` of [B, V] logits (first index of the maximum) and the maximum, [B] each.
+
+    Written as a max and a min over indices, two plain reductions: ``jnp.argmax``
+    lowers to a variadic (value, index) reduce that XLA:CPU runs unvectorised,
+    4.6x slower over [32, 8192] (measured; a twentieth of a 30m decode step).
+    Rows with a NaN have no index equal to their max: they get V - 1.
+    """
+    V = logits.shape[-1]
+    top = jnp.max(logits, axis=-1)                                            # [B]
+    idx = jnp.min(jnp.where(logits == top[:, None], jnp.arange(V, dtype=jnp.int32), V), axis=-1)
+    return jnp.minimum(idx, V - 1), top
 
 
 def _gather(x: Array, idx: Array) -> Array:

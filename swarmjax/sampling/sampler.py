@@ -87,7 +87,8 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
     params = unstack_layers(params)        # slice the layer stack once, not once per step
     prompts, prompt_mask = left_align(prompts, prompt_mask)
     cache = cache.replace(valid=jnp.zeros_like(cache.valid))
-    out = forward(params, cfg, prompts, default_positions(prompt_mask), prompt_mask, cache, 0)
+    out = forward(params, cfg, prompts, default_positions(prompt_mask), prompt_mask, cache, 0,
+                  logits_to_keep=1)            # left-aligned: the last column is every row's last token
     next_pos = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)              # [B]
 
     def record(state, i, logits, key):
