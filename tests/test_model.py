@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from swarmjax.models import ModelConfig, init_cache, init_params, param_logical_axes
-from swarmjax.models.transformer import abstract_params, forward_jit
+from swarmjax.models.transformer import abstract_params, forward_jit, rope_table
 
 
 def _rms(x, w, eps):
@@ -111,6 +111,17 @@ def test_logits_to_keep_is_the_tail(tiny_cfg, tiny_params, rng):
                 forward_jit(tiny_params, tiny_cfg, tokens, cache=cache, logits_to_keep=2)):
         assert out.logits.shape == (2, 2, tiny_cfg.vocab_size)
         np.testing.assert_allclose(out.logits, full[:, -2:], atol=1e-5)
+
+
+def test_rope_table_lookup_equals_evaluated_rope(tiny_cfg, tiny_params, rng):
+    tokens = jnp.asarray(rng.randint(0, tiny_cfg.vocab_size, (2, 9)))
+    pos = jnp.asarray(rng.randint(0, 12, (2, 9)))
+    want = forward_jit(tiny_params, tiny_cfg, tokens, pos).logits
+    table = rope_table(tiny_cfg, 12)
+    np.testing.assert_allclose(forward_jit(tiny_params, tiny_cfg, tokens, pos, rope_table=table).logits,
+                               want, atol=1e-5)
+    short = forward_jit(tiny_params, tiny_cfg, tokens, pos.at[1, 3].set(12), rope_table=table).logits
+    assert np.isnan(short[1, 3:]).all() and not np.isnan(short[0]).any()   # past the table: NaN, not clamped
 
 
 def test_per_row_cache_slots(tiny_cfg, tiny_params, rng):

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import (KVCache, cache_logical_axes, default_positions, forward,
-                                         init_cache, param_logical_axes, unstack_layers)
+                                         init_cache, param_logical_axes, rope_table, unstack_layers)
 from swarmjax.sampling.processors import SamplingConfig, select_tokens
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
 
@@ -87,8 +87,10 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
     params = unstack_layers(params)        # slice the layer stack once, not once per step
     prompts, prompt_mask = left_align(prompts, prompt_mask)
     cache = cache.replace(valid=jnp.zeros_like(cache.valid))
+    rope = rope_table(cfg, cache.max_len)  # positions stay below the cache length
     out = forward(params, cfg, prompts, default_positions(prompt_mask), prompt_mask, cache, 0,
-                  logits_to_keep=1)            # left-aligned: the last column is every row's last token
+                  logits_to_keep=1,            # left-aligned: the last column is every row's last token
+                  rope_table=rope)
     next_pos = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)              # [B]
 
     def record(state, i, logits, key):
@@ -116,7 +118,8 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
 
     def body(carry):
         i, state, tok, feed, cache, pos, key = carry
-        step = forward(params, cfg, tok[:, None], pos[:, None], feed[:, None], cache, P + i)
+        step = forward(params, cfg, tok[:, None], pos[:, None], feed[:, None], cache, P + i,
+                       rope_table=rope)
         key, sub = jax.random.split(key)
         state, tok, feed = record(state, i + 1, step.logits[:, 0], sub)
         return i + 1, state, tok, feed, step.cache, pos + 1, key
