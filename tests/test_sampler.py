@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from swarmjax.models.transformer import forward_jit
+from swarmjax.models.transformer import forward_jit, init_cache
 from swarmjax.sampling import Sampler, SamplingConfig, filter_logits, pad_prompts, select_tokens
+from swarmjax.sampling.sampler import generate, segment_ends
 from swarmjax.sharding import MeshConfig, make_mesh
 
 PROMPTS = [[5, 9, 13, 2], [7], [1, 2, 3, 4, 5, 6], [40, 41]]
@@ -82,6 +83,36 @@ def test_loop_ends_when_every_row_is_done(greedy, tiny_params):
     # the prompt, plus one decode step that fed token 0 of row 1; no more steps ran
     assert int(out.cache.valid.sum()) == sum(map(len, PROMPTS)) + 1
     assert out.lengths.tolist() == [1, 2, 1, 1]
+
+
+def test_segment_ends():
+    assert segment_ends(127, 4) == [32, 64, 96, 127]
+    assert segment_ends(2, 4) == [1, 2] and segment_ends(0, 4) == [0] and segment_ends(9, 1) == [9]
+
+
+def test_decode_segments_equal_one_loop(tiny_cfg, tiny_params):
+    """Decoding in segments, each attending over a growing window of the cache, gives
+    what one loop over the whole cache gives: tokens, both log-probs, the cache; with
+    rows ending inside different segments."""
+    n, tokens, mask = 40, *pad_prompts(PROMPTS)          # P = 6: windows of 16, 32, 46 slots
+    limits = np.array([5, 15, 40, 25], np.int32)
+    outs, texts = [], []
+    for segments in (1, 4):
+        sampler = Sampler(tiny_cfg, SamplingConfig(temperature=0.8, max_new_tokens=n,
+                                                   decode_segments=segments))
+        outs.append(jax.device_get(sampler(tiny_params, tokens, mask, jax.random.key(5), limits)))
+        texts.append(jax.jit(lambda p, t, m: generate(p, tiny_cfg, sampler.scfg, t, m, jax.random.key(0),
+                                                      init_cache(tiny_cfg, 4, 46))).lower(
+            tiny_params, tokens, mask).as_text())
+    one, seg = outs
+    assert "4x2x8x16x" in texts[1] and "4x2x8x16x" not in texts[0]   # a 16-slot key window
+    np.testing.assert_array_equal(seg.tokens, one.tokens)
+    np.testing.assert_array_equal(seg.lengths, limits)
+    np.testing.assert_allclose(seg.logprobs, one.logprobs, atol=1e-5)
+    np.testing.assert_allclose(seg.model_logprobs, one.model_logprobs, atol=1e-5)
+    np.testing.assert_array_equal(seg.cache.valid, one.cache.valid)
+    for a, b in zip(seg.cache.k + seg.cache.v, one.cache.k + one.cache.v):
+        np.testing.assert_allclose(a, b, rtol=5e-4, atol=1e-4)   # f32: sums over other window sizes
 
 
 def test_temperature_top_k_logprobs_are_the_sampling_distribution(tiny_cfg, tiny_params):
@@ -177,3 +208,11 @@ def test_bad_prompts_raise(greedy, tiny_params):
         pad_prompts([[1], []])
     with pytest.raises(ValueError):
         SamplingConfig(top_p=0.0)
+
+
+@pytest.mark.parametrize("bad, match", [(dict(temperature=-1.0), "temperature"), (dict(top_k=-2), "top_k"),
+                                        (dict(top_p=0.0), "top_p"), (dict(max_new_tokens=0), "max_new_tokens"),
+                                        (dict(decode_segments=0), "decode_segments")])
+def test_bad_sampling_config_raises(bad, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingConfig(**bad)

@@ -337,6 +337,19 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
                    valid=jnp.zeros((batch, max_len), bool))
 
 
+def grow_cache(cache: KVCache, max_len: int) -> KVCache:
+    """The cache with its slot axis zero-padded to ``max_len`` slots (new slots
+    invalid); the contents of the first ``cache.max_len`` slots are kept."""
+    extra = max_len - cache.max_len
+    if extra < 0:
+        raise ValueError(f"cannot grow a cache of {cache.max_len} slots to {max_len}")
+    if extra == 0:
+        return cache
+    pad = lambda a, axis: jnp.pad(a, [(0, extra if d == a.ndim + axis else 0) for d in range(a.ndim)])
+    return KVCache(k=tuple(pad(a, -1) for a in cache.k), v=tuple(pad(a, -2) for a in cache.v),
+                   valid=pad(cache.valid, -1))
+
+
 def cache_logical_axes(cfg: ModelConfig) -> KVCache:
     """Logical axis names of the cache arrays (for :mod:`swarmjax.sharding`)."""
     P = jax.sharding.PartitionSpec

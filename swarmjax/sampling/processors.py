@@ -24,6 +24,10 @@ class SamplingConfig:
     max_new_tokens: size of the output buffer; rows may stop earlier (per-row limit,
       stop tokens), and the loop ends as soon as every row has stopped.
     pad_id: written after a row has stopped.
+    decode_segments: the decode loop runs as up to this many consecutive loops over
+      equal shares of the steps, each attending over the cache only up to the last
+      slot it writes instead of over the whole buffer (HF's growing cache does the
+      same); each segment compiles its own step. 1 = one loop over the full cache.
     """
 
     temperature: float = 1.0
@@ -31,6 +35,7 @@ class SamplingConfig:
     top_p: float = 1.0
     max_new_tokens: int = 32
     pad_id: int = 0
+    decode_segments: int = 4
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -39,6 +44,8 @@ class SamplingConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.decode_segments < 1:
+            raise ValueError(f"decode_segments must be >= 1, got {self.decode_segments}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
