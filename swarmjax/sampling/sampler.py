@@ -8,7 +8,7 @@ over the data axes, weights by the logical rule table) and donates the cache.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.struct
@@ -60,7 +60,8 @@ def left_align(tokens: Array, mask: Array) -> tuple[Array, Array]:
 
 def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array,
              prompt_mask: Array, key: Array, cache: KVCache,
-             max_new_tokens: Array | None = None, stop_tokens: Array | None = None) -> SampleOutput:
+             max_new_tokens: Array | None = None, stop_tokens: Array | None = None,
+             constrain_cache: Callable[[KVCache], KVCache] | None = None) -> SampleOutput:
     """Sample continuations of a batch of prompts (traceable; jit it or call it in jit).
 
     Args:
@@ -73,9 +74,13 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
         contents are overwritten (pass the previous call's ``out.cache`` to reuse the buffer).
       max_new_tokens: optional [B] int per-row limit (<= ``scfg.max_new_tokens``).
       stop_tokens: optional [B, K] int per-row stop ids, padded with -1.
+      constrain_cache: optional sharding constraint for the cache windows built
+        inside (see ``scfg.decode_segments``); :class:`Sampler` lays them out as the cache.
 
     Decoding stops for a row at its first stop token or its limit, and the whole
-    loop ends when every row has stopped.
+    loop ends when every row has stopped. The decode loop runs in
+    ``scfg.decode_segments`` segments, each over a window of the cache that ends at
+    the last slot it writes; the returned cache is the full ``cache.max_len`` buffer.
     """
     B, P = prompts.shape
     N = scfg.max_new_tokens
@@ -93,7 +98,9 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
     # window of a segment ending at step `end`: P + end slots, rounded up to a multiple
     # of 16 (odd slot counts made XLA:CPU's q.k dot 40% slower, measured at 191 vs 192)
     window = lambda end: min(-(-(P + end) // 16) * 16, cache.max_len)
-    first = init_cache(cfg, B, window(segment_ends(N - 1, scfg.decode_segments)[0]), cache.k[0].dtype)
+    constrain_cache = constrain_cache or (lambda c: c)
+    ends = segment_ends(N - 1, scfg.decode_segments)
+    first = constrain_cache(init_cache(cfg, B, window(ends[0]), cache.k[0].dtype))
     out = forward(params, cfg, prompts, default_positions(prompt_mask), prompt_mask, first, 0,
                   logits_to_keep=1,            # left-aligned: the last column is every row's last token
                   rope_table=rope)
@@ -118,7 +125,6 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
     key, sub = jax.random.split(key)
     state, tok, feed = record(state, 0, out.logits[:, -1], sub)
 
-
     def body(carry):
         i, state, tok, feed, cache, pos, key = carry
         step = forward(params, cfg, tok[:, None], pos[:, None], feed[:, None], cache, P + i,
@@ -131,9 +137,10 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
     # slots (the prefill writes its cache at the first segment's size; each later
     # segment pads it once). Segments end early, like the loop, once all rows are done.
     carry = (jnp.int32(0), state, tok, feed, out.cache, next_pos, key)
-    for end in segment_ends(N - 1, scfg.decode_segments):
+    for end in ends:
         cond = lambda carry, end=end: (carry[0] < end) & ~jnp.all(carry[1][-1])
-        carry = lax.while_loop(cond, body, carry[:4] + (grow_cache(carry[4], window(end)),) + carry[5:])
+        grown = constrain_cache(grow_cache(carry[4], window(end)))
+        carry = lax.while_loop(cond, body, carry[:4] + (grown,) + carry[5:])
     _, state, _, _, last, _, _ = carry
     # into the donated buffer (in place): slots past the window keep stale, invalid entries
     put = lambda buf, new: lax.dynamic_update_slice(buf, new, (0,) * buf.ndim)
@@ -194,7 +201,10 @@ class Sampler:
             return self._jitted[sig]
         def fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens):
             return generate(params, self.cfg, self.scfg, prompts, prompt_mask, key, cache,
-                            max_new_tokens, stop_tokens)
+                            max_new_tokens, stop_tokens, constrain)
+
+        constrain = None if self.mesh is None else lambda c: jax.lax.with_sharding_constraint(
+            c, self._cache_shardings(batch, c.max_len))
 
         if self.mesh is None:
             jitted = jax.jit(fn, donate_argnums=4)
