@@ -6,7 +6,10 @@
 The same random Qwen3 weights (written with ``to_hf`` and loaded by
 ``transformers`` in float32 on the CPU) at two sizes (presets ``1m``, ``30m``);
 batch 32, prompt 64, 128 new tokens, greedy, no early stop, so both sides
-generate exactly ``batch x new_tokens`` tokens. Reported per size:
+generate exactly ``batch x new_tokens`` tokens; swarmjax's decode runs in
+``--decode-segments`` segments (default: ``SamplingConfig``'s), each attending
+over the cache up to its last slot, as HF's growing cache attends over the
+tokens so far. Reported per size:
 
 * ``compile_s``: first call minus a steady call (trace + XLA compile);
 * ``swarmjax_tok_s`` / ``hf_tok_s``: generated tokens per second of a steady call
@@ -51,8 +54,8 @@ def call_flops(cfg, batch: int, prompt: int, new: int) -> float:
     return batch * (prefill + decode)
 
 
-def bench_swarmjax(cfg, params, prompts, new: int, repeats: int):
-    sampler = Sampler(cfg, SamplingConfig(temperature=0.0, max_new_tokens=new))
+def bench_swarmjax(cfg, params, prompts, new: int, repeats: int, segments: int):
+    sampler = Sampler(cfg, SamplingConfig(temperature=0.0, max_new_tokens=new, decode_segments=segments))
     t0 = time.perf_counter()
     out = jax.block_until_ready(sampler(params, prompts))
     first = time.perf_counter() - t0
@@ -124,14 +127,15 @@ def bench_size(name: str, args, peak: float) -> dict:
     cfg = preset(name)
     params = init_params(cfg, jax.random.key(0))
     prompts = np.random.RandomState(0).randint(0, cfg.vocab_size, (args.batch, args.prompt_len))
-    compile_s, jax_s, jax_tokens = bench_swarmjax(cfg, params, prompts, args.new_tokens, args.repeats)
+    compile_s, jax_s, jax_tokens = bench_swarmjax(cfg, params, prompts, args.new_tokens, args.repeats,
+                                                       args.decode_segments)
     with tempfile.TemporaryDirectory() as path:
         to_hf(cfg, params, path)
         hf_s, hf_tokens = bench_hf(path, prompts, args.new_tokens, args.repeats)
     xla_floor, torch_floor = decode_matmul_floor(cfg, args.batch, args.new_tokens, args.repeats)
     n = args.batch * args.new_tokens
     flops = call_flops(cfg, args.batch, args.prompt_len, args.new_tokens)
-    return {"params": cfg.num_params(), "compile_s": compile_s, "swarmjax_s": jax_s, "hf_s": hf_s,
+    return {"params": cfg.num_params(), "decode_segments": args.decode_segments, "compile_s": compile_s, "swarmjax_s": jax_s, "hf_s": hf_s,
             "swarmjax_tok_s": n / jax_s, "hf_tok_s": n / hf_s, "ratio": hf_s / jax_s,
             "peak_flops": peak, "achieved_flops": flops / jax_s, "mfu": flops / jax_s / peak,
             "token_agreement": float(np.mean(jax_tokens == hf_tokens)),
@@ -143,13 +147,15 @@ def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--decode-segments", type=int, default=SamplingConfig().decode_segments)
     args = p.parse_args()
     results, peak = run_sizes(lambda name, peak: bench_size(name, args, peak), args.sizes)
     if args.json:
         print(json.dumps(results))
         return
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, batch {args.batch}, prompt "
-          f"{args.prompt_len}, {args.new_tokens} new tokens, greedy; float32 matmul peak "
+          f"{args.prompt_len}, {args.new_tokens} new tokens, greedy, {args.decode_segments} decode "
+          f"segments; float32 matmul peak "
           f"{peak / 1e9:.1f} GFLOP/s")
     print(f"{'size':>5} {'params':>8} {'compile s':>9} {'swarmjax tok/s':>14} {'HF tok/s':>9} "
           f"{'ratio':>6} {'GFLOP/s':>8} {'of peak':>8} {'agree':>6}")
