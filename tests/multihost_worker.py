@@ -11,11 +11,9 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"   # 2 devic
 import jax  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ["model.hidden_size=32", "model.head_dim=8", "model.intermediate_size=64", "model.num_layers=1",
-         "sft.steps=4", "sft.demos=32", "sft.eval_demos=8", "parl.tasks_per_step=4", "parl.group_size=2",
-         "parl.update.num_minibatches=2", "eval_sizes=(1, 16)", "eval_episodes=4", "eval_every=2",
-         "traces_per_eval=1", "checkpoint.every=2", "data.train_size=64", "data.validation_size=160",
-         "data.test_size=160", "mesh.data=-1"]
+from small_job import SMALL_JOB  # noqa: E402  (this directory is sys.path[0] of the script)
+
+SMALL = SMALL_JOB + ["sft.steps=4", "parl.tasks_per_step=4", "parl.group_size=2", "mesh.data=-1"]
 
 
 def main():

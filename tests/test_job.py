@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from small_job import SMALL_JOB
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.checkpoint import Checkpointer
@@ -24,11 +25,8 @@ TIMING = {"rollout_s", "update_s", "tok_s"}
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("tasks"))
-    return ["model.hidden_size=32", "model.head_dim=8", "model.intermediate_size=64", "model.num_layers=1",
-            "sft.steps=6", "sft.demos=32", "sft.eval_demos=8", "parl.tasks_per_step=2", "parl.group_size=4",
-            "parl.update.num_minibatches=2", "eval_sizes=(1, 16)", "eval_episodes=4", "eval_every=2",
-            "traces_per_eval=1", "checkpoint.every=2", "checkpoint.async_save=True", "data.train_size=64",
-            "data.validation_size=160", "data.test_size=160", f"data.data_dir='{data_dir}'", "mesh=None"]
+    return SMALL_JOB + ["sft.steps=6", "parl.tasks_per_step=2", "parl.group_size=4",
+                        "checkpoint.async_save=True", f"data.data_dir='{data_dir}'", "mesh=None"]
 
 
 def train(workdir, small, *extra, resume=False):
