@@ -128,14 +128,15 @@ def bench_size(name: str, args, peak: float) -> dict:
     params = init_params(cfg, jax.random.key(0))
     prompts = np.random.RandomState(0).randint(0, cfg.vocab_size, (args.batch, args.prompt_len))
     compile_s, jax_s, jax_tokens = bench_swarmjax(cfg, params, prompts, args.new_tokens, args.repeats,
-                                                       args.decode_segments)
+                                                  args.decode_segments)
     with tempfile.TemporaryDirectory() as path:
         to_hf(cfg, params, path)
         hf_s, hf_tokens = bench_hf(path, prompts, args.new_tokens, args.repeats)
     xla_floor, torch_floor = decode_matmul_floor(cfg, args.batch, args.new_tokens, args.repeats)
     n = args.batch * args.new_tokens
     flops = call_flops(cfg, args.batch, args.prompt_len, args.new_tokens)
-    return {"params": cfg.num_params(), "decode_segments": args.decode_segments, "compile_s": compile_s, "swarmjax_s": jax_s, "hf_s": hf_s,
+    return {"params": cfg.num_params(), "decode_segments": args.decode_segments, "compile_s": compile_s,
+            "swarmjax_s": jax_s, "hf_s": hf_s,
             "swarmjax_tok_s": n / jax_s, "hf_tok_s": n / hf_s, "ratio": hf_s / jax_s,
             "peak_flops": peak, "achieved_flops": flops / jax_s, "mfu": flops / jax_s / peak,
             "token_agreement": float(np.mean(jax_tokens == hf_tokens)),
@@ -155,8 +156,7 @@ def main() -> None:
         return
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, batch {args.batch}, prompt "
           f"{args.prompt_len}, {args.new_tokens} new tokens, greedy, {args.decode_segments} decode "
-          f"segments; float32 matmul peak "
-          f"{peak / 1e9:.1f} GFLOP/s")
+          f"segments; float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
     print(f"{'size':>5} {'params':>8} {'compile s':>9} {'swarmjax tok/s':>14} {'HF tok/s':>9} "
           f"{'ratio':>6} {'GFLOP/s':>8} {'of peak':>8} {'agree':>6}")
     for name, r in results.items():

@@ -254,9 +254,10 @@ class Block(nn.Module):
 # leading [L] axis>, "lm_head": [D, V] (untied only)}. ``forward`` uses an "lm_head"
 # beside a tied "embed" too: the sampler adds embed.T, copied once per call into the
 # layout XLA:CPU's dot reads fastest (20% off the 1m decode step's head, measured).
-# The layer stack is built from Block.init under jax.vmap; the layers are run by lax.scan (training, scoring) or,
-# with a KV cache, unrolled over per-layer weights and caches (decode: no per-step
-# copies of stacked weights or caches, which is what dominated CPU decode time).
+# The layer stack is built from Block.init under jax.vmap; the layers are run by
+# lax.scan (training, scoring) or, with a KV cache, unrolled over per-layer weights
+# and caches (decode: no per-step copies of stacked weights or caches, which is what
+# dominated CPU decode time).
 
 _TOP_LOGICAL = {"embed": ("vocab", "embed"), "final_norm": {"scale": ("norm",)},
                 "lm_head": ("embed", "vocab")}

@@ -199,12 +199,12 @@ class Sampler:
         sig = (batch, cache.max_len, per_row)
         if sig in self._jitted:
             return self._jitted[sig]
+        constrain = None if self.mesh is None else lambda c: jax.lax.with_sharding_constraint(
+            c, self._cache_shardings(batch, c.max_len))
+
         def fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens):
             return generate(params, self.cfg, self.scfg, prompts, prompt_mask, key, cache,
                             max_new_tokens, stop_tokens, constrain)
-
-        constrain = None if self.mesh is None else lambda c: jax.lax.with_sharding_constraint(
-            c, self._cache_shardings(batch, c.max_len))
 
         if self.mesh is None:
             jitted = jax.jit(fn, donate_argnums=4)
