@@ -95,6 +95,18 @@ def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
             np.testing.assert_allclose([v for _, v in tb_split[tag]], [v for _, v in series], err_msg=tag)
     assert [s for s, _ in tb_scalars(full / "tb" / "sft")["sft/loss"]] == list(range(6))
 
+    # swarmjax eval: the newest and the best checkpoint, on held-out tasks
+    base = ["eval", "--config", CONFIG, "--workdir", str(full)] + [a for s in small for a in ("--set", s)]
+    capsys.readouterr()
+    assert main(base + ["--sizes", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "PARL step 4" in out and "| 16 | final |" in out and "| 1 |" not in out
+    final = json.loads((full / "summary.json").read_text())["final"]["16"]["item_f1"]
+    assert f"| 16 | final | {final:.3f} |" in out                      # same tasks, same greedy policy
+    assert main(base + ["--checkpoint", "best"]) == 0
+    assert main(base + ["--checkpoint", "7"]) == 2
+    assert "no finalised checkpoint for step 7" in capsys.readouterr().err
+
 
 def tb_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
     """Scalar series of a TensorBoard run directory, read the way TensorBoard does:
@@ -116,18 +128,6 @@ def tb_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
             for val in ev.summary.value:
                 out.setdefault(val.tag, []).append((ev.step, val.simple_value))
     return out
-
-    # swarmjax eval: the newest and the best checkpoint, on held-out tasks
-    base = ["eval", "--config", CONFIG, "--workdir", str(full)] + [a for s in small for a in ("--set", s)]
-    capsys.readouterr()
-    assert main(base + ["--sizes", "16"]) == 0
-    out = capsys.readouterr().out
-    assert "PARL step 4" in out and "| 16 | final |" in out and "| 1 |" not in out
-    final = json.loads((full / "summary.json").read_text())["final"]["16"]["item_f1"]
-    assert f"| 16 | final | {final:.3f} |" in out                      # same tasks, same greedy policy
-    assert main(base + ["--checkpoint", "best"]) == 0
-    assert main(base + ["--checkpoint", "7"]) == 2
-    assert "no finalised checkpoint for step 7" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("override, message", [
