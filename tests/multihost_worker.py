@@ -10,8 +10,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"   # 2 devic
 
 import jax  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from small_job import SMALL_JOB  # noqa: E402  (this directory is sys.path[0] of the script)
+from small_job import CONFIG, SMALL_JOB  # noqa: E402  (this directory is sys.path[0] of the script)
 
 SMALL = SMALL_JOB + ["sft.steps=4", "parl.tasks_per_step=4", "parl.group_size=2", "mesh.data=-1"]
 
@@ -23,8 +22,7 @@ def main():
     from swarmjax.config_file import apply_overrides, load_config
     from swarmjax.train.job import TrainJob, run_job
 
-    job = apply_overrides(load_config(os.path.join(ROOT, "configs", "parl_widesearch_cpu.py"), TrainJob),
-                          SMALL + [f"parl_steps={steps}"])
+    job = apply_overrides(load_config(CONFIG, TrainJob), SMALL + [f"parl_steps={steps}"])
     run_job(job, workdir, progress=False, resume="--resume" in sys.argv)
     print("DONE", pid, jax.device_count(), flush=True)
 

@@ -1,7 +1,22 @@
-"""The overrides that shrink ``configs/parl_widesearch_cpu.py`` to a job of seconds,
-shared by the single-process job tests and the two-process worker."""
+"""What the job tests share: the overrides that shrink ``configs/parl_widesearch_cpu.py``
+to a job of seconds (single-process tests and the two-process worker), and the
+metrics rows two runs are compared by."""
+
+import json
+import os
+
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                      "parl_widesearch_cpu.py")
 
 SMALL_JOB = ["model.hidden_size=32", "model.head_dim=8", "model.intermediate_size=64", "model.num_layers=1",
              "sft.demos=32", "sft.eval_demos=8", "parl.update.num_minibatches=2", "eval_sizes=(1, 16)",
              "eval_episodes=4", "eval_every=2", "traces_per_eval=1", "checkpoint.every=2",
              "data.train_size=64", "data.validation_size=160", "data.test_size=160"]
+
+TIMING = {"rollout_s", "update_s", "tok_s"}     # wall-clock fields: differ between equal runs
+
+
+def rows(path, stage="parl"):
+    """The ``stage`` rows of a metrics.jsonl without their timing fields."""
+    out = [json.loads(line) for line in open(path)]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in out if r.get("stage", stage) == stage]

@@ -10,16 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-from small_job import SMALL_JOB
+from small_job import CONFIG, SMALL_JOB, TIMING, rows
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.job import TrainJob, _restore
 from swarmjax.train.parl import PARLTrainer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "configs", "parl_widesearch_cpu.py")
-TIMING = {"rollout_s", "update_s", "tok_s"}
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +29,6 @@ def train(workdir, small, *extra, resume=False):
     args = ["train", "--config", CONFIG, "--workdir", str(workdir), "--no-progress"]
     args += [a for s in small + list(extra) for a in ("--set", s)]
     return main(args + (["--resume"] if resume else []))
-
-
-def rows(path, stage="parl"):
-    out = [json.loads(line) for line in open(path)]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in out if r.get("stage", stage) == stage]
 
 
 def final_state(workdir, small, steps):

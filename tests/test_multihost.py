@@ -10,8 +10,9 @@ import socket
 import subprocess
 import sys
 
+from small_job import rows
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-TIMING = {"rollout_s", "update_s", "tok_s"}
 
 
 def free_port() -> int:
@@ -31,16 +32,11 @@ def two_processes(workdir, steps, resume=False):
         assert p.returncode == 0 and f"DONE {i} 4" in out, out[-3000:]
 
 
-def parl_rows(workdir):
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows if r["stage"] == "parl"]
-
-
 def test_two_process_run_and_resume(tmp_path):
     full = tmp_path / "full"
     two_processes(full, 4)
-    rows = parl_rows(full)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]                    # written once, by process 0
+    parl = rows(full / "metrics.jsonl")
+    assert [r["step"] for r in parl] == [0, 1, 2, 3]                    # written once, by process 0
     summary = json.loads((full / "summary.json").read_text())
     assert summary["parl_steps"] == 4 and set(summary["final"]) == {"1", "16"}
     assert len((full / "traces.jsonl").read_text().splitlines()) == 4  # warm + final, 2 sizes, 1 each
@@ -49,4 +45,4 @@ def test_two_process_run_and_resume(tmp_path):
     shutil.copytree(full, cut)
     shutil.rmtree(cut / "checkpoints" / "4")
     two_processes(cut, 4, resume=True)
-    assert parl_rows(cut) == rows
+    assert rows(cut / "metrics.jsonl") == parl
