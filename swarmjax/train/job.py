@@ -297,9 +297,10 @@ def run_job(job: TrainJob, workdir: str, progress: bool = True, resume: bool = F
             log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
             if split == "test":
                 tasks, result = _host(kept[n])                # every process joins the gather
-                for tr in (rollout_traces(eval_engine.rcfg.env, tasks, result, prefix=f"{label}-s{step}-n{n}",
-                                          limit=job.traces_per_eval) if primary else ()):
-                    log.write("traces.jsonl", tr)
+                if primary:
+                    for tr in rollout_traces(eval_engine.rcfg.env, tasks, result,
+                                             prefix=f"{label}-s{step}-n{n}", limit=job.traces_per_eval):
+                        log.write("traces.jsonl", tr)
         return res
 
     if latest is None:
