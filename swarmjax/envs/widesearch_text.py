@@ -1,0 +1,225 @@
+"""Wide-search in text: the token world's task (:mod:`swarmjax.envs.widesearch`) spoken
+through a chat format, with tools as text calls.
+
+Entities and values get generated multi-token names ("Doravin Kelt", "sub-tarno").
+The orchestrator's user turn lists the entities; it has ``lookup(entity)`` and the
+orchestration tools ``create_subagent`` / ``assign_task``; a sub-agent has
+``lookup``. Answers are plain text, one ``entity: value`` line per pair, which the
+verifier reads back into (entity, value) pairs.
+
+The rules are the token world's: a turn is one step; ``lookup`` serves one entity per
+turn (a second lookup call in the same turn gets an error reply, as the token world
+has one lookup per turn); a stage of ``assign_task`` calls costs 1 + its longest
+sub-agent on the critical path; at most K assignments per episode; a sub-agent has
+``subagent_steps`` turns (the rollout stops it after them). So a scripted serial or
+split policy takes exactly the steps, critical steps and answers of the same policy
+in the token world (tested differentially).
+
+Reward terms of an orchestrator episode (``ToolAgentEnv``'s verifier): ``r_perf``
+(item-F1), ``correct``, ``answered``, ``truth``, and the counts the PARL reward
+channels need, as the token world defines them: ``novel`` (assignments naming an
+asked-for entity no earlier assignment named) and ``returned`` (distinct asked-for
+entities that sub-agents answered).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from swarmjax.envs.orchestration import ASSIGN, CREATE, Orchestration
+from swarmjax.envs.tool_env import ToolAgentEnv
+from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
+from swarmjax.text.chat import ChatFormat
+from swarmjax.text.runner import ToolRunner
+from swarmjax.text.tools import Tool
+
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kl", "tr")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ei")
+_CODAS = ("", "n", "r", "l", "s", "k", "th")
+
+ORCH_SYSTEM = ("You find the value of every entity the user lists. lookup(entity) tells you one "
+               "entity's value per turn. You may instead create sub-agents and assign each a part "
+               "of the list: all assign_task calls of one turn run in parallel. When you know the "
+               "values, answer with one line per entity: <entity>: <value>")
+WORKER_SYSTEM = ("You look up the value of every entity you are given, one lookup per turn, then "
+                 "answer with one line per entity: <entity>: <value>")
+_LINE = re.compile(r"^\s*(.+?)\s*:\s*(.+?)\s*$")
+
+
+def _word(rng: random.Random, syllables: int) -> str:
+    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables))
+
+
+def generate_names(count: int, *, seed: int, style: str) -> list[str]:
+    """``count`` distinct pronounceable names: ``"entity"`` style "Doravin Kelt" (two
+    capitalised words), ``"value"`` style "sub-tarno" (two hyphenated lowercase words).
+    Deterministic in ``seed``; no name is a prefix-line ambiguity (none contains ':')."""
+    rng, names, seen = random.Random(seed), [], set()
+    while len(names) < count:
+        a, b = _word(rng, rng.randint(2, 3)), _word(rng, rng.randint(1, 2))
+        name = f"{a.capitalize()} {b.capitalize()}" if style == "entity" else f"{a}-{b}"
+        if name not in seen:
+            seen.add(name)
+            names.append(name)
+    return names
+
+
+def format_pairs(names: Sequence[str], values: Sequence[str], pairs: Sequence[tuple[int, int]]) -> str:
+    """The answer text of (entity, value) id pairs: one ``entity: value`` line each."""
+    return "\n".join(f"{names[e]}: {values[v]}" for e, v in pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class WideSearchText:
+    """The text rendering of a :class:`WideSearchConfig`'s tasks, and its environments.
+
+    Args:
+      cfg: the token world's sizes (E, V, K, S_sub, budget; contexts are the rollout's).
+      chat: the chat format (its tokenizer tokenises prompts and replies).
+      runner: a shared :class:`ToolRunner` for the ``lookup`` calls.
+      seed: seed of the generated names.
+    """
+
+    cfg: WideSearchConfig
+    chat: ChatFormat
+    runner: ToolRunner
+    seed: int = 0
+
+    @property
+    def entity_names(self) -> list[str]:
+        return _names(self.cfg.num_entities, self.seed, "entity")
+
+    @property
+    def value_names(self) -> list[str]:
+        return _names(self.cfg.num_values, self.seed + 1, "value")
+
+    # ---------------------------------------------------------------- reading text
+
+    def parse_pairs(self, text: str) -> list[tuple[int, int]]:
+        """(entity, value) id pairs of an answer's ``name: value`` lines, in order. A line
+        naming an unknown entity or value is an answered pair that cannot be right
+        (``(-1, -1)``), so guessing costs precision as in the token world."""
+        ents = {n: i for i, n in enumerate(self.entity_names)}
+        vals = {n: i for i, n in enumerate(self.value_names)}
+        pairs = []
+        for line in text.splitlines():
+            m = _LINE.match(line)
+            if m:
+                pairs.append((ents.get(m.group(1), -1), vals.get(m.group(2), -1)))
+        return pairs
+
+    def mentioned(self, text: str) -> list[int]:
+        """Entity ids named in ``text`` (an assignment's prompt), in order of first mention."""
+        hits = [(text.find(n), i) for i, n in enumerate(self.entity_names) if n in text]
+        return [i for _, i in sorted(hits)]
+
+    # ---------------------------------------------------------------- the episode
+
+    def task_text(self, entities: Sequence[int]) -> str:
+        return "Entities: " + ", ".join(self.entity_names[e] for e in entities)
+
+    def lookup_tool(self, ep: Episode) -> Tool:
+        names, values = self.entity_names, self.value_names
+        index = {n: i for i, n in enumerate(names)}
+
+        def lookup(entity: str) -> str:
+            """Look up one entity's value.
+
+            Args:
+              entity: the entity's name, exactly as listed.
+            """
+            if entity not in index:
+                raise KeyError(f"unknown entity {entity!r}")
+            return values[ep.table[index[entity]]]
+        return Tool.from_function(lookup)
+
+    def orchestrator(self, ep: Episode) -> ToolAgentEnv:
+        """A fresh orchestrator environment for one episode (``reset(ep)`` starts it)."""
+        orch = Orchestration(lambda system: self.worker(ep, system), max_subagents=self.cfg.max_subagents)
+        env = ToolAgentEnv(self.chat, [self.lookup_tool(ep)], runner=self.runner,
+                           messages=lambda ep: [{"role": "system", "content": ORCH_SYSTEM},
+                                                {"role": "user", "content": self.task_text(ep.task)}],
+                           verify=lambda ep, answer: self.verify(ep, answer, orch),
+                           orchestration=orch, per_turn={"lookup": 1})
+        return env
+
+    def worker(self, ep: Episode, system_prompt: str) -> ToolAgentEnv:
+        """A sub-agent environment (its task, the assignment's prompt, is ``reset``'s)."""
+        return ToolAgentEnv(self.chat, [self.lookup_tool(ep)], runner=self.runner,
+                            messages=lambda prompt: [{"role": "system", "content": system_prompt},
+                                                     {"role": "user", "content": prompt}],
+                            per_turn={"lookup": 1})
+
+    def verify(self, ep: Episode, answer: str, orch: Orchestration) -> dict[str, float]:
+        """Item-F1 of the answer and the counts PARL's channels need (module docstring)."""
+        correct, answered, truth = score(ep, self.parse_pairs(answer))
+        precision, recall = correct / max(answered, 1), correct / max(truth, 1)
+        f1 = 2 * precision * recall / (precision + recall) if correct else 0.0
+        asked, seen, novel = set(ep.task), set(), 0
+        for _, prompt in orch.history:
+            ents = set(self.mentioned(prompt))
+            novel += bool((ents & asked) - seen)
+            seen |= ents
+        returned = {e for text in orch.answers for e, _ in self.parse_pairs(text) if e in asked}
+        return {"r_perf": f1, "correct": correct, "answered": answered, "truth": truth,
+                "novel": novel, "returned": len(returned)}
+
+    # ---------------------------------------------------------------- scripted policies
+
+    def turn_ids(self, content: str = "", calls: Sequence[tuple[str, dict]] = ()) -> list[int]:
+        """The ids of one assistant turn as a model that follows the format samples it."""
+        return self.chat.assistant_ids(content, [{"name": n, "arguments": a} for n, a in calls]).tolist()
+
+    def answer_turn(self, ep: Episode, entities: Sequence[int] | None = None) -> list[int]:
+        ents = ep.task if entities is None else entities
+        return self.turn_ids(format_pairs(self.entity_names, self.value_names,
+                                          [(e, ep.table[e]) for e in ents]))
+
+    def serial_script(self, ep: Episode) -> list[list[int]]:
+        """The orchestrator looks every entity up itself, then answers: n + 1 turns."""
+        return [self.turn_ids(calls=[("lookup", {"entity": self.entity_names[e]})]) for e in ep.task] \
+            + [self.answer_turn(ep)]
+
+    def worker_script(self, ep: Episode, entities: Sequence[int]) -> list[list[int]]:
+        return self.serial_script(Episode(table=ep.table, task=list(entities)))
+
+    def split_script(self, ep: Episode, parts: int, *, system_prompt: str = "Look up each entity."
+                     ) -> tuple[list[list[int]], list[list[list[int]]]]:
+        """Create ``parts`` sub-agents and assign each a round-robin chunk in ONE turn,
+        then answer: the token world's :func:`~swarmjax.envs.scripts.split`."""
+        chunks = [ep.task[i::parts] for i in range(parts)]
+        calls = [(CREATE, {"name": f"worker{k}", "system_prompt": system_prompt})
+                 for k in range(parts)]
+        calls += [(ASSIGN, {"agent": f"worker{k}", "prompt": self.task_text(c)}) for k, c in enumerate(chunks)]
+        return [self.turn_ids(calls=calls), self.answer_turn(ep)], [self.worker_script(ep, c) for c in chunks]
+
+
+def text_corpus(cfg: WideSearchConfig, *, seed: int = 0, episodes: int = 200) -> list[str]:
+    """Text to train a tokenizer for this task on (names, prompts, calls, answers of
+    ``episodes`` random episodes): the tests, bench and CPU configs build their BPE
+    from it locally."""
+    rng = random.Random(seed)
+    ents, vals = _names(cfg.num_entities, seed, "entity"), _names(cfg.num_values, seed + 1, "value")
+    out = [ORCH_SYSTEM, WORKER_SYSTEM, *ents, *vals]
+    for _ in range(episodes):
+        ep = Episode.sample(cfg, rng)
+        out.append("Entities: " + ", ".join(ents[e] for e in ep.task))
+        out.append(format_pairs(ents, vals, [(e, ep.table[e]) for e in ep.task]))
+        e = rng.choice(ep.task)
+        out.append(f'{{"name": "lookup", "arguments": {{"entity": "{ents[e]}"}}}}')
+        out.append(f"Sub-agent 'worker{rng.randrange(8)}' answered:\n{ents[e]}: {vals[ep.table[e]]}")
+    return out
+
+
+_NAME_CACHE: dict[tuple, list[str]] = {}
+
+
+def _names(count: int, seed: int, style: str) -> list[str]:
+    key = (count, seed, style)
+    if key not in _NAME_CACHE:
+        _NAME_CACHE[key] = generate_names(count, seed=seed, style=style)
+    return _NAME_CACHE[key]

@@ -1,0 +1,485 @@
+"""The host-driven text rollout: orchestrators and frozen sub-agents decode together on
+the device; the host parses finished turns, runs tools and appends the replies.
+
+One rollout of B episodes alternates three phases until every episode has ended:
+
+1. **decode** (:func:`~swarmjax.swarm.text_device.decode_segment`, one jitted call):
+   every row that takes a turn now (orchestrators, and sub-agents holding one of the
+   ``worker_lanes`` lanes) samples until its stop id or its limit;
+2. **environment** (host, a thread pool): each finished turn goes to its
+   :class:`~swarmjax.envs.api.HostEnv`, which parses it, runs tools, and answers
+   with reply ids, the end of the episode, or sub-agents to start (a stage);
+3. **append** (:func:`~swarmjax.swarm.text_device.prefill_chunk`, jitted per chunk
+   bucket): reply ids, results of finished stages and new sub-agents' prompts are
+   appended to their rows' KV caches, up to ``F`` ids a call (``F`` the smallest of
+   ``prefill_buckets`` that holds the longest, so few shapes ever compile).
+
+Counting is the token world's (:mod:`swarmjax.envs.widesearch`): a finished turn is
+one step of its agent; a stage costs ``1 + max`` sub-agent steps on the critical path
+(the orchestrator turn that opened it is the 1) and the sum of all of them in total
+steps; an orchestrator turn starts only while ``critical_steps + 1 <= budget`` (else
+the episode ends with reason ``budget``); a sub-agent that has not answered after
+``subagent_turns`` turns is stopped and fails; an agent that must hear ids its context
+cannot hold ends (orchestrator: reason ``context``; sub-agent: it fails).
+
+The output is the token world's trajectory (:class:`TextRolloutResult`): the
+orchestrator's ids exactly as sampled and appended, a loss mask on its sampled ids
+only, the sampler's log-probs, stage ids and the step counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from swarmjax.envs.api import HostEnv, Step, SubAgentResult
+from swarmjax.models.config import ModelConfig
+from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.swarm.text_device import Rows, decode_segment_jit, init_rows, prefill_chunk_jit
+
+END_REASONS = ("running", "answer", "budget", "context")   # as the token world's
+RUNNING, END_ANSWER, END_BUDGET, END_CONTEXT = range(4)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextRolloutConfig:
+    """Static settings of a text rollout.
+
+    orch_context / worker_context: tokens an orchestrator / sub-agent conversation holds.
+    max_turn_tokens: most tokens one turn may sample (a longer turn is cut: ``truncated``).
+    worker_lanes: sub-agent rows on the device; more sub-agents wait for a free lane
+      (waiting delays them in wall clock, never changes a step count).
+    subagent_turns: S_sub, turns a sub-agent gets before it is stopped.
+    budget: critical-step budget (None: lifted).
+    prefill_buckets: chunk sizes of the append (each compiles once).
+    env_threads: threads that run environment steps (and so tools) of different episodes at once.
+    """
+
+    orch_context: int = 1024
+    worker_context: int = 512
+    max_turn_tokens: int = 128
+    worker_lanes: int = 8
+    subagent_turns: int = 5
+    budget: int | None = None
+    orch_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+    worker_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+    prefill_buckets: tuple[int, ...] = (16, 64, 256)
+    env_threads: int = 16
+
+    def __post_init__(self):
+        if min(self.orch_context, self.worker_context, self.max_turn_tokens, self.worker_lanes,
+               self.subagent_turns, self.env_threads) < 1:
+            raise ValueError("contexts, max_turn_tokens, worker_lanes, subagent_turns and "
+                             "env_threads must be >= 1")
+        if not self.prefill_buckets or list(self.prefill_buckets) != sorted(set(self.prefill_buckets)) \
+                or self.prefill_buckets[0] < 1:
+            raise ValueError(f"prefill_buckets must be increasing positive sizes, got {self.prefill_buckets}")
+        if self.budget is not None and self.budget < 2:
+            raise ValueError(f"budget {self.budget} is below 2 (one turn and an answer)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextScripts:
+    """Forced turns (tests, replays): ``orch[b]`` the ids of episode b's orchestrator
+    turns in order; ``workers[b][k]`` those of its k-th sub-agent (spawn order). An
+    agent whose script has run out samples."""
+
+    orch: Sequence[Sequence[np.ndarray]]
+    workers: Sequence[Sequence[Sequence[np.ndarray]]] = ()
+
+
+@dataclasses.dataclass
+class AgentTrace:
+    """One agent's conversation as the rollout built it (host numpy).
+
+    ids [T] int32, sampled [T] bool (ids this agent sampled), logprobs / model_logprobs
+    [T] f32 (0 off ``sampled``), turn [T] int32 (its own turn a token belongs to, 0: prompt).
+    """
+
+    name: str
+    ids: list = dataclasses.field(default_factory=list)
+    sampled: list = dataclasses.field(default_factory=list)
+    logprobs: list = dataclasses.field(default_factory=list)
+    model_logprobs: list = dataclasses.field(default_factory=list)
+    turn: list = dataclasses.field(default_factory=list)
+    steps: int = 0
+    stage: int = 0              # orchestrator step that started it (sub-agents)
+    ok: bool = False
+    reason: str = "running"
+    answer: str | None = None
+
+    def append(self, ids, *, sampled: bool, logprobs=None, model_logprobs=None):
+        ids = np.asarray(ids, np.int32)
+        zeros = np.zeros(ids.shape, np.float32)
+        self.ids.append(ids)
+        self.sampled.append(np.full(ids.shape, sampled))
+        self.logprobs.append(zeros if logprobs is None else np.asarray(logprobs, np.float32))
+        self.model_logprobs.append(zeros if model_logprobs is None else np.asarray(model_logprobs, np.float32))
+        self.turn.append(np.full(ids.shape, self.steps, np.int32))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros((0,), dt)
+        return {"ids": cat(self.ids, np.int32), "sampled": cat(self.sampled, bool),
+                "logprobs": cat(self.logprobs, np.float32),
+                "model_logprobs": cat(self.model_logprobs, np.float32), "turn": cat(self.turn, np.int32)}
+
+    def __len__(self) -> int:
+        return int(sum(len(x) for x in self.ids))
+
+
+@dataclasses.dataclass
+class TextRolloutResult:
+    """Token-in-token-out output of B episodes (C = ``orch_context``), host numpy.
+
+    tokens [B, C] int32 (``pad_id`` past length), length [B], loss_mask [B, C] (ids the
+    orchestrator sampled), logprobs / model_logprobs [B, C] f32, stage_ids [B, C] int32
+    (orchestrator step of each id, 0: prompt); orch_steps, critical_steps, total_steps,
+    spawned, finished [B] int32; end_reason [B] (index into :data:`END_REASONS`);
+    rewards: term -> [B] f32 (summed over each episode's steps); answers: final answer
+    text per episode (None without one); orchestrators / subagents: the
+    :class:`AgentTrace` of every agent; stats: timings and counts of the rollout.
+    """
+
+    tokens: np.ndarray
+    length: np.ndarray
+    loss_mask: np.ndarray
+    logprobs: np.ndarray
+    model_logprobs: np.ndarray
+    stage_ids: np.ndarray
+    orch_steps: np.ndarray
+    critical_steps: np.ndarray
+    total_steps: np.ndarray
+    spawned: np.ndarray
+    finished: np.ndarray
+    end_reason: np.ndarray
+    rewards: dict[str, np.ndarray]
+    answers: list
+    orchestrators: list[AgentTrace]
+    subagents: list[list[AgentTrace]]
+    stats: dict[str, float]
+
+
+@dataclasses.dataclass
+class _Agent:
+    """Host state of one agent: its environment, trace, row and pending ids."""
+
+    env: HostEnv
+    trace: AgentTrace
+    episode: int
+    is_orch: bool
+    index: int = 0               # spawn order within its episode (sub-agents)
+    row: int = -1                # device row (orchestrator b, or a lane)
+    pending: np.ndarray | None = None   # ids to append before the next turn
+    reset: bool = False
+    turning: bool = False        # takes a turn in the next decode
+
+
+@dataclasses.dataclass
+class _Episode:
+    orch: _Agent
+    critical: int = 0
+    total: int = 0
+    spawned: int = 0
+    finished: int = 0
+    end: int = RUNNING
+    rewards: dict = dataclasses.field(default_factory=dict)
+    stage: list = dataclasses.field(default_factory=list)     # running stage's sub-agents
+    subagents: list = dataclasses.field(default_factory=list)
+
+    def add(self, rewards):
+        for k, v in rewards.items():
+            self.rewards[k] = self.rewards.get(k, 0.0) + float(v)
+
+
+class TextRollout:
+    """Runs batches of text episodes: see the module docstring.
+
+    >>> rollout = TextRollout(model_cfg, TextRolloutConfig(), stop_ids=chat.stop_ids)
+    >>> result = rollout(orch_params, worker_params, envs, tasks, jax.random.key(0))
+
+    ``envs``: one fresh :class:`~swarmjax.envs.api.HostEnv` per episode; ``tasks``:
+    what each one's ``reset`` takes.
+    """
+
+    def __init__(self, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *, stop_ids: Sequence[int],
+                 worker_cfg: ModelConfig | None = None, pad_id: int = 0):
+        self.orch_cfg, self.rcfg = orch_cfg, rcfg
+        self.worker_cfg = worker_cfg or orch_cfg
+        self.stop_ids = np.asarray(list(stop_ids), np.int32)
+        if self.stop_ids.size == 0:
+            raise ValueError("a text rollout needs at least one stop id")
+        self.pad_id = pad_id
+        self._pool = ThreadPoolExecutor(rcfg.env_threads, thread_name_prefix="swarmjax-env")
+
+    # ------------------------------------------------------------------ device calls
+
+    def _bucket(self, n: int) -> int:
+        return next((b for b in self.rcfg.prefill_buckets if b >= n), self.rcfg.prefill_buckets[-1])
+
+    def _append(self, params, cfg, rows: Rows, agents: list[_Agent], stats) -> Rows:
+        """Append every agent's pending ids to its row, chunk by chunk."""
+        R = rows.pos.shape[0]
+        queue = {a.row: (a.pending, a.reset) for a in agents if a.pending is not None and a.pending.size}
+        done = dict.fromkeys(queue, 0)
+        first = True
+        while any(done[r] < len(ids) for r, (ids, _) in queue.items()):
+            F = self._bucket(max(len(ids) - done[r] for r, (ids, _) in queue.items()))
+            chunk = np.zeros((R, F), np.int32)
+            counts = np.zeros((R,), np.int32)
+            reset = np.zeros((R,), bool)
+            for r, (ids, rs) in queue.items():
+                part = ids[done[r]:done[r] + F]
+                chunk[r, :len(part)] = part
+                counts[r] = len(part)
+                reset[r] = rs and first
+                done[r] += len(part)
+            rows = prefill_chunk_jit(params, cfg, rows, chunk, counts, reset)
+            stats["prefill_calls"] += 1
+            first = False
+        for a in agents:
+            a.pending, a.reset = None, False
+        return rows
+
+    # ------------------------------------------------------------------ host logic
+
+    def _context(self, agent: _Agent) -> int:
+        return self.rcfg.orch_context if agent.is_orch else self.rcfg.worker_context
+
+    def _hear(self, agent: _Agent, ids: np.ndarray) -> bool:
+        """Queue ``ids`` for ``agent`` if its context holds them and one more token."""
+        if len(agent.trace) + len(ids) + 1 > self._context(agent):
+            return False
+        agent.trace.append(ids, sampled=False)
+        agent.pending = ids if agent.pending is None else np.concatenate([agent.pending, ids])
+        return True
+
+    def _next_turn(self, ep: _Episode):
+        """The orchestrator may take another turn: budget permitting."""
+        b = self.rcfg.budget
+        if b is not None and ep.critical + 1 > b:
+            ep.end = END_BUDGET
+        else:
+            ep.orch.turning = True
+
+    def _orch_step(self, ep: _Episode, step: Step, spawn_queue: list) -> None:
+        ep.add(step.rewards)
+        if step.done:
+            ep.end, ep.orch.trace.answer = END_ANSWER, step.answer
+            ep.orch.trace.reason, ep.orch.trace.ok = "answer", True
+        elif step.spawn:
+            for req in step.spawn:
+                trace = AgentTrace(name=req.agent, stage=ep.orch.trace.steps)
+                sub = _Agent(env=req.env, trace=trace, episode=ep.orch.episode, is_orch=False,
+                             index=len(ep.subagents))
+                spawn_queue.append((sub, req.task))
+                ep.stage.append(sub)
+                ep.subagents.append(sub)
+            ep.spawned += len(step.spawn)
+        elif not self._hear(ep.orch, step.reply):
+            ep.end = END_CONTEXT
+        else:
+            self._next_turn(ep)
+
+    def _worker_end(self, ep: _Episode, sub: _Agent, ok: bool, reason: str, answer: str | None,
+                    spawn_queue: list) -> None:
+        sub.trace.ok, sub.trace.reason, sub.trace.answer = ok, reason, answer
+        sub.turning = False
+        if all(s.trace.reason != "running" for s in ep.stage):
+            steps = [s.trace.steps for s in ep.stage]
+            ep.critical += max(steps)
+            ep.total += sum(steps)
+            ep.finished += sum(s.trace.ok for s in ep.stage)
+            results = [SubAgentResult(agent=s.trace.name, answer=s.trace.answer, steps=s.trace.steps,
+                                      ok=s.trace.ok, reason=s.trace.reason) for s in ep.stage]
+            ep.stage = []
+            self._orch_step(ep, ep.orch.env.resume(results), spawn_queue)
+
+    def _worker_step(self, ep: _Episode, sub: _Agent, step: Step, spawn_queue: list) -> None:
+        if step.spawn:
+            raise ValueError(f"sub-agent {sub.trace.name!r} asked for sub-agents: stages do not nest")
+        ep.add({f"subagent/{k}": v for k, v in step.rewards.items()})
+        if step.done:
+            self._worker_end(ep, sub, True, "answer", step.answer, spawn_queue)
+        elif sub.trace.steps >= self.rcfg.subagent_turns:
+            self._worker_end(ep, sub, False, "turns", None, spawn_queue)
+        elif not self._hear(sub, step.reply):
+            self._worker_end(ep, sub, False, "context", None, spawn_queue)
+        else:
+            sub.turning = True
+
+    def __call__(self, orch_params: Any, worker_params: Any, envs: Sequence[HostEnv], tasks: Sequence[Any],
+                 key: jax.Array, *, scripts: TextScripts | None = None) -> TextRolloutResult:
+        """Run ``len(envs)`` episodes to their end; see the module docstring."""
+        rcfg, T = self.rcfg, self.rcfg.max_turn_tokens
+        B, L = len(envs), rcfg.worker_lanes
+        if len(tasks) != B:
+            raise ValueError(f"{B} environments but {len(tasks)} tasks")
+        stats = dict(segments=0, prefill_calls=0, decode_s=0.0, prefill_s=0.0, env_s=0.0,
+                     sampled_tokens=0, appended_tokens=0)
+        t_start = time.perf_counter()
+        scratch = rcfg.prefill_buckets[-1]
+        orch_rows = init_rows(self.orch_cfg, B, rcfg.orch_context, scratch)
+        work_rows = init_rows(self.worker_cfg, L, rcfg.worker_context, scratch)
+        stop_ids = jnp.asarray(self.stop_ids)
+
+        eps = []
+        for b, (env, task) in enumerate(zip(envs, tasks)):
+            orch = _Agent(env=env, trace=AgentTrace(name="orchestrator"), episode=b, is_orch=True, row=b,
+                          reset=True)
+            eps.append(_Episode(orch=orch))
+        t0 = time.perf_counter()
+        prompts = list(self._pool.map(lambda et: et[0].reset(et[1]), zip(envs, tasks)))
+        stats["env_s"] += time.perf_counter() - t0
+        for ep, prompt in zip(eps, prompts):
+            if not self._hear(ep.orch, np.asarray(prompt, np.int32)):
+                raise ValueError(f"a prompt of {len(prompt)} ids does not fit orch_context={rcfg.orch_context}")
+            ep.orch.reset = True
+            self._next_turn(ep)
+
+        lanes: list[_Agent | None] = [None] * L
+        waiting: deque = deque()            # (sub-agent, task) without a lane yet
+        spawn_queue: list = []              # (sub-agent, task) asked for, not reset yet
+
+        def place_subagents():
+            """Reset the sub-agents asked for and give lanes to those waiting. A sub-agent
+            whose prompt does not fit fails at once, which may close a stage whose reply
+            asks for more: loop until nothing new is asked."""
+            while True:
+                t0 = time.perf_counter()
+                new = list(spawn_queue)
+                spawn_queue.clear()
+                prompts = list(self._pool.map(lambda st: st[0].env.reset(st[1]), new))
+                stats["env_s"] += time.perf_counter() - t0
+                waiting.extend((sub, np.asarray(p, np.int32)) for (sub, _), p in zip(new, prompts))
+                while waiting and None in lanes:
+                    sub, prompt = waiting.popleft()
+                    if not self._hear(sub, prompt):
+                        self._worker_end(eps[sub.episode], sub, False, "context", None, spawn_queue)
+                        continue
+                    sub.row, sub.reset, sub.turning = lanes.index(None), True, True
+                    lanes[sub.row] = sub
+                if not spawn_queue:
+                    return
+
+        def flush(orch_rows, work_rows):
+            t0 = time.perf_counter()
+            orchs = [ep.orch for ep in eps if ep.orch.pending is not None]
+            works = [a for a in lanes if a is not None and a.pending is not None]
+            stats["appended_tokens"] += sum(len(a.pending) for a in orchs + works)
+            if orchs:
+                orch_rows = self._append(orch_params, self.orch_cfg, orch_rows, orchs, stats)
+            if works:
+                work_rows = self._append(worker_params, self.worker_cfg, work_rows, works, stats)
+            stats["prefill_s"] += time.perf_counter() - t0
+            return orch_rows, work_rows
+
+        def forced(agent: _Agent) -> np.ndarray | None:
+            if scripts is None:
+                return None
+            if agent.is_orch:
+                turns = scripts.orch[agent.episode] if agent.episode < len(scripts.orch) else ()
+            else:
+                per_ep = scripts.workers[agent.episode] if agent.episode < len(scripts.workers) else ()
+                turns = per_ep[agent.index] if agent.index < len(per_ep) else ()
+            k = agent.trace.steps
+            return np.asarray(turns[k], np.int32) if k < len(turns) else None
+
+        orch_rows, work_rows = flush(orch_rows, work_rows)
+        while any(ep.end == RUNNING for ep in eps):
+            # ---- decode: every agent whose turn it is
+            rows_o = [ep.orch for ep in eps if ep.end == RUNNING and ep.orch.turning]
+            rows_w = [a for a in lanes if a is not None and a.turning]
+            if not rows_o and not rows_w:
+                raise RuntimeError("text rollout made no progress: no agent can take a turn "
+                                   "(an environment returned a Step that neither replies, spawns nor ends)")
+            active_o, active_w = np.zeros(B, bool), np.zeros(L, bool)
+            limit_o, limit_w = np.ones(B, np.int32), np.ones(L, np.int32)
+            f_o, f_w = np.full((B, T), -1, np.int32), np.full((L, T), -1, np.int32)
+            for agents, active, limit, fbuf in ((rows_o, active_o, limit_o, f_o), (rows_w, active_w, limit_w, f_w)):
+                for a in agents:
+                    active[a.row] = True
+                    limit[a.row] = min(T, self._context(a) - len(a.trace))
+                    script = forced(a)
+                    if script is not None:
+                        fbuf[a.row, :min(len(script), T)] = script[:T]
+                        limit[a.row] = min(limit[a.row], max(len(script), 1))
+            t0 = time.perf_counter()
+            key, sub_key = jax.random.split(key)
+            orch_rows, work_rows, turns_o, turns_w = decode_segment_jit(
+                orch_params, worker_params, self.orch_cfg, self.worker_cfg, rcfg.orch_sampling,
+                rcfg.worker_sampling, orch_rows, work_rows, sub_key, orch_active=active_o,
+                work_active=active_w, orch_limit=limit_o, work_limit=limit_w, stop_ids=stop_ids, steps=T,
+                orch_forced=f_o if scripts is not None else None,
+                work_forced=f_w if scripts is not None else None)
+            turns_o, turns_w = jax.device_get((turns_o, turns_w))
+            stats["decode_s"] += time.perf_counter() - t0
+            stats["segments"] += 1
+
+            # ---- record the turns, then let the environments answer them (in parallel)
+            finished = []
+            for agents, turns in ((rows_o, turns_o), (rows_w, turns_w)):
+                for a in agents:
+                    n = int(turns.lengths[a.row])
+                    ids = turns.tokens[a.row, :n]
+                    a.trace.steps += 1
+                    a.trace.append(ids, sampled=True, logprobs=turns.logprobs[a.row, :n],
+                                   model_logprobs=turns.model_logprobs[a.row, :n])
+                    a.turning = False
+                    stats["sampled_tokens"] += n
+                    finished.append((a, ids, not bool(turns.stopped[a.row])))
+            t0 = time.perf_counter()
+            steps = list(self._pool.map(lambda f: f[0].env.step(f[1], truncated=f[2]), finished))
+            stats["env_s"] += time.perf_counter() - t0
+            for (a, _, _), step in zip(finished, steps):
+                ep = eps[a.episode]
+                if a.is_orch:
+                    ep.critical += 1
+                    ep.total += 1
+                    self._orch_step(ep, step, spawn_queue)
+                else:
+                    self._worker_step(ep, a, step, spawn_queue)
+            for l, a in enumerate(lanes):       # lanes of sub-agents that ended are free again
+                if a is not None and a.trace.reason != "running":
+                    lanes[l] = None
+            place_subagents()
+            orch_rows, work_rows = flush(orch_rows, work_rows)
+
+        stats["total_s"] = time.perf_counter() - t_start
+        return self._result(eps, stats)
+
+    def _result(self, eps: list[_Episode], stats: dict) -> TextRolloutResult:
+        B, C = len(eps), self.rcfg.orch_context
+        out = dict(tokens=np.full((B, C), self.pad_id, np.int32), loss_mask=np.zeros((B, C), bool),
+                   logprobs=np.zeros((B, C), np.float32), model_logprobs=np.zeros((B, C), np.float32),
+                   stage_ids=np.zeros((B, C), np.int32))
+        length = np.zeros((B,), np.int32)
+        for b, ep in enumerate(eps):
+            arr = ep.orch.trace.arrays()
+            n = len(arr["ids"])
+            length[b] = n
+            out["tokens"][b, :n] = arr["ids"]
+            out["loss_mask"][b, :n] = arr["sampled"]
+            out["logprobs"][b, :n] = arr["logprobs"]
+            out["model_logprobs"][b, :n] = arr["model_logprobs"]
+            out["stage_ids"][b, :n] = arr["turn"]
+        terms = sorted({k for ep in eps for k in ep.rewards})
+        count = lambda f: np.asarray([f(ep) for ep in eps], np.int32)
+        return TextRolloutResult(
+            **out, length=length, orch_steps=count(lambda e: e.orch.trace.steps),
+            critical_steps=count(lambda e: e.critical), total_steps=count(lambda e: e.total),
+            spawned=count(lambda e: e.spawned), finished=count(lambda e: e.finished),
+            end_reason=count(lambda e: e.end),
+            rewards={k: np.asarray([ep.rewards.get(k, 0.0) for ep in eps], np.float32) for k in terms},
+            answers=[ep.orch.trace.answer for ep in eps], orchestrators=[ep.orch.trace for ep in eps],
+            subagents=[[s.trace for s in ep.subagents] for ep in eps], stats=stats)
+
+    def close(self):
+        self._pool.shutdown(wait=False)

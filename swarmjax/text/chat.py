@@ -1,0 +1,352 @@
+"""Chat formats as id streams, built turn by turn (token-in-token-out).
+
+A ``ChatFormat`` never renders a conversation with Jinja. It assembles ids from
+constant pieces (added tokens and the fixed text between them, each an int32
+array built once in ``__init__``) and ``tokenizer.encode`` of the text segments
+that lie between added tokens. Added tokens split the text before the
+pre-tokenizer runs, so the stream equals the tokenization of the full render:
+
+    prompt_ids + turn_1 + after_turn_ids(turn_1) + tool_responses_ids(...) + turn_2 + ...
+      == AutoTokenizer.apply_chat_template(conversation_so_far, tools=..., enable_thinking=...,
+                                           add_generation_prompt=..., tokenize=True)
+
+at every turn boundary, with the templates shipped here (``templates/*.jinja``)
+and a turn sampled as ``tokenizer.encode(assistant_text(...)) + stop id``
+(``assistant_ids``). A policy may sample another tokenization of the same text,
+or end a Qwen3 turn with ``<|endoftext|>`` (a Llama 3 tool-call turn with
+``<|eot_id|>``); the stream keeps what was sampled, and a re-render would differ
+there: train on the stream, never on a re-render.
+
+Qwen3 differs from its published template on purpose: the published one keeps
+a ``<think>`` block only for the assistant turns after the last user query and
+drops an EMPTY block from every non-last turn, so a stream generated behind
+``<think>\\n\\n</think>\\n\\n`` (thinking off) or extended by a follow-up query is no
+prefix of the later full render. Ours renders every assistant turn with the
+think block it was generated with: ``reasoning_content`` (possibly empty), the
+block inside its content, or, with ``enable_thinking=false``, the empty block.
+
+Llama 3 follows the 3.1 layout; several tool calls (3.1 allows one) are joined
+by ``"; "``, content (3.1 drops it) follows the calls on a new line, and the turn
+ends with ``<|eom_id|>`` when it calls tools.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, ClassVar
+
+import numpy as np
+
+from swarmjax.text.tokenizer import TextTokenizer
+
+Piece = str | np.ndarray  # a text segment to encode, or constant int32 ids
+Message = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TokenSpec:
+    """An added token a format needs; ``special`` ones are dropped by skip_special_tokens."""
+
+    content: str
+    special: bool = True
+
+
+def load_template(name: str) -> str:
+    """The Jinja chat template shipped as package data, ``templates/{name}.jinja``."""
+    return (resources.files("swarmjax.text") / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def _const(ids: np.ndarray) -> np.ndarray:
+    ids = np.asarray(ids, dtype=np.int32).reshape(-1)
+    ids.flags.writeable = False  # shared by every stream built with this format
+    return ids
+
+
+def _call_parts(call: Mapping[str, Any]) -> tuple[str, Any]:
+    """(name, arguments) of an OpenAI-style ``{"function": {...}}`` call or a flat one."""
+    fn = call.get("function", call)
+    return fn["name"], fn.get("arguments", {})
+
+
+def _arguments_text(arguments: Any) -> str:
+    # A string is the model's own JSON, kept verbatim; anything else is written as the
+    # transformers ``tojson`` filter does (json.dumps, ensure_ascii=False).
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+class ChatFormat:
+    """A chat family's id layout. Subclasses set the tokens and the turn pieces.
+
+    Args:
+      tokenizer: a ``TextTokenizer`` holding the family's added tokens.
+      thinking: the ``enable_thinking`` the stream is generated with (Qwen3 only).
+    """
+
+    name: ClassVar[str]
+    call_syntax: ClassVar[str]  # the key of toolcalls.CALL_SYNTAXES that parses its turns
+    tokens: ClassVar[tuple[TokenSpec, ...]]
+    stop_tokens: ClassVar[tuple[str, ...]]
+    eos_token: ClassVar[str]
+    pad_token: ClassVar[str]
+    bos_token: ClassVar[str | None] = None
+
+    def __init__(self, tokenizer: TextTokenizer, *, thinking: bool = False):
+        self.tokenizer = tokenizer
+        self.thinking = thinking
+        self.ids = {t.content: _const([tokenizer.token_id(t.content)]) for t in self.tokens}
+        self.stop_ids = _const([tokenizer.token_id(t) for t in self.stop_tokens])
+        self._generation_prompt = _const(self.assemble(self._generation_prompt_pieces()))
+
+    @classmethod
+    def template(cls) -> str:
+        """The Jinja chat template of this family (package data)."""
+        return load_template(cls.name)
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """Extra ``apply_chat_template`` kwargs that reproduce this stream."""
+        return {"enable_thinking": self.thinking}
+
+    def assemble(self, pieces: Sequence[Piece]) -> np.ndarray:
+        """Ids of a piece list: adjacent strings are joined and encoded once. -> int32 [T]."""
+        out: list[np.ndarray] = []
+        text: list[str] = []
+        for piece in [*pieces, None]:
+            if isinstance(piece, str):
+                text.append(piece)
+                continue
+            if text and "".join(text):
+                out.append(self.tokenizer.encode("".join(text)))
+            text = []
+            if piece is not None:
+                out.append(piece)
+        return np.concatenate(out).astype(np.int32) if out else np.zeros([0], np.int32)
+
+    # ---- streams ----------------------------------------------------------------------------
+
+    def prompt_ids(self, messages: Sequence[Message], *, tools: Sequence[Mapping] | None = None) -> np.ndarray:
+        """The first prompt: an optional leading system message, then user messages, then the
+        generation prompt; ``tools`` (JSON schemas) go in the system turn. -> int32 [T]."""
+        messages = list(messages)
+        system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else None
+        pieces: list[Piece] = list(self._begin_pieces())
+        if system is not None or tools:
+            pieces += self._system_pieces(system, list(tools or []))
+        for m in messages:
+            if m["role"] != "user":
+                raise ValueError(f"prompt_ids takes a leading system message then user messages, got {m['role']!r}")
+            pieces += self._turn_pieces("user", m["content"])
+        return self.assemble([*pieces, self._generation_prompt])
+
+    def generation_prompt_ids(self) -> np.ndarray:
+        """The assistant header the model continues from. -> int32 [T] (read-only)."""
+        return self._generation_prompt
+
+    def after_turn_ids(self, turn_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Environment ids closing a sampled assistant turn [T] (loss mask 0). A turn that did
+        not end with a stop id (cut by a length limit) is closed with the end-of-turn token too."""
+        turn = np.asarray(turn_ids).reshape(-1)
+        ended = turn.size > 0 and int(turn[-1]) in set(self.stop_ids.tolist())
+        return self.assemble(self._after_turn_pieces(ended))
+
+    def user_ids(self, text: str) -> np.ndarray:
+        """A user turn then the generation prompt. -> int32 [T]."""
+        return self.assemble([*self._turn_pieces("user", text), self._generation_prompt])
+
+    def tool_responses_ids(self, contents: Sequence[str]) -> np.ndarray:
+        """The results of one turn's tool calls (in call order), then the generation prompt.
+        -> int32 [T]."""
+        if not contents:
+            raise ValueError("tool_responses_ids needs at least one response")
+        return self.assemble([*self._tool_pieces(list(contents)), self._generation_prompt])
+
+    # ---- text a model emits -------------------------------------------------------------------
+
+    def tool_call_text(self, name: str, arguments: Any) -> str:
+        """One tool call as the model writes it; ``arguments`` a JSON string (verbatim) or a value."""
+        raise NotImplementedError
+
+    def assistant_text(self, content: str, tool_calls: Sequence[Mapping[str, Any]] = (), *,
+                       reasoning: str | None = None) -> str:
+        """The exact text a model emits for a turn: what the render puts between the
+        generation prompt and the end-of-turn token (think block, content, tool calls)."""
+        calls = [self.tool_call_text(*_call_parts(c)) for c in tool_calls]
+        return self._think_text(reasoning) + self._body_text(content, calls)
+
+    def assistant_ids(self, content: str, tool_calls: Sequence[Mapping[str, Any]] = (), *,
+                      reasoning: str | None = None) -> np.ndarray:
+        """A turn as a model that follows the format samples it (demonstrations, scripted
+        tests): ``encode(assistant_text(...))`` + its end-of-turn id. -> int32 [T]."""
+        text = self.assistant_text(content, tool_calls, reasoning=reasoning)
+        return self.assemble([text, self.ids[self._end_token(bool(tool_calls))]])
+
+    # ---- family hooks -------------------------------------------------------------------------
+
+    def _end_token(self, calls: bool) -> str:
+        return self.stop_tokens[0]
+
+    def _begin_pieces(self) -> list[Piece]:
+        return []
+
+    def _body_text(self, content: str, calls: list[str]) -> str:
+        raise NotImplementedError
+
+    def _think_text(self, reasoning: str | None) -> str:
+        if reasoning is not None:
+            raise ValueError(f"{self.name} has no reasoning block")
+        return ""
+
+    def _generation_prompt_pieces(self) -> list[Piece]:
+        raise NotImplementedError
+
+    def _turn_pieces(self, role: str, text: str) -> list[Piece]:
+        raise NotImplementedError
+
+    def _system_pieces(self, system: str | None, tools: list[Mapping]) -> list[Piece]:
+        raise NotImplementedError
+
+    def _tool_pieces(self, contents: list[str]) -> list[Piece]:
+        raise NotImplementedError
+
+    def _after_turn_pieces(self, ended: bool) -> list[Piece]:
+        raise NotImplementedError
+
+
+class Qwen3Format(ChatFormat):
+    """Qwen3: ChatML turns, Hermes-style ``<tool_call>`` JSON, tool results grouped in one
+    user turn, ``<think>`` blocks (see the module docstring for the prefix-stable rule)."""
+
+    name = "qwen3"
+    call_syntax = "hermes"
+    tokens = (TokenSpec("<|endoftext|>"), TokenSpec("<|im_start|>"), TokenSpec("<|im_end|>"),
+              TokenSpec("<tool_call>", False), TokenSpec("</tool_call>", False),
+              TokenSpec("<tool_response>", False), TokenSpec("</tool_response>", False),
+              TokenSpec("<think>", False), TokenSpec("</think>", False))
+    stop_tokens = ("<|im_end|>", "<|endoftext|>")
+    eos_token = "<|im_end|>"
+    pad_token = "<|endoftext|>"
+
+    TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+    TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function name and "
+                  "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                  '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+    def __init__(self, tokenizer: TextTokenizer, *, thinking: bool = False):
+        super().__init__(tokenizer, thinking=thinking)
+        ids = self.ids
+        self._im_start, self._im_end = ids["<|im_start|>"], ids["<|im_end|>"]
+        self._end_nl = _const(self.assemble([self._im_end, "\n"]))  # "\n" always precedes <|im_start|>
+        self._response_open, self._response_close = ids["<tool_response>"], ids["</tool_response>"]
+
+    def tool_call_text(self, name: str, arguments: Any) -> str:
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {_arguments_text(arguments)}}}\n</tool_call>'
+
+    def _body_text(self, content: str, calls: list[str]) -> str:
+        shown = content.split("</think>")[-1].lstrip("\n")  # the text after a think block, as the template
+        return content + ("\n" if calls and shown else "") + "\n".join(calls)
+
+    def _think_text(self, reasoning: str | None) -> str:
+        if reasoning is None:
+            return ""
+        if not self.thinking:
+            raise ValueError("thinking is off: the generation prompt already holds the empty think block")
+        return f"<think>\n{reasoning}\n</think>\n\n"
+
+    def _generation_prompt_pieces(self) -> list[Piece]:
+        empty_think = [] if self.thinking else [self.ids["<think>"], "\n\n", self.ids["</think>"], "\n\n"]
+        return [self.ids["<|im_start|>"], "assistant\n", *empty_think]
+
+    def _turn_pieces(self, role: str, text: str) -> list[Piece]:
+        return [self._im_start, f"{role}\n{text}", self._end_nl]
+
+    def _system_pieces(self, system: str | None, tools: list[Mapping]) -> list[Piece]:
+        if not tools:
+            return self._turn_pieces("system", system or "")
+        head = "system\n" + ("" if system is None else system + "\n\n") + self.TOOLS_HEAD
+        schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)  # = "\n" + tool|tojson
+        return [self._im_start, head + schemas + self.TOOLS_TAIL, self._end_nl]
+
+    def _tool_pieces(self, contents: list[str]) -> list[Piece]:
+        pieces: list[Piece] = [self._im_start, "user"]
+        for c in contents:
+            pieces += ["\n", self._response_open, f"\n{c}\n", self._response_close]
+        return [*pieces, self._end_nl]
+
+    def _after_turn_pieces(self, ended: bool) -> list[Piece]:
+        return ["\n"] if ended else [self._end_nl]
+
+
+class Llama3Format(ChatFormat):
+    """Llama 3.1 style: header turns, tools as JSON in the system turn, tool calls as
+    ``{"name": N, "parameters": ARGS}`` objects ending with ``<|eom_id|>``, results as
+    ``ipython`` turns. No reasoning block (``thinking=True`` is refused)."""
+
+    name = "llama3"
+    call_syntax = "llama3_json"
+    tokens = (TokenSpec("<|begin_of_text|>"), TokenSpec("<|end_of_text|>"), TokenSpec("<|start_header_id|>"),
+              TokenSpec("<|end_header_id|>"), TokenSpec("<|eot_id|>"), TokenSpec("<|eom_id|>"),
+              TokenSpec("<|python_tag|>"))
+    stop_tokens = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+    eos_token = "<|eot_id|>"
+    pad_token = "<|end_of_text|>"
+    bos_token = "<|begin_of_text|>"
+
+    TOOLS_HEAD = ("Environment: ipython\n\nYou can call the functions below. To call one, answer with a JSON "
+                  'object {"name": function name, "parameters": object of argument values}; separate '
+                  'several calls with "; ".\n\nFunctions:')
+
+    def __init__(self, tokenizer: TextTokenizer, *, thinking: bool = False):
+        if thinking:
+            raise ValueError("llama3 has no thinking mode")
+        super().__init__(tokenizer, thinking=False)
+        self._eot = self.ids["<|eot_id|>"]
+
+    def tool_call_text(self, name: str, arguments: Any) -> str:
+        return f'{{"name": "{name}", "parameters": {_arguments_text(arguments)}}}'
+
+    def _body_text(self, content: str, calls: list[str]) -> str:
+        # Calls first, "; "-separated (vLLM's llama3_json convention, toolcalls.py parses it);
+        # any content follows them on a new line.
+        return "; ".join(calls) + ("\n" if calls and content else "") + content
+
+    def _end_token(self, calls: bool) -> str:
+        return "<|eom_id|>" if calls else "<|eot_id|>"  # 3.1: a turn that calls tools waits for ipython
+
+    def _header(self, role: str) -> list[Piece]:
+        return [self.ids["<|start_header_id|>"], role, self.ids["<|end_header_id|>"], "\n\n"]
+
+    def _begin_pieces(self) -> list[Piece]:
+        return [self.ids["<|begin_of_text|>"]]
+
+    def _generation_prompt_pieces(self) -> list[Piece]:
+        return self._header("assistant")
+
+    def _turn_pieces(self, role: str, text: str) -> list[Piece]:
+        return [*self._header(role), text, self._eot]
+
+    def _system_pieces(self, system: str | None, tools: list[Mapping]) -> list[Piece]:
+        text = system or ""
+        if tools:
+            schemas = "".join("\n\n" + json.dumps(t, ensure_ascii=False) for t in tools)  # = tool|tojson
+            text = self.TOOLS_HEAD + schemas + ("" if system is None else "\n\n" + system)
+        return self._turn_pieces("system", text)
+
+    def _tool_pieces(self, contents: list[str]) -> list[Piece]:
+        return [p for c in contents for p in self._turn_pieces("ipython", c)]
+
+    def _after_turn_pieces(self, ended: bool) -> list[Piece]:
+        return [] if ended else [self._eot]
+
+
+CHAT_FORMATS: dict[str, type[ChatFormat]] = {"qwen3": Qwen3Format, "llama3": Llama3Format}
+
+
+def chat_format(name: str, tokenizer: TextTokenizer, *, thinking: bool = False) -> ChatFormat:
+    """The ``ChatFormat`` called ``name`` (a key of ``CHAT_FORMATS``) over ``tokenizer``."""
+    if name not in CHAT_FORMATS:
+        raise ValueError(f"unknown chat format {name!r}; known: {sorted(CHAT_FORMATS)}")
+    return CHAT_FORMATS[name](tokenizer, thinking=thinking)

@@ -1,0 +1,329 @@
+"""Golden tests of the chat formats: the id stream built turn by turn (ChatFormat) equals
+transformers' ``apply_chat_template`` of the conversation so far, at every turn boundary.
+
+The tokenizers are byte-level BPEs trained here on generated text (train_bpe_tokenizer),
+so nothing is downloaded."""
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from swarmjax.text.bpe import train_bpe_tokenizer
+from swarmjax.text.chat import CHAT_FORMATS, Llama3Format, Qwen3Format, chat_format, load_template
+from swarmjax.text.tokenizer import TextTokenizer, TokenizerError
+
+transformers = pytest.importorskip("transformers")
+
+WORDS = ("the search tool returns results for each entity query city river founded population name year "
+         "answer check more find list value true false null error page source table").split()
+CJK = "北京大学东京塔上海长江黄河寿司郎成立年份校长人口城市名称结果查询数据来源表格搜索谢谢再一个"
+EMOJI = "🚀🍣🗼🎉✅🔎📚🌏😀🤖"
+
+
+def corpus(n=3000, seed=0):
+    """Short texts: English words, CJK runs, emoji and JSON-ish tool traffic."""
+    rng = random.Random(seed)
+    texts = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            texts.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) + rng.choice(".?!\n"))
+        elif kind == 1:
+            texts.append("".join(rng.choice(CJK) for _ in range(rng.randint(2, 10))) + rng.choice(EMOJI))
+        elif kind == 2:
+            obj = {rng.choice(WORDS): rng.choice([rng.randint(0, 2000), rng.choice(WORDS),
+                                                  "".join(rng.sample(CJK, 3))]) for _ in range(3)}
+            texts.append(json.dumps({"name": rng.choice(WORDS), "arguments": obj}, ensure_ascii=i % 8 == 2))
+        else:
+            cjk = "".join(rng.sample(CJK, 4))
+            texts.append(f"{rng.choice(EMOJI)} {rng.choice(WORDS)}: {cjk} ({rng.randint(1, 99)})")
+    return texts
+
+
+@pytest.fixture(scope="module")
+def tokdirs(tmp_path_factory):
+    texts = corpus()
+    return {name: train_bpe_tokenizer(texts, tmp_path_factory.mktemp(name), vocab_size=1500, chat_format=name)
+            for name in CHAT_FORMATS}
+
+
+@pytest.fixture(scope="module")
+def toks(tokdirs):
+    return {name: TextTokenizer.from_dir(d) for name, d in tokdirs.items()}
+
+
+@pytest.fixture(scope="module")
+def hf_toks(tokdirs):
+    return {name: transformers.AutoTokenizer.from_pretrained(d) for name, d in tokdirs.items()}
+
+
+# ---------------------------------------------------------------------------------- the script
+
+TOOLS = [
+    {"type": "function", "function": {"name": "search", "description": "Search the web 🔎 / 搜索网页",
+                                      "parameters": {"type": "object", "properties": {
+                                          "entity": {"type": "string"}, "limit": {"type": "integer"}},
+                                          "required": ["entity"]}}},
+    {"type": "function", "function": {"name": "fetch_page", "description": "Fetch one page",
+                                      "parameters": {"type": "object",
+                                                     "properties": {"url": {"type": "string"}}}}},
+]
+FIRST = [{"role": "system", "content": "You are a careful research agent."},
+         {"role": "user", "content": "Find the founding years of 北京大学, 🍣 寿司郎 and 东京塔 🗼."}]
+ESCAPED = r'{"entity": "\u6771\u4eac\u5854 \ud83d\uddfc", "limit": 2}'  # a JSON string with \uXXXX escapes
+
+
+@dataclass
+class Turn:
+    """One scripted assistant turn and what the environment answers."""
+
+    content: str
+    calls: list = field(default_factory=list)    # (name, arguments)
+    reasoning: str = ""
+    responses: list = field(default_factory=list)  # tool results, or
+    user: str | None = None                        # a follow-up query
+
+
+SCRIPT = [
+    Turn("", [("search", {"entity": "北京大学", "limit": 1}), ("search", {"entity": "🍣 寿司郎"}),
+              ("search", ESCAPED)],
+         "Three entities; search them in parallel. 先查北京。",
+         responses=['{"entity": "北京大学", "founded": 1898} 📚', "No results for 🍣.\nTry again.",
+                    '{"entity": "东京塔", "founded": 1958}']),
+    Turn("One more search for the sushi chain 🔎", [("search", {"entity": "寿司郎", "limit": 3})],
+         "The sushi search failed; retry without the emoji.",
+         responses=['{"entity": "寿司郎", "founded": 1984, "source": "https://example.org/寿司"}']),
+    Turn("", [("fetch_page", {"url": "https://example.org/北京"}), ("fetch_page", '{"url": "https://x.org/a"}')],
+         "", responses=["<html>北京大学 1898</html>", "page 2 ✅"]),
+    Turn("北京大学: 1898, 寿司郎: 1984, 东京塔: 1958 🎉", [], "All three found.",
+         user="谢谢! 再查一个: 上海 🌏?"),
+    Turn("", [("search", {"entity": "上海"})], "One call.",
+         responses=['{"entity": "上海", "population": 24870895}']),
+    Turn("上海: population 24870895 ✅", [], "Done."),
+]
+
+
+def call_dict(name, arguments):
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def message(fmt, turn, index):
+    """The assistant message of the conversation; on Qwen3 with thinking, every other turn
+    carries its think block inside the content instead of reasoning_content; without
+    thinking, every other turn says reasoning_content="" explicitly."""
+    calls = [call_dict(*c) for c in turn.calls] or None  # None: transformers drops the key
+    msg = {"role": "assistant", "content": turn.content, "tool_calls": calls}
+    if fmt.thinking and index % 2:
+        msg["content"] = f"<think>\n{turn.reasoning}\n</think>\n\n{turn.content}"
+    elif fmt.thinking:
+        msg["reasoning_content"] = turn.reasoning
+    elif fmt.name == "qwen3" and index % 2:
+        msg["reasoning_content"] = ""
+    return msg
+
+
+def render(hf, fmt, conversation, *, generation_prompt):
+    return hf.apply_chat_template(conversation, tools=TOOLS, add_generation_prompt=generation_prompt,
+                                  tokenize=True, return_dict=False, **fmt.template_kwargs)
+
+
+def assert_same(tok, stream, golden, where):
+    got = np.concatenate(stream).tolist()
+    if got != golden:
+        k = next((i for i, (a, b) in enumerate(zip(got, golden)) if a != b), min(len(got), len(golden)))
+        pytest.fail(f"{where}: stream differs from apply_chat_template at id {k} "
+                    f"(lengths {len(got)} vs {len(golden)})\nstream: {tok.decode(got[k - 20:k + 20])!r}\n"
+                    f"golden: {tok.decode(golden[k - 20:k + 20])!r}")
+
+
+def play(fmt, hf, script, *, cut_last=False):
+    """Build the stream turn by turn and check it against the render at every boundary.
+    Returns the number of boundaries checked."""
+    tok = fmt.tokenizer
+    stream, conv = [fmt.prompt_ids(FIRST, tools=TOOLS)], list(FIRST)
+    assert_same(tok, stream, render(hf, fmt, conv, generation_prompt=True), "first prompt")
+    checks = 1
+    for i, turn in enumerate(script):
+        reasoning = turn.reasoning if fmt.thinking else None
+        text = fmt.assistant_text(turn.content, [call_dict(*c) for c in turn.calls], reasoning=reasoning)
+        end = "<|eom_id|>" if fmt.name == "llama3" and turn.calls else fmt.stop_tokens[0]
+        sampled = np.concatenate([tok.encode(text), [tok.token_id(end)]]).astype(np.int32)
+        np.testing.assert_array_equal(sampled, fmt.assistant_ids(turn.content, [call_dict(*c) for c in turn.calls],
+                                                                 reasoning=reasoning))
+        msg = message(fmt, turn, i)
+        if cut_last and i == len(script) - 1:  # cut by the length limit: no stop id, content = the text so far
+            sampled, msg = sampled[:-1], {"role": "assistant", "content": text}
+        stream += [sampled, fmt.after_turn_ids(sampled)]
+        conv.append(msg)
+        assert_same(tok, stream, render(hf, fmt, conv, generation_prompt=False), f"after assistant turn {i}")
+        if turn.responses:
+            stream.append(fmt.tool_responses_ids(turn.responses))
+            conv += [{"role": "tool", "content": r} for r in turn.responses]
+        elif turn.user is not None:
+            stream.append(fmt.user_ids(turn.user))
+            conv.append({"role": "user", "content": turn.user})
+        else:
+            checks += 1
+            continue
+        assert_same(tok, stream, render(hf, fmt, conv, generation_prompt=True), f"before assistant turn {i + 1}")
+        checks += 2
+    return checks
+
+
+CASES = [("qwen3", False), ("qwen3", True), ("llama3", False)]
+
+
+@pytest.mark.parametrize("name,thinking", CASES)
+def test_golden_conversation(toks, hf_toks, name, thinking):
+    fmt = chat_format(name, toks[name], thinking=thinking)
+    assert play(fmt, hf_toks[name], SCRIPT) == 12  # prompt, 6 turns, 5 environment replies
+
+
+@pytest.mark.parametrize("name,thinking", CASES)
+def test_golden_turn_cut_by_length(toks, hf_toks, name, thinking):
+    """A turn without its stop id is closed by after_turn_ids; the render of its text agrees."""
+    fmt = chat_format(name, toks[name], thinking=thinking)
+    play(fmt, hf_toks[name], SCRIPT[:2] + [Turn("partial answer 北京大", [("search", {"entity": "东"})], "Cut")],
+         cut_last=True)
+
+
+@pytest.mark.parametrize("name,thinking", CASES)
+@pytest.mark.parametrize("system", [None, "", "Be brief. 简洁 ✅"])
+@pytest.mark.parametrize("tools", [None, TOOLS[:1]])
+def test_golden_first_prompt_variants(toks, hf_toks, name, thinking, system, tools):
+    fmt = chat_format(name, toks[name], thinking=thinking)
+    messages = ([] if system is None else [{"role": "system", "content": system}]) + [
+        {"role": "user", "content": "第一 🚀"}, {"role": "user", "content": "\nsecond\n"}]
+    golden = hf_toks[name].apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                               return_dict=False, **fmt.template_kwargs)
+    assert fmt.prompt_ids(messages, tools=tools).tolist() == golden
+
+
+def test_golden_check_can_fail(toks, hf_toks):
+    """The comparison sees a missing closing "\\n" and the other thinking mode."""
+    fmt, hf = chat_format("qwen3", toks["qwen3"]), hf_toks["qwen3"]
+    turn = fmt.assistant_ids("hi")
+    conv = FIRST + [{"role": "assistant", "content": "hi"}]
+    golden = render(hf, fmt, conv, generation_prompt=False)
+    assert np.concatenate([fmt.prompt_ids(FIRST, tools=TOOLS), turn, fmt.after_turn_ids(turn)]).tolist() == golden
+    assert np.concatenate([fmt.prompt_ids(FIRST, tools=TOOLS), turn]).tolist() != golden
+    thinking = chat_format("qwen3", toks["qwen3"], thinking=True)
+    assert thinking.prompt_ids(FIRST, tools=TOOLS).tolist() != render(hf, fmt, FIRST, generation_prompt=True)
+
+
+def test_empty_think_block_is_kept_in_history(toks, hf_toks):
+    """The published Qwen3 template drops it from non-last turns; ours keeps every one."""
+    fmt, hf = chat_format("qwen3", toks["qwen3"]), hf_toks["qwen3"]
+    conv = FIRST + [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"},
+                    {"role": "assistant", "content": "c"}]
+    text = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert text.count("<think>\n\n</think>\n\n") == 3
+    header = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert fmt.generation_prompt_ids().tolist() == toks["qwen3"].encode(header).tolist()
+
+
+# ---------------------------------------------------------------------------------- pieces
+
+@pytest.mark.parametrize("name", sorted(CHAT_FORMATS))
+def test_constant_pieces_are_single_ids(toks, name):
+    tok = toks[name]
+    fmt = chat_format(name, tok)
+    for spec in fmt.tokens:
+        assert tok.encode(spec.content).shape == (1,), spec.content
+        assert fmt.ids[spec.content].tolist() == [tok.added_tokens[spec.content]]
+    assert fmt.stop_ids.dtype == np.int32 and len(set(fmt.stop_ids.tolist())) == len(fmt.stop_tokens)
+    for text in ("a <tool_call> b", "<|im_end|>x<|eot_id|>"):
+        assert tok.encode(text).size < len(text)
+    with pytest.raises(TokenizerError, match="not a single token"):
+        tok.token_id("hello world")
+    with pytest.raises(ValueError):
+        fmt.generation_prompt_ids()[0] = 0  # constants are read-only
+
+
+def test_qwen3_tool_tokens_are_single_and_not_special(toks):
+    tok = toks["qwen3"]
+    assert tok.encode("<tool_call>").shape == (1,) and tok.encode("</tool_call>").shape == (1,)
+    ids = tok.encode("<|im_start|>assistant\n<tool_call>\n{}\n</tool_call><|im_end|>")
+    assert tok.decode(ids, skip_special_tokens=True) == "assistant\n<tool_call>\n{}\n</tool_call>"
+
+
+@pytest.mark.parametrize("name", sorted(CHAT_FORMATS))
+def test_encode_matches_transformers(toks, hf_toks, name):
+    tok, hf = toks[name], hf_toks[name]
+    assert tok.vocab_size == len(hf) == 1500
+    for text in ["plain text", "  spaces\n\n\nand\ttabs ", ESCAPED,
+                 "北京大学🚀<|im_start|>x<tool_call>{\"a\": 1}</tool_call>",
+                 "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhé 😀", "1234567 'll"]:
+        assert tok.encode(text).tolist() == hf.encode(text, add_special_tokens=False), text
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.chat_template == load_template(name) == hf.chat_template
+
+
+def test_format_argument_checks(toks):
+    with pytest.raises(ValueError, match="unknown chat format"):
+        chat_format("gpt2", toks["qwen3"])
+    with pytest.raises(ValueError, match="thinking"):
+        Llama3Format(toks["llama3"], thinking=True)
+    with pytest.raises(ValueError, match="thinking is off"):
+        Qwen3Format(toks["qwen3"]).assistant_text("x", reasoning="r")
+    with pytest.raises(ValueError, match="user"):
+        Qwen3Format(toks["qwen3"]).prompt_ids(FIRST + [{"role": "assistant", "content": "x"}])
+    fmt = Qwen3Format(toks["qwen3"], thinking=True)
+    assert fmt.tool_call_text("s", ESCAPED) == f'<tool_call>\n{{"name": "s", "arguments": {ESCAPED}}}\n</tool_call>'
+    assert fmt.assistant_text("", [call_dict("s", {"e": "东"})], reasoning="") == (
+        '<think>\n\n</think>\n\n<tool_call>\n{"name": "s", "arguments": {"e": "东"}}\n</tool_call>')
+
+
+# ---------------------------------------------------------------------------------- errors
+
+def copy_dir(src, dst, skip=()):
+    os.makedirs(dst)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        if f not in skip:
+            shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+    return dst
+
+
+def edit_config(path, **changes):
+    file = os.path.join(path, "tokenizer_config.json")
+    with open(file, encoding="utf-8") as f:
+        config = json.load(f)
+    for key, fn in changes.items():
+        config[key] = fn(config[key])
+    with open(file, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+
+
+def shift_im_end(decoder):
+    key = next(k for k, v in decoder.items() if v["content"] == "<|im_end|>")
+    return {**{k: v for k, v in decoder.items() if k != key}, str(int(key) + 1): decoder[key]}
+
+
+def test_tokenizer_errors_name_the_file(tokdirs, tmp_path):
+    src = tokdirs["qwen3"]
+    cases = []
+    missing = str(tmp_path / "nope")
+    cases.append((missing, missing))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        d = copy_dir(src, str(tmp_path / f"no_{name}"), skip=(name,))
+        cases.append((d, os.path.join(d, name)))
+        d = copy_dir(src, str(tmp_path / f"bad_{name}"))
+        with open(os.path.join(d, name), "w") as f:
+            f.write('{"version": "1.0", "model": ')
+        cases.append((d, os.path.join(d, name)))
+    d = copy_dir(src, str(tmp_path / "bad_eos"))
+    edit_config(d, eos_token=lambda _: "<|nope|>")
+    cases.append((d, os.path.join(d, "tokenizer_config.json")))
+    d = copy_dir(src, str(tmp_path / "bad_ids"))
+    edit_config(d, added_tokens_decoder=shift_im_end)
+    cases.append((d, os.path.join(d, "tokenizer_config.json")))
+    for path, file in cases:
+        with pytest.raises(TokenizerError) as e:
+            TextTokenizer.from_dir(path)
+        assert file in str(e.value), (file, str(e.value))
+    assert "<|nope|>" in str(pytest.raises(TokenizerError, TextTokenizer.from_dir, str(tmp_path / "bad_eos")).value)

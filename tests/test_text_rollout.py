@@ -1,0 +1,147 @@
+"""The host-driven text rollout on wide-search in text: differential against the token
+world's reference simulator, drift (recorded log-probs == a teacher-forced forward),
+limits (budget, sub-agent turns) and malformed calls."""
+
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swarmjax.envs import scripts as token_scripts
+from swarmjax.envs.widesearch import Episode, WideSearchConfig, scripted, simulate
+from swarmjax.envs.widesearch_text import WideSearchText, text_corpus
+from swarmjax.models import forward, init_params
+from swarmjax.models.config import ModelConfig
+from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.swarm.text_rollout import END_REASONS, TextRollout, TextRolloutConfig, TextScripts
+from swarmjax.text.bpe import train_bpe_tokenizer
+from swarmjax.text.chat import chat_format
+from swarmjax.text.tokenizer import TextTokenizer
+from swarmjax.text.runner import ToolRunner
+
+CFG = WideSearchConfig(num_entities=24, num_values=24, max_task_size=8, max_subagents=4, budget=None)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    path = train_bpe_tokenizer(text_corpus(CFG), tmp_path_factory.mktemp("tok"), vocab_size=700)
+    chat = chat_format("qwen3", TextTokenizer.from_dir(path))
+    runner = ToolRunner([], max_workers=8, timeout_s=5.0)
+    task = WideSearchText(CFG, chat, runner)
+    model = ModelConfig(vocab_size=chat.tokenizer.vocab_size, hidden_size=32, num_layers=2, num_heads=2,
+                        num_kv_heads=1, head_dim=16, intermediate_size=64)
+    params = init_params(model, jax.random.key(0))
+    yield task, model, params
+    runner.close()
+
+
+def _rollout(world, episodes, key=0, scripts=None, **overrides):
+    task, model, params = world
+    rcfg = TextRolloutConfig(**{**dict(orch_context=4096, worker_context=1024, max_turn_tokens=160,
+                                       worker_lanes=3, subagent_turns=CFG.subagent_steps,
+                                       prefill_buckets=(16, 64, 256)), **overrides})
+    engine = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids)
+    envs = [task.orchestrator(ep) for ep in episodes]
+    return engine(params, params, envs, episodes, jax.random.key(key), scripts=scripts)
+
+
+def _episodes(sizes, seed=0):
+    rng = random.Random(seed)
+    return [Episode.sample(CFG, rng, n=n) for n in sizes]
+
+
+def test_scripted_policies_match_the_token_world(world):
+    """Serial and k-way split policies: the same answers, steps, critical steps, total
+    steps, spawned / finished sub-agents as the token world's reference simulator."""
+    task = world[0]
+    eps = _episodes([1, 3, 5, 8, 8, 6])
+    parts = [0, 0, 2, 4, 3, 2]                 # 0: serial
+    orch, workers = [], []
+    for ep, k in zip(eps, parts):
+        if k:
+            o, w = task.split_script(ep, k)
+        else:
+            o, w = task.serial_script(ep), []
+        orch.append(o)
+        workers.append(w)
+    res = _rollout(world, eps, scripts=TextScripts(orch=orch, workers=workers), max_turn_tokens=1024)
+    for b, (ep, k) in enumerate(zip(eps, parts)):
+        if k:
+            o, w = token_scripts.split(CFG, ep, k)
+            ref = simulate(CFG, ep, scripted(o), None, workers=[scripted(x) for x in w])
+        else:
+            ref = simulate(CFG, ep, scripted(token_scripts.serial(CFG, ep)), scripted([]))
+        assert END_REASONS[res.end_reason[b]] == ref.end_reason == "answer"
+        assert task.parse_pairs(res.answers[b]) == ref.answer
+        assert (res.orch_steps[b], res.critical_steps[b], res.total_steps[b], res.spawned[b],
+                res.finished[b]) == (ref.orch_steps, ref.critical_steps, ref.total_steps, ref.spawned,
+                                     ref.finished), b
+        assert res.rewards["r_perf"][b] == 1.0
+        assert res.rewards["novel"][b] == k and res.rewards["returned"][b] == (len(ep.task) if k else 0)
+        assert res.rewards["tool_errors"][b] == 0
+
+
+def _teacher_forced(params, model, ids):
+    logp = jax.nn.log_softmax(forward(params, model, jnp.asarray(ids)[None]).logits[0])   # [T, V]
+    return np.asarray(jnp.take_along_axis(logp[:-1], jnp.asarray(ids)[1:, None], axis=1)[:, 0])
+
+
+@pytest.mark.parametrize("scripted_run", [True, False])
+def test_recorded_logprobs_equal_a_teacher_forced_forward(world, scripted_run):
+    """Drift: every log-prob the rollout recorded (orchestrators and sub-agents, every
+    turn) equals a teacher-forced forward over the stored conversation to 1e-4: the ids
+    the learner gets are exactly the ones the model saw, nothing re-tokenised."""
+    task, model, params = world
+    eps = _episodes([4, 6, 3])
+    scripts = None
+    if scripted_run:
+        plans = [task.split_script(ep, 2) for ep in eps]
+        scripts = TextScripts(orch=[p[0] for p in plans], workers=[p[1] for p in plans])
+    res = _rollout(world, eps, key=3, scripts=scripts, max_turn_tokens=1024 if scripted_run else 24,
+                   orch_sampling=SamplingConfig(temperature=1.0),
+                   worker_sampling=SamplingConfig(temperature=1.0))
+    traces = [t for b in range(len(eps)) for t in [res.orchestrators[b], *res.subagents[b]]]
+    assert sum(t.steps for t in traces) >= (8 if scripted_run else 3)
+    for t in traces:
+        a = t.arrays()
+        tf = _teacher_forced(params, model, a["ids"])
+        mask = a["sampled"][1:]
+        np.testing.assert_allclose(a["model_logprobs"][1:][mask], tf[mask], atol=1e-4)
+    b = 0
+    n = res.length[b]
+    np.testing.assert_array_equal(res.tokens[b, :n], res.orchestrators[b].arrays()["ids"])
+    assert res.loss_mask[b, :n].sum() == res.orchestrators[b].arrays()["sampled"].sum() > 0
+
+
+def test_budget_ends_an_episode_and_subagents_are_stopped_at_their_turn_limit(world):
+    task = world[0]
+    eps = _episodes([6, 4])
+    serial = task.serial_script(eps[0])
+    orch, workers = task.split_script(eps[1], 1)       # one worker with 4 entities
+    res = _rollout(world, eps, scripts=TextScripts(orch=[serial, orch], workers=[[], workers]),
+                   budget=4, subagent_turns=3, max_turn_tokens=1024)
+    assert END_REASONS[res.end_reason[0]] == "budget" and res.critical_steps[0] == 4
+    assert res.spawned[1] == 1 and res.finished[1] == 0
+    sub = res.subagents[1][0]
+    assert (sub.steps, sub.ok, sub.reason) == (3, False, "turns")
+    # the stage cost 1 + 3: the answer would be the 5th critical step, over the budget
+    assert res.critical_steps[1] == 1 + 3 and END_REASONS[res.end_reason[1]] == "budget"
+
+
+def test_malformed_calls_cost_a_step_and_get_an_error_reply(world):
+    task = world[0]
+    ep = _episodes([2])[0]
+    chat = task.chat
+    bad = [chat.tokenizer.encode('<tool_call>\n{"name": "lookup", "arguments": {"entity": \n</tool_call>').tolist()
+           + [int(chat.stop_ids[0])],
+           task.turn_ids(calls=[("teleport", {"to": "x"})]),
+           task.turn_ids(calls=[("lookup", {"entity": task.entity_names[ep.task[0]]}),
+                                ("lookup", {"entity": task.entity_names[ep.task[1]]})]),
+           task.answer_turn(ep)]
+    res = _rollout(world, [ep], scripts=TextScripts(orch=[bad]))
+    assert res.orch_steps[0] == 4 and END_REASONS[res.end_reason[0]] == "answer"
+    assert res.rewards["tool_errors"][0] == 3            # bad JSON, unknown tool, the second lookup
+    text = chat.tokenizer.decode(res.tokens[0, :res.length[0]])
+    assert "Error:" in text and "unknown tool 'teleport'" in text and "per turn" in text
