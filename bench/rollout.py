@@ -95,7 +95,8 @@ class HostRollout:
         """Feed chunks [R, T] at per-row slots; greedy token after each row's last real one."""
         T = tokens.shape[1]
         pos = index[:, None] + jnp.arange(T)[None]
-        out = forward(params, mcfg, tokens, pos, mask, cache, index)
+        out = forward(params, mcfg, tokens, positions=pos, token_mask=mask, cache=cache,
+                      cache_index=index)
         last = jnp.maximum(jnp.sum(mask, axis=1) - 1, 0)
         logits = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0]
         return out.cache, jnp.argmax(logits, axis=-1)
@@ -214,7 +215,7 @@ def main(argv=None):
                       n=jnp.asarray([len(e.task) for e in eps], jnp.int32))
 
     engine = SwarmRollout(RolloutConfig(env=cfg), mcfg)
-    run_jit = lambda: jax.block_until_ready(engine(params, params, tasks, jax.random.key(0), scripts))
+    run_jit = lambda: jax.block_until_ready(engine(params, params, tasks, jax.random.key(0), scripts=scripts))
     t0 = time.perf_counter()
     result = run_jit()
     jit_first = time.perf_counter() - t0

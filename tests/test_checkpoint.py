@@ -236,7 +236,7 @@ def test_retention_min_mode_and_no_metrics(tmp_path):
 def test_restore_onto_another_mesh_and_back(tmp_path, tiny_cfg, trained):
     mesh = make_mesh(MeshConfig(2, 2, 2))
     shapes = jax.eval_shape(lambda: trained)
-    mesh_shardings = Learner(tiny_cfg, UCFG, mesh).state_shardings(shapes)
+    mesh_shardings = Learner(tiny_cfg, UCFG, mesh=mesh).state_shardings(shapes)
 
     # saved from one device, restored onto the 2x2x2 mesh with the learner's shardings
     ckpt = Checkpointer(tmp_path / "one", save_every=1)

@@ -75,7 +75,7 @@ def test_greedy_generation_matches_transformers(hf_checkpoint):
     prompts = [[3, 17, 99, 4, 60], [8, 1, 2], [120]]
     n = 12
     tokens, mask = pad_prompts(prompts)
-    ours = Sampler(cfg, SamplingConfig(temperature=0.0, max_new_tokens=n))(params, tokens, mask)
+    ours = Sampler(cfg, SamplingConfig(temperature=0.0, max_new_tokens=n))(params, tokens, prompt_mask=mask)
     with torch.no_grad():
         ref = model.generate(torch.tensor(tokens, dtype=torch.long),
                              attention_mask=torch.tensor(mask, dtype=torch.long),

@@ -83,7 +83,7 @@ CONFIGS = [
 def test_loss_value_and_gradient_match_numpy(cfg, seed):
     logp, old, A, mask, sampler, ref = _inputs(seed)
     f = lambda lp: policy_loss(lp, jnp.asarray(old), jnp.asarray(A), jnp.asarray(mask), cfg,
-                               jnp.asarray(sampler), jnp.asarray(ref))[0]
+                               sampler_logp=jnp.asarray(sampler), ref_logp=jnp.asarray(ref))[0]
     ref_val = np_loss(logp, old, A, mask, cfg, sampler, ref)
     np.testing.assert_allclose(f(jnp.asarray(logp, jnp.float32)), ref_val, rtol=1e-4, atol=1e-6)
     grad = np.asarray(jax.grad(f)(jnp.asarray(logp, jnp.float32)))

@@ -96,7 +96,7 @@ def test_cached_chunks_match_full_forward(tiny_cfg, tiny_params, rng):
     for size in (4, 1, 3, 1):   # prefill, then single tokens and a chunk
         chunk = tokens[:, start:start + size]
         pos = jnp.broadcast_to(jnp.arange(start, start + size), chunk.shape)
-        out = forward_jit(tiny_params, tiny_cfg, chunk, pos, cache=cache, cache_index=start)
+        out = forward_jit(tiny_params, tiny_cfg, chunk, positions=pos, cache=cache, cache_index=start)
         cache, start = out.cache, start + size
         got.append(out.logits)
     np.testing.assert_allclose(jnp.concatenate(got, 1), full, atol=1e-5)
@@ -116,11 +116,11 @@ def test_logits_to_keep_is_the_tail(tiny_cfg, tiny_params, rng):
 def test_rope_table_lookup_equals_evaluated_rope(tiny_cfg, tiny_params, rng):
     tokens = jnp.asarray(rng.randint(0, tiny_cfg.vocab_size, (2, 9)))
     pos = jnp.asarray(rng.randint(0, 12, (2, 9)))
-    want = forward_jit(tiny_params, tiny_cfg, tokens, pos).logits
+    want = forward_jit(tiny_params, tiny_cfg, tokens, positions=pos).logits
     table = rope_table(tiny_cfg, 12)
-    np.testing.assert_allclose(forward_jit(tiny_params, tiny_cfg, tokens, pos, rope_table=table).logits,
+    np.testing.assert_allclose(forward_jit(tiny_params, tiny_cfg, tokens, positions=pos, rope_table=table).logits,
                                want, atol=1e-5)
-    short = forward_jit(tiny_params, tiny_cfg, tokens, pos.at[1, 3].set(12), rope_table=table).logits
+    short = forward_jit(tiny_params, tiny_cfg, tokens, positions=pos.at[1, 3].set(12), rope_table=table).logits
     assert np.isnan(short[1, 3:]).all() and not np.isnan(short[0]).any()   # past the table: NaN, not clamped
 
 
@@ -138,8 +138,9 @@ def test_per_row_cache_slots(tiny_cfg, tiny_params, rng):
         emit = np.isin(np.arange(B), active) & (pos < T)
         slot = np.where(emit, pos, T)                       # masked rows use the scratch slot
         tok = tokens[jnp.arange(B), jnp.minimum(pos, T - 1)]
-        out = forward_jit(tiny_params, tiny_cfg, tok[:, None], jnp.asarray(pos)[:, None],
-                          jnp.asarray(emit)[:, None], cache, jnp.asarray(slot))
+        out = forward_jit(tiny_params, tiny_cfg, tok[:, None], positions=jnp.asarray(pos)[:, None],
+                          token_mask=jnp.asarray(emit)[:, None], cache=cache,
+                          cache_index=jnp.asarray(slot))
         cache = out.cache
         for b in np.flatnonzero(emit):
             got[b, pos[b]] = np.asarray(out.logits[b, 0])

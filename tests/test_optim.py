@@ -133,7 +133,7 @@ def test_qk_clip_per_head_under_gqa():
     hot = _explode(params, cfg, 1, factors)
     before = _max_logits(hot, cfg, tokens)
     assert (before[1, [0, 2, 3]] > TAU).all() and before[1, 1] < TAU
-    clipped, metrics = qk_clip(hot, jnp.asarray(before), cfg, TAU, 0.5)
+    clipped, metrics = qk_clip(hot, jnp.asarray(before), cfg, tau=TAU, alpha=0.5)
     after = _max_logits(clipped, cfg, tokens)
     assert int(metrics["qk_clip_heads"]) == 3
     np.testing.assert_allclose(after[1, [0, 2, 3]], TAU, rtol=1e-4)      # clipped to exactly tau
@@ -155,12 +155,12 @@ def test_qk_clip_with_qk_norm_is_per_layer():
     hot = _explode(params, cfg, 1, jnp.full((cfg.head_dim,), 3 * TAU / base[1].max()))
     before = _max_logits(hot, cfg, tokens)
     assert before[1].max() > TAU
-    clipped, _ = qk_clip(hot, jnp.asarray(before), cfg, TAU, 0.5)
+    clipped, _ = qk_clip(hot, jnp.asarray(before), cfg, tau=TAU, alpha=0.5)
     after = _max_logits(clipped, cfg, tokens)
     assert after.max() <= TAU * (1 + 1e-4)
     np.testing.assert_allclose(after[1].max(), TAU, rtol=1e-4)
     np.testing.assert_allclose(after[0], before[0], rtol=1e-6)
     # nothing over tau: identity
-    same, m = qk_clip(params, jnp.asarray(base), cfg, TAU, 0.5)
+    same, m = qk_clip(params, jnp.asarray(base), cfg, tau=TAU, alpha=0.5)
     jax.tree.map(np.testing.assert_array_equal, same, params)
     assert int(m["qk_clip_heads"]) == 0

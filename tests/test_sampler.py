@@ -36,7 +36,7 @@ def greedy(tiny_cfg):
 @pytest.fixture(scope="module")
 def greedy_out(greedy, tiny_params):
     tokens, mask = pad_prompts(PROMPTS)
-    return jax.device_get(greedy(tiny_params, tokens, mask))
+    return jax.device_get(greedy(tiny_params, tokens, prompt_mask=mask))
 
 
 def test_cached_greedy_matches_no_cache_reference(tiny_cfg, tiny_params, greedy_out):
@@ -56,7 +56,7 @@ def test_right_padding_equals_left_padding(greedy, tiny_params, greedy_out):
     mask = np.zeros((4, P), bool)
     for b, p in enumerate(PROMPTS):
         tokens[b, :len(p)], mask[b, :len(p)] = p, True
-    out = greedy(tiny_params, tokens, mask)
+    out = greedy(tiny_params, tokens, prompt_mask=mask)
     np.testing.assert_array_equal(out.tokens, greedy_out.tokens)
 
 
@@ -67,7 +67,7 @@ def test_stop_tokens_and_per_row_limits(greedy, tiny_params, greedy_out):
     stops = np.full((4, 2), -1, np.int32)
     stops[1, 0] = stop_at
     limits = np.array([3, N, 1, N], np.int32)
-    out = jax.device_get(greedy(tiny_params, tokens, mask, max_new_tokens=limits, stop_tokens=stops))
+    out = jax.device_get(greedy(tiny_params, tokens, prompt_mask=mask, max_new_tokens=limits, stop_tokens=stops))
     assert out.lengths.tolist() == [3, first_hit + 1, 1, N]
     np.testing.assert_array_equal(out.token_mask, np.arange(N)[None] < out.lengths[:, None])
     for b in range(4):
@@ -79,7 +79,7 @@ def test_stop_tokens_and_per_row_limits(greedy, tiny_params, greedy_out):
 
 def test_loop_ends_when_every_row_is_done(greedy, tiny_params):
     tokens, mask = pad_prompts(PROMPTS)
-    out = greedy(tiny_params, tokens, mask, max_new_tokens=np.array([1, 2, 1, 1]))
+    out = greedy(tiny_params, tokens, prompt_mask=mask, max_new_tokens=np.array([1, 2, 1, 1]))
     # the prompt, plus one decode step that fed token 0 of row 1; no more steps ran
     assert int(out.cache.valid.sum()) == sum(map(len, PROMPTS)) + 1
     assert out.lengths.tolist() == [1, 2, 1, 1]
@@ -100,7 +100,8 @@ def test_decode_segments_equal_one_loop(tiny_cfg, tiny_params):
     for segments in (1, 4):
         sampler = Sampler(tiny_cfg, SamplingConfig(temperature=0.8, max_new_tokens=n,
                                                    decode_segments=segments))
-        outs.append(jax.device_get(sampler(tiny_params, tokens, mask, jax.random.key(5), limits)))
+        outs.append(jax.device_get(sampler(tiny_params, tokens, prompt_mask=mask, key=jax.random.key(5),
+                                          max_new_tokens=limits)))
         texts.append(jax.jit(lambda p, t, m: generate(p, tiny_cfg, sampler.scfg, t, m, jax.random.key(0),
                                                       init_cache(tiny_cfg, 4, 46))).lower(
             tiny_params, tokens, mask).as_text())
@@ -118,7 +119,7 @@ def test_decode_segments_equal_one_loop(tiny_cfg, tiny_params):
 def test_temperature_top_k_logprobs_are_the_sampling_distribution(tiny_cfg, tiny_params):
     scfg = SamplingConfig(temperature=0.7, top_k=5, max_new_tokens=6)
     tokens, mask = pad_prompts(PROMPTS)
-    out = jax.device_get(Sampler(tiny_cfg, scfg)(tiny_params, tokens, mask, jax.random.key(3)))
+    out = jax.device_get(Sampler(tiny_cfg, scfg)(tiny_params, tokens, prompt_mask=mask, key=jax.random.key(3)))
     for b, prompt in enumerate(PROMPTS):
         seq = list(prompt) + out.tokens[b].tolist()
         logits = forward_jit(tiny_params, tiny_cfg, jnp.asarray([seq])).logits[0]
@@ -183,21 +184,21 @@ def test_sampling_frequencies_follow_the_filtered_distribution():
 
 def test_sharded_sampler_matches_single_device(tiny_cfg, tiny_params, greedy_out):
     mesh = make_mesh(MeshConfig(2, 2, 2))
-    sampler = Sampler(tiny_cfg, SamplingConfig(temperature=0.0, max_new_tokens=N), mesh)
+    sampler = Sampler(tiny_cfg, SamplingConfig(temperature=0.0, max_new_tokens=N), mesh=mesh)
     params = jax.tree.map(jax.device_put, tiny_params, sampler.param_shardings(tiny_params))
     tokens, mask = pad_prompts(PROMPTS)
-    out = sampler(params, tokens, mask)
+    out = sampler(params, tokens, prompt_mask=mask)
     np.testing.assert_array_equal(out.tokens, greedy_out.tokens)
     np.testing.assert_allclose(out.model_logprobs, greedy_out.model_logprobs, atol=1e-5)
     # batch of 4 over data x fsdp = 4 shards: one row per shard
     assert out.tokens.sharding.shard_shape(out.tokens.shape) == (1, N)
     # the cache buffer is donated and can be handed back for the next batch
-    again = sampler(params, tokens, mask, cache=out.cache)
+    again = sampler(params, tokens, prompt_mask=mask, cache=out.cache)
     assert out.cache.k[0].is_deleted()
     np.testing.assert_array_equal(again.tokens, greedy_out.tokens)
     # the cache windows of a segmented decode are laid out like the cache: per device
     # one row and one kv head of a 16-slot key window, never all four rows
-    long = Sampler(tiny_cfg, SamplingConfig(temperature=0.0, max_new_tokens=40), mesh)
+    long = Sampler(tiny_cfg, SamplingConfig(temperature=0.0, max_new_tokens=40), mesh=mesh)
     fn = long._compile(params, 4, long.init_cache(4, 6), (False, False))
     hlo = fn.lower(params, tokens, mask, jax.random.key(0), long.init_cache(4, 6), None, None).compile().as_text()
     assert "f32[1,1,8,16]" in hlo and "f32[4,2,8,16]" not in hlo
@@ -207,7 +208,7 @@ def test_bad_prompts_raise(greedy, tiny_params):
     tokens, mask = pad_prompts(PROMPTS)
     mask[2] = False
     with pytest.raises(ValueError, match="at least one real"):
-        greedy(tiny_params, tokens, mask)
+        greedy(tiny_params, tokens, prompt_mask=mask)
     with pytest.raises(ValueError, match="token ids"):
         greedy(tiny_params, np.array([[1, 999]]))
     with pytest.raises(ValueError):

@@ -138,7 +138,7 @@ def run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=None):
     K = cfg.max_subagents
     workers = [list(ws) + [[]] * (K - len(ws)) for ws in workers]
     scripts = pad_scripts(orch, workers, K)
-    result = (mesh_engine or engine)(params, params, tasks_from(cfg, eps), jax.random.key(0), scripts)
+    result = (mesh_engine or engine)(params, params, tasks_from(cfg, eps), jax.random.key(0), scripts=scripts)
     refs = [simulate(cfg, ep, scripted(o), scripted([]), workers=[scripted(s) for s in ws])
             for ep, o, ws in zip(eps, orch, workers)]
     assert_same(cfg, eps, result, refs)

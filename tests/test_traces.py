@@ -111,7 +111,7 @@ def test_engine_rollout_traces_validate():
     tasks = wsj.reset(jax.random.key(3), SMALL, 16)
     result = SwarmRollout(RolloutConfig(env=SMALL), mcfg)(params, params, tasks, jax.random.key(4))
     _, channels = episode_rewards(result, PARLConfig(), 0)
-    traces = rollout_traces(SMALL, tasks, result, channels)
+    traces = rollout_traces(SMALL, tasks, result, channels=channels)
     schema = load_schema()
     for b, trace in enumerate(traces):
         jsonschema.validate(trace, schema)

@@ -70,7 +70,7 @@ def test_update_changes_params_and_reports_metrics(single):
 
 def test_sharded_update_matches_single_device(single):
     mesh = make_mesh(MeshConfig(2, 2, 2))
-    learner = Learner(CFG, UCFG, mesh)
+    learner = Learner(CFG, UCFG, mesh=mesh)
     state = learner.init(_params())
     q = state.params["layers"]["attn"]["q_proj"]
     assert q.sharding.shard_shape(q.shape) != q.shape                 # really sharded

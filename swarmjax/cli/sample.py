@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         source = "random weights"
     print(f"model: {cfg.num_params() / 1e6:.2f}M params ({source}), mesh {dict(mesh.shape)}")
 
-    sampler = Sampler(cfg, job.sampling, mesh)
+    sampler = Sampler(cfg, job.sampling, mesh=mesh)
     params = shard_tree(params, sampler.param_shardings(params))
     tokens, mask = pad_prompts(job.prompts)
     stops = None
@@ -115,10 +115,10 @@ def run(args: argparse.Namespace) -> int:
     key = jax.random.key(job.seed)
 
     t0 = time.perf_counter()
-    out = jax.block_until_ready(sampler(params, tokens, mask, key, stop_tokens=stops))
+    out = jax.block_until_ready(sampler(params, tokens, prompt_mask=mask, key=key, stop_tokens=stops))
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    out = jax.block_until_ready(sampler(params, tokens, mask, key, stop_tokens=stops,
+    out = jax.block_until_ready(sampler(params, tokens, prompt_mask=mask, key=key, stop_tokens=stops,
                                         cache=out.cache))
     steady = time.perf_counter() - t0
 

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from swarmjax.traces.render import load_traces, save_gantt, select, timeline
 
     traces = load_traces(args.file)
-    chosen = traces if args.all else [select(traces, args.index, args.trace_id)]
+    chosen = traces if args.all else [select(traces, index=args.index, trace_id=args.trace_id)]
     for i, trace in enumerate(chosen):
         if i:
             print("\n" + "-" * 80 + "\n")

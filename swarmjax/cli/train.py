@@ -69,7 +69,7 @@ def run_eval(args: argparse.Namespace) -> int:
         import dataclasses
         job = dataclasses.replace(job, eval_sizes=sizes)
         job.validate()
-    out = evaluate_checkpoint(job, args.workdir, args.checkpoint, args.split)
+    out = evaluate_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split)
     print(f"checkpoint at PARL step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
     print(summary_table(out))
     return 0

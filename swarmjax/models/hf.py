@@ -126,7 +126,7 @@ def _tensor_table(cfg: ModelConfig) -> list[_Tensor]:
 # ----------------------------------------------------------------------------- config
 
 
-def config_from_hf(hf: dict[str, Any], param_dtype: str = "float32",
+def config_from_hf(hf: dict[str, Any], *, param_dtype: str = "float32",
                    dtype: str | None = None) -> tuple[ModelConfig, Architecture]:
     """Translate a parsed ``config.json`` into a :class:`ModelConfig`; raises
     :class:`CheckpointError` for architectures or options we do not implement."""
@@ -263,7 +263,7 @@ def _get(tree: dict, path: tuple[str, ...]):
     return tree
 
 
-def from_hf(path: str, param_dtype: str = "float32", dtype: str | None = None,
+def from_hf(path: str, *, param_dtype: str = "float32", dtype: str | None = None,
             shardings: Any = None) -> tuple[ModelConfig, dict[str, Any]]:
     """Load a Qwen3/Llama HF checkpoint directory.
 
@@ -285,7 +285,7 @@ def from_hf(path: str, param_dtype: str = "float32", dtype: str | None = None,
     if not os.path.exists(cfg_file):
         raise CheckpointError(f"{path}: no {CONFIG_FILE}")
     with open(cfg_file) as f:
-        cfg, _ = config_from_hf(json.load(f), param_dtype, dtype)
+        cfg, _ = config_from_hf(json.load(f), param_dtype=param_dtype, dtype=dtype)
     target = abstract_params(cfg)
     np_dtype = np.dtype(DTYPES[param_dtype])
     reader = _Reader(_tensor_files(path))

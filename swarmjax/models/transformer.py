@@ -368,7 +368,7 @@ def default_positions(token_mask: Array) -> Array:
     return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array,
+def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             positions: Array | None = None, token_mask: Array | None = None,
             cache: KVCache | None = None, cache_index: Array | int = 0,
             return_max_logits: bool = False, logits_to_keep: int = 0,

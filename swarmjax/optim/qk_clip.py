@@ -44,7 +44,7 @@ def clip_factors(max_logits: Array, tau: float) -> Array:
     return jnp.where(S > tau, tau / jnp.maximum(S, 1e-30), 1.0)
 
 
-def qk_clip(params: dict[str, Any], max_logits: Array, cfg: ModelConfig, tau: float = 100.0,
+def qk_clip(params: dict[str, Any], max_logits: Array, cfg: ModelConfig, *, tau: float = 100.0,
             alpha: float = 0.5) -> tuple[dict[str, Any], dict[str, Array]]:
     """Rescale query/key weights so no head's max logit exceeds ``tau``.
 

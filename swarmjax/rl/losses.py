@@ -174,7 +174,7 @@ def batch_totals(mask: Array) -> tuple[Array, Array]:
     return jnp.sum(jnp.sum(mask, -1) > 0).astype(jnp.float32), jnp.sum(mask)
 
 
-def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, cfg: LossConfig,
+def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, cfg: LossConfig, *,
                 sampler_logp: Array | None = None, ref_logp: Array | None = None,
                 totals: tuple[Array, Array] | None = None) -> tuple[Array, dict[str, Array]]:
     """The scalar loss ``-J`` and metrics.

@@ -81,12 +81,12 @@ def _strided_split(x: Array, n: int) -> Array:
 class Learner:
     """Builds the optimizer, initial state and the jitted ``update`` for one model.
 
-    >>> learner = Learner(model_cfg, UpdateConfig(), mesh)
+    >>> learner = Learner(model_cfg, UpdateConfig(), mesh=mesh)
     >>> state = learner.init(params, frozen={"reference": ref_params})
     >>> state, metrics = learner.update(state, batch)
     """
 
-    def __init__(self, model_cfg: ModelConfig, cfg: UpdateConfig = UpdateConfig(),
+    def __init__(self, model_cfg: ModelConfig, cfg: UpdateConfig = UpdateConfig(), *,
                  mesh: Mesh | None = None, rules=DEFAULT_RULES,
                  optimizer: optax.GradientTransformation | None = None):
         self.model_cfg, self.cfg, self.mesh, self.rules = model_cfg, cfg, mesh, rules
@@ -133,7 +133,7 @@ class Learner:
         want_max = self.cfg.optim.qk_clip_tau > 0
         logp, max_logits = self._logprobs(params, mb.tokens, mb.token_mask, want_max)
         loss, metrics = policy_loss(logp, old_logp, mb.advantages, mb.loss_mask, self.cfg.loss,
-                                    mb.sampler_logprobs, ref_logp, totals)
+                                    sampler_logp=mb.sampler_logprobs, ref_logp=ref_logp, totals=totals)
         return loss, (metrics, max_logits)
 
     def _minibatch_step(self, carry, xs):
@@ -168,8 +168,8 @@ class Learner:
             clip_metrics = {}
             if self.cfg.optim.qk_clip_tau > 0:
                 new_params, clip_metrics = qk_clip(new_params, max_logits, self.model_cfg,
-                                                   self.cfg.optim.qk_clip_tau,
-                                                   self.cfg.optim.qk_clip_alpha)
+                                                   tau=self.cfg.optim.qk_clip_tau,
+                                                   alpha=self.cfg.optim.qk_clip_alpha)
             return new_params, new_opt, clip_metrics
 
         def skip(_):
@@ -229,7 +229,7 @@ class Learner:
                 self._update[B] = jax.jit(self._update_impl, donate_argnums=0)
             else:
                 state_sh = self.state_shardings(state)
-                batch_sh = jax.tree.map(lambda x: batch_sharding(self.mesh, x.ndim, self.rules, B), batch)
+                batch_sh = jax.tree.map(lambda x: batch_sharding(self.mesh, x.ndim, rules=self.rules, batch_size=B), batch)
                 self._update[B] = jax.jit(
                     self._update_impl, donate_argnums=0, in_shardings=(state_sh, batch_sh),
                     out_shardings=(state_sh, NamedSharding(self.mesh, PartitionSpec())))

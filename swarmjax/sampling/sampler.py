@@ -50,6 +50,48 @@ class SampleOutput:
     cache: KVCache
 
 
+@flax.struct.dataclass
+class DecodeState:
+    """What :func:`generate` records per step (B rows, N = ``max_new_tokens``).
+
+    tokens:         [B, N] int32 sampled ids, ``pad_id`` where a row had stopped.
+    logprobs:       [B, N] f32 log-prob under the sampling distribution (0 where masked).
+    model_logprobs: [B, N] f32 log-prob under the plain temperature-1 model (0 where masked).
+    lengths:        [B] int32 tokens generated so far.
+    done:           [B] bool, row stopped (stop token or its limit).
+    """
+
+    tokens: Array
+    logprobs: Array
+    model_logprobs: Array
+    lengths: Array
+    done: Array
+
+
+@flax.struct.dataclass
+class DecodeCarry:
+    """The decode ``lax.while_loop`` carry of :func:`generate` (B rows, S cache slots
+    of the current segment's window).
+
+    i:     [] int32 decode step; this step writes cache slot P + i.
+    state: :class:`DecodeState`, the recorded tokens and log-probs.
+    tok:   [B] int32 last sampled token of each row, fed in this step.
+    feed:  [B] bool, row still running (its token is written as valid).
+    cache: :class:`KVCache` window: per layer k [B, Hkv, hd, S], v [B, Hkv, S, hd]
+           (cache dtype), valid [B, S] bool.
+    pos:   [B] int32 RoPE position of ``tok``.
+    key:   PRNG key.
+    """
+
+    i: Array
+    state: DecodeState
+    tok: Array
+    feed: Array
+    cache: KVCache
+    pos: Array
+    key: Array
+
+
 def left_align(tokens: Array, mask: Array) -> tuple[Array, Array]:
     """Move padding of each row to the front, keeping token order (works for
     right-, left- or already-aligned padding). tokens, mask: [B, P]."""
@@ -59,7 +101,7 @@ def left_align(tokens: Array, mask: Array) -> tuple[Array, Array]:
 
 
 def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array,
-             prompt_mask: Array, key: Array, cache: KVCache,
+             prompt_mask: Array, key: Array, cache: KVCache, *,
              max_new_tokens: Array | None = None, stop_tokens: Array | None = None,
              constrain_cache: Callable[[KVCache], KVCache] | None = None) -> SampleOutput:
     """Sample continuations of a batch of prompts (traceable; jit it or call it in jit).
@@ -101,55 +143,59 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
     constrain_cache = constrain_cache or (lambda c: c)
     ends = segment_ends(N - 1, scfg.decode_segments)
     first = constrain_cache(init_cache(cfg, B, window(ends[0]), cache.k[0].dtype))
-    out = forward(params, cfg, prompts, default_positions(prompt_mask), prompt_mask, first, 0,
+    out = forward(params, cfg, prompts, positions=default_positions(prompt_mask),
+                  token_mask=prompt_mask, cache=first, cache_index=0,
                   logits_to_keep=1,            # left-aligned: the last column is every row's last token
                   rope_table=rope)
     next_pos = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)              # [B]
 
-    def record(state, i, logits, key):
-        tokens, lps, mlps, lengths, done = state
+    def record(state: DecodeState, i, logits, key):
         tok, lp, mlp = select_tokens(logits, key, scfg)                    # [B] each
-        active = ~done
+        active = ~state.done
         tok = jnp.where(active, tok, scfg.pad_id)
-        tokens = tokens.at[:, i].set(tok)
-        lps = lps.at[:, i].set(jnp.where(active, lp, 0.0))
-        mlps = mlps.at[:, i].set(jnp.where(active, mlp, 0.0))
-        lengths = lengths + active
+        tokens = state.tokens.at[:, i].set(tok)
+        lps = state.logprobs.at[:, i].set(jnp.where(active, lp, 0.0))
+        mlps = state.model_logprobs.at[:, i].set(jnp.where(active, mlp, 0.0))
+        lengths = state.lengths + active
         hit_stop = jnp.any(tok[:, None] == stops, axis=-1)
-        done = done | (active & hit_stop) | (lengths >= limit)
+        done = state.done | (active & hit_stop) | (lengths >= limit)
         # only rows still running feed their token back (finished rows stay invalid)
-        return (tokens, lps, mlps, lengths, done), tok, ~done
+        return DecodeState(tokens=tokens, logprobs=lps, model_logprobs=mlps, lengths=lengths,
+                           done=done), tok, ~done
 
-    state = (jnp.full((B, N), scfg.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32),
-             jnp.zeros((B, N), jnp.float32), jnp.zeros((B,), jnp.int32), limit <= 0)
+    state = DecodeState(tokens=jnp.full((B, N), scfg.pad_id, jnp.int32),
+                        logprobs=jnp.zeros((B, N), jnp.float32),
+                        model_logprobs=jnp.zeros((B, N), jnp.float32),
+                        lengths=jnp.zeros((B,), jnp.int32), done=limit <= 0)
     key, sub = jax.random.split(key)
     state, tok, feed = record(state, 0, out.logits[:, -1], sub)
 
-    def body(carry):
-        i, state, tok, feed, cache, pos, key = carry
-        step = forward(params, cfg, tok[:, None], pos[:, None], feed[:, None], cache, P + i,
-                       rope_table=rope)
-        key, sub = jax.random.split(key)
-        state, tok, feed = record(state, i + 1, step.logits[:, 0], sub)
-        return i + 1, state, tok, feed, step.cache, pos + 1, key
+    def body(c: DecodeCarry) -> DecodeCarry:
+        step = forward(params, cfg, c.tok[:, None], positions=c.pos[:, None], token_mask=c.feed[:, None],
+                       cache=c.cache, cache_index=P + c.i, rope_table=rope)
+        key, sub = jax.random.split(c.key)
+        state, tok, feed = record(c.state, c.i + 1, step.logits[:, 0], sub)
+        return DecodeCarry(i=c.i + 1, state=state, tok=tok, feed=feed, cache=step.cache,
+                           pos=c.pos + 1, key=key)
 
     # Step i writes slot P + i; a segment ending at step `end` attends over window(end)
     # slots (the prefill writes its cache at the first segment's size; each later
     # segment pads it once). Segments end early, like the loop, once all rows are done.
-    carry = (jnp.int32(0), state, tok, feed, out.cache, next_pos, key)
+    carry = DecodeCarry(i=jnp.int32(0), state=state, tok=tok, feed=feed, cache=out.cache,
+                        pos=next_pos, key=key)
     for end in ends:
-        cond = lambda carry, end=end: (carry[0] < end) & ~jnp.all(carry[1][-1])
-        grown = constrain_cache(grow_cache(carry[4], window(end)))
-        carry = lax.while_loop(cond, body, carry[:4] + (grown,) + carry[5:])
-    _, state, _, _, last, _, _ = carry
+        cond = lambda c, end=end: (c.i < end) & ~jnp.all(c.state.done)
+        grown = constrain_cache(grow_cache(carry.cache, window(end)))
+        carry = lax.while_loop(cond, body, carry.replace(cache=grown))
+    state, last = carry.state, carry.cache
     # into the donated buffer (in place): slots past the window keep stale, invalid entries
     put = lambda buf, new: lax.dynamic_update_slice(buf, new, (0,) * buf.ndim)
     cache = KVCache(k=tuple(map(put, cache.k, last.k)), v=tuple(map(put, cache.v, last.v)),
                     valid=put(jnp.zeros_like(cache.valid), last.valid))
-    tokens, lps, mlps, lengths, done = state
-    token_mask = jnp.arange(N)[None, :] < lengths[:, None]
-    return SampleOutput(tokens=tokens, logprobs=lps, model_logprobs=mlps, token_mask=token_mask,
-                        lengths=lengths, done=done, cache=cache)
+    token_mask = jnp.arange(N)[None, :] < state.lengths[:, None]
+    return SampleOutput(tokens=state.tokens, logprobs=state.logprobs,
+                        model_logprobs=state.model_logprobs, token_mask=token_mask,
+                        lengths=state.lengths, done=state.done, cache=cache)
 
 
 def segment_ends(steps: int, segments: int) -> list[int]:
@@ -164,7 +210,7 @@ class Sampler:
     """Jitted :func:`generate` for one model/sampling config, optionally over a mesh.
 
     >>> sampler = Sampler(cfg, SamplingConfig(temperature=0.0, max_new_tokens=16))
-    >>> out = sampler(params, prompts, prompt_mask, jax.random.key(0))
+    >>> out = sampler(params, prompts, prompt_mask=prompt_mask, key=jax.random.key(0))
 
     With ``mesh``, inputs are placed with ``NamedSharding``s: batch over the mesh's
     data axes (replicated if not divisible), weights and cache by the logical
@@ -172,7 +218,7 @@ class Sampler:
     decode the next batch in the same buffer.
     """
 
-    def __init__(self, cfg: ModelConfig, scfg: SamplingConfig, mesh: Mesh | None = None,
+    def __init__(self, cfg: ModelConfig, scfg: SamplingConfig, *, mesh: Mesh | None = None,
                  rules=DEFAULT_RULES):
         self.cfg, self.scfg, self.mesh, self.rules = cfg, scfg, mesh, rules
         self._jitted: dict[tuple, Any] = {}
@@ -204,12 +250,13 @@ class Sampler:
 
         def fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens):
             return generate(params, self.cfg, self.scfg, prompts, prompt_mask, key, cache,
-                            max_new_tokens, stop_tokens, constrain)
+                            max_new_tokens=max_new_tokens, stop_tokens=stop_tokens,
+                            constrain_cache=constrain)
 
         if self.mesh is None:
             jitted = jax.jit(fn, donate_argnums=4)
         else:
-            rows = lambda nd: batch_sharding(self.mesh, nd, self.rules, batch)
+            rows = lambda nd: batch_sharding(self.mesh, nd, rules=self.rules, batch_size=batch)
             repl = NamedSharding(self.mesh, PartitionSpec())
             jitted = jax.jit(
                 fn, donate_argnums=4,
@@ -219,7 +266,7 @@ class Sampler:
         self._jitted[sig] = jitted
         return jitted
 
-    def __call__(self, params: Any, prompts: Array, prompt_mask: Array | None = None,
+    def __call__(self, params: Any, prompts: Array, *, prompt_mask: Array | None = None,
                  key: Array | None = None, max_new_tokens: Array | None = None,
                  stop_tokens: Array | None = None, cache: KVCache | None = None) -> SampleOutput:
         """Sample; shapes as in :func:`generate`. ``prompt_mask`` defaults to all True,
@@ -237,7 +284,7 @@ class Sampler:
         return fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens)
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
+def pad_prompts(prompts: Sequence[Sequence[int]], *, pad_id: int = 0,
                 length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Ragged lists of token ids -> left-padded ``tokens [B, P]`` and ``mask [B, P]``."""
     if not prompts or any(len(p) == 0 for p in prompts):

@@ -131,7 +131,7 @@ def shard_tree(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.device_put(x, s), tree, shardings)
 
 
-def batch_sharding(mesh: Mesh, ndim: int, rules: Mapping[str, Any] = DEFAULT_RULES,
+def batch_sharding(mesh: Mesh, ndim: int, *, rules: Mapping[str, Any] = DEFAULT_RULES,
                    batch_size: int | None = None) -> NamedSharding:
     """Sharding of an array whose leading axis is the batch: split over the batch
     rule's mesh axes (``data`` x ``fsdp``), other axes replicated. When

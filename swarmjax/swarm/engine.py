@@ -134,6 +134,64 @@ class RolloutResult:
     ticks: Array
 
 
+@flax.struct.dataclass
+class RolloutBuffers:
+    """Per-token outputs the rollout loop writes (B episodes, C / W: orchestrator /
+    sub-agent context, K: sub-agent slots per episode). Fields in the sorted order of
+    the dict this replaced, so the loop's flattened carry (and program) is unchanged.
+
+    logprobs:       [B, C] f32      sampler log-prob of the orchestrator's sampled tokens (0 elsewhere).
+    loss_mask:      [B, C] bool     True on tokens the orchestrator sampled.
+    model_logprobs: [B, C] f32      same under the plain temperature-1 model.
+    stage_ids:      [B, C] int32    orchestrator step a token belongs to (0: the prompt).
+    tokens:         [B, C] int32    the orchestrator's context (``<pad>`` after its length).
+    worker_sampled: [B * K, W] bool True on tokens a sub-agent sampled.
+    worker_tokens:  [B * K, W] int32 each sub-agent slot's context (``<pad>`` after it).
+    """
+
+    logprobs: Array
+    loss_mask: Array
+    model_logprobs: Array
+    stage_ids: Array
+    tokens: Array
+    worker_sampled: Array
+    worker_tokens: Array
+
+
+@flax.struct.dataclass
+class TickCarry:
+    """The ``lax.while_loop`` carry of :func:`rollout` (B episodes, K slots, L lanes,
+    C / W contexts, V vocabulary).
+
+    t:             [] int32 ticks run so far.
+    key:           PRNG key.
+    o:             :class:`~swarmjax.envs.widesearch_jax.OrchState`, env state, leaves [B, ...].
+    w:             :class:`~swarmjax.envs.widesearch_jax.WorkerState`, env state, leaves [B, K, ...].
+    o_cache:       orchestrator :class:`KVCache`, B rows, C + 1 slots (slot C: scratch).
+    w_cache:       sub-agent :class:`KVCache`, L lanes, W + 1 slots (slot W: scratch).
+    o_logits:      [B, V] f32 orchestrator logits for its next token.
+    w_logits:      [L, V] f32 sub-agent logits per lane for its next token.
+    bufs:          :class:`RolloutBuffers`, the token outputs written so far.
+    orch_cursor:   [B] int32 orchestrator tokens sampled so far (script position).
+    worker_cursor: [B * K] int32 tokens each sub-agent slot sampled so far (script position).
+    pool:          :class:`~swarmjax.swarm.lanes.Lanes` (D lane groups, S = B K / D slots and
+                   Lg = L / D lanes each): lane_of [D, S] int32, owner [D, Lg] int32.
+    """
+
+    t: Array
+    key: Array
+    o: wsj.OrchState
+    w: wsj.WorkerState
+    o_cache: KVCache
+    w_cache: KVCache
+    o_logits: Array
+    w_logits: Array
+    bufs: RolloutBuffers
+    orch_cursor: Array
+    worker_cursor: Array
+    pool: lanes_lib.Lanes
+
+
 def _choose(logits: Array, key: Array, scfg: SamplingConfig, script: Array | None,
             cursor: Array) -> tuple[Array, Array, Array]:
     """Tokens [R] with their sampler and model log-probs: sampled, or read from the
@@ -163,14 +221,15 @@ def _step_model(params, cfg: ModelConfig, cache: KVCache, logits: Array, tok: Ar
         # RoPE looked up in a table of the cache's slots (a constant: 5-8% off a tick,
         # measured); rows that emit sit at pos = slot < max_len, the clamp only touches
         # idle rows, whose outputs are dropped
-        out = forward(params, cfg, tok[:, None], jnp.minimum(pos, cache.max_len - 1)[:, None],
-                      emit[:, None], cache, slot, rope_table=rope_table(cfg, cache.max_len))
+        out = forward(params, cfg, tok[:, None],
+                      positions=jnp.minimum(pos, cache.max_len - 1)[:, None], token_mask=emit[:, None],
+                      cache=cache, cache_index=slot, rope_table=rope_table(cfg, cache.max_len))
         return out.cache, jnp.where(emit[:, None], out.logits[:, 0], logits)
     return lax.cond(jnp.any(emit), run, lambda args: args, (cache, logits))
 
 
 def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_cfg: ModelConfig,
-            rcfg: RolloutConfig, tasks: wsj.Tasks, key: Array, scripts: Scripts | None = None,
+            rcfg: RolloutConfig, tasks: wsj.Tasks, key: Array, *, scripts: Scripts | None = None,
             constrain=None, groups: int = 1) -> RolloutResult:
     """Run B episodes to the end (traceable; :class:`SwarmRollout` jits it).
 
@@ -201,8 +260,8 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
     prompt, pmask = wsj.orch_prompt(ecfg, tasks)                        # [B, N + 3]
     P = prompt.shape[1]
     o_cache = constrain("orch_cache", init_cache(orch_cfg, B, C + 1))
-    pre = forward(orch_params, orch_cfg, prompt, jnp.broadcast_to(jnp.arange(P), (B, P)), pmask,
-                  o_cache, 0)
+    pre = forward(orch_params, orch_cfg, prompt, positions=jnp.broadcast_to(jnp.arange(P), (B, P)),
+                  token_mask=pmask, cache=o_cache, cache_index=0)
     o_logits = jnp.take_along_axis(pre.logits, (tasks.n + 2)[:, None, None], axis=1)[:, 0]   # [B, V]
     w_cache = constrain("worker_cache", init_cache(worker_cfg, L, W + 1))
     w_logits = jnp.zeros((L, worker_cfg.vocab_size), jnp.float32)
@@ -210,58 +269,66 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
     o, w = wsj.init_state(ecfg, tasks)
 
     pad = jnp.full((B, C - P), wsj.T["<pad>"], jnp.int32)
-    bufs = dict(tokens=jnp.concatenate([prompt, pad], axis=1),
-                loss_mask=jnp.zeros((B, C), bool), logprobs=jnp.zeros((B, C), jnp.float32),
-                model_logprobs=jnp.zeros((B, C), jnp.float32), stage_ids=jnp.zeros((B, C), jnp.int32),
-                worker_tokens=jnp.full((B * K, W), wsj.T["<pad>"], jnp.int32),
-                worker_sampled=jnp.zeros((B * K, W), bool))
-    cursors = (jnp.zeros((B,), jnp.int32), jnp.zeros((B * K,), jnp.int32))
+    bufs = RolloutBuffers(
+        tokens=jnp.concatenate([prompt, pad], axis=1),
+        loss_mask=jnp.zeros((B, C), bool), logprobs=jnp.zeros((B, C), jnp.float32),
+        model_logprobs=jnp.zeros((B, C), jnp.float32), stage_ids=jnp.zeros((B, C), jnp.int32),
+        worker_tokens=jnp.full((B * K, W), wsj.T["<pad>"], jnp.int32),
+        worker_sampled=jnp.zeros((B * K, W), bool))
     tick_fn = jax.vmap(lambda o, w, table, asked, so, sw, ready: wsj.episode_tick(
         ecfg, o, w, table, asked, so, sw, ready))
 
-    def body(carry):
-        t, key, o, w, o_cache, w_cache, o_logits, w_logits, bufs, (oc, wc), pool = carry
-        key, ko, kw = jax.random.split(key, 3)
+    def body(c: TickCarry) -> TickCarry:
+        key, ko, kw = jax.random.split(c.key, 3)
+        w, w_cache = c.w, c.w_cache
         # running sub-agents without a lane get one (fresh lanes start with an empty cache)
         running = (w.phase != wsj.W_IDLE) & (w.phase != wsj.W_DONE)             # [B, K]
-        pool, fresh = lanes_lib.allocate(pool, running.reshape(D, S))
+        pool, fresh = lanes_lib.allocate(c.pool, running.reshape(D, S))
         w_cache = w_cache.replace(valid=jnp.where(fresh.reshape(L, 1), False, w_cache.valid))
         ready = (pool.lane_of >= 0).reshape(B, K)
-        slot_logits = lanes_lib.to_slots(w_logits.reshape(D, Lg, -1), pool).reshape(B * K, -1)
-        s_o, lp_o, mlp_o = _choose(o_logits, ko, rcfg.orch_sampling,
-                                   None if scripts is None else scripts.orch, oc)
+        slot_logits = lanes_lib.to_slots(c.w_logits.reshape(D, Lg, -1), pool).reshape(B * K, -1)
+        s_o, lp_o, mlp_o = _choose(c.o_logits, ko, rcfg.orch_sampling,
+                                   None if scripts is None else scripts.orch, c.orch_cursor)
         s_w, _, _ = _choose(slot_logits, kw, rcfg.worker_sampling,
-                            None if scripts is None else scripts.workers.reshape(B * K, -1), wc)
+                            None if scripts is None else scripts.workers.reshape(B * K, -1),
+                            c.worker_cursor)
         o, w, (ot, oe, osm, opos), (wt, we, wsm, wpos) = tick_fn(
-            o, w, tasks.table, asked, s_o, s_w.reshape(B, K), ready)
+            c.o, w, tasks.table, asked, s_o, s_w.reshape(B, K), ready)
         wt, we, wsm, wpos = (x.reshape(B * K) for x in (wt, we, wsm, wpos))
-        bufs = dict(
-            tokens=_put(bufs["tokens"], opos, ot, oe),
-            loss_mask=_put(bufs["loss_mask"], opos, osm, oe),
-            logprobs=_put(bufs["logprobs"], opos, jnp.where(osm, lp_o, 0.0), oe),
-            model_logprobs=_put(bufs["model_logprobs"], opos, jnp.where(osm, mlp_o, 0.0), oe),
-            stage_ids=_put(bufs["stage_ids"], opos, o.orch_steps, oe),
-            worker_tokens=_put(bufs["worker_tokens"], wpos, wt, we),
-            worker_sampled=_put(bufs["worker_sampled"], wpos, wsm, we))
-        o_cache, o_logits = _step_model(orch_params, orch_cfg, o_cache, o_logits, ot, opos, oe)
+        b = c.bufs
+        bufs = RolloutBuffers(
+            tokens=_put(b.tokens, opos, ot, oe),
+            loss_mask=_put(b.loss_mask, opos, osm, oe),
+            logprobs=_put(b.logprobs, opos, jnp.where(osm, lp_o, 0.0), oe),
+            model_logprobs=_put(b.model_logprobs, opos, jnp.where(osm, mlp_o, 0.0), oe),
+            stage_ids=_put(b.stage_ids, opos, o.orch_steps, oe),
+            worker_tokens=_put(b.worker_tokens, wpos, wt, we),
+            worker_sampled=_put(b.worker_sampled, wpos, wsm, we))
+        o_cache, o_logits = _step_model(orch_params, orch_cfg, c.o_cache, c.o_logits, ot, opos, oe)
         lane = lambda x: lanes_lib.to_lanes(x.reshape(D, S), pool).reshape(L)
         held = pool.owner.reshape(L) >= 0
-        w_cache, w_logits = _step_model(worker_params, worker_cfg, w_cache, w_logits, lane(wt), lane(wpos),
-                                        lane(we) & held)
+        w_cache, w_logits = _step_model(worker_params, worker_cfg, w_cache, c.w_logits, lane(wt),
+                                        lane(wpos), lane(we) & held)
         pool = lanes_lib.release(pool, (w.phase == wsj.W_DONE).reshape(D, S))
-        return t + 1, key, o, w, o_cache, w_cache, o_logits, w_logits, bufs, (oc + osm, wc + wsm), pool
+        return TickCarry(t=c.t + 1, key=key, o=o, w=w, o_cache=o_cache, w_cache=w_cache,
+                         o_logits=o_logits, w_logits=w_logits, bufs=bufs,
+                         orch_cursor=c.orch_cursor + osm, worker_cursor=c.worker_cursor + wsm,
+                         pool=pool)
 
-    def cond(carry):
-        t, _, o = carry[:3]
-        return (t < rcfg.max_ticks(S)) & jnp.any(o.end == wsj.RUNNING)
+    def cond(c: TickCarry):
+        return (c.t < rcfg.max_ticks(S)) & jnp.any(c.o.end == wsj.RUNNING)
 
-    carry = (jnp.int32(0), key, o, w, pre.cache, w_cache, o_logits, w_logits, bufs, cursors, pool)
-    t, _, o, w, _, _, _, _, bufs, _, _ = lax.while_loop(cond, body, carry)
+    carry = TickCarry(t=jnp.int32(0), key=key, o=o, w=w, o_cache=pre.cache, w_cache=w_cache,
+                      o_logits=o_logits, w_logits=w_logits, bufs=bufs,
+                      orch_cursor=jnp.zeros((B,), jnp.int32),
+                      worker_cursor=jnp.zeros((B * K,), jnp.int32), pool=pool)
+    carry = lax.while_loop(cond, body, carry)
+    t, o, w, bufs = carry.t, carry.o, carry.w, carry.bufs
     return RolloutResult(
-        tokens=bufs["tokens"], length=o.ctx_len, loss_mask=bufs["loss_mask"],
-        logprobs=bufs["logprobs"], model_logprobs=bufs["model_logprobs"], stage_ids=bufs["stage_ids"],
-        worker_tokens=bufs["worker_tokens"].reshape(B, K, W), worker_length=w.ctx_len,
-        worker_sampled=bufs["worker_sampled"].reshape(B, K, W), worker_steps=w.steps,
+        tokens=bufs.tokens, length=o.ctx_len, loss_mask=bufs.loss_mask,
+        logprobs=bufs.logprobs, model_logprobs=bufs.model_logprobs, stage_ids=bufs.stage_ids,
+        worker_tokens=bufs.worker_tokens.reshape(B, K, W), worker_length=w.ctx_len,
+        worker_sampled=bufs.worker_sampled.reshape(B, K, W), worker_steps=w.steps,
         worker_stage=w.stage, worker_ok=w.ok & (w.phase == wsj.W_DONE), worker_return=w.ret,
         worker_return_len=w.ret_len, answer=o.answer,
         answer_len=o.ans_len, correct=o.correct, answered=o.answered, truth=tasks.n,
@@ -282,7 +349,7 @@ class SwarmRollout:
 
     _jitted: dict[tuple, Any] = {}      # class-wide cache of compiled rollouts
 
-    def __init__(self, rcfg: RolloutConfig, orch_cfg: ModelConfig, worker_cfg: ModelConfig | None = None,
+    def __init__(self, rcfg: RolloutConfig, orch_cfg: ModelConfig, *, worker_cfg: ModelConfig | None = None,
                  mesh: Mesh | None = None, rules=DEFAULT_RULES):
         self.rcfg, self.orch_cfg = rcfg, orch_cfg
         self.worker_cfg = worker_cfg or orch_cfg
@@ -296,7 +363,7 @@ class SwarmRollout:
         """Lane pools: one per data shard when the batch splits evenly, else one."""
         if self.mesh is None:
             return 1
-        shard = batch_sharding(self.mesh, 1, self.rules, batch)
+        shard = batch_sharding(self.mesh, 1, rules=self.rules, batch_size=batch)
         n = batch // shard.shard_shape((batch,))[0]
         return n if batch % n == 0 else 1
 
@@ -316,12 +383,12 @@ class SwarmRollout:
             groups = self.groups(batch)
 
             def fn(op, wp, tasks, key, scripts):
-                return rollout(op, wp, self.orch_cfg, self.worker_cfg, self.rcfg, tasks, key, scripts,
-                               self._constrain(batch), groups)
+                return rollout(op, wp, self.orch_cfg, self.worker_cfg, self.rcfg, tasks, key,
+                               scripts=scripts, constrain=self._constrain(batch), groups=groups)
             if self.mesh is None:
                 self._jitted[sig] = jax.jit(fn)
             else:
-                rows = lambda nd: batch_sharding(self.mesh, nd, self.rules, batch)
+                rows = lambda nd: batch_sharding(self.mesh, nd, rules=self.rules, batch_size=batch)
                 shard = lambda cfg, p: tree_shardings(param_logical_axes(cfg), p, self.mesh, self.rules)
                 task_sh = wsj.Tasks(table=rows(2), entities=rows(2), n=rows(1))
                 script_sh = Scripts(orch=rows(2), workers=rows(3)) if scripted else None
@@ -330,7 +397,7 @@ class SwarmRollout:
                     NamedSharding(self.mesh, PartitionSpec()), script_sh))
         return self._jitted[sig]
 
-    def __call__(self, orch_params: Any, worker_params: Any, tasks: wsj.Tasks, key: Array,
+    def __call__(self, orch_params: Any, worker_params: Any, tasks: wsj.Tasks, key: Array, *,
                  scripts: Scripts | None = None) -> RolloutResult:
         batch = int(tasks.n.shape[0])
         fn = self._compile(orch_params, worker_params, batch, scripts is not None)

@@ -118,7 +118,7 @@ def summarize(result: RolloutResult, channels: dict[str, Array] | None = None) -
     return {k: float(jnp.mean(jnp.asarray(v, jnp.float32))) for k, v in m.items()}
 
 
-def rollout_traces(cfg: WideSearchConfig, tasks: wsj.Tasks, result: RolloutResult,
+def rollout_traces(cfg: WideSearchConfig, tasks: wsj.Tasks, result: RolloutResult, *,
                    channels: dict[str, Array] | None = None, prefix: str = "ep",
                    wall_clock_s: float = 0.0, limit: int | None = None) -> list[dict]:
     """Orchestration traces (DESIGN.md section 6) of the first ``limit`` episodes of a

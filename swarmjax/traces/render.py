@@ -48,7 +48,7 @@ def load_traces(path: str) -> list[dict[str, Any]]:
     return traces
 
 
-def select(traces: list[dict[str, Any]], index: int | None = None, trace_id: str | None = None) -> dict[str, Any]:
+def select(traces: list[dict[str, Any]], *, index: int | None = None, trace_id: str | None = None) -> dict[str, Any]:
     """One trace by ``trace_id`` or position (default: the first)."""
     if trace_id is not None:
         for trace in traces:

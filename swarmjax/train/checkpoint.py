@@ -146,7 +146,7 @@ class Checkpointer:
         return os.fspath(self._mngr.directory)
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, state: Any, meta: dict, metrics: dict | None = None,
+    def save(self, step: int, state: Any, meta: dict, *, metrics: dict | None = None,
              force: bool = False) -> bool:
         """Start writing a checkpoint of ``state`` (any pytree of arrays, normally a
         TrainState) and ``meta`` (JSON dict) at ``step`` when ``step % save_every == 0`` or

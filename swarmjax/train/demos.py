@@ -92,7 +92,7 @@ def _pack(rows: list[tuple[list[int], list[bool]]], length: int, pad: int) -> De
     return Demos(tokens, token_mask, loss_mask)
 
 
-def make_demos(cfg: WideSearchConfig, count: int, seed: int, spawn_fraction: float = 0.25,
+def make_demos(cfg: WideSearchConfig, count: int, seed: int, *, spawn_fraction: float = 0.25,
                pad: int = 0, max_chunk: int = 3) -> tuple[Demos, Demos]:
     """``count`` episodes -> (orchestrator demos [count, C], worker demos [M, W])."""
     rng = random.Random(seed)

@@ -226,7 +226,7 @@ def _prepare(job: TrainJob, workdir: str, progress: bool):
     return sources if jax.process_index() == 0 else prepare(**args)
 
 
-def run_job(job: TrainJob, workdir: str, progress: bool = True, resume: bool = False) -> dict[str, Any]:
+def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool = False) -> dict[str, Any]:
     """Run the job (or continue it from its newest checkpoint with ``resume``); returns
     the summary (also written to ``workdir`` by process 0)."""
     from swarmjax.data import task_iterator, to_tasks
@@ -292,7 +292,7 @@ def run_job(job: TrainJob, workdir: str, progress: bool = True, resume: bool = F
 
     def run_eval(policy, label: str, step: int, split: str) -> dict[int, dict[str, float]]:
         kept: dict = {}
-        res = evaluate(eval_engine, policy, warm, test if split == "test" else valid, eval_key, kept)
+        res = evaluate(eval_engine, policy, warm, test if split == "test" else valid, eval_key, keep=kept)
         for n, row in res.items():
             log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
             if split == "test":
@@ -364,7 +364,7 @@ def _restore(job: TrainJob, trainer: PARLTrainer, ckpt, step: int):
     return ckpt.restore(step, abstract_state(shapes, shardings))
 
 
-def evaluate_checkpoint(job: TrainJob, workdir: str, which: str = "latest", split: str = "test"
+def evaluate_checkpoint(job: TrainJob, workdir: str, *, which: str = "latest", split: str = "test"
                         ) -> dict[str, Any]:
     """Evaluate a checkpoint of ``workdir`` (``which``: "latest", "best" or a PARL step)
     and its frozen warm start on held-out tasks of ``split`` (the run's own task set),

@@ -69,6 +69,11 @@ class PARLTrainConfig:
         return self.tasks_per_step * self.group_size
 
 
+# PARL step metrics besides the reward channels' means (all reduced on the device)
+BATCH_METRICS = ("reward", "item_f1", "critical_steps", "total_steps", "subagents", "novel_subagents",
+                 "answered", "kept_groups", "orch_tokens", "sampled_tokens")
+
+
 def trajectories(result: RolloutResult, advantages: Array, group_ids: Array, rewards: Array) -> TrajectoryBatch:
     """The orchestrator rows of a rollout as a learner batch (token-in-token-out: the
     exact ids, loss only on the orchestrator's sampled tokens, the sampler's log-probs)."""
@@ -86,10 +91,10 @@ class PARLTrainer:
     >>> state, metrics = trainer.step(state, jax.random.key(i), step=i)
     """
 
-    def __init__(self, model_cfg: ModelConfig, cfg: PARLTrainConfig, worker_cfg: ModelConfig | None = None,
+    def __init__(self, model_cfg: ModelConfig, cfg: PARLTrainConfig, *, worker_cfg: ModelConfig | None = None,
                  mesh: Mesh | None = None):
         self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
-        self.engine = SwarmRollout(cfg.rollout, model_cfg, worker_cfg, mesh=mesh)
+        self.engine = SwarmRollout(cfg.rollout, model_cfg, worker_cfg=worker_cfg, mesh=mesh)
         self.learner = Learner(model_cfg, cfg.update, mesh=mesh)
         self._rewards = jax.jit(self._rewards_impl)
 
@@ -104,7 +109,11 @@ class PARLTrainer:
             frozen["reference"] = copy(params)
         return self.learner.init(copy(params), frozen=frozen)
 
-    def _rewards_impl(self, result: RolloutResult, group_ids: Array, step: Array):
+    def _rewards_impl(self, result: RolloutResult, group_ids: Array, step: Array
+                      ) -> tuple[TrajectoryBatch, dict[str, Array]]:
+        """The learner batch and the step's batch metrics: a dict of scalars (every reward
+        channel's mean and :data:`BATCH_METRICS`), reduced here on the device: per-episode
+        arrays may span several processes' devices, their means are replicated."""
         reward, channels = episode_rewards(result, self.cfg.parl, step)
         adv = compute_advantages(self.cfg.advantage, reward, group_ids)
         keep = ~uniform_groups(reward, group_ids) if self.cfg.dynamic_sampling else jnp.ones_like(reward, bool)
@@ -113,9 +122,17 @@ class PARLTrainer:
         if self.mesh is not None:   # laid out as the learner takes it (no resharding across processes)
             batch = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
                 x, batch_sharding(self.mesh, x.ndim, batch_size=x.shape[0])), batch)
-        return batch, reward, channels, keep
+        metrics = {k: jnp.mean(v) for k, v in channels.items()}
+        metrics.update(
+            reward=jnp.mean(reward), item_f1=metrics["r_perf"],
+            critical_steps=jnp.mean(result.critical_steps), total_steps=jnp.mean(result.total_steps),
+            subagents=jnp.mean(result.spawned), novel_subagents=jnp.mean(novel_subagents(result)),
+            answered=jnp.mean(result.end_reason == wsj.END_ANSWER), kept_groups=jnp.mean(keep),
+            orch_tokens=jnp.sum(result.length),
+            sampled_tokens=jnp.sum(result.loss_mask) + jnp.sum(result.worker_sampled))
+        return batch, metrics
 
-    def step(self, state: TrainState, key: Array, step: int, tasks: wsj.Tasks | None = None
+    def step(self, state: TrainState, key: Array, step: int, *, tasks: wsj.Tasks | None = None
              ) -> tuple[TrainState, dict[str, float]]:
         """One PARL step (see the module docstring). ``step``: the PARL step index (rollout
         batches so far), which drives the lambda schedules; ``tasks``: ``tasks_per_step``
@@ -131,23 +148,19 @@ class PARLTrainer:
             raise ValueError(f"got {tasks.n.shape[0]} tasks, tasks_per_step is {cfg.tasks_per_step}")
         tasks, groups = wsj.repeat_groups(tasks, cfg.group_size)
         result = self.engine(state.params, state.frozen["workers"], tasks, k_roll)
-        batch, reward, channels, keep = self._rewards(result, groups, jnp.asarray(step, jnp.int32))
+        batch, batch_metrics = self._rewards(result, groups, jnp.asarray(step, jnp.int32))
         jax.block_until_ready(batch)
         t1 = time.perf_counter()
         state, learn = self.learner.update(state, batch)
-        learn = jax.device_get(learn)
+        # one transfer: the learner's metrics and the batch metrics (replicated scalars)
+        learn, batch_metrics = jax.device_get((learn, batch_metrics))
         t2 = time.perf_counter()
-        # means on the device: per-episode arrays may span several processes' devices
-        metrics = {k: float(jnp.mean(v)) for k, v in channels.items()}
-        metrics.update(
-            reward=float(jnp.mean(reward)), item_f1=metrics["r_perf"],
-            critical_steps=float(jnp.mean(result.critical_steps)),
-            total_steps=float(jnp.mean(result.total_steps)), subagents=float(jnp.mean(result.spawned)),
-            novel_subagents=float(jnp.mean(novel_subagents(result))),
-            answered=float(jnp.mean(result.end_reason == wsj.END_ANSWER)),
-            kept_groups=float(jnp.mean(keep)), rollout_s=t1 - t0, update_s=t2 - t1,
-            orch_tokens=float(jnp.sum(result.length)),
-            sampled_tokens=float(jnp.sum(result.loss_mask) + jnp.sum(result.worker_sampled)))
+        batch_metrics = {k: float(v) for k, v in batch_metrics.items()}
+        # the reward channels first (sorted, as they come back), then the rest in a fixed order
+        metrics = {k: v for k, v in batch_metrics.items() if k not in BATCH_METRICS}
+        metrics.update({k: batch_metrics[k] for k in BATCH_METRICS[:-2]})
+        metrics.update(rollout_s=t1 - t0, update_s=t2 - t1)
+        metrics.update({k: batch_metrics[k] for k in BATCH_METRICS[-2:]})
         metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
         return state, metrics
 
@@ -166,7 +179,7 @@ def sample_eval_tasks(key: Array, env, sizes: list[int] | tuple[int, ...], episo
 
 
 def evaluate(engine: SwarmRollout, params: Any, worker_params: Any, tasks: dict[int, wsj.Tasks],
-             key: Array, keep: dict | None = None) -> dict[int, dict[str, float]]:
+             key: Array, *, keep: dict | None = None) -> dict[int, dict[str, float]]:
     """Per task size n (``tasks[n]``: a batch of tasks of that size): ``item_f1``,
     ``critical_steps``, ``total_steps``, ``subagents``, ``no_spawn_fraction``,
     ``answered`` (means over the batch). ``keep``, if given, receives

@@ -123,9 +123,10 @@ def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTCon
               on_step: Callable[[int, dict[str, float]], None] | None = None) -> tuple[Any, dict[str, Any]]:
     """Warm-start ``params`` on demonstrations. Returns the trained params and a report:
     the loss history and held-out per-role accuracy before and after."""
-    train_o, train_w = make_demos(env, scfg.demos, scfg.seed, scfg.spawn_fraction, max_chunk=scfg.max_chunk)
-    eval_o, eval_w = make_demos(env, scfg.eval_demos, scfg.seed + 1_000_003, scfg.spawn_fraction,
-                                max_chunk=scfg.max_chunk)
+    train_o, train_w = make_demos(env, scfg.demos, scfg.seed, spawn_fraction=scfg.spawn_fraction,
+                                  max_chunk=scfg.max_chunk)
+    eval_o, eval_w = make_demos(env, scfg.eval_demos, scfg.seed + 1_000_003,
+                                spawn_fraction=scfg.spawn_fraction, max_chunk=scfg.max_chunk)
     opt = make_optimizer(scfg.optim)
     opt_state = opt.init(params)
 
