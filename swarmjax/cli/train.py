@@ -10,22 +10,37 @@ checkpoints (see :mod:`swarmjax.train.job`).
 from __future__ import annotations
 
 import argparse
+import os
 
 from swarmjax.cli import register
 
 
 def _job_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="Python file whose get_config() returns a TrainJob")
+    p.add_argument("--config", required=True,
+                   help="Python file whose get_config() returns a TrainJob or a TextToolJob")
     p.add_argument("--workdir", required=True, help="where metrics, traces, checkpoints and the summary go")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. parl.group_size=4 (repeatable)")
 
 
-def _load(args: argparse.Namespace):
-    from swarmjax.config_file import apply_overrides, load_config
-    from swarmjax.train.job import TrainJob
+def _jobs() -> dict[type, tuple]:
+    """Job config type -> (run, summary table): the registry ``swarmjax train`` dispatches on."""
+    from swarmjax.train.job import TrainJob, run_job
+    from swarmjax.train.logs import summary_table
+    from swarmjax.train.text_job import TextToolJob, run_text_job, text_summary_table
 
-    job = apply_overrides(load_config(args.config, TrainJob), args.overrides)
+    return {TrainJob: (run_job, summary_table), TextToolJob: (run_text_job, text_summary_table)}
+
+
+def _load(args: argparse.Namespace, types: tuple[type, ...] | None = None):
+    from swarmjax.config_file import apply_overrides, load_config
+
+    types = tuple(_jobs()) if types is None else types
+    job = load_config(args.config)
+    if not isinstance(job, types):
+        raise ValueError(f"config file {args.config!r}: get_config() returned {type(job).__name__}, "
+                         f"expected one of {', '.join(t.__name__ for t in types)}")
+    job = apply_overrides(job, args.overrides)
     job.validate()
     return job
 
@@ -37,13 +52,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from swarmjax.train.job import run_job
-    from swarmjax.train.logs import summary_table
-
-    summary = run_job(_load(args), args.workdir, progress=not args.no_progress, resume=args.resume)
-    print(summary_table(summary))
-    print(f"written to {args.workdir}: summary.json, summary.md, curves.png, metrics.jsonl, eval.jsonl, "
-          "traces.jsonl, checkpoints/")
+    job = _load(args)
+    run, table = _jobs()[type(job)]
+    summary = run(job, args.workdir, progress=not args.no_progress, resume=args.resume)
+    print(table(summary))
+    written = sorted(os.listdir(args.workdir))
+    print(f"written to {args.workdir}: {', '.join(written)}")
     return 0
 
 
@@ -55,7 +69,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from swarmjax.train.job import evaluate_checkpoint
+    from swarmjax.train.job import TrainJob, evaluate_checkpoint
     from swarmjax.train.logs import summary_table
 
     sizes = None
@@ -64,7 +78,7 @@ def run_eval(args: argparse.Namespace) -> int:
             sizes = tuple(int(x) for x in args.sizes.split(","))
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated integers, got {args.sizes!r}") from None
-    job = _load(args)
+    job = _load(args, (TrainJob,))          # text jobs keep no checkpoints yet
     if sizes:
         import dataclasses
         job = dataclasses.replace(job, eval_sizes=sizes)
