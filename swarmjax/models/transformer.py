@@ -372,6 +372,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             positions: Array | None = None, token_mask: Array | None = None,
             cache: KVCache | None = None, cache_index: Array | int = 0,
             return_max_logits: bool = False, logits_to_keep: int = 0,
+            logits_at: Array | None = None,
             rope_table: tuple[Array, Array] | None = None) -> ForwardOutput:
     """Run the decoder.
 
@@ -392,6 +393,8 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
         queries and keys). Static: when False nothing extra is computed.
       logits_to_keep: static; n > 0 computes logits for the last n positions only
         (a sampler's prefill needs just the last: the [B, T, V] head is skipped).
+      logits_at: optional [B] int, the one position of each row whose logits are
+        computed (a right-padded chunk's last real token): logits [B, 1, V].
       rope_table: optional cos, sin [S, hd] from :func:`rope_table`, looked up at
         ``positions`` (which must be < S; larger ones give NaN) instead of evaluated.
         Decode loops build one outside the loop: XLA:CPU evaluates cos/sin element
@@ -446,6 +449,8 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
 
     if logits_to_keep:
         x = x[:, -logits_to_keep:]
+    if logits_at is not None:
+        x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[:, None, None], axis=1)   # [B, 1, D]
     x = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
     head = params["lm_head"] if "lm_head" in params else params["embed"].T   # [D, V]
     logits = jnp.einsum("btd,dv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)

@@ -6,19 +6,22 @@ trainable params, ``L`` sub-agent lanes with the frozen params. A row's
 conversation sits in its own KV-cache row, slot ``j`` = token ``j`` of the
 conversation (RoPE position ``j``), so a row only ever grows by appending:
 
-* :func:`decode_segment` runs every active row until it samples a stop id or
-  reaches its per-row token limit (one ``lax.while_loop``; both models step
-  together, each model's forward skipped when none of its rows emits). Every
-  sampled token, the stop id included, is fed back into the cache: the
-  conversation continues after it.
-* :func:`prefill_chunk` appends up to ``F`` environment ids per row (tool replies,
-  sub-agent results, a new sub-agent's prompt) in one forward, and keeps each
-  row's logits after its last appended id: they predict the next turn's first token.
+* :func:`decode_segment` runs the rows that take a turn now until each samples a
+  stop id or reaches its limit (one ``lax.while_loop``; both models step together,
+  each model's forward skipped when none of its rows emits). Every sampled token,
+  the stop id included, is fed back into the cache: the conversation continues after it.
+* :func:`prefill_chunk` appends up to ``F`` environment ids to each of the rows
+  given (tool replies, sub-agent results, a new sub-agent's prompt) in one forward,
+  and keeps each row's logits after its last appended id: they predict the next
+  turn's first token (only that position's logits are computed).
 
-A cache row holds ``S`` conversation slots plus ``F_max`` scratch slots at the end:
-rows that do not write in a call write there (never out of bounds, never over a
-real token), and a chunk's padding lands on slots past the row's end that later
-writes overwrite. Token-in-token-out: nothing here tokenises anything.
+Both work on a *compact window* of the cache: the rows named by ``idx`` (the
+others are neither computed nor copied; the host pads ``idx`` to a few bucket sizes
+with the spare last row) and the first ``window`` slots (a static bound past every
+slot the call writes, so attention never reads the empty tail of the buffer). A
+row that writes nothing in a step (a turn already over, a padded entry) writes a
+masked entry at its own next free slot, which the next real write overwrites.
+Token-in-token-out: nothing here tokenises anything.
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ Array = jax.Array
 
 @flax.struct.dataclass
 class Rows:
-    """Decoding state of one model's R rows (S conversation slots + scratch).
+    """Decoding state of one model's R rows (the last one a spare that pads ``idx``).
 
-    cache:  :class:`KVCache` with ``S + F_max`` slots per row;
+    cache:  :class:`KVCache` of the rows;
     logits: [R, V] f32  the model's prediction of each row's next token;
     pos:    [R] int32   next free slot (= conversation length) of each row.
     """
@@ -50,19 +53,31 @@ class Rows:
     cache: KVCache
     logits: Array
     pos: Array
-    slots: int = flax.struct.field(pytree_node=False)   # S; slot S is the first scratch slot
-
-    @property
-    def scratch(self) -> int:
-        """First scratch slot (= S): where rows that do not write in a call write."""
-        return self.slots
 
 
-def init_rows(cfg: ModelConfig, rows: int, slots: int, scratch: int) -> Rows:
-    """Empty rows: a zero cache of ``slots + scratch`` slots, zero logits, pos 0."""
-    return Rows(cache=init_cache(cfg, rows, slots + scratch),
-                logits=jnp.zeros((rows, cfg.vocab_size), jnp.float32),
-                pos=jnp.zeros((rows,), jnp.int32), slots=slots)
+def init_rows(cfg: ModelConfig, rows: int, slots: int) -> Rows:
+    """``rows`` rows and the spare: a zero cache of ``slots`` slots, zero logits, pos 0."""
+    return Rows(cache=init_cache(cfg, rows + 1, slots),
+                logits=jnp.zeros((rows + 1, cfg.vocab_size), jnp.float32),
+                pos=jnp.zeros((rows + 1,), jnp.int32))
+
+
+def gather_rows(rows: Rows, idx: Array, window: int) -> Rows:
+    """The rows ``idx`` [Rb] and their first ``window`` slots."""
+    take = lambda a: jnp.take(a, idx, axis=0)
+    cache = KVCache(k=tuple(take(a)[..., :window] for a in rows.cache.k),
+                    v=tuple(take(a)[:, :, :window] for a in rows.cache.v),
+                    valid=take(rows.cache.valid)[:, :window])
+    return Rows(cache=cache, logits=take(rows.logits), pos=take(rows.pos))
+
+
+def scatter_rows(rows: Rows, idx: Array, sub: Rows) -> Rows:
+    """Write a :func:`gather_rows` window back (entries of the spare row may repeat)."""
+    W = sub.cache.max_len
+    cache = KVCache(k=tuple(a.at[idx, :, :, :W].set(s) for a, s in zip(rows.cache.k, sub.cache.k)),
+                    v=tuple(a.at[idx, :, :W].set(s) for a, s in zip(rows.cache.v, sub.cache.v)),
+                    valid=rows.cache.valid.at[idx, :W].set(sub.cache.valid))
+    return Rows(cache=cache, logits=rows.logits.at[idx].set(sub.logits), pos=rows.pos.at[idx].set(sub.pos))
 
 
 @flax.struct.dataclass
@@ -114,13 +129,12 @@ def _choose(logits: Array, key: Array, scfg: SamplingConfig, forced: Array | Non
     return jnp.where(use, forced, tok), jnp.where(use, model, lp), jnp.where(use, model, mlp)
 
 
-def _feed(params: Any, cfg: ModelConfig, rows: Rows, tok: Array, emit: Array) -> Rows:
+def _feed(params: Any, cfg: ModelConfig, rows: Rows, tok: Array, emit: Array, rope) -> Rows:
     """Append one token per emitting row at its ``pos``; other rows keep their logits
-    and write the scratch slot. Skipped when no row emits."""
+    and write a masked entry at their free ``pos``. Skipped when no row emits."""
     def run(rows: Rows) -> Rows:
-        slot = jnp.where(emit, rows.pos, rows.scratch)
-        out = forward(params, cfg, tok[:, None], positions=slot[:, None], token_mask=emit[:, None],
-                      cache=rows.cache, cache_index=slot, rope_table=rope_table(cfg, rows.cache.max_len))
+        out = forward(params, cfg, tok[:, None], positions=rows.pos[:, None], token_mask=emit[:, None],
+                      cache=rows.cache, cache_index=rows.pos, rope_table=rope)
         return rows.replace(cache=out.cache, logits=jnp.where(emit[:, None], out.logits[:, 0], rows.logits),
                             pos=rows.pos + emit)
     return lax.cond(jnp.any(emit), run, lambda rows: rows, rows)
@@ -135,7 +149,7 @@ def _start(rows: Rows, active: Array, steps: int) -> _Decoding:
 
 
 def _advance(params, cfg: ModelConfig, scfg: SamplingConfig, d: _Decoding, i: Array, key: Array,
-             limit: Array, stops: Array, forced: Array | None) -> _Decoding:
+             limit: Array, stops: Array, forced: Array | None, rope) -> _Decoding:
     """One step of one model: choose, record, feed, and mark rows that stop."""
     f = None if forced is None else lax.dynamic_index_in_dim(forced, i, axis=1, keepdims=False)
     tok, lp, mlp = _choose(d.rows.logits, key, scfg, f)
@@ -146,79 +160,90 @@ def _advance(params, cfg: ModelConfig, scfg: SamplingConfig, d: _Decoding, i: Ar
     hit = emit & jnp.any(tok[:, None] == stops[None, :], axis=-1)
     turns = t.replace(tokens=col(t.tokens, tok, -1), logprobs=col(t.logprobs, lp, 0.0),
                       model_logprobs=col(t.model_logprobs, mlp, 0.0), lengths=lengths, stopped=t.stopped | hit)
-    rows = _feed(params, cfg, d.rows, tok, emit)
+    rows = _feed(params, cfg, d.rows, tok, emit, rope)
     return _Decoding(rows=rows, turns=turns, done=d.done | hit | (lengths >= limit))
 
 
 def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, work_cfg: ModelConfig,
                    orch_sampling: SamplingConfig, work_sampling: SamplingConfig,
-                   orch: Rows, work: Rows, key: Array, *, orch_active: Array, work_active: Array,
+                   orch: Rows, work: Rows, key: Array, *, orch_idx: Array, work_idx: Array,
                    orch_limit: Array, work_limit: Array, stop_ids: Array, steps: int,
+                   orch_window: int, work_window: int,
                    orch_forced: Array | None = None, work_forced: Array | None = None
                    ) -> tuple[Rows, Rows, Turns, Turns]:
-    """Decode every active row of both models until each samples a stop id or its limit.
+    """Decode the given rows of both models until each samples a stop id or its limit.
 
     Args:
       orch_params / work_params: trainable orchestrator and frozen sub-agent params.
-      orch, work: :class:`Rows` of B orchestrator rows and L sub-agent lanes.
-      orch_active [B], work_active [L] bool: rows that take a turn now.
-      orch_limit [B], work_limit [L] int32: most tokens each row may sample now
-        (the turn limit, or less when the row's context is nearly full); >= 1 on active rows.
+      orch, work: :class:`Rows` of the B orchestrator rows and the L sub-agent lanes.
+      orch_idx [Bo], work_idx [Bw] int32: the rows that take a turn now (padded with
+        the spare row, whose limit is 0).
+      orch_limit [Bo], work_limit [Bw] int32: most tokens each may sample now (the turn
+        limit, or less when its context is nearly full); 0 on padding.
       stop_ids: [K] int32 ids that end a turn (the chat format's stops).
       steps: static length of the output buffers (>= every limit).
-      orch_forced [B, steps], work_forced [L, steps]: optional ids to replay instead of
+      orch_window, work_window: static slots attended over (> every pos + limit).
+      orch_forced [Bo, steps], work_forced [Bw, steps]: optional ids to replay instead of
         sampling (-1: sample); replayed ids are scored by the temperature-1 model.
 
     Returns:
-      the advanced rows of both models and their :class:`Turns`.
+      both models' rows (the turns written into their caches) and the :class:`Turns`
+      of the rows in ``orch_idx`` / ``work_idx`` order.
     """
-    carry = _Carry(i=jnp.int32(0), key=key, orch=_start(orch, orch_active, steps),
-                   work=_start(work, work_active, steps))
+    o_rope, w_rope = rope_table(orch_cfg, orch_window), rope_table(work_cfg, work_window)
+    carry = _Carry(i=jnp.int32(0), key=key,
+                   orch=_start(gather_rows(orch, orch_idx, orch_window), orch_limit > 0, steps),
+                   work=_start(gather_rows(work, work_idx, work_window), work_limit > 0, steps))
 
     def body(c: _Carry) -> _Carry:
         with jax.named_scope("text_decode_step"):
             key, ko, kw = jax.random.split(c.key, 3)
             o = _advance(orch_params, orch_cfg, orch_sampling, c.orch, c.i, ko, orch_limit, stop_ids,
-                         orch_forced)
+                         orch_forced, o_rope)
             w = _advance(work_params, work_cfg, work_sampling, c.work, c.i, kw, work_limit, stop_ids,
-                         work_forced)
+                         work_forced, w_rope)
             return _Carry(i=c.i + 1, key=key, orch=o, work=w)
 
     def cond(c: _Carry) -> Array:
         return (c.i < steps) & ~(jnp.all(c.orch.done) & jnp.all(c.work.done))
 
     c = lax.while_loop(cond, body, carry)
-    return c.orch.rows, c.work.rows, c.orch.turns, c.work.turns
+    return (scatter_rows(orch, orch_idx, c.orch.rows), scatter_rows(work, work_idx, c.work.rows),
+            c.orch.turns, c.work.turns)
 
 
-def prefill_chunk(params: Any, cfg: ModelConfig, rows: Rows, ids: Array, counts: Array, reset: Array) -> Rows:
-    """Append ``ids[r, :counts[r]]`` to each row's conversation in one forward.
+def prefill_chunk(params: Any, cfg: ModelConfig, rows: Rows, idx: Array, ids: Array, counts: Array,
+                  reset: Array, *, window: int) -> Rows:
+    """Append ``ids[j, :counts[j]]`` to row ``idx[j]``'s conversation, in one forward.
 
     Args:
       rows: the model's :class:`Rows`.
-      ids: [R, F] int32 environment ids, right-padded (F <= the scratch size).
-      counts: [R] int32 ids to append per row (0: the row is untouched).
-      reset: [R] bool rows whose conversation starts over (a lane given to a new
+      idx: [Rb] int32 rows to append to (padded with the spare row, count 0).
+      ids: [Rb, F] int32 environment ids, right-padded.
+      counts: [Rb] int32 ids to append per row.
+      reset: [Rb] bool rows whose conversation starts over (a lane given to a new
         sub-agent): their cache is invalidated and they write from slot 0.
+      window: static slots attended over (>= every row's pos + F).
 
     Returns:
       rows with the ids in their caches, ``pos += counts``, and on rows with
       ``counts > 0`` the logits after their last appended id.
     """
-    R, F = ids.shape
-    pos = jnp.where(reset, 0, rows.pos)
-    cache = rows.cache.replace(valid=jnp.where(reset[:, None], False, rows.cache.valid))
+    sub = gather_rows(rows, idx, window)
+    F = ids.shape[1]
+    pos = jnp.where(reset, 0, sub.pos)
+    cache = sub.cache.replace(valid=jnp.where(reset[:, None], False, sub.cache.valid))
     write = counts > 0
-    start = jnp.where(write, pos, rows.scratch)                          # [R]
-    mask = jnp.arange(F)[None, :] < counts[:, None]                      # [R, F]
-    out = forward(params, cfg, ids, positions=start[:, None] + jnp.arange(F)[None, :], token_mask=mask,
-                  cache=cache, cache_index=start, rope_table=rope_table(cfg, cache.max_len))
-    last = jnp.take_along_axis(out.logits, jnp.maximum(counts - 1, 0)[:, None, None], axis=1)[:, 0]   # [R, V]
-    return rows.replace(cache=out.cache, logits=jnp.where(write[:, None], last, rows.logits),
-                        pos=pos + counts)
+    out = forward(params, cfg, ids, positions=pos[:, None] + jnp.arange(F)[None, :],
+                  token_mask=jnp.arange(F)[None, :] < counts[:, None], cache=cache, cache_index=pos,
+                  logits_at=jnp.maximum(counts - 1, 0), rope_table=rope_table(cfg, window))
+    sub = Rows(cache=out.cache, logits=jnp.where(write[:, None], out.logits[:, 0], sub.logits),
+               pos=pos + counts)
+    return scatter_rows(rows, idx, sub)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5), static_argnames=("steps",), donate_argnums=(6, 7))
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5),
+                   static_argnames=("steps", "orch_window", "work_window"), donate_argnums=(6, 7))
 def decode_segment_jit(orch_params, work_params, orch_cfg, work_cfg, orch_sampling, work_sampling,
                        orch, work, key, **kwargs):
     """:func:`decode_segment` jitted, both models' rows donated (caches updated in place)."""
@@ -226,7 +251,7 @@ def decode_segment_jit(orch_params, work_params, orch_cfg, work_cfg, orch_sampli
                           orch, work, key, **kwargs)
 
 
-@functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(2,))
-def prefill_chunk_jit(params, cfg, rows, ids, counts, reset):
-    """:func:`prefill_chunk` jitted, the rows donated. One compile per chunk bucket ``F``."""
-    return prefill_chunk(params, cfg, rows, ids, counts, reset)
+@functools.partial(jax.jit, static_argnums=(1,), static_argnames=("window",), donate_argnums=(2,))
+def prefill_chunk_jit(params, cfg, rows, idx, ids, counts, reset, *, window):
+    """:func:`prefill_chunk` jitted, the rows donated. One compile per (rows, chunk, window) bucket."""
+    return prefill_chunk(params, cfg, rows, idx, ids, counts, reset, window=window)

@@ -224,25 +224,46 @@ class TextRollout:
     def _bucket(self, n: int) -> int:
         return next((b for b in self.rcfg.prefill_buckets if b >= n), self.rcfg.prefill_buckets[-1])
 
+    @staticmethod
+    def _compact(agents: list, spare: int) -> np.ndarray:
+        """Row indices of ``agents`` padded with the spare row to a power of two (few
+        compiled shapes; rows outside a call are neither computed nor copied)."""
+        size = 1 << max(len(agents) - 1, 0).bit_length()
+        return np.asarray([a.row for a in agents] + [spare] * (size - len(agents)), np.int32)
+
+    @staticmethod
+    def _window(need: int, slots: int) -> int:
+        """Slots a call attends over: ``need`` rounded up to a power of two >= 64, so few
+        shapes compile (multiples of 128 tripled the compiles of the text tests, and a
+        training run meets every one of them)."""
+        return min(slots, max(64, 1 << (int(need) - 1).bit_length()))
+
     def _append(self, params, cfg, rows: Rows, agents: list[_Agent], stats) -> Rows:
         """Append every agent's pending ids to its row, chunk by chunk."""
-        R = rows.pos.shape[0]
-        queue = {a.row: (a.pending, a.reset) for a in agents if a.pending is not None and a.pending.size}
-        done = dict.fromkeys(queue, 0)
+        spare, slots = rows.pos.shape[0] - 1, rows.cache.max_len
+        queue = [a for a in agents if a.pending is not None and a.pending.size]
+        done = {id(a): 0 for a in queue}
+        base = {id(a): 0 if a.reset else len(a.trace) - len(a.pending) for a in queue}
         first = True
-        while any(done[r] < len(ids) for r, (ids, _) in queue.items()):
-            F = self._bucket(max(len(ids) - done[r] for r, (ids, _) in queue.items()))
-            chunk = np.zeros((R, F), np.int32)
-            counts = np.zeros((R,), np.int32)
-            reset = np.zeros((R,), bool)
-            for r, (ids, rs) in queue.items():
-                part = ids[done[r]:done[r] + F]
-                chunk[r, :len(part)] = part
-                counts[r] = len(part)
-                reset[r] = rs and first
-                done[r] += len(part)
-            rows = prefill_chunk_jit(params, cfg, rows, chunk, counts, reset)
+        while True:
+            live = [a for a in queue if done[id(a)] < len(a.pending)]
+            if not live:
+                break
+            F = self._bucket(max(len(a.pending) - done[id(a)] for a in live))
+            idx = self._compact(live, spare)
+            chunk = np.zeros((len(idx), F), np.int32)
+            counts = np.zeros((len(idx),), np.int32)
+            reset = np.zeros((len(idx),), bool)
+            for j, a in enumerate(live):
+                part = a.pending[done[id(a)]:done[id(a)] + F]
+                chunk[j, :len(part)] = part
+                counts[j] = len(part)
+                reset[j] = a.reset and first
+                done[id(a)] += len(part)
+            window = self._window(max(base[id(a)] + done[id(a)] - counts[j] + F for j, a in enumerate(live)), slots)
+            rows = prefill_chunk_jit(params, cfg, rows, idx, chunk, counts, reset, window=window)
             stats["prefill_calls"] += 1
+            stats["prefill_computed"] += chunk.size
             first = False
         for a in agents:
             a.pending, a.reset = None, False
@@ -323,11 +344,11 @@ class TextRollout:
         if len(tasks) != B:
             raise ValueError(f"{B} environments but {len(tasks)} tasks")
         stats = dict(segments=0, prefill_calls=0, decode_s=0.0, prefill_s=0.0, env_s=0.0,
-                     sampled_tokens=0, appended_tokens=0)
+                     sampled_tokens=0, appended_tokens=0, prefill_computed=0, decode_row_steps=0)
         t_start = time.perf_counter()
-        scratch = rcfg.prefill_buckets[-1]
-        orch_rows = init_rows(self.orch_cfg, B, rcfg.orch_context, scratch)
-        work_rows = init_rows(self.worker_cfg, L, rcfg.worker_context, scratch)
+        extra = rcfg.prefill_buckets[-1] + 1      # room past a context for a chunk's padding
+        orch_rows = init_rows(self.orch_cfg, B, rcfg.orch_context + extra)
+        work_rows = init_rows(self.worker_cfg, L, rcfg.worker_context + extra)
         stop_ids = jnp.asarray(self.stop_ids)
 
         eps = []
@@ -378,6 +399,7 @@ class TextRollout:
                 orch_rows = self._append(orch_params, self.orch_cfg, orch_rows, orchs, stats)
             if works:
                 work_rows = self._append(worker_params, self.worker_cfg, work_rows, works, stats)
+            jax.block_until_ready((orch_rows, work_rows))     # the time is the prefill's, not the next decode's
             stats["prefill_s"] += time.perf_counter() - t0
             return orch_rows, work_rows
 
@@ -400,41 +422,44 @@ class TextRollout:
             if not rows_o and not rows_w:
                 raise RuntimeError("text rollout made no progress: no agent can take a turn "
                                    "(an environment returned a Step that neither replies, spawns nor ends)")
-            active_o, active_w = np.zeros(B, bool), np.zeros(L, bool)
-            limit_o, limit_w = np.ones(B, np.int32), np.ones(L, np.int32)
-            f_o, f_w = np.full((B, T), -1, np.int32), np.full((L, T), -1, np.int32)
-            for agents, active, limit, fbuf in ((rows_o, active_o, limit_o, f_o), (rows_w, active_w, limit_w, f_w)):
-                for a in agents:
-                    active[a.row] = True
-                    limit[a.row] = min(T, self._context(a) - len(a.trace))
+            args = {}
+            for name, agents, rows in (("orch", rows_o, orch_rows), ("work", rows_w, work_rows)):
+                idx = self._compact(agents, rows.pos.shape[0] - 1)
+                limit = np.zeros(len(idx), np.int32)
+                fbuf = np.full((len(idx), T), -1, np.int32)
+                for j, a in enumerate(agents):
+                    limit[j] = min(T, self._context(a) - len(a.trace))
                     script = forced(a)
                     if script is not None:
-                        fbuf[a.row, :min(len(script), T)] = script[:T]
-                        limit[a.row] = min(limit[a.row], max(len(script), 1))
+                        fbuf[j, :min(len(script), T)] = script[:T]
+                        limit[j] = min(limit[j], max(len(script), 1))
+                need = max([len(a.trace) + int(limit[j]) + 1 for j, a in enumerate(agents)], default=1)
+                args.update({f"{name}_idx": idx, f"{name}_limit": limit,
+                             f"{name}_window": self._window(need, rows.cache.max_len),
+                             f"{name}_forced": fbuf if scripts is not None else None})
             t0 = time.perf_counter()
             key, sub_key = jax.random.split(key)
             orch_rows, work_rows, turns_o, turns_w = decode_segment_jit(
                 orch_params, worker_params, self.orch_cfg, self.worker_cfg, rcfg.orch_sampling,
-                rcfg.worker_sampling, orch_rows, work_rows, sub_key, orch_active=active_o,
-                work_active=active_w, orch_limit=limit_o, work_limit=limit_w, stop_ids=stop_ids, steps=T,
-                orch_forced=f_o if scripts is not None else None,
-                work_forced=f_w if scripts is not None else None)
+                rcfg.worker_sampling, orch_rows, work_rows, sub_key, stop_ids=stop_ids, steps=T, **args)
             turns_o, turns_w = jax.device_get((turns_o, turns_w))
+            stats["decode_row_steps"] += (len(args["orch_idx"]) + len(args["work_idx"])) * int(
+                max(turns_o.lengths.max(initial=0), turns_w.lengths.max(initial=0)))
             stats["decode_s"] += time.perf_counter() - t0
             stats["segments"] += 1
 
             # ---- record the turns, then let the environments answer them (in parallel)
             finished = []
             for agents, turns in ((rows_o, turns_o), (rows_w, turns_w)):
-                for a in agents:
-                    n = int(turns.lengths[a.row])
-                    ids = turns.tokens[a.row, :n]
+                for j, a in enumerate(agents):         # turns come in the order of the agents
+                    n = int(turns.lengths[j])
+                    ids = turns.tokens[j, :n]
                     a.trace.steps += 1
-                    a.trace.append(ids, sampled=True, logprobs=turns.logprobs[a.row, :n],
-                                   model_logprobs=turns.model_logprobs[a.row, :n])
+                    a.trace.append(ids, sampled=True, logprobs=turns.logprobs[j, :n],
+                                   model_logprobs=turns.model_logprobs[j, :n])
                     a.turning = False
                     stats["sampled_tokens"] += n
-                    finished.append((a, ids, not bool(turns.stopped[a.row])))
+                    finished.append((a, ids, not bool(turns.stopped[j])))
             t0 = time.perf_counter()
             steps = list(self._pool.map(lambda f: f[0].env.step(f[1], truncated=f[2]), finished))
             stats["env_s"] += time.perf_counter() - t0
