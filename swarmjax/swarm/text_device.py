@@ -242,6 +242,24 @@ def prefill_chunk(params: Any, cfg: ModelConfig, rows: Rows, idx: Array, ids: Ar
     return scatter_rows(rows, idx, sub)
 
 
+def copy_prefix(rows: Rows, src: Array, idx: Array, length: Array, *, window: int) -> Rows:
+    """Rows ``idx`` [Rb] start over holding the first ``length`` slots of row ``src``
+    (a prompt prefix they share, e.g. the system turn with the tool schemas, prefilled
+    once: vLLM / SGLang's prefix caching, for one batch). Their slots past ``length``
+    are left as they were: attention is causal in slots, and a row writes every slot
+    before it reads it. ``window`` (static) >= ``length``."""
+    sub = gather_rows(rows, jnp.full(idx.shape, src, jnp.int32), window)
+    sub = sub.replace(cache=sub.cache.replace(valid=sub.cache.valid & (jnp.arange(window) < length)[None]),
+                      pos=jnp.full(idx.shape, length, jnp.int32))
+    return scatter_rows(rows, idx, sub)
+
+
+@functools.partial(jax.jit, static_argnames=("window",), donate_argnums=(0,))
+def copy_prefix_jit(rows, src, idx, length, *, window):
+    """:func:`copy_prefix` jitted, the rows donated."""
+    return copy_prefix(rows, src, idx, length, window=window)
+
+
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5),
                    static_argnames=("steps", "orch_window", "work_window"), donate_argnums=(6, 7))
 def decode_segment_jit(orch_params, work_params, orch_cfg, work_cfg, orch_sampling, work_sampling,

@@ -43,7 +43,7 @@ import numpy as np
 from swarmjax.envs.api import HostEnv, Step, SubAgentResult
 from swarmjax.models.config import ModelConfig
 from swarmjax.sampling.processors import SamplingConfig
-from swarmjax.swarm.text_device import Rows, decode_segment_jit, init_rows, prefill_chunk_jit
+from swarmjax.swarm.text_device import Rows, copy_prefix_jit, decode_segment_jit, init_rows, prefill_chunk_jit
 
 END_REASONS = ("running", "answer", "budget", "context")   # as the token world's
 RUNNING, END_ANSWER, END_BUDGET, END_CONTEXT = range(4)
@@ -238,8 +238,38 @@ class TextRollout:
         training run meets every one of them)."""
         return min(slots, max(64, 1 << (int(need) - 1).bit_length()))
 
+    def _share_prefix(self, params, cfg, rows: Rows, agents: list[_Agent], stats) -> Rows:
+        """Conversations that start now and open with the same ids (system turn, tool
+        schemas) get that prefix prefilled once, in the first one's row, and copied into
+        the others' rows; their pending ids become what follows it."""
+        fresh = [a for a in agents if a.reset and a.pending is not None]
+        if len(fresh) < 2:
+            return rows
+        first = fresh[0].pending
+        n = min(len(a.pending) for a in fresh) - 1          # each keeps >= 1 id: its logits
+        for a in fresh[1:]:
+            diff = np.flatnonzero(a.pending[:n] != first[:n])
+            n = int(diff[0]) if diff.size else n
+        if n < self.rcfg.prefill_buckets[0]:
+            return rows
+        head = _Agent(env=fresh[0].env, trace=fresh[0].trace, episode=-1, is_orch=fresh[0].is_orch,
+                      row=fresh[0].row, pending=first[:n], reset=True)
+        head.trace = AgentTrace(name="prefix")               # a trace of n ids: its row's base is 0
+        head.trace.append(first[:n], sampled=False)
+        rows = self._append(params, cfg, rows, [head], stats)
+        others = fresh[1:]
+        idx = self._compact(others, rows.pos.shape[0] - 1)
+        rows = copy_prefix_jit(rows, np.int32(fresh[0].row), idx, np.int32(n),
+                               window=self._window(n, rows.cache.max_len))
+        stats["prefix_shared"] += n * len(others)
+        for a in fresh:
+            a.pending, a.reset = a.pending[n:], False
+        return rows
+
     def _append(self, params, cfg, rows: Rows, agents: list[_Agent], stats) -> Rows:
-        """Append every agent's pending ids to its row, chunk by chunk."""
+        """Append every agent's pending ids to its row, chunk by chunk (after sharing
+        the prefix of the conversations that start now)."""
+        rows = self._share_prefix(params, cfg, rows, agents, stats)
         spare, slots = rows.pos.shape[0] - 1, rows.cache.max_len
         queue = [a for a in agents if a.pending is not None and a.pending.size]
         done = {id(a): 0 for a in queue}
@@ -344,7 +374,8 @@ class TextRollout:
         if len(tasks) != B:
             raise ValueError(f"{B} environments but {len(tasks)} tasks")
         stats = dict(segments=0, prefill_calls=0, decode_s=0.0, prefill_s=0.0, env_s=0.0,
-                     sampled_tokens=0, appended_tokens=0, prefill_computed=0, decode_row_steps=0)
+                     sampled_tokens=0, appended_tokens=0, prefill_computed=0, decode_row_steps=0,
+                     prefix_shared=0)
         t_start = time.perf_counter()
         extra = rcfg.prefill_buckets[-1] + 1      # room past a context for a chunk's padding
         orch_rows = init_rows(self.orch_cfg, B, rcfg.orch_context + extra)
