@@ -252,9 +252,9 @@ class TextRollout:
             n = int(diff[0]) if diff.size else n
         if n < self.rcfg.prefill_buckets[0]:
             return rows
-        head = _Agent(env=fresh[0].env, trace=fresh[0].trace, episode=-1, is_orch=fresh[0].is_orch,
-                      row=fresh[0].row, pending=first[:n], reset=True)
-        head.trace = AgentTrace(name="prefix")               # a trace of n ids: its row's base is 0
+        # the prefix alone, as a conversation of n ids starting in the first one's row
+        head = _Agent(env=fresh[0].env, trace=AgentTrace(name="prefix"), episode=-1,
+                      is_orch=fresh[0].is_orch, row=fresh[0].row, pending=first[:n], reset=True)
         head.trace.append(first[:n], sampled=False)
         rows = self._append(params, cfg, rows, [head], stats)
         others = fresh[1:]
