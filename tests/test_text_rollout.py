@@ -39,7 +39,7 @@ def world(tmp_path_factory):
 
 def _rollout(world, episodes, key=0, scripts=None, **overrides):
     task, model, params = world
-    rcfg = TextRolloutConfig(**{**dict(orch_context=4096, worker_context=1024, max_turn_tokens=160,
+    rcfg = TextRolloutConfig(**{**dict(orch_context=2048, worker_context=1024, max_turn_tokens=512,
                                        worker_lanes=3, subagent_turns=CFG.subagent_steps,
                                        prefill_buckets=(16, 64, 256)), **overrides})
     engine = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids)
@@ -66,7 +66,7 @@ def test_scripted_policies_match_the_token_world(world):
             o, w = task.serial_script(ep), []
         orch.append(o)
         workers.append(w)
-    res = _rollout(world, eps, scripts=TextScripts(orch=orch, workers=workers), max_turn_tokens=1024)
+    res = _rollout(world, eps, scripts=TextScripts(orch=orch, workers=workers))
     for b, (ep, k) in enumerate(zip(eps, parts)):
         if k:
             o, w = token_scripts.split(CFG, ep, k)
@@ -83,9 +83,17 @@ def test_scripted_policies_match_the_token_world(world):
         assert res.rewards["tool_errors"][b] == 0
 
 
-def _teacher_forced(params, model, ids):
-    logp = jax.nn.log_softmax(forward(params, model, jnp.asarray(ids)[None]).logits[0])   # [T, V]
-    return np.asarray(jnp.take_along_axis(logp[:-1], jnp.asarray(ids)[1:, None], axis=1)[:, 0])
+def _teacher_forced(params, model, seqs):
+    """log p(ids[t] | ids[<t]) [T - 1] of each sequence, by one forward over them all (right-padded)."""
+    T = max(len(x) for x in seqs)
+    ids = np.zeros((len(seqs), T), np.int32)
+    mask = np.zeros((len(seqs), T), bool)
+    for i, x in enumerate(seqs):
+        ids[i, :len(x)], mask[i, :len(x)] = x, True
+    logits = jax.jit(lambda p, t, m: forward(p, model, t, token_mask=m).logits)(params, ids, mask)
+    logp = np.asarray(jax.nn.log_softmax(logits), np.float64)                        # [N, T, V]
+    return [np.take_along_axis(logp[i, :len(x) - 1], np.asarray(x)[1:, None], axis=1)[:, 0]
+            for i, x in enumerate(seqs)]
 
 
 @pytest.mark.parametrize("scripted_run", [True, False])
@@ -99,14 +107,13 @@ def test_recorded_logprobs_equal_a_teacher_forced_forward(world, scripted_run):
     if scripted_run:
         plans = [task.split_script(ep, 2) for ep in eps]
         scripts = TextScripts(orch=[p[0] for p in plans], workers=[p[1] for p in plans])
-    res = _rollout(world, eps, key=3, scripts=scripts, max_turn_tokens=1024 if scripted_run else 24,
+    res = _rollout(world, eps, key=3, scripts=scripts, max_turn_tokens=512 if scripted_run else 24,
                    orch_sampling=SamplingConfig(temperature=1.0),
                    worker_sampling=SamplingConfig(temperature=1.0))
     traces = [t for b in range(len(eps)) for t in [res.orchestrators[b], *res.subagents[b]]]
     assert sum(t.steps for t in traces) >= (8 if scripted_run else 3)
-    for t in traces:
-        a = t.arrays()
-        tf = _teacher_forced(params, model, a["ids"])
+    arrays = [t.arrays() for t in traces]
+    for a, tf in zip(arrays, _teacher_forced(params, model, [a["ids"] for a in arrays])):
         mask = a["sampled"][1:]
         np.testing.assert_allclose(a["model_logprobs"][1:][mask], tf[mask], atol=1e-4)
     b = 0
@@ -121,7 +128,7 @@ def test_budget_ends_an_episode_and_subagents_are_stopped_at_their_turn_limit(wo
     serial = task.serial_script(eps[0])
     orch, workers = task.split_script(eps[1], 1)       # one worker with 4 entities
     res = _rollout(world, eps, scripts=TextScripts(orch=[serial, orch], workers=[[], workers]),
-                   budget=4, subagent_turns=3, max_turn_tokens=1024)
+                   budget=4, subagent_turns=3)
     assert END_REASONS[res.end_reason[0]] == "budget" and res.critical_steps[0] == 4
     assert res.spawned[1] == 1 and res.finished[1] == 0
     sub = res.subagents[1][0]

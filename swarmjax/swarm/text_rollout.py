@@ -226,17 +226,17 @@ class TextRollout:
 
     @staticmethod
     def _compact(agents: list, spare: int) -> np.ndarray:
-        """Row indices of ``agents`` padded with the spare row to a power of two (few
+        """Row indices of ``agents`` padded with the spare row to a power of two >= 4 (few
         compiled shapes; rows outside a call are neither computed nor copied)."""
-        size = 1 << max(len(agents) - 1, 0).bit_length()
+        size = max(4, 1 << max(len(agents) - 1, 0).bit_length())
         return np.asarray([a.row for a in agents] + [spare] * (size - len(agents)), np.int32)
 
     @staticmethod
     def _window(need: int, slots: int) -> int:
-        """Slots a call attends over: ``need`` rounded up to a power of two >= 64, so few
+        """Slots a call attends over: ``need`` rounded up to a power of two >= 256, so few
         shapes compile (multiples of 128 tripled the compiles of the text tests, and a
         training run meets every one of them)."""
-        return min(slots, max(64, 1 << (int(need) - 1).bit_length()))
+        return min(slots, max(256, 1 << (int(need) - 1).bit_length()))
 
     def _share_prefix(self, params, cfg, rows: Rows, agents: list[_Agent], stats) -> Rows:
         """Conversations that start now and open with the same ids (system turn, tool
