@@ -84,6 +84,8 @@ class ToolAgentEnv:
         return parse_turn(self.chat.tokenizer.decode(turn), self.tools, syntax=self.syntax)
 
     def step(self, turn: np.ndarray, *, truncated: bool = False) -> Step:
+        """Answer a finished turn [T] (module docstring): the final answer (done, reward
+        terms), one tool response per call, or a stage of sub-agents."""
         parsed = self.parse(turn)
         closing = self.chat.after_turn_ids(turn)
         if not parsed.calls:
