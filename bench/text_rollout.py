@@ -80,13 +80,13 @@ from swarmjax.models import forward, init_cache, init_params  # noqa: E402
 from swarmjax.models.config import ModelConfig  # noqa: E402
 from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
 from swarmjax.sampling.sampler import Sampler, pad_prompts  # noqa: E402
-from swarmjax.swarm.text_rollout import END_REASONS, TextRollout, TextRolloutConfig  # noqa: E402
+from swarmjax.swarm.text_rollout import (END_ANSWER, END_BUDGET, END_CONTEXT, END_REASONS, RUNNING,  # noqa: E402
+                                         TextRollout, TextRolloutConfig)
 from swarmjax.text.bpe import train_bpe_tokenizer  # noqa: E402
 from swarmjax.text.chat import chat_format  # noqa: E402
 from swarmjax.text.runner import ToolRunner  # noqa: E402
 from swarmjax.text.tokenizer import TextTokenizer  # noqa: E402
 
-RUNNING, END_ANSWER, END_BUDGET, END_CONTEXT = range(4)   # TextRollout's end reasons
 WORKER_SYSTEM = "Look up each entity."                    # the scripted sub-agents' system prompt
 
 

@@ -189,8 +189,8 @@ def play(env: Any, task: Any, turns: list[list[int]]) -> tuple[np.ndarray, np.nd
     """Run scripted ``turns`` through a host environment on the host (no model): the
     conversation ids [T] and the mask [T] of the agent's own ids, exactly as a rollout
     that sampled those turns builds them (a warm start's demonstrations)."""
-    ids, mask = [np.asarray(env.reset(task), np.int32)], [None]
-    mask[0] = np.zeros(len(ids[0]), bool)
+    prompt = np.asarray(env.reset(task), np.int32)
+    ids, mask = [prompt], [np.zeros(len(prompt), bool)]
     for turn in turns:
         turn = np.asarray(turn, np.int32)
         ids.append(turn)

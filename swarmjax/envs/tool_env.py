@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from swarmjax.envs.api import Step, SubAgentResult
-from swarmjax.envs.orchestration import ASSIGN, CREATE, Orchestration, result_text
+from swarmjax.envs.orchestration import Orchestration, result_text
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.toolcalls import ParsedTurn, parse_turn
@@ -96,6 +96,7 @@ class ToolAgentEnv:
             return Step(done=True, answer=parsed.content, rewards=terms)
         calls = list(parsed.calls)
         stage, replies = self.orchestration.handle(calls) if self.orchestration is not None else ([], {})
+        self.errors += sum(text.startswith("Error:") for text in replies.values())   # unknown agent, past K
         staged = {a.position for a in stage}
         seen: dict[str, int] = {}
         run = []
@@ -113,8 +114,6 @@ class ToolAgentEnv:
             replies[i] = res.text
             self.tool_calls += res.ok
             self.errors += not res.ok
-        self.errors += sum(text.startswith("Error:") for i, text in replies.items() if i not in run
-                           and calls[i].name in (CREATE, ASSIGN))
         if stage:
             self._pending = (closing, len(calls), replies, stage)
             return Step(spawn=tuple(a.task for a in stage))

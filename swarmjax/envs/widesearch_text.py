@@ -25,6 +25,7 @@ entities that sub-agents answered).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import re
 from collections.abc import Sequence
@@ -215,11 +216,6 @@ def text_corpus(cfg: WideSearchConfig, *, seed: int = 0, episodes: int = 200) ->
     return out
 
 
-_NAME_CACHE: dict[tuple, list[str]] = {}
-
-
+@functools.cache
 def _names(count: int, seed: int, style: str) -> list[str]:
-    key = (count, seed, style)
-    if key not in _NAME_CACHE:
-        _NAME_CACHE[key] = generate_names(count, seed=seed, style=style)
-    return _NAME_CACHE[key]
+    return generate_names(count, seed=seed, style=style)

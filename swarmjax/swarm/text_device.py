@@ -222,7 +222,8 @@ def prefill_chunk(params: Any, cfg: ModelConfig, rows: Rows, idx: Array, ids: Ar
       ids: [Rb, F] int32 environment ids, right-padded.
       counts: [Rb] int32 ids to append per row.
       reset: [Rb] bool rows whose conversation starts over (a lane given to a new
-        sub-agent): their cache is invalidated and they write from slot 0.
+        sub-agent): they write from slot 0 and their window is invalidated (slots past
+        it are never read before being written again: attention is causal in slots).
       window: static slots attended over (>= every row's pos + F).
 
     Returns:

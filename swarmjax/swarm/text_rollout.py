@@ -41,13 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.envs.api import HostEnv, Step, SubAgentResult
+# the token world's end reasons (re-exported: a text result's end_reason indexes END_REASONS)
+from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, END_REASONS, RUNNING  # noqa: F401
 from swarmjax.models.config import ModelConfig
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_device import Rows, copy_prefix_jit, decode_segment_jit, init_rows, prefill_chunk_jit
-
-END_REASONS = ("running", "answer", "budget", "context")   # as the token world's
-RUNNING, END_ANSWER, END_BUDGET, END_CONTEXT = range(4)
-
 
 @dataclasses.dataclass(frozen=True)
 class TextRolloutConfig:

@@ -41,7 +41,7 @@ from swarmjax.models.transformer import init_params
 from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.swarm.outcome import rollout_traces
-from swarmjax.train.logs import JobLog, curves, summary_table
+from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.sft import SFTConfig, train_sft
 
@@ -149,11 +149,6 @@ class TrainJob:
         if diff:
             raise ValueError(f"{what}: the config differs from the run's in {', '.join(diff)} "
                              "(only step counts, evaluation, checkpoint, mesh and data_dir may change)")
-
-
-def _bar(total: int, desc: str, enabled: bool, initial: int = 0):
-    from tqdm.auto import tqdm
-    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True, leave=True)
 
 
 def eval_tasks(source, sizes: tuple[int, ...], episodes: int, split: str = "test") -> dict[int, wsj.Tasks]:
@@ -272,7 +267,7 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
     else:                                             # stage 1: warm start
         log = JobLog(workdir, None, enabled=primary)
         params = init_params(job.model, jax.random.fold_in(key, 0))
-        bar = _bar(job.sft.steps, "warm start (SFT)", progress)
+        bar = progress_bar(job.sft.steps, "warm start (SFT)", progress)
 
         def on_sft(i, m):
             log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
@@ -312,7 +307,7 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
 
     # stage 2: PARL with the warm start frozen as sub-agents
     start = meta["parl_step"]
-    bar = _bar(job.parl_steps, "PARL", progress, initial=min(start, job.parl_steps))
+    bar = progress_bar(job.parl_steps, "PARL", progress, initial=min(start, job.parl_steps))
     for i in range(start, job.parl_steps):
         tasks = _global(to_tasks(next(train_iter)), mesh, True)
         state, m = trainer.step(state, jax.random.fold_in(jax.random.fold_in(key, 3), i), step=i, tasks=tasks)

@@ -9,6 +9,12 @@ import os
 from typing import Any
 
 
+def progress_bar(total: int, desc: str, enabled: bool, *, initial: int = 0):
+    """A tqdm bar for a job's long loops (disabled: nothing printed)."""
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True, leave=True)
+
+
 class JobLog:
     """``metrics.jsonl`` (one line per SFT / PARL step), ``eval.jsonl`` (per evaluation
     and task size), ``traces.jsonl`` (orchestration traces). With ``resume_step`` the

@@ -41,11 +41,12 @@ from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
-from swarmjax.swarm.text_rollout import TextRollout, TextRolloutConfig
+from swarmjax.swarm.text_rollout import END_ANSWER, TextRollout, TextRolloutConfig
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import CHAT_FORMATS, chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.tokenizer import TextTokenizer
+from swarmjax.train.logs import progress_bar
 from swarmjax.train.sft import role_stats
 
 
@@ -167,7 +168,7 @@ def evaluate(rollout: TextRollout, params, task, problems: list, key) -> dict[st
     r = res.rewards
     return {"accuracy": float(np.mean(r.get("r_perf", 0.0))), "tool_calls": float(np.mean(r["tool_calls"])),
             "tool_errors": float(np.mean(r["tool_errors"])), "turns": float(np.mean(res.orch_steps)),
-            "answered": float(np.mean(res.end_reason == 1)), "truncated": float(np.mean(r["truncated"]))}
+            "answered": float(np.mean(res.end_reason == END_ANSWER)), "truncated": float(np.mean(r["truncated"]))}
 
 
 def rl_step(learner: Learner, state, rollout: TextRollout, task, problems: list, key, rcfg: TextRLConfig):
@@ -194,11 +195,6 @@ def rl_step(learner: Learner, state, rollout: TextRollout, task, problems: list,
                "segments": res.stats["segments"], "sampled_tokens": res.stats["sampled_tokens"]}
     metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
     return state, metrics
-
-
-def _bar(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True)
 
 
 def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resume: bool = False) -> dict:
@@ -231,7 +227,7 @@ def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resum
     log = lambda rec: (metrics_file.write(json.dumps(rec) + "\n"), metrics_file.flush())
 
     data = demonstrations(task, task.sample(rng, job.sft.demos), rng)
-    bar = _bar(job.sft.steps, "warm start", progress)
+    bar = progress_bar(job.sft.steps, "warm start", progress)
 
     def on_sft(i, m):
         log({"stage": "sft", "step": i, **m})
@@ -245,7 +241,7 @@ def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resum
 
     learner = Learner(cfg, job.rl.update)
     state = learner.init(jax.tree.map(jnp.copy, params))
-    bar = _bar(job.rl.steps, "RL", progress)
+    bar = progress_bar(job.rl.steps, "RL", progress)
     for step in range(job.rl.steps):
         problems = task.sample(rng, job.rl.tasks_per_step)
         state, m = rl_step(learner, state, train_rollout, task, problems, jax.random.fold_in(key, 100 + step),
