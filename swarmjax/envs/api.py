@@ -72,6 +72,10 @@ class Step:
     rewards: reward terms earned at this step (summed over the episode by the rollout),
              e.g. ``{"r_perf": f1}`` at the end, or counts a reward needs.
     answer:  the agent's final answer text (what a sub-agent returns to its orchestrator).
+    more:    the turn is not over (an environment whose turns end by its grammar, not
+             by a stop id, e.g. the token world driven one token per call): ``reply``
+             (often empty) is appended and the agent samples on in the same turn; no step
+             is counted. ``max_turn_tokens`` bounds the tokens between two ``step`` calls.
     """
 
     reply: np.ndarray = dataclasses.field(default_factory=lambda: EMPTY)
@@ -79,12 +83,16 @@ class Step:
     spawn: tuple[SubAgentTask, ...] = ()
     rewards: Mapping[str, float] = dataclasses.field(default_factory=dict)
     answer: str | None = None
+    more: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "reply", np.asarray(self.reply, np.int32).reshape(-1))
         if self.spawn and (self.done or self.reply.size):
             raise ValueError("a Step that spawns sub-agents has no reply and is not done: "
                              "the reply comes from resume() after the stage")
+        if self.more and (self.done or self.spawn):
+            raise ValueError("a Step with more=True continues the turn: it neither ends the "
+                             "episode nor spawns sub-agents")
 
 
 @runtime_checkable

@@ -15,6 +15,13 @@ conversation (RoPE position ``j``), so a row only ever grows by appending:
   and keeps each row's logits after its last appended id: they predict the next
   turn's first token (only that position's logits are computed).
 
+Rows that open with the same ids (every orchestrator's system turn and tool schemas)
+can share them as a *prefix* (:func:`make_prefix`): one batch-1 cache of P slots
+that those rows attend over before their own slots (cascade attention,
+``forward(prefix=)``); their own slot ``j`` then holds conversation position
+``offset + j`` (``offset`` = P). The prefix is computed once per rollout and read
+once per decode step for all of them, and their own caches hold only what follows.
+
 Both work on a *compact window* of the cache: the rows named by ``idx`` (the
 others are neither computed nor copied; the host pads ``idx`` to a few bucket sizes
 with the spare last row) and the first ``window`` slots (a static bound past every
@@ -47,19 +54,41 @@ class Rows:
 
     cache:  :class:`KVCache` of the rows;
     logits: [R, V] f32  the model's prediction of each row's next token;
-    pos:    [R] int32   next free slot (= conversation length) of each row.
+    pos:    [R] int32   next free slot of each row;
+    offset: [R] int32   conversation position of each row's slot 0: the length of the
+                        shared prefix for rows that attend over it, else 0 (a row's
+                        conversation length is ``offset + pos``);
+    prefix: the shared prefix, a batch-1 :class:`KVCache` of P slots, or None.
     """
 
     cache: KVCache
     logits: Array
     pos: Array
+    offset: Array
+    prefix: KVCache | None = None
+
+    def positions(self, n: int = 1) -> Array:
+        """[R, n] conversation positions of each row's next ``n`` slots."""
+        return (self.offset + self.pos)[:, None] + jnp.arange(n)[None, :]
+
+    def rope(self, cfg: ModelConfig, window: int):
+        """The RoPE table of a call over ``window`` own slots (after the prefix, if any)."""
+        return rope_table(cfg, window + (0 if self.prefix is None else self.prefix.max_len))
+
+    def forward(self, params: Any, cfg: ModelConfig, ids: Array, *, token_mask: Array, cache_index: Array,
+                positions: Array, rope: tuple[Array, Array], logits_at: Array | None = None):
+        """``forward`` of ``ids`` [R, F] into these rows' caches (over the prefix for
+        rows with an offset); ``rope`` from :meth:`rope` (built outside decode loops)."""
+        return forward(params, cfg, ids, positions=positions, token_mask=token_mask, cache=self.cache,
+                       cache_index=cache_index, logits_at=logits_at, rope_table=rope,
+                       prefix=self.prefix, prefix_rows=None if self.prefix is None else self.offset > 0)
 
 
 def init_rows(cfg: ModelConfig, rows: int, slots: int) -> Rows:
     """``rows`` rows and the spare: a zero cache of ``slots`` slots, zero logits, pos 0."""
     return Rows(cache=init_cache(cfg, rows + 1, slots),
                 logits=jnp.zeros((rows + 1, cfg.vocab_size), jnp.float32),
-                pos=jnp.zeros((rows + 1,), jnp.int32))
+                pos=jnp.zeros((rows + 1,), jnp.int32), offset=jnp.zeros((rows + 1,), jnp.int32))
 
 
 def gather_rows(rows: Rows, idx: Array, window: int) -> Rows:
@@ -68,7 +97,8 @@ def gather_rows(rows: Rows, idx: Array, window: int) -> Rows:
     cache = KVCache(k=tuple(take(a)[..., :window] for a in rows.cache.k),
                     v=tuple(take(a)[:, :, :window] for a in rows.cache.v),
                     valid=take(rows.cache.valid)[:, :window])
-    return Rows(cache=cache, logits=take(rows.logits), pos=take(rows.pos))
+    return Rows(cache=cache, logits=take(rows.logits), pos=take(rows.pos), offset=take(rows.offset),
+                prefix=rows.prefix)
 
 
 def scatter_rows(rows: Rows, idx: Array, sub: Rows) -> Rows:
@@ -77,7 +107,8 @@ def scatter_rows(rows: Rows, idx: Array, sub: Rows) -> Rows:
     cache = KVCache(k=tuple(a.at[idx, :, :, :W].set(s) for a, s in zip(rows.cache.k, sub.cache.k)),
                     v=tuple(a.at[idx, :, :W].set(s) for a, s in zip(rows.cache.v, sub.cache.v)),
                     valid=rows.cache.valid.at[idx, :W].set(sub.cache.valid))
-    return Rows(cache=cache, logits=rows.logits.at[idx].set(sub.logits), pos=rows.pos.at[idx].set(sub.pos))
+    return Rows(cache=cache, logits=rows.logits.at[idx].set(sub.logits), pos=rows.pos.at[idx].set(sub.pos),
+                offset=rows.offset.at[idx].set(sub.offset), prefix=rows.prefix)
 
 
 @flax.struct.dataclass
@@ -133,8 +164,8 @@ def _feed(params: Any, cfg: ModelConfig, rows: Rows, tok: Array, emit: Array, ro
     """Append one token per emitting row at its ``pos``; other rows keep their logits
     and write a masked entry at their free ``pos``. Skipped when no row emits."""
     def run(rows: Rows) -> Rows:
-        out = forward(params, cfg, tok[:, None], positions=rows.pos[:, None], token_mask=emit[:, None],
-                      cache=rows.cache, cache_index=rows.pos, rope_table=rope)
+        out = rows.forward(params, cfg, tok[:, None], positions=rows.positions(), token_mask=emit[:, None],
+                           cache_index=rows.pos, rope=rope)
         return rows.replace(cache=out.cache, logits=jnp.where(emit[:, None], out.logits[:, 0], rows.logits),
                             pos=rows.pos + emit)
     return lax.cond(jnp.any(emit), run, lambda rows: rows, rows)
@@ -169,9 +200,10 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
                    orch: Rows, work: Rows, key: Array, *, orch_idx: Array, work_idx: Array,
                    orch_limit: Array, work_limit: Array, stop_ids: Array, steps: int,
                    orch_window: int, work_window: int,
-                   orch_forced: Array | None = None, work_forced: Array | None = None
-                   ) -> tuple[Rows, Rows, Turns, Turns]:
-    """Decode the given rows of both models until each samples a stop id or its limit.
+                   orch_forced: Array | None = None, work_forced: Array | None = None,
+                   min_done: Array | None = None) -> tuple[Rows, Rows, Turns, Turns]:
+    """Decode the given rows of both models until each samples a stop id or its limit,
+    or (``min_done``) until enough of them have.
 
     Args:
       orch_params / work_params: trainable orchestrator and frozen sub-agent params.
@@ -185,12 +217,17 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
       orch_window, work_window: static slots attended over (> every pos + limit).
       orch_forced [Bo, steps], work_forced [Bw, steps]: optional ids to replay instead of
         sampling (-1: sample); replayed ids are scored by the temperature-1 model.
+      min_done: optional int32 scalar: the segment also ends once this many of the
+        active rows (both models) are done, so a few long turns do not keep the whole
+        batch decoding: continuous batching at segment granularity. A row cut this way
+        resumes where it was in a later call (every sampled token is already in its
+        cache and its logits are current); its :class:`Turns` entry is not ``stopped``.
 
     Returns:
       both models' rows (the turns written into their caches) and the :class:`Turns`
       of the rows in ``orch_idx`` / ``work_idx`` order.
     """
-    o_rope, w_rope = rope_table(orch_cfg, orch_window), rope_table(work_cfg, work_window)
+    o_rope, w_rope = orch.rope(orch_cfg, orch_window), work.rope(work_cfg, work_window)
     carry = _Carry(i=jnp.int32(0), key=key,
                    orch=_start(gather_rows(orch, orch_idx, orch_window), orch_limit > 0, steps),
                    work=_start(gather_rows(work, work_idx, work_window), work_limit > 0, steps))
@@ -204,8 +241,12 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
                          work_forced, w_rope)
             return _Carry(i=c.i + 1, key=key, orch=o, work=w)
 
+    active_o, active_w = orch_limit > 0, work_limit > 0
+    enough = jnp.int32(active_o.sum() + active_w.sum()) if min_done is None else min_done
+
     def cond(c: _Carry) -> Array:
-        return (c.i < steps) & ~(jnp.all(c.orch.done) & jnp.all(c.work.done))
+        finished = jnp.sum(c.orch.done & active_o) + jnp.sum(c.work.done & active_w)
+        return (c.i < steps) & ~(jnp.all(c.orch.done) & jnp.all(c.work.done)) & (finished < enough)
 
     c = lax.while_loop(cond, body, carry)
     return (scatter_rows(orch, orch_idx, c.orch.rows), scatter_rows(work, work_idx, c.work.rows),
@@ -213,7 +254,7 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
 
 
 def prefill_chunk(params: Any, cfg: ModelConfig, rows: Rows, idx: Array, ids: Array, counts: Array,
-                  reset: Array, *, window: int) -> Rows:
+                  reset: Array, offset: Array, *, window: int) -> Rows:
     """Append ``ids[j, :counts[j]]`` to row ``idx[j]``'s conversation, in one forward.
 
     Args:
@@ -224,6 +265,8 @@ def prefill_chunk(params: Any, cfg: ModelConfig, rows: Rows, idx: Array, ids: Ar
       reset: [Rb] bool rows whose conversation starts over (a lane given to a new
         sub-agent): they write from slot 0 and their window is invalidated (slots past
         it are never read before being written again: attention is causal in slots).
+      offset: [Rb] int32, on ``reset`` rows: the new conversation's position of slot 0
+        (the shared prefix's length if it opens with ``rows.prefix``, else 0).
       window: static slots attended over (>= every row's pos + F).
 
     Returns:
@@ -232,33 +275,32 @@ def prefill_chunk(params: Any, cfg: ModelConfig, rows: Rows, idx: Array, ids: Ar
     """
     sub = gather_rows(rows, idx, window)
     F = ids.shape[1]
-    pos = jnp.where(reset, 0, sub.pos)
-    cache = sub.cache.replace(valid=jnp.where(reset[:, None], False, sub.cache.valid))
+    sub = sub.replace(pos=jnp.where(reset, 0, sub.pos), offset=jnp.where(reset, offset, sub.offset),
+                      cache=sub.cache.replace(valid=jnp.where(reset[:, None], False, sub.cache.valid)))
     write = counts > 0
-    out = forward(params, cfg, ids, positions=pos[:, None] + jnp.arange(F)[None, :],
-                  token_mask=jnp.arange(F)[None, :] < counts[:, None], cache=cache, cache_index=pos,
-                  logits_at=jnp.maximum(counts - 1, 0), rope_table=rope_table(cfg, window))
-    sub = Rows(cache=out.cache, logits=jnp.where(write[:, None], out.logits[:, 0], sub.logits),
-               pos=pos + counts)
+    out = sub.forward(params, cfg, ids, positions=sub.positions(F), token_mask=jnp.arange(F)[None, :] < counts[:, None],
+                      cache_index=sub.pos, logits_at=jnp.maximum(counts - 1, 0), rope=sub.rope(cfg, window))
+    sub = sub.replace(cache=out.cache, logits=jnp.where(write[:, None], out.logits[:, 0], sub.logits),
+                      pos=sub.pos + counts)
     return scatter_rows(rows, idx, sub)
 
 
-def copy_prefix(rows: Rows, src: Array, idx: Array, length: Array, *, window: int) -> Rows:
-    """Rows ``idx`` [Rb] start over holding the first ``length`` slots of row ``src``
-    (a prompt prefix they share, e.g. the system turn with the tool schemas, prefilled
-    once: vLLM / SGLang's prefix caching, for one batch). Their slots past ``length``
-    are left as they were: attention is causal in slots, and a row writes every slot
-    before it reads it. ``window`` (static) >= ``length``."""
-    sub = gather_rows(rows, jnp.full(idx.shape, src, jnp.int32), window)
-    sub = sub.replace(cache=sub.cache.replace(valid=sub.cache.valid & (jnp.arange(window) < length)[None]),
-                      pos=jnp.full(idx.shape, length, jnp.int32))
-    return scatter_rows(rows, idx, sub)
+def make_prefix(params: Any, cfg: ModelConfig, ids: Array, length: Array) -> KVCache:
+    """The shared prefix of :class:`Rows`: ``ids[:length]`` ([P] int32, right-padded to a
+    static P) prefilled once into a batch-1 cache of P slots (vLLM / SGLang's prefix
+    caching for one batch; the rows that open with it attend over it, :func:`forward`'s
+    ``prefix``). Its keys, values and the logits after it are the same as if each row
+    had prefilled it."""
+    P = ids.shape[0]
+    out = forward(params, cfg, ids[None], token_mask=(jnp.arange(P) < length)[None], cache=init_cache(cfg, 1, P),
+                  cache_index=0, logits_to_keep=1)
+    return out.cache
 
 
-@functools.partial(jax.jit, static_argnames=("window",), donate_argnums=(0,))
-def copy_prefix_jit(rows, src, idx, length, *, window):
-    """:func:`copy_prefix` jitted, the rows donated."""
-    return copy_prefix(rows, src, idx, length, window=window)
+@functools.partial(jax.jit, static_argnums=(1,))
+def make_prefix_jit(params, cfg, ids, length):
+    """:func:`make_prefix` jitted (one compile per prefix bucket)."""
+    return make_prefix(params, cfg, ids, length)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4, 5),
@@ -271,6 +313,6 @@ def decode_segment_jit(orch_params, work_params, orch_cfg, work_cfg, orch_sampli
 
 
 @functools.partial(jax.jit, static_argnums=(1,), static_argnames=("window",), donate_argnums=(2,))
-def prefill_chunk_jit(params, cfg, rows, idx, ids, counts, reset, *, window):
+def prefill_chunk_jit(params, cfg, rows, idx, ids, counts, reset, offset, *, window):
     """:func:`prefill_chunk` jitted, the rows donated. One compile per (rows, chunk, window) bucket."""
-    return prefill_chunk(params, cfg, rows, idx, ids, counts, reset, window=window)
+    return prefill_chunk(params, cfg, rows, idx, ids, counts, reset, offset, window=window)

@@ -45,7 +45,7 @@ from swarmjax.envs.api import HostEnv, Step, SubAgentResult
 from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, END_REASONS, RUNNING  # noqa: F401
 from swarmjax.models.config import ModelConfig
 from swarmjax.sampling.processors import SamplingConfig
-from swarmjax.swarm.text_device import Rows, copy_prefix_jit, decode_segment_jit, init_rows, prefill_chunk_jit
+from swarmjax.swarm.text_device import Rows, decode_segment_jit, init_rows, make_prefix_jit, prefill_chunk_jit
 
 @dataclasses.dataclass(frozen=True)
 class TextRolloutConfig:
@@ -59,6 +59,11 @@ class TextRolloutConfig:
     budget: critical-step budget (None: lifted).
     prefill_buckets: chunk sizes of the append (each compiles once).
     env_threads: threads that run environment steps (and so tools) of different episodes at once.
+    segment_exit: a decode segment ends once this fraction of its rows have finished
+      their turn (1.0: when all have). The others resume where they were in the next
+      segment, with the rows whose replies were appended meanwhile: continuous batching
+      at segment granularity, so one long turn does not keep every row decoding. The
+      trajectory does not depend on it (tests check ids and log-probs), only the time.
     """
 
     orch_context: int = 1024
@@ -71,6 +76,7 @@ class TextRolloutConfig:
     worker_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
     prefill_buckets: tuple[int, ...] = (16, 64, 256)
     env_threads: int = 16
+    segment_exit: float = 0.5
 
     def __post_init__(self):
         if min(self.orch_context, self.worker_context, self.max_turn_tokens, self.worker_lanes,
@@ -80,6 +86,8 @@ class TextRolloutConfig:
         if not self.prefill_buckets or list(self.prefill_buckets) != sorted(set(self.prefill_buckets)) \
                 or self.prefill_buckets[0] < 1:
             raise ValueError(f"prefill_buckets must be increasing positive sizes, got {self.prefill_buckets}")
+        if not 0.0 < self.segment_exit <= 1.0:
+            raise ValueError(f"segment_exit must be in (0, 1], got {self.segment_exit}")
         if self.budget is not None and self.budget < 2:
             raise ValueError(f"budget {self.budget} is below 2 (one turn and an answer)")
 
@@ -114,14 +122,15 @@ class AgentTrace:
     reason: str = "running"
     answer: str | None = None
 
-    def append(self, ids, *, sampled: bool, logprobs=None, model_logprobs=None):
+    def append(self, ids, *, sampled: bool, logprobs=None, model_logprobs=None, turn: int | None = None):
+        """Append ids (their turn: ``turn``, default ``steps``, the turn they follow)."""
         ids = np.asarray(ids, np.int32)
         zeros = np.zeros(ids.shape, np.float32)
         self.ids.append(ids)
         self.sampled.append(np.full(ids.shape, sampled))
         self.logprobs.append(zeros if logprobs is None else np.asarray(logprobs, np.float32))
         self.model_logprobs.append(zeros if model_logprobs is None else np.asarray(model_logprobs, np.float32))
-        self.turn.append(np.full(ids.shape, self.steps, np.int32))
+        self.turn.append(np.full(ids.shape, self.steps if turn is None else turn, np.int32))
 
     def arrays(self) -> dict[str, np.ndarray]:
         cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros((0,), dt)
@@ -177,7 +186,11 @@ class _Agent:
     row: int = -1                # device row (orchestrator b, or a lane)
     pending: np.ndarray | None = None   # ids to append before the next turn
     reset: bool = False
+    offset: int = 0              # ids of its conversation held by the shared prefix, not its row
     turning: bool = False        # takes a turn in the next decode
+    call_left: int = 0           # tokens it may still sample before the environment hears them
+    turn_tokens: int = 0         # tokens sampled in its current turn (offset into a script turn)
+    partial: list | None = None  # (ids, logprobs, model_logprobs) of a call cut by segment_exit
 
 
 @dataclasses.dataclass
@@ -236,63 +249,67 @@ class TextRollout:
         training run meets every one of them)."""
         return min(slots, max(256, 1 << (int(need) - 1).bit_length()))
 
-    def _share_prefix(self, params, cfg, rows: Rows, agents: list[_Agent], stats) -> Rows:
-        """Conversations that start now and open with the same ids (system turn, tool
-        schemas) get that prefix prefilled once, in the first one's row, and copied into
-        the others' rows; their pending ids become what follows it."""
+    def _share_prefix(self, params, cfg, rows: Rows, agents: list[_Agent], prefixes: dict, stats) -> Rows:
+        """Conversations that start now and open with the model's shared prefix attend
+        over it (``offset`` = its length) and append only what follows. The prefix is
+        set once per rollout and model: the longest common opening (system turn, tool
+        schemas) of the first two or more conversations that start together, when it is
+        at least the smallest prefill bucket long (each keeps >= 1 id of its own: its logits)."""
         fresh = [a for a in agents if a.reset and a.pending is not None]
-        if len(fresh) < 2:
-            return rows
-        first = fresh[0].pending
-        n = min(len(a.pending) for a in fresh) - 1          # each keeps >= 1 id: its logits
-        for a in fresh[1:]:
-            diff = np.flatnonzero(a.pending[:n] != first[:n])
-            n = int(diff[0]) if diff.size else n
-        if n < self.rcfg.prefill_buckets[0]:
-            return rows
-        # the prefix alone, as a conversation of n ids starting in the first one's row
-        head = _Agent(env=fresh[0].env, trace=AgentTrace(name="prefix"), episode=-1,
-                      is_orch=fresh[0].is_orch, row=fresh[0].row, pending=first[:n], reset=True)
-        head.trace.append(first[:n], sampled=False)
-        rows = self._append(params, cfg, rows, [head], stats)
-        others = fresh[1:]
-        idx = self._compact(others, rows.pos.shape[0] - 1)
-        rows = copy_prefix_jit(rows, np.int32(fresh[0].row), idx, np.int32(n),
-                               window=self._window(n, rows.cache.max_len))
-        stats["prefix_shared"] += n * len(others)
+        role = "orch" if agents and agents[0].is_orch else "work"
+        if rows.prefix is None and len(fresh) >= 2:
+            first = fresh[0].pending
+            n = min(len(a.pending) for a in fresh) - 1
+            for a in fresh[1:]:
+                diff = np.flatnonzero(a.pending[:n] != first[:n])
+                n = int(diff[0]) if diff.size else n
+            if n >= self.rcfg.prefill_buckets[0]:
+                ids = np.zeros((max(16, 1 << (n - 1).bit_length()),), np.int32)   # few compiled sizes
+                ids[:n] = first[:n]
+                rows = rows.replace(prefix=make_prefix_jit(params, cfg, ids, np.int32(n)))
+                prefixes[role] = first[:n].copy()
+                stats["prefill_computed"] += ids.size
+        prefix = prefixes.get(role)
         for a in fresh:
-            a.pending, a.reset = a.pending[n:], False
+            a.offset = 0
+            if prefix is not None and len(a.pending) > len(prefix) and np.array_equal(a.pending[:len(prefix)], prefix):
+                a.offset, a.pending = len(prefix), a.pending[len(prefix):]
+                stats["prefix_shared"] += len(prefix)
         return rows
 
-    def _append(self, params, cfg, rows: Rows, agents: list[_Agent], stats) -> Rows:
-        """Append every agent's pending ids to its row, chunk by chunk (after sharing
-        the prefix of the conversations that start now)."""
-        rows = self._share_prefix(params, cfg, rows, agents, stats)
+    def _append(self, params, cfg, rows: Rows, agents: list[_Agent], prefixes: dict, stats) -> Rows:
+        """Append every agent's pending ids to its row, chunk by chunk (conversations
+        that start now and open with the shared prefix append only what follows it)."""
+        rows = self._share_prefix(params, cfg, rows, agents, prefixes, stats)
         spare, slots = rows.pos.shape[0] - 1, rows.cache.max_len
         queue = [a for a in agents if a.pending is not None and a.pending.size]
         done = {id(a): 0 for a in queue}
-        base = {id(a): 0 if a.reset else len(a.trace) - len(a.pending) for a in queue}
-        first = True
+        base = {id(a): 0 if a.reset else len(a.trace) - len(a.pending) - a.offset for a in queue}   # slot
         while True:
             live = [a for a in queue if done[id(a)] < len(a.pending)]
             if not live:
                 break
-            F = self._bucket(max(len(a.pending) - done[id(a)] for a in live))
-            idx = self._compact(live, spare)
-            chunk = np.zeros((len(idx), F), np.int32)
-            counts = np.zeros((len(idx),), np.int32)
-            reset = np.zeros((len(idx),), bool)
-            for j, a in enumerate(live):
-                part = a.pending[done[id(a)]:done[id(a)] + F]
-                chunk[j, :len(part)] = part
-                counts[j] = len(part)
-                reset[j] = a.reset and first
-                done[id(a)] += len(part)
-            window = self._window(max(base[id(a)] + done[id(a)] - counts[j] + F for j, a in enumerate(live)), slots)
-            rows = prefill_chunk_jit(params, cfg, rows, idx, chunk, counts, reset, window=window)
-            stats["prefill_calls"] += 1
-            stats["prefill_computed"] += chunk.size
-            first = False
+            groups: dict[int, list[_Agent]] = {}     # rows by chunk bucket: short replies pad to short chunks
+            for a in live:
+                groups.setdefault(self._bucket(len(a.pending) - done[id(a)]), []).append(a)
+            for F, group in sorted(groups.items()):
+                idx = self._compact(group, spare)
+                chunk = np.zeros((len(idx), F), np.int32)
+                counts = np.zeros((len(idx),), np.int32)
+                reset = np.zeros((len(idx),), bool)
+                offset = np.zeros((len(idx),), np.int32)
+                for j, a in enumerate(group):
+                    part = a.pending[done[id(a)]:done[id(a)] + F]
+                    chunk[j, :len(part)] = part
+                    counts[j] = len(part)
+                    reset[j] = a.reset and done[id(a)] == 0
+                    offset[j] = a.offset
+                    done[id(a)] += len(part)
+                window = self._window(max(base[id(a)] + done[id(a)] - counts[j] + F for j, a in enumerate(group)),
+                                      slots)
+                rows = prefill_chunk_jit(params, cfg, rows, idx, chunk, counts, reset, offset, window=window)
+                stats["prefill_calls"] += 1
+                stats["prefill_computed"] += chunk.size
         for a in agents:
             a.pending, a.reset = None, False
         return rows
@@ -302,11 +319,11 @@ class TextRollout:
     def _context(self, agent: _Agent) -> int:
         return self.rcfg.orch_context if agent.is_orch else self.rcfg.worker_context
 
-    def _hear(self, agent: _Agent, ids: np.ndarray) -> bool:
+    def _hear(self, agent: _Agent, ids: np.ndarray, *, turn: int | None = None) -> bool:
         """Queue ``ids`` for ``agent`` if its context holds them and one more token."""
         if len(agent.trace) + len(ids) + 1 > self._context(agent):
             return False
-        agent.trace.append(ids, sampled=False)
+        agent.trace.append(ids, sampled=False, turn=turn)
         agent.pending = ids if agent.pending is None else np.concatenate([agent.pending, ids])
         return True
 
@@ -351,6 +368,27 @@ class TextRollout:
             ep.stage = []
             self._orch_step(ep, ep.orch.env.resume(results), spawn_queue)
 
+    def _count_step(self, ep: _Episode, agent: _Agent) -> None:
+        agent.trace.steps += 1
+        agent.turn_tokens = 0
+        if agent.is_orch:
+            ep.critical += 1
+            ep.total += 1
+
+    def _continue(self, ep: _Episode, agent: _Agent, step: Step, spawn_queue: list) -> None:
+        """``Step.more``: the turn goes on after the reply. An agent that cannot hear it
+        ends as at a turn's end (its unfinished turn counts as a step, as the token
+        world counts a turn from its first token)."""
+        ep.add(step.rewards if agent.is_orch else {f"subagent/{k}": v for k, v in step.rewards.items()})
+        if self._hear(agent, step.reply, turn=agent.trace.steps + 1):
+            agent.turning = True
+            return
+        self._count_step(ep, agent)
+        if agent.is_orch:
+            ep.end = END_CONTEXT
+        else:
+            self._worker_end(ep, agent, False, "context", None, spawn_queue)
+
     def _worker_step(self, ep: _Episode, sub: _Agent, step: Step, spawn_queue: list) -> None:
         if step.spawn:
             raise ValueError(f"sub-agent {sub.trace.name!r} asked for sub-agents: stages do not nest")
@@ -379,6 +417,7 @@ class TextRollout:
         orch_rows = init_rows(self.orch_cfg, B, rcfg.orch_context + extra)
         work_rows = init_rows(self.worker_cfg, L, rcfg.worker_context + extra)
         stop_ids = jnp.asarray(self.stop_ids)
+        prefixes: dict = {}                       # role -> the shared prefix's ids
 
         eps = []
         for b, (env, task) in enumerate(zip(envs, tasks)):
@@ -425,9 +464,9 @@ class TextRollout:
             works = [a for a in lanes if a is not None and a.pending is not None]
             stats["appended_tokens"] += sum(len(a.pending) for a in orchs + works)
             if orchs:
-                orch_rows = self._append(orch_params, self.orch_cfg, orch_rows, orchs, stats)
+                orch_rows = self._append(orch_params, self.orch_cfg, orch_rows, orchs, prefixes, stats)
             if works:
-                work_rows = self._append(worker_params, self.worker_cfg, work_rows, works, stats)
+                work_rows = self._append(worker_params, self.worker_cfg, work_rows, works, prefixes, stats)
             jax.block_until_ready((orch_rows, work_rows))     # the time is the prefill's, not the next decode's
             stats["prefill_s"] += time.perf_counter() - t0
             return orch_rows, work_rows
@@ -441,7 +480,7 @@ class TextRollout:
                 per_ep = scripts.workers[agent.episode] if agent.episode < len(scripts.workers) else ()
                 turns = per_ep[agent.index] if agent.index < len(per_ep) else ()
             k = agent.trace.steps
-            return np.asarray(turns[k], np.int32) if k < len(turns) else None
+            return np.asarray(turns[k], np.int32)[agent.turn_tokens:] if k < len(turns) else None
 
         orch_rows, work_rows = flush(orch_rows, work_rows)
         while any(ep.end == RUNNING for ep in eps):
@@ -457,46 +496,59 @@ class TextRollout:
                 limit = np.zeros(len(idx), np.int32)
                 fbuf = np.full((len(idx), T), -1, np.int32)
                 for j, a in enumerate(agents):
-                    limit[j] = min(T, self._context(a) - len(a.trace))
                     script = forced(a)
+                    if a.partial is None:      # a new call: what it may sample before the env hears it
+                        a.partial = []
+                        a.call_left = min(T, self._context(a) - len(a.trace))
+                        if script is not None:
+                            a.call_left = min(a.call_left, max(len(script), 1))
+                    limit[j] = a.call_left
                     if script is not None:
                         fbuf[j, :min(len(script), T)] = script[:T]
-                        limit[j] = min(limit[j], max(len(script), 1))
-                need = max([len(a.trace) + int(limit[j]) + 1 for j, a in enumerate(agents)], default=1)
+                need = max([len(a.trace) - a.offset + sum(len(p[0]) for p in a.partial) + int(limit[j]) + 1
+                            for j, a in enumerate(agents)], default=1)
                 args.update({f"{name}_idx": idx, f"{name}_limit": limit,
                              f"{name}_window": self._window(need, rows.cache.max_len),
                              f"{name}_forced": fbuf if scripts is not None else None})
+            min_done = np.int32(max(1, int(np.ceil(rcfg.segment_exit * (len(rows_o) + len(rows_w))))))
             t0 = time.perf_counter()
             key, sub_key = jax.random.split(key)
             orch_rows, work_rows, turns_o, turns_w = decode_segment_jit(
                 orch_params, worker_params, self.orch_cfg, self.worker_cfg, rcfg.orch_sampling,
-                rcfg.worker_sampling, orch_rows, work_rows, sub_key, stop_ids=stop_ids, steps=T, **args)
+                rcfg.worker_sampling, orch_rows, work_rows, sub_key, stop_ids=stop_ids, steps=T,
+                min_done=min_done, **args)
             turns_o, turns_w = jax.device_get((turns_o, turns_w))
             stats["decode_row_steps"] += (len(args["orch_idx"]) + len(args["work_idx"])) * int(
                 max(turns_o.lengths.max(initial=0), turns_w.lengths.max(initial=0)))
             stats["decode_s"] += time.perf_counter() - t0
             stats["segments"] += 1
 
-            # ---- record the turns, then let the environments answer them (in parallel)
+            # ---- record the calls that ended (a stop id or their limit), then let the
+            # environments answer them (in parallel); rows cut by segment_exit go on
             finished = []
             for agents, turns in ((rows_o, turns_o), (rows_w, turns_w)):
                 for j, a in enumerate(agents):         # turns come in the order of the agents
                     n = int(turns.lengths[j])
-                    ids = turns.tokens[j, :n]
-                    a.trace.steps += 1
-                    a.trace.append(ids, sampled=True, logprobs=turns.logprobs[j, :n],
-                                   model_logprobs=turns.model_logprobs[j, :n])
-                    a.turning = False
+                    a.partial.append((turns.tokens[j, :n], turns.logprobs[j, :n], turns.model_logprobs[j, :n]))
+                    a.call_left -= n
+                    a.turn_tokens += n
                     stats["sampled_tokens"] += n
+                    if not (turns.stopped[j] or a.call_left <= 0):
+                        continue
+                    ids, lps, mlps = (np.concatenate(x) for x in zip(*a.partial))
+                    a.partial, a.turning = None, False
+                    a.trace.append(ids, sampled=True, logprobs=lps, model_logprobs=mlps, turn=a.trace.steps + 1)
                     finished.append((a, ids, not bool(turns.stopped[j])))
             t0 = time.perf_counter()
             steps = list(self._pool.map(lambda f: f[0].env.step(f[1], truncated=f[2]), finished))
             stats["env_s"] += time.perf_counter() - t0
             for (a, _, _), step in zip(finished, steps):
                 ep = eps[a.episode]
+                if step.more:
+                    self._continue(ep, a, step, spawn_queue)
+                    continue
+                self._count_step(ep, a)
                 if a.is_orch:
-                    ep.critical += 1
-                    ep.total += 1
                     self._orch_step(ep, step, spawn_queue)
                 else:
                     self._worker_step(ep, a, step, spawn_queue)
