@@ -382,10 +382,11 @@ def main(argv=None) -> None:
     p.add_argument("--worker-context", type=int, default=384)
     p.add_argument("--lanes", type=int, default=32)
     p.add_argument("--budget", type=int, default=10)
-    p.add_argument("--prefill-buckets", type=int, nargs="+", default=[16, 64, 128])
+    p.add_argument("--prefill-buckets", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--segment-exit", type=float, default=TextRolloutConfig.segment_exit,
                    help="TextRolloutConfig.segment_exit: a decode segment ends once this fraction of its "
                         "rows finished their turn (1.0: all)")
+    p.add_argument("--env-threads", type=int, default=TextRolloutConfig.env_threads)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--fit-cache", default=None,
                    help="a .npz file: load the warmed-up params from it if it was written with the same "
@@ -403,6 +404,7 @@ def main(argv=None) -> None:
                              max_turn_tokens=args.max_turn_tokens, worker_lanes=args.lanes,
                              subagent_turns=cfg.subagent_steps, budget=args.budget,
                              prefill_buckets=tuple(args.prefill_buckets), segment_exit=args.segment_exit,
+                             env_threads=args.env_threads,
                              orch_sampling=SamplingConfig(temperature=0.0),
                              worker_sampling=SamplingConfig(temperature=0.0))
     peak = matmul_peak_flops()

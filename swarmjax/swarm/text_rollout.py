@@ -236,18 +236,24 @@ class TextRollout:
         return next((b for b in self.rcfg.prefill_buckets if b >= n), self.rcfg.prefill_buckets[-1])
 
     @staticmethod
-    def _compact(agents: list, spare: int) -> np.ndarray:
-        """Row indices of ``agents`` padded with the spare row to a power of two >= 4 (few
-        compiled shapes; rows outside a call are neither computed nor copied)."""
-        size = max(4, 1 << max(len(agents) - 1, 0).bit_length())
+    def _size(n: int, floor: int) -> int:
+        """``n`` rounded up to the next of floor * (1, 1.5, 2, 3, 4, 6, ...) (2^k and
+        3 * 2^(k-1)): few compiled shapes, and at most a third of a call is padding."""
+        p = max(floor, 1 << (max(n, 1) - 1).bit_length())
+        return 3 * p // 4 if p > floor and n <= 3 * p // 4 else p
+
+    @classmethod
+    def _compact(cls, agents: list, spare: int) -> np.ndarray:
+        """Row indices of ``agents`` padded with the spare row to :meth:`_size` (>= 4;
+        rows outside a call are neither computed nor copied)."""
+        size = cls._size(len(agents), 4)
         return np.asarray([a.row for a in agents] + [spare] * (size - len(agents)), np.int32)
 
-    @staticmethod
-    def _window(need: int, slots: int) -> int:
-        """Slots a call attends over: ``need`` rounded up to a power of two >= 256, so few
-        shapes compile (multiples of 128 tripled the compiles of the text tests, and a
-        training run meets every one of them)."""
-        return min(slots, max(256, 1 << (int(need) - 1).bit_length()))
+    @classmethod
+    def _window(cls, need: int, slots: int) -> int:
+        """Slots a call attends over: ``need`` rounded up by :meth:`_size` (>= 256: multiples
+        of 128 tripled the compiles of the text tests, and a training run meets every one)."""
+        return min(slots, cls._size(int(need), 256))
 
     def _share_prefix(self, params, cfg, rows: Rows, agents: list[_Agent], prefixes: dict, stats) -> Rows:
         """Conversations that start now and open with the model's shared prefix attend
