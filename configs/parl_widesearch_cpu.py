@@ -7,11 +7,15 @@ fresh demonstrations, 30% of them delegating the whole task over random chunks o
 entities and answering what came back; greedy decoding of the result is serial),
 then 300 PARL steps with GSPO and Muon, half of each batch drawn from the tasks with
 n >= 12 (the only ones where the 7th and 8th sub-agent matter).
-PARL channels (our closed forms, see swarmjax/rl/parl.py): r_parallel = "work", the
-asked-for entities that came back from sub-agents / 16 (a one-entity task earns 1/16
-for delegating, less than the steps it costs), weight 0.3; r_finish = returned /
-spawned (1 when none), weight 0.3; both annealed linearly to 0 over 200 PARL steps;
-step cost 0.005. About 12 minutes on 2 CPU cores.
+PARL channels (our closed forms, see swarmjax/rl/parl.py): r_parallel = "parallel", the
+asked-for entities sub-agents returned beside each stage's busiest sub-agent / 16 (the
+work taken off the critical path: 0 for any delegation of a one-entity task, 14/16 for
+8 sub-agents x 2 entities, 12/16 for 7), weight 0.3; r_finish = returned / spawned (1
+when none), weight 0.3; both annealed linearly to 0 over 200 PARL steps; cost 0.005 per
+step of any agent plus 0.01 per critical step (without the latter the annealed reward
+ranks "7 sub-agents + 2 own lookups", 25 total steps, above "8 sub-agents", 26: the
+K - 1 optimum). tests/test_parl_shaping.py checks over the whole schedule that a
+one-entity task never profits from delegating and that the 8th sub-agent always pays.
 """
 
 from swarmjax.envs.widesearch import Vocab, WideSearchConfig
@@ -37,7 +41,8 @@ def get_config() -> TrainJob:
                       optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=2000)),
         parl=PARLTrainConfig(
             rollout=RolloutConfig(env=ENV),
-            parl=PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=200, parallel="work", parallel_target=16),
+            parl=PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=200, parallel="parallel", parallel_target=16,
+                            step_cost=0.005, critical_cost=0.01),
             tasks_per_step=8, group_size=8, dynamic_sampling=True,
             update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4, optim=OptimConfig(learning_rate=3e-4))),
         data=DataConfig(train_size=20000, test_size=2048, focus_fraction=0.5, focus_min_n=12),

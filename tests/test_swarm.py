@@ -23,7 +23,7 @@ from swarmjax.models import ModelConfig, init_params
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.engine import RolloutConfig, Scripts, SwarmRollout
-from swarmjax.swarm.outcome import episode_rewards, episodes, returned_entities, to_outcomes
+from swarmjax.swarm.outcome import episode_rewards, episodes, parallel_entities, returned_entities, to_outcomes
 from test_widesearch import serial_script, split_scripts
 
 # Default sizes, with a budget serial work cannot meet at n = 16.
@@ -110,6 +110,20 @@ def novel_ref(ep, out):
     return count
 
 
+def parallel_ref(ep, out):
+    """Asked-for entities returned beside each stage's busiest sub-agent (host); an
+    entity counts for the first sub-agent (spawn order) that returned it."""
+    seen, total = set(), 0
+    for st in out.stages:
+        own = []
+        for r in st["results"]:
+            got = {e for e, _ in (r or []) if e in ep.task and e not in seen}
+            seen |= got
+            own.append(len(got))
+        total += sum(own) - max(own, default=0)
+    return total
+
+
 def assert_same(cfg, eps, result, refs):
     """Every field of every episode agrees, and the engine's verifier and rewards
     equal the reference's."""
@@ -128,6 +142,7 @@ def assert_same(cfg, eps, result, refs):
         assert float(ch["r_parallel"][b]) * pcfg.parallel_target == min(novel_ref(ep, want), pcfg.parallel_target)
         returned = {e for st in want.stages for r in st["results"] if r for e, _ in r if e in ep.task}
         assert int(returned_entities(result)[b]) == len(returned), b
+        assert int(parallel_entities(result)[b]) == parallel_ref(ep, want), b
         want_reward = (f1 + pcfg.lambda1 * min(novel_ref(ep, want), pcfg.parallel_target) / pcfg.parallel_target
                        + pcfg.lambda2 * (want.finished / want.spawned if want.spawned else 1.0)
                        - pcfg.step_cost * want.total_steps)

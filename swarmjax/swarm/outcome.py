@@ -60,12 +60,38 @@ def returned_entities(result: RolloutResult) -> Array:
     return jnp.sum(asked & first, -1).astype(jnp.int32)
 
 
+def parallel_entities(result: RolloutResult) -> Array:
+    """Asked-for entities per episode [B] that sub-agents returned *beside* their
+    stage's busiest sub-agent: sum over stages of (distinct asked-for entities the
+    stage's finished sub-agents returned - the most any one of them returned). The
+    work that ran off the critical path (``r_parallel = "parallel"``); 0 for every
+    delegation of a one-entity task. An entity counts for the first sub-agent (spawn
+    order) that returned it."""
+    B, K, W = result.worker_return.shape
+    j = jnp.arange(W)
+    live = jnp.arange(K)[None] < result.spawned[:, None]                                # [B, K]
+    ok = result.worker_ok & live
+    pair = (j % 2 == 0) & (j + 1 < result.worker_return_len[..., None]) & ok[..., None]  # [B, K, W]
+    ent = jnp.where(pair, result.worker_return, -1).reshape(B, K * W)
+    asked = _asked(result, ent) & (ent >= 0)
+    first = ~jnp.any((ent[:, :, None] == ent[:, None, :]) & jnp.tril(jnp.ones((K * W,) * 2, bool), -1)[None], -1)
+    own = jnp.sum((asked & first).reshape(B, K, W), -1)                                  # [B, K]
+    same = (result.worker_stage[:, :, None] == result.worker_stage[:, None, :]) & live[:, :, None] & live[:, None, :]
+    busiest = jnp.max(jnp.where(same, own[:, None, :], 0), -1)                           # [B, K] its stage's max
+    # one leader per stage: the first sub-agent holding the stage's max
+    ties = same & (own[:, None, :] == busiest[:, :, None]) & (jnp.arange(K)[None, None, :] < jnp.arange(K)[None, :, None])
+    leader = live & (own == busiest) & ~jnp.any(ties, -1)
+    return jnp.sum(jnp.where(live & ~leader, own, 0), -1).astype(jnp.int32)
+
+
 def episode_rewards(result: RolloutResult, pcfg: PARLConfig, step: Array | int) -> tuple[Array, dict]:
     """PARL reward [B] and each channel [B] (``r_perf`` = item-F1, ``r_parallel``,
     ``r_finish``, ``cost``, ``lambda1``, ``lambda2``) at training step ``step``."""
     f1 = item_f1(result.correct, result.answered, result.truth, result.end_reason == wsj.END_ANSWER)
-    counts = {"novel": novel_subagents(result), "returned": returned_entities(result), "n": result.truth}
-    return parl_reward(f1, result.spawned, result.finished, result.total_steps, step, pcfg, counts)
+    counts = {"novel": novel_subagents(result), "returned": returned_entities(result), "n": result.truth,
+              "parallel": parallel_entities(result)}
+    return parl_reward(f1, result.spawned, result.finished, result.total_steps, step, pcfg, counts,
+                       critical_steps=result.critical_steps)
 
 
 def episodes(tasks: wsj.Tasks) -> list[Episode]:
