@@ -25,16 +25,13 @@ import pytest
 
 from swarmjax.envs import scripts
 from swarmjax.envs.api import SubAgentResult
-from swarmjax.envs.widesearch import PROTOCOL, Episode, Vocab, WideSearchConfig, score, scripted, simulate
+from swarmjax.envs.widesearch import PROTOCOL, Episode, Vocab, score, scripted, simulate
 from swarmjax.envs.widesearch_tokens import STOP_IDS, WideSearchTokenEnv, parse_pairs, rollout_config
-from swarmjax.models import ModelConfig, init_params
+from swarmjax.models import init_params
 from swarmjax.swarm.text_rollout import END_REASONS, TextRollout, TextScripts
-from test_swarm import random_batch
+from test_swarm import BIG, SMALL, model_for, random_batch   # BIG: default sizes (16 split 8 x 2)
 
 EOS = PROTOCOL.index("<eos>")
-BIG = WideSearchConfig(budget=10)          # default sizes: the largest task (16) split 8 x 2
-SMALL = WideSearchConfig(num_entities=8, num_values=6, min_task_size=1, max_task_size=4, max_subagents=3,
-                         subagent_steps=3, budget=12, orch_context=40, worker_context=14)
 
 
 @dataclasses.dataclass
@@ -222,11 +219,6 @@ def test_random_scripts_through_a_host_driver(cfg, seed):
 
 
 # ----------------------------------------------------------------------------- the text rollout
-
-
-def model_for(cfg):
-    return ModelConfig(vocab_size=Vocab(cfg).size, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                       head_dim=8, intermediate_size=64)
 
 
 @pytest.fixture(scope="module")
