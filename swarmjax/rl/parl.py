@@ -43,10 +43,12 @@
   annealed reward *prefers* one sub-agent fewer than the task needs whenever both
   fit the budget: at n = 16, 7 sub-agents and 2 own lookups take 25 total steps
   (critical 7), 8 sub-agents 26 (critical 5), so ``-c * total`` ranks 7 first: the
-  "K - 1" optimum our runs settled in. With ``c_crit >= c`` the 8th wins at every
+  "K - 1" optimum our runs settled in. With ``c_crit > c / 2`` the 8th wins at every
   point of the schedule, and a task that needs one agent still never profits from
   delegating (it lengthens both paths): ``tests/test_parl_shaping.py`` checks both
-  over the whole schedule.
+  over the whole schedule. Too large a ``c_crit`` moves small tasks to one entity per
+  sub-agent (at n = 4, 4 x 1 takes 4 critical steps, serial 5), a habit that costs
+  coverage at n = 16 (seen with 0.01 = 2c); the default config uses 0.004.
 
 The closed forms of ``r_parallel`` / ``r_finish`` are not published; these are ours.
 All functions are pure JAX over per-episode arrays ``[B]``.
