@@ -5,14 +5,17 @@ One rollout of B episodes alternates three phases until every episode has ended:
 
 1. **decode** (:func:`~swarmjax.swarm.text_device.decode_segment`, one jitted call):
    every row that takes a turn now (orchestrators, and sub-agents holding one of the
-   ``worker_lanes`` lanes) samples until its stop id or its limit;
+   ``worker_lanes`` lanes) samples until its stop id or its limit (or the segment ends
+   once ``segment_exit`` of its rows are done, and the rest resume in the next one);
 2. **environment** (host, a thread pool): each finished turn goes to its
    :class:`~swarmjax.envs.api.HostEnv`, which parses it, runs tools, and answers
    with reply ids, the end of the episode, or sub-agents to start (a stage);
 3. **append** (:func:`~swarmjax.swarm.text_device.prefill_chunk`, jitted per chunk
    bucket): reply ids, results of finished stages and new sub-agents' prompts are
    appended to their rows' KV caches, up to ``F`` ids a call (``F`` the smallest of
-   ``prefill_buckets`` that holds the longest, so few shapes ever compile).
+   ``prefill_buckets`` that holds the longest, so few shapes ever compile). Conversations
+   that open with the same ids (system turn, tool schemas) share them as one prefix,
+   prefilled once per rollout and attended over by all of them (``text_device``).
 
 Counting is the token world's (:mod:`swarmjax.envs.widesearch`): a finished turn is
 one step of its agent; a stage costs ``1 + max`` sub-agent steps on the critical path
