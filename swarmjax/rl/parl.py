@@ -39,7 +39,7 @@
   ``anneal_steps`` (linear or cosine), so the final policy optimises task
   performance alone; ``c`` is a small per-step compute cost.
 * ``c_crit`` (``critical_cost``) charges the critical path, the cost the swarm
-  exists to cut (DESIGN.md's reward has ``c * total_steps`` only). Without it the
+  exists to cut (our first reward charged ``c * total_steps`` only). Without it the
   annealed reward *prefers* one sub-agent fewer than the task needs whenever both
   fit the budget: at n = 16, 7 sub-agents and 2 own lookups take 25 total steps
   (critical 7), 8 sub-agents 26 (critical 5), so ``-c * total`` ranks 7 first: the

@@ -75,12 +75,13 @@ class Rows:
         """The RoPE table of a call over ``window`` own slots (after the prefix, if any)."""
         return rope_table(cfg, window + (0 if self.prefix is None else self.prefix.max_len))
 
-    def forward(self, params: Any, cfg: ModelConfig, ids: Array, *, token_mask: Array, cache_index: Array,
-                positions: Array, rope: tuple[Array, Array], logits_at: Array | None = None):
-        """``forward`` of ``ids`` [R, F] into these rows' caches (over the prefix for
-        rows with an offset); ``rope`` from :meth:`rope` (built outside decode loops)."""
-        return forward(params, cfg, ids, positions=positions, token_mask=token_mask, cache=self.cache,
-                       cache_index=cache_index, logits_at=logits_at, rope_table=rope,
+    def forward(self, params: Any, cfg: ModelConfig, ids: Array, *, token_mask: Array,
+                rope: tuple[Array, Array], logits_at: Array | None = None):
+        """``forward`` of ``ids`` [R, F] written at each row's ``pos`` (positions
+        :meth:`positions`; over the prefix for rows with an offset); ``rope`` from
+        :meth:`rope` (built outside decode loops)."""
+        return forward(params, cfg, ids, positions=self.positions(ids.shape[1]), token_mask=token_mask,
+                       cache=self.cache, cache_index=self.pos, logits_at=logits_at, rope_table=rope,
                        prefix=self.prefix, prefix_rows=None if self.prefix is None else self.offset > 0)
 
 
@@ -164,8 +165,7 @@ def _feed(params: Any, cfg: ModelConfig, rows: Rows, tok: Array, emit: Array, ro
     """Append one token per emitting row at its ``pos``; other rows keep their logits
     and write a masked entry at their free ``pos``. Skipped when no row emits."""
     def run(rows: Rows) -> Rows:
-        out = rows.forward(params, cfg, tok[:, None], positions=rows.positions(), token_mask=emit[:, None],
-                           cache_index=rows.pos, rope=rope)
+        out = rows.forward(params, cfg, tok[:, None], token_mask=emit[:, None], rope=rope)
         return rows.replace(cache=out.cache, logits=jnp.where(emit[:, None], out.logits[:, 0], rows.logits),
                             pos=rows.pos + emit)
     return lax.cond(jnp.any(emit), run, lambda rows: rows, rows)
@@ -278,8 +278,8 @@ def prefill_chunk(params: Any, cfg: ModelConfig, rows: Rows, idx: Array, ids: Ar
     sub = sub.replace(pos=jnp.where(reset, 0, sub.pos), offset=jnp.where(reset, offset, sub.offset),
                       cache=sub.cache.replace(valid=jnp.where(reset[:, None], False, sub.cache.valid)))
     write = counts > 0
-    out = sub.forward(params, cfg, ids, positions=sub.positions(F), token_mask=jnp.arange(F)[None, :] < counts[:, None],
-                      cache_index=sub.pos, logits_at=jnp.maximum(counts - 1, 0), rope=sub.rope(cfg, window))
+    out = sub.forward(params, cfg, ids, token_mask=jnp.arange(F)[None, :] < counts[:, None],
+                      logits_at=jnp.maximum(counts - 1, 0), rope=sub.rope(cfg, window))
     sub = sub.replace(cache=out.cache, logits=jnp.where(write[:, None], out.logits[:, 0], sub.logits),
                       pos=sub.pos + counts)
     return scatter_rows(rows, idx, sub)
@@ -289,8 +289,7 @@ def make_prefix(params: Any, cfg: ModelConfig, ids: Array, length: Array) -> KVC
     """The shared prefix of :class:`Rows`: ``ids[:length]`` ([P] int32, right-padded to a
     static P) prefilled once into a batch-1 cache of P slots (vLLM / SGLang's prefix
     caching for one batch; the rows that open with it attend over it, :func:`forward`'s
-    ``prefix``). Its keys, values and the logits after it are the same as if each row
-    had prefilled it."""
+    ``prefix``). Its keys and values are the ones each row would have computed for it."""
     P = ids.shape[0]
     out = forward(params, cfg, ids[None], token_mask=(jnp.arange(P) < length)[None], cache=init_cache(cfg, 1, P),
                   cache_index=0, logits_to_keep=1)
