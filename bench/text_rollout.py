@@ -43,9 +43,11 @@ Defaults: contexts 1024 / 384, ``max_turn_tokens`` 192, 32 sub-agent lanes, budg
 10 critical steps, sub-agents stopped after 5 turns, prefill buckets (16, 64, 128).
 
 Reported: episodes/s and sampled tokens/s of each (steady calls, best of
-``--repeats``; every shape compiled by a warm-up call first, whose extra time is
-``compile_s``), their ``ratio`` (segment / per-turn episodes/s; ``tok_s`` is the
-segmented path's sampled tokens/s), the segmented rollout's decode segments, prefill
+``--repeats`` (default 3) timed calls of each, taken alternately so a change in the
+machine's load hits both alike; every shape compiled by a warm-up call first, whose
+extra time is ``compile_s``), their ``ratio`` (segment / per-turn episodes/s;
+``ratio_worst``: the slowest call of each; ``tok_s`` is the segmented path's sampled
+tokens/s), the segmented rollout's decode segments, prefill
 calls and where its time goes (``result.stats``: decode / prefill / environment
 seconds, row-steps the decode computed and their utilisation, ids the prefill
 computed for those appended), the per-turn path's sampler calls and re-prefilled
@@ -387,7 +389,7 @@ def main(argv=None) -> None:
                    help="TextRolloutConfig.segment_exit: a decode segment ends once this fraction of its "
                         "rows finished their turn (1.0: all)")
     p.add_argument("--env-threads", type=int, default=TextRolloutConfig.env_threads)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--fit-cache", default=None,
                    help="a .npz file: load the warmed-up params from it if it was written with the same "
                         "settings, else fit and write it (reruns skip the fit)")
@@ -434,34 +436,33 @@ def main(argv=None) -> None:
                      **{f"p{i}": np.asarray(x) for i, x in enumerate(leaves)})
     eps = episodes(cfg, args.episodes, 2, args.max_task)
 
-    # ---- segmented: TextRollout, every episode in one batch
+    # ---- segmented: TextRollout, every episode in one batch; per turn: one generate call
+    # per agent turn. Each compiled by a first call; then the timed calls alternate
+    # (segment, per_turn, segment, ...) so a change in the machine's load during the run
+    # hits both paths alike, and each keeps its best call.
     engine = TextRollout(mcfg, rcfg, stop_ids=chat.stop_ids)
+    naive = PerTurn(mcfg, rcfg, chat.stop_ids)
     run_seg = lambda: engine(params, params, [task.orchestrator(ep) for ep in eps], eps, jax.random.key(0))
     t0 = time.perf_counter()
-    seg = run_seg()
+    run_seg()
     seg_first = time.perf_counter() - t0
-    seg_s, best = float("inf"), None
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        r = run_seg()
-        dt = time.perf_counter() - t0
-        if dt < seg_s:
-            seg_s, best = dt, r
-    seg = best
-
-    # ---- per turn: one generate call per agent turn
-    naive = PerTurn(mcfg, rcfg, chat.stop_ids)
     t0 = time.perf_counter()
     naive(params, task, eps)
     naive_first = time.perf_counter() - t0
-    naive_s, naive_out = float("inf"), None
+    seg_times, naive_times, seg, naive_out = [], [], None, None
     for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        r = run_seg()
+        seg_times.append(time.perf_counter() - t0)
+        if seg_times[-1] == min(seg_times):
+            seg = r
         naive.reset_counts()
         t0 = time.perf_counter()
         out = naive(params, task, eps)
-        dt = time.perf_counter() - t0
-        if dt < naive_s:
-            naive_s, naive_out = dt, out
+        naive_times.append(time.perf_counter() - t0)
+        if naive_times[-1] == min(naive_times):
+            naive_out = out
+    seg_s, naive_s = min(seg_times), min(naive_times)
     engine.close()
     runner.close()
 
@@ -476,7 +477,8 @@ def main(argv=None) -> None:
         "vocab": mcfg.vocab_size, "peak_flops": peak,
         "ratio": naive_s / seg_s, "segment_episodes_s": B / seg_s, "per_turn_episodes_s": B / naive_s,
         "tok_s": st["sampled_tokens"] / seg_s, "per_turn_tok_s": naive_sampled / naive_s,
-        "segment_s": seg_s, "per_turn_s": naive_s,
+        "segment_s": seg_s, "per_turn_s": naive_s, "segment_runs_s": seg_times, "per_turn_runs_s": naive_times,
+        "ratio_worst": max(naive_times) / max(seg_times),
         "segment_compile_s": seg_first - seg_s, "per_turn_compile_s": naive_first - naive_s,
         "segments": st["segments"], "prefill_calls": st["prefill_calls"], "decode_s": st["decode_s"],
         "decode_row_steps": st["decode_row_steps"], "prefill_computed_ids": st["prefill_computed"],
@@ -516,7 +518,8 @@ def main(argv=None) -> None:
     print(f"{'per_turn':9}{naive_s:9.3f}{f['per_turn_episodes_s']:12.2f}{f['per_turn_tok_s']:9.0f}"
           f"{f['per_turn_compile_s']:11.2f}{f['per_turn_calls']:14d}  (generate calls, {f['per_turn_buckets']} "
           f"length buckets, {f['per_turn_prefilled_tokens']} ids re-prefilled)")
-    print(f"ratio segment/per_turn episodes/s: {f['ratio']:.2f}x; identical ids: orchestrators "
+    print(f"ratio segment/per_turn episodes/s: {f['ratio']:.2f}x (best call of each; slowest of each "
+          f"{f['ratio_worst']:.2f}x); identical ids: orchestrators "
           f"{f['identical_orch']:.1%}, sub-agents {f['identical_subagents']:.1%}, step counts "
           f"{f['identical_counts']:.1%}")
     print(f"segment time: decode {f['decode_s']:.3f} s, prefill {f['prefill_s']:.3f} s "
