@@ -4,6 +4,7 @@ best), restore across mesh shapes, half-written checkpoints, errors."""
 import asyncio
 import copy
 import dataclasses
+import logging
 import os
 import shutil
 import threading
@@ -229,6 +230,24 @@ def test_retention_min_mode_and_no_metrics(tmp_path):
         ckpt.save(s, _small(s), {}, metrics={"item_f1": v})
     ckpt.wait()
     assert ckpt.all_steps() == [2] and ckpt.best_step() is None
+    ckpt.close()
+
+
+def test_saves_without_eval_metrics_log_no_orbax_warning(tmp_path, caplog):
+    """The job's pattern (train/job.py): a forced save of the warm start, periodic saves
+    between evaluations (no metrics), a save with the eval metrics. Orbax used to log
+    "Requested `tracked_metric`; did not provide metrics." on every save without them."""
+    ckpt = Checkpointer(tmp_path, save_every=2, keep_last=1, best_metric="item_f1")
+    with caplog.at_level(logging.INFO):
+        assert ckpt.save(0, _small(0), {"parl_step": 0}, force=True)
+        assert ckpt.save(2, _small(2), {"parl_step": 2}, metrics=None)
+        assert ckpt.save(4, _small(4), {"parl_step": 4}, metrics={"item_f1": 0.5}, force=True)
+        assert ckpt.save(6, _small(6), {"parl_step": 6})
+        ckpt.wait()
+    assert any(r.name == "absl" for r in caplog.records)          # orbax's log is captured
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [w for w in warnings if "tracked_metric" in w or "metrics" in w], warnings
+    assert ckpt.all_steps() == [4, 6] and ckpt.best_step() == 4
     ckpt.close()
 
 

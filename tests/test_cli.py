@@ -1,5 +1,7 @@
 """`swarmjax sample` end to end (in process, so compiled programs are shared)."""
 
+import argparse
+import json
 import os
 import re
 import subprocess
@@ -7,7 +9,7 @@ import sys
 
 import pytest
 
-from swarmjax.cli import main
+from swarmjax.cli import build_parser, main
 from swarmjax.models.hf import to_hf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +50,34 @@ def test_bad_input_is_one_clear_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_hf_config_missing_field_is_one_line(tmp_path, tiny_cfg, tiny_params, capsys):
+    to_hf(tiny_cfg, tiny_params, str(tmp_path))
+    config = json.load(open(tmp_path / "config.json"))
+    del config["num_attention_heads"]
+    json.dump(config, open(tmp_path / "config.json", "w"))
+    assert main(["sample", "--hf", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"swarmjax sample: error: {tmp_path / 'config.json'}: "
+                   "lacks required field 'num_attention_heads'")
+
+
+def _help_texts() -> dict[str, str]:
+    """``--help`` of the top level and of every subcommand, as argparse prints them."""
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {"swarmjax": parser.format_help(),
+            **{name: p.format_help() for name, p in sub.choices.items()}}
+
+
+def test_help_is_plain_text():
+    """No reST markup (Sphinx roles such as :data:`X`, ``literals``) in any --help."""
+    helps = _help_texts()
+    assert set(helps) >= {"swarmjax", "sample", "train", "eval", "trace"}
+    for name, text in helps.items():
+        markup = re.findall(r":[a-z]+:`[^`]*`|``[^`]*``", text)
+        assert not markup, f"{name} --help shows {markup}"
 
 
 def test_console_script_is_installed():

@@ -166,3 +166,32 @@ def test_missing_weights_and_config(tmp_path, saved):
     os.remove(saved / "model.safetensors")
     with pytest.raises(CheckpointError, match="model.safetensors"):
         from_hf(str(saved))
+
+
+def _edit_config(path, edit):
+    cfg = json.load(open(path / "config.json"))
+    edit(cfg)
+    json.dump(cfg, open(path / "config.json", "w"))
+
+
+@pytest.mark.parametrize("field", ["num_attention_heads", "vocab_size", "hidden_size",
+                                   "num_hidden_layers", "intermediate_size"])
+def test_missing_config_field_names_field_and_file(saved, field):
+    _edit_config(saved, lambda c: c.pop(field))
+    with pytest.raises(CheckpointError) as e:
+        from_hf(str(saved))
+    assert str(e.value) == f"{saved / 'config.json'}: lacks required field {field!r}"
+
+
+def test_bad_config_values_name_the_file(saved):
+    config = str(saved / "config.json")
+    _edit_config(saved, lambda c: c.update(rope_parameters={"rope_type": "llama3", "factor": 8.0}))
+    with pytest.raises(CheckpointError, match=f"^{config}: lacks required field "
+                                              r"rope_scaling\.'low_freq_factor'$"):
+        from_hf(str(saved))
+    _edit_config(saved, lambda c: c.update(rope_parameters=None, num_attention_heads="4"))
+    with pytest.raises(CheckpointError, match=f"^{config}: .*num_heads must be a positive int"):
+        from_hf(str(saved))
+    (saved / "config.json").write_text("{ not json")
+    with pytest.raises(CheckpointError, match=f"^{config}: not valid JSON"):
+        from_hf(str(saved))

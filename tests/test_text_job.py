@@ -1,15 +1,23 @@
 """`swarmjax train --config configs/arith_tools_cpu.py`, shrunk: the text job end to end
 (tokenizer, warm start on played demonstrations, RL on text rollouts, evaluations)."""
 
+import dataclasses
 import json
 import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
 
 from swarmjax.cli import main
+from swarmjax.config_file import apply_overrides
+from swarmjax.train.text_job import OverlongConfig, TextRLConfig, TextToolJob, episode_rewards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
 SMALL = ["sft.steps=4", "sft.demos=64", "sft.batch=8", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=4",
-         "eval_episodes=4", "eval_every=1", "model.num_layers=1"]
+         "eval_episodes=4", "eval_every=1", "model.num_layers=1",
+         "rl.overlong.max_length=48", "rl.overlong.cache_length=16"]
 
 
 def test_text_job_runs_and_writes_its_summary(tmp_path, capsys):
@@ -26,6 +34,7 @@ def test_text_job_runs_and_writes_its_summary(tmp_path, capsys):
     assert [r["step"] for r in rows if r["stage"] == "sft"] == [0, 1, 2, 3]
     rl = [r for r in rows if r["stage"] == "rl"]
     assert len(rl) == 2 and all(r["segments"] >= 1 and "learner/loss" in r for r in rl)
+    assert all(r["orch_sampled_tokens"] > 0 for r in rl)
     assert [r["policy"] for r in rows if r["stage"] == "eval"] == ["warm_start", "rl", "final"]
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
     # a finished workdir is refused, and text jobs have no checkpoints to evaluate
@@ -33,3 +42,35 @@ def test_text_job_runs_and_writes_its_summary(tmp_path, capsys):
     assert "already holds a finished run" in capsys.readouterr().err
     assert main(["eval", "--config", CONFIG, "--workdir", workdir]) == 2
     assert "expected one of TrainJob" in capsys.readouterr().err
+
+
+def _result(r_perf, orch_steps, sampled):
+    """The fields of a TextRolloutResult the reward reads; episode b's policy sampled
+    ``sampled[b]`` ids, each followed by an observation id (so the conversation is longer)."""
+    C = 2 * max(sampled) + 2
+    loss_mask = np.zeros((len(sampled), C), bool)
+    for b, n in enumerate(sampled):
+        loss_mask[b, 1:2 * n + 1:2] = True
+    return SimpleNamespace(rewards={"r_perf": np.asarray(r_perf, np.float32)},
+                           orch_steps=np.asarray(orch_steps, np.int32), loss_mask=loss_mask)
+
+
+def test_overlong_penalty_shapes_the_rewards():
+    """DAPO's soft overlong punishment on the sampled-token count L, L_max = 20, L_cache = 4:
+    0 for L <= 16, (16 - L) / 4 for 16 < L <= 20, -1 beyond; off (None) by default."""
+    res = _result([1.0, 1.0, 1.0, 0.0, 1.0], [1, 2, 3, 1, 2], sampled=[10, 16, 18, 20, 25])
+    plain = np.asarray([1.0, 1.0, 1.0, 0.0, 1.0]) - 0.1 * np.asarray([1, 2, 3, 1, 2])
+    rcfg = TextRLConfig(turn_cost=0.1)
+    assert rcfg.overlong is None
+    np.testing.assert_array_equal(episode_rewards(res, rcfg), res.rewards["r_perf"] - 0.1 * res.orch_steps)
+    np.testing.assert_allclose(episode_rewards(res, rcfg), plain, atol=1e-6)
+    shaped = episode_rewards(res, dataclasses.replace(rcfg, overlong=OverlongConfig(max_length=20, cache_length=4)))
+    np.testing.assert_allclose(shaped, plain + [0.0, 0.0, -0.5, -1.0, -1.0], atol=1e-6)
+
+
+def test_overlong_config_from_overrides():
+    job = apply_overrides(TextToolJob(), ["rl.overlong.max_length=128"])
+    assert job.rl.overlong == OverlongConfig(max_length=128, cache_length=64)
+    assert apply_overrides(job, ["rl.overlong=None"]).rl.overlong is None
+    with pytest.raises(ValueError, match=r"cache_length \(0\) <= max_length"):
+        apply_overrides(job, ["rl.overlong.cache_length=0"])

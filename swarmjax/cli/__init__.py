@@ -10,6 +10,12 @@ from collections.abc import Callable
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}
 
+# What ``swarmjax --help`` prints above the command list: plain text, not the module
+# docstring (argparse shows reST roles and literals verbatim).
+DESCRIPTION = ("The swarmjax command line: train and evaluate RL policies, sample from a "
+               "checkpoint, look at orchestration traces. 'swarmjax COMMAND --help' "
+               "describes each command.")
+
 
 def register(name: str, help: str):
     """Decorator for a subcommand module's ``(add_arguments, run)`` pair."""
@@ -22,7 +28,7 @@ def register(name: str, help: str):
 def build_parser() -> argparse.ArgumentParser:
     from swarmjax.cli import sample, trace, train  # noqa: F401  (register their commands)
 
-    parser = argparse.ArgumentParser(prog="swarmjax", description=__doc__)
+    parser = argparse.ArgumentParser(prog="swarmjax", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_, add_arguments, run) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)

@@ -1,6 +1,6 @@
 """TFDS builder for fixed wide-search task sets (``WideSearchTasks``).
 
-Each example is one task of the wide-search environment (DESIGN.md section 3), the
+Each example is one task of the wide-search environment (docs/design.md section 3), the
 same fields ``swarmjax.envs.widesearch_jax.reset`` samples on the fly:
 
 - ``table``    int32 [E]      hidden values, each in [0, V)

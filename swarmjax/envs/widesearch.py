@@ -1,4 +1,4 @@
-"""The wide-search swarm task (DESIGN.md section 3): config, vocabulary, and a readable
+"""The wide-search swarm task (docs/design.md sections 3-5): config, vocabulary, and a readable
 pure-Python reference simulator of the protocol.
 
 The reference simulator is the oracle the jitted engine is tested against: it is
@@ -6,7 +6,8 @@ driven one *token* at a time by two policies (orchestrator, worker), parses turn
 exactly as the engine must, appends the environment's tokens, and counts steps,
 critical steps and the outcome. It is deliberately plain Python, with no JAX.
 
-Protocol decisions where DESIGN.md is silent (the engine must match them):
+Protocol rules beyond the turn grammar (the engine must match them; docs/design.md
+section 4 states the whole protocol):
 
 * A turn that starts with an unexpected token, a lookup of a non-entity, a spawn
   block with no entities, a non-entity inside a block, a block of more than

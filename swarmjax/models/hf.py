@@ -126,22 +126,37 @@ def _tensor_table(cfg: ModelConfig) -> list[_Tensor]:
 # ----------------------------------------------------------------------------- config
 
 
+def _field(hf: dict[str, Any], key: str, source: str, *, where: str = ""):
+    """``hf[key]``, or a :class:`CheckpointError` naming the field and ``source``."""
+    value = hf.get(key)
+    if value is None:
+        raise CheckpointError(f"{source}: lacks required field {where}{key!r}")
+    return value
+
+
 def config_from_hf(hf: dict[str, Any], *, param_dtype: str = "float32",
-                   dtype: str | None = None) -> tuple[ModelConfig, Architecture]:
-    """Translate a parsed ``config.json`` into a :class:`ModelConfig`; raises
-    :class:`CheckpointError` for architectures or options we do not implement."""
+                   dtype: str | None = None,
+                   source: str = CONFIG_FILE) -> tuple[ModelConfig, Architecture]:
+    """Translate a parsed ``config.json`` into a :class:`ModelConfig`.
+
+    Raises :class:`CheckpointError` for a missing required field, an invalid value, or an
+    architecture or option we do not implement; every message starts with ``source``
+    (the file the dict was read from).
+    """
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{source}: expected a JSON object, got {type(hf).__name__}")
     archs = hf.get("architectures") or []
     arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
     if arch is None:
-        raise CheckpointError(f"unknown architecture {archs or hf.get('model_type')!r}; "
-                              f"supported: {sorted(ARCHITECTURES)}")
+        raise CheckpointError(f"{source}: unknown architecture "
+                              f"{archs or hf.get('model_type')!r}; supported: {sorted(ARCHITECTURES)}")
     act = hf.get("hidden_act", "silu")
     if act != "silu":
-        raise CheckpointError(f"unsupported hidden_act {act!r} (only 'silu' / SwiGLU)")
+        raise CheckpointError(f"{source}: unsupported hidden_act {act!r} (only 'silu' / SwiGLU)")
     if hf.get("mlp_bias"):
-        raise CheckpointError("unsupported option mlp_bias=true")
+        raise CheckpointError(f"{source}: unsupported option mlp_bias=true")
     if hf.get("use_sliding_window"):
-        raise CheckpointError("unsupported option use_sliding_window=true")
+        raise CheckpointError(f"{source}: unsupported option use_sliding_window=true")
 
     rope = dict(hf.get("rope_parameters") or {})          # transformers >= 5
     legacy = hf.get("rope_scaling") or {}                  # transformers 4.x
@@ -151,27 +166,35 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype: str = "float32",
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     rope_scaling = None
     if rope_type == "llama3":
-        rope_scaling = (float(rope["factor"]), float(rope["low_freq_factor"]),
-                        float(rope["high_freq_factor"]),
-                        int(rope["original_max_position_embeddings"]))
+        rope_scaling = tuple(_field(rope, k, source, where="rope_scaling.") for k in (
+            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
     elif rope_type != "default":
-        raise CheckpointError(f"unsupported rope_type {rope_type!r}; supported: default, llama3")
+        raise CheckpointError(f"{source}: unsupported rope_type {rope_type!r}; "
+                              "supported: default, llama3")
 
-    heads = hf["num_attention_heads"]
+    def field(key):
+        return _field(hf, key, source)
+
+    heads = field("num_attention_heads")
     try:
+        if rope_scaling is not None:
+            f, lo, hi, old = rope_scaling
+            rope_scaling = (float(f), float(lo), float(hi), int(old))
         cfg = ModelConfig(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-            num_layers=hf["num_hidden_layers"], num_heads=heads,
+            vocab_size=field("vocab_size"), hidden_size=field("hidden_size"),
+            num_layers=field("num_hidden_layers"), num_heads=heads,
             num_kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            intermediate_size=hf["intermediate_size"], rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            head_dim=hf.get("head_dim") or field("hidden_size") // heads,
+            intermediate_size=field("intermediate_size"), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope["rope_theta"]), rope_type=rope_type, rope_scaling=rope_scaling,
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             qk_norm=arch.qk_norm, attention_bias=bool(hf.get("attention_bias", False)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             param_dtype=param_dtype, dtype=dtype or param_dtype)
-    except KeyError as e:
-        raise CheckpointError(f"config.json lacks required field {e.args[0]!r}") from None
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError, ZeroDivisionError) as e:  # a field of the wrong type/value
+        raise CheckpointError(f"{source}: {e}") from None
     return cfg, arch
 
 
@@ -278,14 +301,19 @@ def from_hf(path: str, *, param_dtype: str = "float32", dtype: str | None = None
       (config, params) with params in the layout of :func:`swarmjax.models.init_params`.
 
     Raises:
-      CheckpointError: unknown architecture, missing/unexpected tensor, wrong shape,
-        unreadable file -- the message names the tensor or file.
+      CheckpointError: unknown architecture, a field missing from ``config.json``,
+        missing/unexpected tensor, wrong shape, unreadable file -- the message names
+        the field or tensor and the file.
     """
     cfg_file = os.path.join(path, CONFIG_FILE)
     if not os.path.exists(cfg_file):
         raise CheckpointError(f"{path}: no {CONFIG_FILE}")
     with open(cfg_file) as f:
-        cfg, _ = config_from_hf(json.load(f), param_dtype=param_dtype, dtype=dtype)
+        try:
+            hf_config = json.load(f)
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
+    cfg, _ = config_from_hf(hf_config, param_dtype=param_dtype, dtype=dtype, source=cfg_file)
     target = abstract_params(cfg)
     np_dtype = np.dtype(DTYPES[param_dtype])
     reader = _Reader(_tensor_files(path))

@@ -88,10 +88,12 @@ def uniform_groups(rewards: Array, group_ids: Array, atol: float = 0.0) -> Array
 
 
 def overlong_penalty(lengths: Array, max_length: int, cache_length: int) -> Array:
-    """DAPO soft overlong punishment, added to the reward. lengths: [B] response lengths.
+    """DAPO soft overlong punishment (Yu et al. 2025, arXiv 2503.14476), added to the
+    reward. lengths: [B] response lengths (sampled tokens); returns [B] f32 in [-1, 0].
 
     ``0`` if ``L <= L_max - L_cache``; ``((L_max - L_cache) - L) / L_cache`` in the
-    soft zone (linear from 0 to -1); ``-1`` if ``L > L_max``.
+    soft zone (linear from 0 to -1); ``-1`` if ``L > L_max``. Used by the text RL
+    trainer (``TextRLConfig.overlong``).
     """
     if not 0 < cache_length <= max_length:
         raise ValueError(f"need 0 < cache_length ({cache_length}) <= max_length ({max_length})")
@@ -100,11 +102,3 @@ def overlong_penalty(lengths: Array, max_length: int, cache_length: int) -> Arra
     soft = (start - L) / cache_length
     return jnp.where(L <= start, 0.0, jnp.where(L <= max_length, soft, -1.0))
 
-
-def broadcast_to_segments(trajectory_advantages: Array, segment_traj_ids: Array) -> Array:
-    """ReSum segments: each segment row gets its trajectory's advantage.
-
-    trajectory_advantages: [N] one per trajectory; segment_traj_ids: [S] the
-    trajectory index of each segment row. Returns [S].
-    """
-    return jnp.take(trajectory_advantages, segment_traj_ids, axis=0)

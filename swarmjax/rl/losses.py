@@ -2,7 +2,7 @@
 
 Every loss maps per-token log-probs to a *per-token objective* ``o [B, T]``;
 one aggregation turns it into the scalar ``J`` and the loss is ``-J``. Notation
-(DESIGN.md section 4): mask ``m_{i,t}`` (policy-sampled tokens), ``|y_i| = sum_t m``,
+(docs/design.md section 8): mask ``m_{i,t}`` (policy-sampled tokens), ``|y_i| = sum_t m``,
 token log-ratio ``l_{i,t} = log pi_theta - log pi_old`` on masked tokens.
 
 * GSPO (Zheng et al. 2025, arXiv 2507.18071):
@@ -61,7 +61,7 @@ class LossConfig:
             raise ValueError("kl_beta and is_cap must be >= 0")
 
 
-# Named settings from the papers (DESIGN.md s4); pass overrides as keyword arguments.
+# Named settings from the papers (docs/design.md section 8.5); pass overrides as keyword arguments.
 LOSS_PRESETS: dict[str, dict] = {
     "gspo": dict(name="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean_token_mean"),
     "gspo_token": dict(name="gspo_token", eps_low=3e-4, eps_high=4e-4),

@@ -1,4 +1,4 @@
-"""PARL reward shaping (Parallel-Agent RL, Kimi K2.5 Agent Swarm; DESIGN.md section 3).
+"""PARL reward shaping (Parallel-Agent RL, Kimi K2.5 Agent Swarm, arXiv 2602.02276; docs/design.md section 6).
 
     r = r_perf + lambda1(t) r_parallel + lambda2(t) r_finish - c * total_steps - c_crit * critical_steps
 

@@ -21,8 +21,6 @@ class TrajectoryBatch:
     advantages:       [B] f32       per-trajectory advantage (see :mod:`swarmjax.rl.advantages`).
     group_ids:        [B] int32     prompt group of each row (G rows per prompt).
     rewards:          [B] f32       scalar reward per row (for metrics; advantages drive the loss).
-    segment_ids:      [B] int32     trajectory id of each row when a trajectory was split into
-                                    segments (ReSum); equal to the row index otherwise.
 
     Token ``t`` is predicted from tokens ``< t``, so ``loss_mask[:, 0]`` must be False.
     """
@@ -34,7 +32,6 @@ class TrajectoryBatch:
     advantages: Array
     group_ids: Array
     rewards: Array
-    segment_ids: Array
 
     @property
     def batch_size(self) -> int:
@@ -42,9 +39,9 @@ class TrajectoryBatch:
 
     @classmethod
     def create(cls, tokens, loss_mask, advantages, *, token_mask=None, sampler_logprobs=None,
-               group_ids=None, rewards=None, segment_ids=None) -> "TrajectoryBatch":
+               group_ids=None, rewards=None) -> "TrajectoryBatch":
         """Fill optional fields with neutral defaults (all real tokens, zero log-probs,
-        one group per row, zero rewards, one segment per trajectory)."""
+        one group per row, zero rewards)."""
         tokens = jnp.asarray(tokens, jnp.int32)
         B, T = tokens.shape
         rows = jnp.arange(B, dtype=jnp.int32)
@@ -57,5 +54,4 @@ class TrajectoryBatch:
             advantages=jnp.asarray(advantages, jnp.float32),
             group_ids=rows if group_ids is None else jnp.asarray(group_ids, jnp.int32),
             rewards=jnp.zeros((B,), jnp.float32) if rewards is None else jnp.asarray(rewards, jnp.float32),
-            segment_ids=rows if segment_ids is None else jnp.asarray(segment_ids, jnp.int32),
         )

@@ -1,6 +1,6 @@
 """The jitted swarm rollout: an orchestrator and its frozen sub-agents decoding together.
 
-One ``jax.jit`` runs a whole batch of wide-search episodes (DESIGN.md section 3)
+One ``jax.jit`` runs a whole batch of wide-search episodes (docs/design.md section 11)
 token by token, in a ``lax.while_loop`` of *ticks*. In a tick every agent that is
 not waiting appends one token to its context:
 

@@ -147,7 +147,7 @@ def summarize(result: RolloutResult, channels: dict[str, Array] | None = None) -
 def rollout_traces(cfg: WideSearchConfig, tasks: wsj.Tasks, result: RolloutResult, *,
                    channels: dict[str, Array] | None = None, prefix: str = "ep",
                    wall_clock_s: float = 0.0, limit: int | None = None) -> list[dict]:
-    """Orchestration traces (DESIGN.md section 6) of the first ``limit`` episodes of a
+    """Orchestration traces (docs/design.md section 14) of the first ``limit`` episodes of a
     rollout, with each reward channel (``channels`` from :func:`episode_rewards`) and
     the batch's wall-clock time split evenly."""
     from swarmjax.traces.export import trace_from_outcome

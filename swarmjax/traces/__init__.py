@@ -1,1 +1,1 @@
-"""Orchestration traces (DESIGN.md section 6): export episodes as replayable JSON."""
+"""Orchestration traces (docs/design.md section 14): export episodes as replayable JSON."""

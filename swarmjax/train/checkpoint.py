@@ -17,7 +17,11 @@ What one checkpoint (one step directory ``<directory>/<step>/``) holds, and why:
   copied (JSON round trip) when ``save`` is called, so the job may keep mutating its own
   dict while the checkpoint is written in the background.
 * ``metrics/`` (orbax's own item): the eval metrics passed to ``save``, used to keep the
-  best checkpoint by ``best_metric``.
+  best checkpoint by ``best_metric``. Every save writes it (when ``best_metric`` is set):
+  a checkpoint without a (finite) ``best_metric`` gets the finite metrics it has, maybe
+  none, and ranks below every scored one (see :meth:`Checkpointer._tracked_metrics`).
+  Orbax warns on each save without metrics once a manager tracks a best metric, so
+  "no score" is written rather than left out.
 
 Orbax pieces used: ``CheckpointManager`` with an async checkpointer (the device-to-host
 copy happens before ``save`` returns, so the train step may donate the state's buffers
@@ -117,7 +121,9 @@ class Checkpointer:
         preserve: list[Any] = [ocm.LatestN(n=keep_last)]
         best_fn = None
         if best_metric is not None:
-            best_fn = lambda metrics: metrics[best_metric]  # noqa: E731
+            # a checkpoint without the metric ranks below all scored ones
+            unscored = -math.inf if best_mode == "max" else math.inf
+            best_fn = lambda metrics: metrics.get(best_metric, unscored)  # noqa: E731
             preserve.append(ocm.BestN(get_metric_fn=best_fn, reverse=best_mode == "min", n=1,
                                       keep_checkpoints_without_metrics=False))
         options = ocp.CheckpointManagerOptions(
@@ -176,14 +182,21 @@ class Checkpointer:
         return True
 
     def _tracked_metrics(self, metrics: dict | None) -> dict | None:
-        """Metrics handed to orbax, or None when this checkpoint cannot be the best."""
-        if self.best_metric is None or not metrics or self.best_metric not in metrics:
+        """Metrics handed to orbax: None when no best metric is tracked (orbax then
+        records none); else the finite ones among ``metrics``, ``{}`` if there are none.
+
+        Always a dict when tracking: orbax logs "Requested `tracked_metric`; did not
+        provide metrics" for every save whose metrics are None. A dict without
+        ``best_metric`` (none given, or not finite) scores -inf ("max") / +inf ("min")
+        under ``best_fn``, so it never outranks a scored checkpoint and
+        :meth:`best_step` does not count it."""
+        if self.best_metric is None:
             return None
         try:
-            out = {str(k): float(v) for k, v in metrics.items()}
+            out = {str(k): float(v) for k, v in (metrics or {}).items()}
         except (TypeError, ValueError) as e:
             raise ValueError(f"metrics must map names to numbers, got {metrics!r}") from e
-        return out if math.isfinite(out[self.best_metric]) else None
+        return {k: v for k, v in out.items() if math.isfinite(v)}
 
     # ------------------------------------------------------------------ queries
     def _is_complete(self, step: int) -> bool:
@@ -192,6 +205,11 @@ class Checkpointer:
             return True
         except ValueError:
             return False
+
+    def _is_scored(self, step: int) -> bool:
+        """Whether checkpoint ``step`` recorded a (finite) ``best_metric``."""
+        metrics = self._mngr.metrics(step)
+        return metrics is not None and self.best_metric in metrics
 
     def all_steps(self) -> list[int]:
         """Finalised checkpoint steps, ascending."""
@@ -211,11 +229,12 @@ class Checkpointer:
             return None
         best = self._mngr.best_step()
         if best is None or self._is_complete(best):
-            return best
+            # unscored checkpoints rank last: if orbax's best has no score, none has
+            return best if best is not None and self._is_scored(best) else None
         # The best is the save still in flight; until it is finalised the previous best
         # is still on disk (orbax deletes only after finalising).
-        scored = [(m[self.best_metric], s) for s in self.all_steps()
-                  if (m := self._mngr.metrics(s)) is not None and self.best_metric in m]
+        scored = [(self._mngr.metrics(s)[self.best_metric], s) for s in self.all_steps()
+                  if self._is_scored(s)]
         if not scored:
             return None
         return (max if self.best_mode == "max" else min)(scored)[1]

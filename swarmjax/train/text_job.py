@@ -11,7 +11,8 @@ host-driven text rollouts, evaluated before and after RL.
    the turns builds; the loss is the masked next-token NLL on the agent's own ids.
 3. **RL.** Per step, ``tasks_per_step`` problems x ``group_size`` rollouts
    (:class:`~swarmjax.swarm.text_rollout.TextRollout`, temperature 1); reward =
-   ``r_perf - turn_cost * turns``; group advantages; optional dynamic sampling; one
+   ``r_perf - turn_cost * turns`` (+ DAPO's overlong penalty on the episode's sampled
+   tokens with ``rl.overlong``); group advantages; optional dynamic sampling; one
    :class:`~swarmjax.rl.update.Learner` update on the rollout's ids, loss mask and
    sampler log-probs (token-in-token-out).
 4. **Evaluation** (greedy, held-out problems): accuracy, mean tool calls and turns, of
@@ -36,12 +37,12 @@ from swarmjax.envs.arith import ArithConfig, ArithTask, corpus, play
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.optim import OptimConfig, make_optimizer
-from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, uniform_groups
+from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, overlong_penalty, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
-from swarmjax.swarm.text_rollout import END_ANSWER, TextRollout, TextRolloutConfig
+from swarmjax.swarm.text_rollout import END_ANSWER, TextRollout, TextRolloutConfig, TextRolloutResult
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import CHAT_FORMATS, chat_format
 from swarmjax.text.runner import ToolRunner
@@ -64,13 +65,52 @@ class TextSFTConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class OverlongConfig:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, section 3.4).
+
+    With ``L`` the tokens the policy sampled in an episode (all its orchestrator turns:
+    the ones the loss trains on), ``L_max = max_length`` and ``L_cache = cache_length``
+    (the buffer before ``L_max``), the episode's reward gets
+
+        0                                  if L <= L_max - L_cache
+        ((L_max - L_cache) - L) / L_cache  if L_max - L_cache < L <= L_max   (0 -> -1)
+        -1                                 if L > L_max
+
+    (:func:`swarmjax.rl.advantages.overlong_penalty`), so long answers lose reward
+    gradually instead of being cut off with no signal.
+    """
+
+    max_length: int = 256
+    cache_length: int = 64
+
+    def __post_init__(self):
+        if not 0 < self.cache_length <= self.max_length:
+            raise ValueError(f"overlong: need 0 < cache_length ({self.cache_length}) <= "
+                             f"max_length ({self.max_length})")
+
+
+@dataclasses.dataclass(frozen=True)
 class TextRLConfig:
+    """The RL stage of a text job (module docstring, 3.).
+
+    steps, tasks_per_step, group_size: RL steps; problems per step; rollouts per problem
+      (one advantage group).
+    advantage: estimator, a key of :data:`swarmjax.rl.advantages.ADVANTAGES`.
+    dynamic_sampling: groups whose rewards are all equal get no loss tokens (DAPO).
+    turn_cost: reward -= turn_cost * orchestrator turns.
+    overlong: None (default) leaves the reward as is; an :class:`OverlongConfig` adds
+      DAPO's soft overlong penalty on each episode's sampled-token count to its reward
+      before the advantages (:func:`episode_rewards`).
+    update, rollout: the learner's and the rollout's settings.
+    """
+
     steps: int = 60
     tasks_per_step: int = 8
     group_size: int = 8
     advantage: str = "grpo"        # key of rl.advantages.ADVANTAGES
     dynamic_sampling: bool = True  # groups whose rewards are all equal get no loss tokens
     turn_cost: float = 0.0         # reward -= turn_cost * orchestrator turns
+    overlong: OverlongConfig | None = None   # DAPO soft overlong penalty on sampled tokens
     update: UpdateConfig = UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
                                         optim=OptimConfig(learning_rate=3e-4))
     rollout: TextRolloutConfig = TextRolloutConfig(orch_context=512, worker_context=64, max_turn_tokens=48,
@@ -171,6 +211,21 @@ def evaluate(rollout: TextRollout, params, task, problems: list, key) -> dict[st
             "answered": float(np.mean(res.end_reason == END_ANSWER)), "truncated": float(np.mean(r["truncated"]))}
 
 
+def episode_rewards(res: TextRolloutResult, rcfg: TextRLConfig) -> np.ndarray:
+    """[B] reward of each episode of ``res``:
+
+        r = r_perf - turn_cost * orch_steps  (+ overlong_penalty(L) with ``rcfg.overlong``)
+
+    where L [B] = ``res.loss_mask.sum(1)``, the tokens the policy sampled in the episode.
+    """
+    reward = res.rewards["r_perf"] - rcfg.turn_cost * res.orch_steps
+    if rcfg.overlong is not None:
+        sampled = np.asarray(res.loss_mask).sum(axis=1)
+        reward = reward + np.asarray(overlong_penalty(
+            sampled, rcfg.overlong.max_length, rcfg.overlong.cache_length))
+    return reward
+
+
 def rl_step(learner: Learner, state, rollout: TextRollout, task, problems: list, key, rcfg: TextRLConfig):
     """One RL step (module docstring, 3.); returns the new state and the step's metrics."""
     G = rcfg.group_size
@@ -178,7 +233,7 @@ def rl_step(learner: Learner, state, rollout: TextRollout, task, problems: list,
     t0 = time.perf_counter()
     res = rollout(state.params, state.params, [task.env(p) for p in episodes], episodes, key)
     t1 = time.perf_counter()
-    reward = res.rewards["r_perf"] - rcfg.turn_cost * res.orch_steps
+    reward = episode_rewards(res, rcfg)
     groups = jnp.repeat(jnp.arange(len(problems)), G)
     adv = compute_advantages(rcfg.advantage, jnp.asarray(reward), groups)
     keep = ~uniform_groups(jnp.asarray(reward), groups) if rcfg.dynamic_sampling else jnp.ones(len(episodes), bool)
@@ -192,7 +247,8 @@ def rl_step(learner: Learner, state, rollout: TextRollout, task, problems: list,
     metrics = {"reward": float(np.mean(reward)), "accuracy": float(np.mean(res.rewards["r_perf"])),
                "tool_calls": float(np.mean(res.rewards["tool_calls"])), "turns": float(np.mean(res.orch_steps)),
                "kept_groups": float(jnp.mean(keep)), "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
-               "segments": res.stats["segments"], "sampled_tokens": res.stats["sampled_tokens"]}
+               "segments": res.stats["segments"], "sampled_tokens": res.stats["sampled_tokens"],
+               "orch_sampled_tokens": float(np.mean(res.loss_mask.sum(axis=1)))}
     metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
     return state, metrics
 
