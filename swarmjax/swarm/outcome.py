@@ -134,16 +134,6 @@ def to_outcomes(cfg: WideSearchConfig, result: RolloutResult) -> list[Outcome]:
     return outs
 
 
-def summarize(result: RolloutResult, channels: dict[str, Array] | None = None) -> dict[str, float]:
-    """Batch means of the episode metrics (and reward channels, when given)."""
-    m = {"critical_steps": result.critical_steps, "total_steps": result.total_steps,
-         "subagents": result.spawned, "subagents_finished": result.finished,
-         "answered_frac": result.end_reason == wsj.END_ANSWER,
-         "tokens": result.length}
-    m.update(channels or {})
-    return {k: float(jnp.mean(jnp.asarray(v, jnp.float32))) for k, v in m.items()}
-
-
 def rollout_traces(cfg: WideSearchConfig, tasks: wsj.Tasks, result: RolloutResult, *,
                    channels: dict[str, Array] | None = None, prefix: str = "ep",
                    wall_clock_s: float = 0.0, limit: int | None = None) -> list[dict]:

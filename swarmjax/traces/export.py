@@ -1,8 +1,8 @@
 """Turn a wide-search episode into an orchestration trace (JSON, schema in ``schema.json``).
 
 Time ``t`` is the critical step at which an event happens: an orchestrator turn
-starting at critical step ``c`` happens at ``t = c``; a worker spawned there that
-takes ``s`` steps returns at ``t = c + s``; the orchestrator aggregates when the
+starting at critical step ``c`` happens at ``t = c``; a worker spawned by it (its steps
+start at ``c + 1``) that takes ``s`` steps returns at ``t = c + 1 + s``; the orchestrator aggregates when the
 slowest worker is done. So the Gantt chart of a trace *is* its critical path.
 """
 

@@ -5,8 +5,9 @@ One training step:
 1. ``tasks_per_step`` fresh tasks, each repeated ``group_size`` times (G samples per task);
 2. one jitted swarm rollout (:class:`~swarmjax.swarm.engine.SwarmRollout`): orchestrator
    with the trained params, sub-agents with the frozen warm-start params;
-3. PARL reward ``r_perf + lambda1(t) r_parallel + lambda2(t) r_finish - c * total_steps``
-   with ``lambda1``, ``lambda2`` annealed by the training step;
+3. PARL reward ``r_perf + lambda1(t) r_parallel + lambda2(t) r_finish - c * total_steps
+   - c_crit * critical_steps`` (:func:`~swarmjax.rl.parl.parl_reward`) with ``lambda1``,
+   ``lambda2`` annealed by the training step;
 4. group-relative advantages (GRPO / Dr. GRPO / batch std), optionally dynamic
    sampling (groups whose rewards are all equal get no loss tokens);
 5. one :class:`~swarmjax.rl.update.Learner` update (GSPO by default, several
