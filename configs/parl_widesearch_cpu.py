@@ -3,7 +3,7 @@
 Wide-search with n up to 16 and up to 8 sub-agents of <= 2 lookups (worker context 24
 fits two), critical-step budget 8 (serial work at n = 16 needs 17; the best split 5),
 a 0.6M-parameter Qwen3 trained for both roles by the warm start (2000 steps on 32k
-fresh demonstrations, 30% of them delegating the whole task over random chunks of 1-3
+fresh demonstrations, 30% of them delegating the whole task over random chunks of 1-2
 entities and answering what came back; greedy decoding of the result is serial),
 then 300 PARL steps with GSPO and Muon, half of each batch drawn from the tasks with
 n >= 12 (the only ones where the 7th and 8th sub-agent matter).
@@ -20,6 +20,16 @@ carried one-entity blocks to n = 16 and dropped entities there (item-F1 0.925, 0
 at 0.004 serial work stays the optimum up to n = 7 and two entities per sub-agent at
 n = 8 and 16. tests/test_parl_shaping.py checks over the whole schedule that a
 one-entity task never profits from delegating and that the 8th sub-agent always pays.
+
+Delegated chunks are at most 2 entities (sft.max_chunk = 2, a worker's capacity): with
+chunks of up to 3 (tried, seeds 0-3), a three-entity chunk comes back short, so a
+warm-start orchestrator almost never answered 15-16 pairs copied from sub-agent results,
+and PARL learned to drop the last entities rather than answer them: 2 of 4 seeds ended
+at 7 sub-agents (item-F1 0.889, 0.919), and even the 8-sub-agent seeds gave their 8th
+sub-agent one entity (F1 0.962-0.966). Forcing the 16th entity into that policy's spawn
+turn lowered its F1 from 0.966 to 0.903 (16 tasks): its answer could not copy a 16th
+pair. With chunks of 1-2 every delegated entity comes back; at n = 16 the only cover by
+8 chunks is 8 x 2, at smaller n the chunkings stay random.
 """
 
 from swarmjax.envs.widesearch import Vocab, WideSearchConfig
@@ -41,7 +51,7 @@ def get_config() -> TrainJob:
     return TrainJob(
         model=ModelConfig(vocab_size=Vocab(ENV).size, hidden_size=128, num_layers=3, num_heads=4,
                           num_kv_heads=2, head_dim=32, intermediate_size=384),
-        sft=SFTConfig(steps=2000, batch=32, demos=32768, spawn_fraction=0.3, max_chunk=3,
+        sft=SFTConfig(steps=2000, batch=32, demos=32768, spawn_fraction=0.3, max_chunk=2,
                       optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=2000)),
         parl=PARLTrainConfig(
             rollout=RolloutConfig(env=ENV),

@@ -99,6 +99,30 @@ def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
     assert "no finalised checkpoint for step 7" in capsys.readouterr().err
 
 
+def test_warm_start_from_another_run(tmp_path, small, capsys):
+    base, arm = tmp_path / "base", tmp_path / "arm"
+    assert train(base, small, "parl_steps=2") == 0
+    assert os.path.exists(base / "warm_start" / "meta.json")
+    # a PARL ablation from the same warm start: no SFT stage, the same frozen sub-agents
+    assert train(arm, small, "parl_steps=2", "parl.parl.lambda1=0.0", f"warm_start_from='{base}'") == 0
+    assert rows(arm / "metrics.jsonl", "sft") == [] and len(rows(arm / "metrics.jsonl")) == 2
+    summary = lambda d: json.loads((d / "summary.json").read_text())
+    assert summary(arm)["warm_start"] == summary(base)["warm_start"]
+    assert summary(arm)["sft_accuracy"] == summary(base)["sft_accuracy"]
+    a, _ = final_state(base, small, 2)
+    b, _ = final_state(arm, small, 2)
+    same = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)),
+                        a.frozen["workers"], b.frozen["workers"])
+    assert all(jax.tree.leaves(same))
+    # a warm start made for another model, or none at all: one line
+    capsys.readouterr()
+    assert train(tmp_path / "bad", small, "model.num_layers=2", f"warm_start_from='{base}'") == 2
+    err = capsys.readouterr().err.strip()
+    assert "warm_start_from" in err and "another model" in err and len(err.splitlines()) == 1
+    assert train(tmp_path / "none", small, f"warm_start_from='{tmp_path}'") == 2
+    assert "holds no warm start" in capsys.readouterr().err
+
+
 def tb_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
     """Scalar series of a TensorBoard run directory, read the way TensorBoard does:
     event files in name order, and a ``SessionLog.START`` at step s (tensorboardX's

@@ -44,6 +44,7 @@ from swarmjax.swarm.outcome import rollout_traces
 from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.sft import SFTConfig, train_sft
+from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
 EVAL_KEYS = ("item_f1", "critical_steps", "total_steps", "subagents", "no_spawn_fraction")
 
@@ -97,6 +98,9 @@ class TrainJob:
     eval_every: int = 50              # PARL steps between evaluations (0: only at the end)
     traces_per_eval: int = 2          # episodes per task size saved as traces
     seed: int = 0
+    # the workdir of an earlier run with the same model, SFT settings, task and seed:
+    # start from its warm start (<dir>/warm_start/) instead of running the SFT stage
+    warm_start_from: str | None = None
 
     def validate(self) -> None:
         """One-line errors for configs that cannot run, before anything compiles."""
@@ -135,10 +139,12 @@ class TrainJob:
     def identity(self) -> dict[str, str]:
         """The fields that define what a run computes, as reprs: a run may be resumed
         (or evaluated) with other step counts, evaluation settings, checkpoint policy,
-        mesh or data directory, but not with another model, task set or training
+        mesh, data directory or warm-start source (the same warm start, by its identity
+        check), but not with another model, task set or training
         configuration."""
         same = dataclasses.replace(self, parl_steps=0, eval_sizes=(1,), eval_episodes=1, eval_every=0,
                                    traces_per_eval=0, checkpoint=CheckpointConfig(), mesh=None,
+                                   warm_start_from=None,
                                    data=dataclasses.replace(self.data, data_dir=None))
         return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)}
 
@@ -266,21 +272,25 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
         warm = jax.tree.map(jax.numpy.copy, state.frozen["workers"])   # the learner donates its state
     else:                                             # stage 1: warm start
         log = JobLog(workdir, None, enabled=primary)
-        params = init_params(job.model, jax.random.fold_in(key, 0))
-        bar = progress_bar(job.sft.steps, "warm start (SFT)", progress)
+        init = lambda: init_params(job.model, jax.random.fold_in(key, 0))
+        if job.warm_start_from:
+            warm, sft_accuracy = load_warm_start(job, job.warm_start_from, jax.eval_shape(init))
+        else:
+            bar = progress_bar(job.sft.steps, "warm start (SFT)", progress)
 
-        def on_sft(i, m):
-            log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
-            bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.2f}",
-                            worker_acc=f"{m['worker_acc']:.2f}")
-            bar.update()
-        # budget lifted: the demonstrations are serial-heavy
-        warm, sft_report = train_sft(params, job.model, dataclasses.replace(env, budget=None), job.sft, on_sft)
-        bar.close()
+            def on_sft(i, m):
+                log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
+                bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.2f}",
+                                worker_acc=f"{m['worker_acc']:.2f}")
+                bar.update()
+            # budget lifted: the demonstrations are serial-heavy
+            warm, sft_report = train_sft(init(), job.model, dataclasses.replace(env, budget=None), job.sft, on_sft)
+            bar.close()
+            sft_accuracy = {k: v for k, v in sft_report["after"].items() if k.endswith("_acc")}
+            save_warm_start(job, workdir, warm, sft_accuracy)
         state = trainer.init(warm, worker_params=warm)
         meta = {"parl_step": 0, "seed": job.seed, "wall_clock_s": 0.0, "data": train_iter.get_state(),
-                "job": job.identity(),
-                "sft_accuracy": {k: v for k, v in sft_report["after"].items() if k.endswith("_acc")}}
+                "job": job.identity(), "sft_accuracy": sft_accuracy}
     if primary:
         with open(os.path.join(workdir, "config.txt"), "w") as f:
             f.write(repr(job) + "\n")

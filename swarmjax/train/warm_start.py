@@ -1,0 +1,78 @@
+"""A job's warm start as a reusable artifact: ``<workdir>/warm_start/``.
+
+Ablations of the PARL stage (another reward channel, loss, budget...) all start from
+the same warm start when the model, the SFT settings, the task and the seed are the
+same, and the warm start is most of a CPU run's wall clock. So ``run_job`` writes the
+warm-started params once, next to the run's checkpoints, and a later job may start from
+them (``TrainJob.warm_start_from = <that workdir>``) instead of repeating the SFT:
+
+* ``warm_start/params/``: the params pytree, orbax ``StandardCheckpointer`` (any mesh,
+  local or cloud paths);
+* ``warm_start/meta.json``: what produced them (:func:`warm_identity`: model, SFT
+  config, the task with its budget lifted as the SFT sees it, job seed) and the
+  held-out per-role SFT accuracy the job reports.
+
+Loading checks that identity field by field: params trained for another model or on
+other demonstrations are refused with one line naming the fields that differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+
+__all__ = ["warm_identity", "save_warm_start", "load_warm_start"]
+
+_PARAMS, _META = "params", "meta.json"
+
+
+def warm_identity(job) -> dict[str, str]:
+    """The fields of a :class:`~swarmjax.train.job.TrainJob` that determine its warm
+    start, as reprs: the model, the SFT config, the task (budget lifted: the SFT runs
+    without it) and the job seed (the params' initialisation)."""
+    env = dataclasses.replace(job.parl.rollout.env, budget=None)
+    return {"model": repr(job.model), "sft": repr(job.sft), "env": repr(env), "seed": repr(job.seed)}
+
+
+def _dir(workdir: str) -> str:
+    return os.path.join(workdir, "warm_start")
+
+
+def save_warm_start(job, workdir: str, params: Any, sft_accuracy: dict[str, float]) -> None:
+    """Write ``params`` and their identity to ``<workdir>/warm_start/`` (all processes
+    call this; process 0 writes the JSON)."""
+    import orbax.checkpoint as ocp
+
+    path = os.path.abspath(_dir(workdir))
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(os.path.join(path, _PARAMS), params, force=True)
+    if jax.process_index() == 0:
+        with open(os.path.join(path, _META), "w") as f:
+            json.dump({"identity": warm_identity(job), "sft_accuracy": sft_accuracy}, f, indent=2)
+
+
+def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[str, float]]:
+    """The warm start written by the run in ``workdir``, for ``job``: (params laid out
+    as ``abstract_params``, the SFT accuracy it reported). Raises ``ValueError`` (one
+    line) when there is none or it was made for another model, SFT config, task or seed."""
+    import orbax.checkpoint as ocp
+
+    path = os.path.abspath(_dir(workdir))
+    meta_file = os.path.join(path, _META)
+    if not os.path.exists(meta_file):
+        raise ValueError(f"warm_start_from: {workdir} holds no warm start ({meta_file} is missing; "
+                         "runs write it once their SFT stage ends)")
+    with open(meta_file) as f:
+        meta = json.load(f)
+    mine, saved = warm_identity(job), meta.get("identity", {})
+    diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
+    if diff:
+        raise ValueError(f"warm_start_from: the warm start in {workdir} was made with another "
+                         f"{', '.join(diff)} (it must match the job's model, sft, task and seed)")
+    with ocp.StandardCheckpointer() as ckpt:
+        params = ckpt.restore(os.path.join(path, _PARAMS), abstract_params)
+    return params, meta["sft_accuracy"]
