@@ -1,0 +1,215 @@
+"""The claims behind PARL and GSPO as experiments on the default CPU job.
+
+    python experiments/run.py serial_collapse            # seeds 0 1 2
+    python experiments/run.py budget --seeds 0 1 2 --jobs 2
+    python experiments/run.py gspo_vs_grpo --base 'runs/cpu_s{seed}'
+
+Each experiment compares arms of ``configs/parl_widesearch_cpu.py`` that differ only in
+their PARL stage (the ``--set`` overrides below), over several seeds. Every arm of a
+seed starts from the same warm start: the ``default`` arm is the default job itself
+(``--base``, a workdir pattern with ``{seed}``; run there if it does not exist yet), and
+the other arms reuse its warm start (``TrainJob.warm_start_from``), so an experiment
+costs one PARL stage per extra arm and seed (~6 minutes alone on the 2-core dev machine).
+
+Outputs, in ``--out`` (default ``docs/experiments``): ``<name>.md`` (the claim, its
+source, the arms, a table of the final held-out figures per arm and seed with the mean
+and the worst seed, and the n = 16 validation curve at every evaluation) and
+``<name>.png`` (training-batch curves, mean over seeds, one line per arm). The runs
+themselves go to ``--runs`` (default ``runs/experiments/<name>/<arm>_s<seed>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "parl_widesearch_cpu.py")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    claim: str
+    source: str
+    arms: dict[str, tuple[str, ...]]          # arm -> --set overrides ("default": the base job)
+    curves: tuple[str, ...]                   # metrics.jsonl keys plotted per PARL step
+
+
+EXPERIMENTS = {
+    "serial_collapse": Experiment(
+        claim="Without the r_parallel channel (lambda1 = 0) the orchestrator stays serial: a "
+              "serial warm start is a local optimum that the outcome reward alone does not leave "
+              "(\"serial collapse\").",
+        source="Kimi K2.5 technical report, arXiv 2602.02276, section on PARL (r_parallel "
+               "against serial collapse)",
+        arms={"default": (), "no_r_parallel": ("parl.parl.lambda1=0.0",)},
+        curves=("subagents", "critical_steps", "item_f1", "reward")),
+    "budget": Experiment(
+        claim="Training under a critical-step budget below the serial cost is what makes "
+              "parallel plans necessary; without it the step costs alone must carry that "
+              "pressure (our budget rule, in the spirit of K2.5's critical-steps metric).",
+        source="Kimi K2.5 technical report, arXiv 2602.02276 (critical steps as the cost); "
+               "the budget rule is ours (docs/design.md section 4)",
+        arms={"default": (), "no_budget": ("parl.rollout.env.budget=None",)},
+        curves=("subagents", "critical_steps", "item_f1", "reward")),
+    "gspo_vs_grpo": Experiment(
+        claim="GSPO (one clipped, length-normalised sequence ratio, clip 3e-4 / 4e-4) trains "
+              "at least as well as token-level GRPO (clip 0.2) for the same number of steps, "
+              "with far more tokens clipped.",
+        source="GSPO, arXiv 2507.18071 (sequence-level ratio and clipping; clip fractions "
+               "two orders of magnitude above GRPO's)",
+        arms={"default": (), "grpo": ("parl.update.loss.name='grpo'", "parl.update.loss.eps_low=0.2",
+                                       "parl.update.loss.eps_high=0.2")},
+        curves=("reward", "item_f1", "learner/clip_fraction", "critical_steps")),
+}
+
+
+def _train(workdir: str, seed: int, overrides: tuple[str, ...], log: str) -> None:
+    args = [sys.executable, "-m", "swarmjax.cli", "train", "--config", CONFIG, "--workdir", workdir,
+            "--no-progress", "--set", f"seed={seed}"]
+    for o in overrides:
+        args += ["--set", o]
+    with open(log, "w") as f:
+        subprocess.run(args, check=True, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str, jobs: int) -> dict:
+    """Run what is missing; returns {arm: {seed: workdir}}."""
+    dirs = {arm: {s: (base.format(seed=s) if arm == "default" else os.path.join(runs, name, f"{arm}_s{s}"))
+                  for s in seeds} for arm in exp.arms}
+    done = lambda d: os.path.exists(os.path.join(d, "summary.json"))
+    for s in seeds:                                   # the base runs first: the others need their warm start
+        d = dirs["default"][s]
+        if not done(d):
+            os.makedirs(os.path.dirname(os.path.abspath(d)), exist_ok=True)
+            print(f"[{name}] default job, seed {s} -> {d}", flush=True)
+            _train(d, s, (), d.rstrip("/") + ".log")
+    todo = [(arm, s) for arm in exp.arms if arm != "default" for s in seeds if not done(dirs[arm][s])]
+
+    def one(item):
+        arm, s = item
+        d = dirs[arm][s]
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        print(f"[{name}] {arm}, seed {s} -> {d}", flush=True)
+        _train(d, s, exp.arms[arm] + (f"warm_start_from='{os.path.abspath(dirs['default'][s])}'",), d + ".log")
+
+    with ThreadPoolExecutor(max(jobs, 1)) as pool:
+        list(pool.map(one, todo))
+    return dirs
+
+
+def _final(d: str) -> dict:
+    s = json.load(open(os.path.join(d, "summary.json")))
+    f16, f1 = s["final"]["16"], s["final"]["1"]
+    return {"f1_16": f16["item_f1"], "crit_16": f16["critical_steps"], "subagents_16": f16["subagents"],
+            "total_16": f16["total_steps"], "nospawn_1": f1["no_spawn_fraction"],
+            "warm_crit_16": s["warm_start"]["16"]["critical_steps"]}
+
+
+def _curve(d: str, key: str) -> tuple[list[int], list[float]]:
+    rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+    rows = [r for r in rows if r.get("stage") == "parl"]
+    return [r["step"] + 1 for r in rows], [float(r[key]) for r in rows]
+
+
+def _validation(d: str) -> dict[int, dict]:
+    out = {}
+    for line in open(os.path.join(d, "eval.jsonl")):
+        r = json.loads(line)
+        if r["policy"] == "parl" and r["split"] == "validation" and r["n"] == 16:
+            out[r["step"]] = r
+    return out
+
+
+def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
+    """Write ``<out>/<name>.md`` and ``<name>.png``; returns the markdown."""
+    seeds = sorted(next(iter(dirs.values())))
+    lines = [f"### {name}", "", f"**Claim.** {exp.claim}", "", f"**Source.** {exp.source}", "",
+             "**Arms** (overrides of `configs/parl_widesearch_cpu.py`, same warm start per seed): " +
+             "; ".join(f"`{a}`: " + (", ".join(f"`--set {o}`" for o in ov) or "the default job")
+                       for a, ov in exp.arms.items()), "",
+             "Held-out test tasks, greedy, budget lifted, after the last PARL step:", "",
+             "| arm | seed | n=16 item-F1 | n=16 critical steps | n=16 sub-agents | n=16 total steps "
+             "| n=1 no-spawn |", "|---|---|---|---|---|---|---|"]
+    keys = ("f1_16", "crit_16", "subagents_16", "total_16", "nospawn_1")
+    for arm, by_seed in dirs.items():
+        rows = {s: _final(d) for s, d in by_seed.items()}
+        for s in seeds:
+            r = rows[s]
+            lines.append(f"| {arm} | {s} | " + " | ".join(f"{r[k]:.3f}" if k == "f1_16" else f"{r[k]:.2f}"
+                                                          for k in keys) + " |")
+        mean = {k: sum(r[k] for r in rows.values()) / len(rows) for k in keys}
+        worst = {"f1_16": min(r["f1_16"] for r in rows.values()), "crit_16": max(r["crit_16"] for r in rows.values()),
+                 "subagents_16": min(r["subagents_16"] for r in rows.values()),
+                 "total_16": max(r["total_16"] for r in rows.values()),
+                 "nospawn_1": min(r["nospawn_1"] for r in rows.values())}
+        for label, agg in (("mean", mean), ("worst", worst)):
+            lines.append(f"| {arm} | **{label}** | " + " | ".join(
+                f"{agg[k]:.3f}" if k == "f1_16" else f"{agg[k]:.2f}" for k in keys) + " |")
+    lines += ["", "n = 16 validation tasks during training (mean over seeds: item-F1 / critical steps / "
+                  "sub-agents):", "", "| PARL step | " + " | ".join(dirs) + " |", "|---|" + "---|" * len(dirs)]
+    vals = {arm: [_validation(d) for d in by_seed.values()] for arm, by_seed in dirs.items()}
+    steps = sorted(set.intersection(*[set(v) for vs in vals.values() for v in vs]))
+    for st in steps:
+        cells = []
+        for arm in dirs:
+            rs = [v[st] for v in vals[arm]]
+            m = lambda k: sum(r[k] for r in rs) / len(rs)
+            cells.append(f"{m('item_f1'):.3f} / {m('critical_steps'):.2f} / {m('subagents'):.2f}")
+        lines.append(f"| {st} | " + " | ".join(cells) + " |")
+    lines += ["", f"![{name}]({name}.png)", ""]
+    md = "\n".join(lines)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write(md)
+    _plot(exp, name, dirs, os.path.join(out, f"{name}.png"))
+    return md
+
+
+def _plot(exp: Experiment, name: str, dirs: dict, path: str, smooth: int = 10) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(exp.curves), figsize=(4.2 * len(exp.curves), 3.2))
+    for ax, key in zip(np.atleast_1d(axes), exp.curves):
+        for arm, by_seed in dirs.items():
+            ys = [np.asarray(_curve(d, key)[1]) for d in by_seed.values()]
+            n = min(len(y) for y in ys)
+            y = np.mean([y[:n] for y in ys], axis=0)
+            y = np.convolve(y, np.ones(smooth) / smooth, mode="valid") if n >= smooth else y
+            ax.plot(np.arange(len(y)) + (smooth if n >= smooth else 1), y, label=arm)
+        ax.set_title(f"{key} (training batch, mean of {len(next(iter(dirs.values())))} seeds)", fontsize=8)
+        ax.set_xlabel("PARL step")
+    np.atleast_1d(axes)[0].legend(fontsize=8)
+    fig.suptitle(name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--base", default="runs/experiments/default_s{seed}",
+                   help="workdir pattern of the default job per seed (run there if missing)")
+    p.add_argument("--runs", default="runs/experiments")
+    p.add_argument("--out", default="docs/experiments")
+    p.add_argument("--jobs", type=int, default=1, help="arms run at once")
+    args = p.parse_args(argv)
+    if "{seed}" not in args.base:
+        p.error("--base must contain {seed}")
+    exp = EXPERIMENTS[args.experiment]
+    dirs = run_arms(exp, args.experiment, args.seeds, args.base, args.runs, args.jobs)
+    print(report(exp, args.experiment, dirs, args.out))
+
+
+if __name__ == "__main__":
+    main()
