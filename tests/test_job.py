@@ -109,6 +109,7 @@ def test_warm_start_from_another_run(tmp_path, small, capsys):
     summary = lambda d: json.loads((d / "summary.json").read_text())
     assert summary(arm)["warm_start"] == summary(base)["warm_start"]
     assert summary(arm)["sft_accuracy"] == summary(base)["sft_accuracy"]
+    assert os.path.exists(arm / "warm_start" / "meta.json")          # a source for the next ablation
     a, _ = final_state(base, small, 2)
     b, _ = final_state(arm, small, 2)
     same = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)),

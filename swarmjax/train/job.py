@@ -274,7 +274,10 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
         log = JobLog(workdir, None, enabled=primary)
         init = lambda: init_params(job.model, jax.random.fold_in(key, 0))
         if job.warm_start_from:
-            warm, sft_accuracy = load_warm_start(job, job.warm_start_from, jax.eval_shape(init))
+            local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])     # as train_sft returns it
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=local),
+                                  jax.eval_shape(init))
+            warm, sft_accuracy = load_warm_start(job, job.warm_start_from, shapes)
         else:
             bar = progress_bar(job.sft.steps, "warm start (SFT)", progress)
 
@@ -287,8 +290,10 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
             warm, sft_report = train_sft(init(), job.model, dataclasses.replace(env, budget=None), job.sft, on_sft)
             bar.close()
             sft_accuracy = {k: v for k, v in sft_report["after"].items() if k.endswith("_acc")}
-            save_warm_start(job, workdir, warm, sft_accuracy)
         state = trainer.init(warm, worker_params=warm)
+        # every run's workdir holds its warm start: the frozen sub-agents, laid out on the
+        # trainer's mesh (global arrays: every process writes its shards)
+        save_warm_start(job, workdir, state.frozen["workers"], sft_accuracy)
         meta = {"parl_step": 0, "seed": job.seed, "wall_clock_s": 0.0, "data": train_iter.get_state(),
                 "job": job.identity(), "sft_accuracy": sft_accuracy}
     if primary:

@@ -2,9 +2,10 @@
 
 Ablations of the PARL stage (another reward channel, loss, budget...) all start from
 the same warm start when the model, the SFT settings, the task and the seed are the
-same, and the warm start is most of a CPU run's wall clock. So ``run_job`` writes the
-warm-started params once, next to the run's checkpoints, and a later job may start from
-them (``TrainJob.warm_start_from = <that workdir>``) instead of repeating the SFT:
+same, and the warm start is most of a CPU run's wall clock. So every ``run_job`` writes
+its warm-started params (trained, or reused) next to its checkpoints, and a later job
+may start from them (``TrainJob.warm_start_from = <that workdir>``) instead of repeating
+the SFT:
 
 * ``warm_start/params/``: the params pytree, orbax ``StandardCheckpointer`` (any mesh,
   local or cloud paths);
