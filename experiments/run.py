@@ -70,10 +70,14 @@ EXPERIMENTS = {
 
 
 def _train(workdir: str, seed: int, overrides: tuple[str, ...], log: str) -> None:
+    """Run one arm; an arm interrupted before its summary continues from its checkpoints."""
     args = [sys.executable, "-m", "swarmjax.cli", "train", "--config", CONFIG, "--workdir", workdir,
             "--no-progress", "--set", f"seed={seed}"]
     for o in overrides:
         args += ["--set", o]
+    ckpts = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts)):
+        args.append("--resume")
     with open(log, "w") as f:
         subprocess.run(args, check=True, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
 
