@@ -206,10 +206,10 @@ class Checkpointer:
         except ValueError:
             return False
 
-    def _is_scored(self, step: int) -> bool:
-        """Whether checkpoint ``step`` recorded a (finite) ``best_metric``."""
+    def _score(self, step: int) -> float | None:
+        """The (finite) ``best_metric`` checkpoint ``step`` recorded, or None (unscored)."""
         metrics = self._mngr.metrics(step)
-        return metrics is not None and self.best_metric in metrics
+        return None if metrics is None else metrics.get(self.best_metric)
 
     def all_steps(self) -> list[int]:
         """Finalised checkpoint steps, ascending."""
@@ -230,11 +230,10 @@ class Checkpointer:
         best = self._mngr.best_step()
         if best is None or self._is_complete(best):
             # unscored checkpoints rank last: if orbax's best has no score, none has
-            return best if best is not None and self._is_scored(best) else None
+            return best if best is not None and self._score(best) is not None else None
         # The best is the save still in flight; until it is finalised the previous best
         # is still on disk (orbax deletes only after finalising).
-        scored = [(self._mngr.metrics(s)[self.best_metric], s) for s in self.all_steps()
-                  if self._is_scored(s)]
+        scored = [(v, s) for s in self.all_steps() if (v := self._score(s)) is not None]
         if not scored:
             return None
         return (max if self.best_mode == "max" else min)(scored)[1]

@@ -274,10 +274,11 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
         log = JobLog(workdir, None, enabled=primary)
         init = lambda: init_params(job.model, jax.random.fold_in(key, 0))
         if job.warm_start_from:
+            from swarmjax.train.checkpoint import abstract_state
+
             local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])     # as train_sft returns it
-            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=local),
-                                  jax.eval_shape(init))
-            warm, sft_accuracy = load_warm_start(job, job.warm_start_from, shapes)
+            warm, sft_accuracy = load_warm_start(job, job.warm_start_from,
+                                                 abstract_state(jax.eval_shape(init), local))
         else:
             bar = progress_bar(job.sft.steps, "warm start (SFT)", progress)
 
