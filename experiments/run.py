@@ -38,6 +38,12 @@ class Experiment:
     source: str
     arms: dict[str, tuple[str, ...]]          # arm -> --set overrides ("default": the base job)
     curves: tuple[str, ...]                   # metrics.jsonl keys plotted per PARL step
+    # overrides of every arm: a variant of the task. Then the "default" arm is a run of
+    # the variant too, and every arm starts from the base job's warm start, transferred
+    # (warm_start_match = ("model",): the SFT demonstrations were the base task's)
+    variant: tuple[str, ...] = ()
+    # metrics.jsonl keys whose mean over all PARL steps goes into the table
+    train_means: tuple[str, ...] = ()
 
 
 EXPERIMENTS = {
@@ -55,7 +61,9 @@ EXPERIMENTS = {
               "pressure (our budget rule, in the spirit of K2.5's critical-steps metric).",
         source="Kimi K2.5 technical report, arXiv 2602.02276 (critical steps as the cost); "
                "the budget rule is ours (docs/design.md section 4)",
-        arms={"default": (), "no_budget": ("parl.rollout.env.budget=None",)},
+        arms={"default": (), "no_budget": ("parl.rollout.env.budget=None",),
+              # the serial-collapse claim where K2.5 makes it: no budget and no r_parallel
+              "no_budget_no_r_parallel": ("parl.rollout.env.budget=None", "parl.parl.lambda1=0.0")},
         curves=("subagents", "critical_steps", "item_f1", "reward")),
     "gspo_vs_grpo": Experiment(
         claim="GSPO (one clipped, length-normalised sequence ratio, clip 3e-4 / 4e-4) trains "
@@ -65,7 +73,21 @@ EXPERIMENTS = {
                "two orders of magnitude above GRPO's)",
         arms={"default": (), "grpo": ("parl.update.loss.name='grpo'", "parl.update.loss.eps_low=0.2",
                                        "parl.update.loss.eps_high=0.2")},
-        curves=("reward", "item_f1", "learner/clip_fraction", "critical_steps")),
+        curves=("reward", "item_f1", "learner/clip_fraction", "critical_steps"),
+        train_means=("learner/clip_fraction", "learner/approx_kl", "reward")),
+    "spurious_parallelism": Experiment(
+        claim="Without the r_finish channel (lambda2 = 0) the orchestrator learns to spawn "
+              "sub-agents that do not finish (\"spurious parallelism\"): r_parallel pays for "
+              "spawning, r_finish for sub-agents that return.",
+        source="Kimi K2.5 technical report, arXiv 2602.02276, section on PARL (r_finish against "
+               "spurious parallelism)",
+        arms={"default": (), "no_r_finish": ("parl.parl.lambda2=0.0",)},
+        curves=("subagents", "finished_subagents", "critical_steps", "item_f1"),
+        train_means=("subagents", "finished_subagents", "item_f1"),
+        # sub-agents that can fail: a worker has 2 steps, so it finishes one lookup and its
+        # return; a chunk of 2 entities (half the warm start's delegations) is stopped.
+        # Budget 12 = the fewest critical steps at n = 16 then (8 x 1 delegated, 8 serial)
+        variant=("parl.rollout.env.subagent_steps=2", "parl.rollout.env.budget=12")),
 }
 
 
@@ -84,23 +106,26 @@ def _train(workdir: str, seed: int, overrides: tuple[str, ...], log: str) -> Non
 
 def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str, jobs: int) -> dict:
     """Run what is missing; returns {arm: {seed: workdir}}."""
-    dirs = {arm: {s: (base.format(seed=s) if arm == "default" else os.path.join(runs, name, f"{arm}_s{s}"))
+    own = lambda arm: arm != "default" or bool(exp.variant)       # arms run here (not the base job)
+    dirs = {arm: {s: (os.path.join(runs, name, f"{arm}_s{s}") if own(arm) else base.format(seed=s))
                   for s in seeds} for arm in exp.arms}
     done = lambda d: os.path.exists(os.path.join(d, "summary.json"))
     for s in seeds:                                   # the base runs first: the others need their warm start
-        d = dirs["default"][s]
+        d = base.format(seed=s)
         if not done(d):
             os.makedirs(os.path.dirname(os.path.abspath(d)), exist_ok=True)
             print(f"[{name}] default job, seed {s} -> {d}", flush=True)
             _train(d, s, (), d.rstrip("/") + ".log")
-    todo = [(arm, s) for arm in exp.arms if arm != "default" for s in seeds if not done(dirs[arm][s])]
+    todo = [(arm, s) for arm in exp.arms if own(arm) for s in seeds if not done(dirs[arm][s])]
+    transfer = exp.variant + (("warm_start_match=('model',)",) if exp.variant else ())
 
     def one(item):
         arm, s = item
         d = dirs[arm][s]
         os.makedirs(os.path.dirname(d), exist_ok=True)
         print(f"[{name}] {arm}, seed {s} -> {d}", flush=True)
-        _train(d, s, exp.arms[arm] + (f"warm_start_from='{os.path.abspath(dirs['default'][s])}'",), d + ".log")
+        _train(d, s, exp.arms[arm] + transfer + (f"warm_start_from='{os.path.abspath(base.format(seed=s))}'",),
+               d + ".log")
 
     with ThreadPoolExecutor(max(jobs, 1)) as pool:
         list(pool.map(one, todo))
@@ -111,8 +136,21 @@ def _final(d: str) -> dict:
     s = json.load(open(os.path.join(d, "summary.json")))
     f16, f1 = s["final"]["16"], s["final"]["1"]
     return {"f1_16": f16["item_f1"], "crit_16": f16["critical_steps"], "subagents_16": f16["subagents"],
+            "finished_16": f16.get("finished_subagents", _final_test_row(d).get("finished_subagents", float("nan"))),
             "total_16": f16["total_steps"], "nospawn_1": f1["no_spawn_fraction"],
             "warm_crit_16": s["warm_start"]["16"]["critical_steps"]}
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / max(len(xs), 1)
+
+
+def _final_test_row(d: str) -> dict:
+    """The last n = 16 test-split evaluation of the trained policy in ``eval.jsonl`` (runs
+    whose summary.json predates a figure still logged it there)."""
+    rows = [json.loads(line) for line in open(os.path.join(d, "eval.jsonl"))]
+    rows = [r for r in rows if r["policy"] == "final" and r["split"] == "test" and r["n"] == 16]
+    return rows[-1] if rows else {}
 
 
 def _curve(d: str, key: str) -> tuple[list[int], list[float]]:
@@ -133,28 +171,35 @@ def _validation(d: str) -> dict[int, dict]:
 def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
     """Write ``<out>/<name>.md`` and ``<name>.png``; returns the markdown."""
     seeds = sorted(next(iter(dirs.values())))
-    lines = [f"### {name}", "", f"**Claim.** {exp.claim}", "", f"**Source.** {exp.source}", "",
-             "**Arms** (overrides of `configs/parl_widesearch_cpu.py`, same warm start per seed): " +
-             "; ".join(f"`{a}`: " + (", ".join(f"`--set {o}`" for o in ov) or "the default job")
-                       for a, ov in exp.arms.items()), "",
-             "Held-out test tasks, greedy, budget lifted, after the last PARL step:", "",
-             "| arm | seed | n=16 item-F1 | n=16 critical steps | n=16 sub-agents | n=16 total steps "
-             "| n=1 no-spawn |", "|---|---|---|---|---|---|---|"]
-    keys = ("f1_16", "crit_16", "subagents_16", "total_16", "nospawn_1")
+    # (key of _final, header, worst of the seeds)
+    cols = [("f1_16", "n=16 item-F1", min), ("crit_16", "n=16 critical steps", max),
+            ("subagents_16", "n=16 sub-agents", min)]
+    if "finished_subagents" in exp.curves:
+        cols.append(("finished_16", "n=16 finished sub-agents", min))
+    cols += [("total_16", "n=16 total steps", max), ("nospawn_1", "n=1 no-spawn", min)]
+    cols += [(k, f"{k} (mean over PARL steps)", None) for k in exp.train_means]   # no "worst"
+    fmt = lambda k, v: (f"{v:.3f}" if k == "f1_16" else f"{v:.2e}" if k in exp.train_means and abs(v) < 0.01
+                        else f"{v:.4f}" if k in exp.train_means else f"{v:.2f}")
+    arms = "; ".join(f"`{a}`: " + (", ".join(f"`--set {o}`" for o in ov) or
+                                  ("no other override" if exp.variant else "the default job"))
+                     for a, ov in exp.arms.items())
+    lines = [f"### {name}", "", f"**Claim.** {exp.claim}", "", f"**Source.** {exp.source}", ""]
+    if exp.variant:
+        lines += ["**Task variant** (every arm, PARL stage only, from the default job's warm start): " +
+                  ", ".join(f"`--set {o}`" for o in exp.variant), ""]
+    lines += ["**Arms** (overrides of `configs/parl_widesearch_cpu.py`, same warm start per seed): " + arms, "",
+              "Held-out test tasks, greedy, budget lifted, after the last PARL step:", "",
+              "| arm | seed | " + " | ".join(h for _, h, _ in cols) + " |", "|---|---|" + "---|" * len(cols)]
     for arm, by_seed in dirs.items():
-        rows = {s: _final(d) for s, d in by_seed.items()}
+        rows = {s: {**_final(d), **{k: _mean(_curve(d, k)[1]) for k in exp.train_means}}
+                for s, d in by_seed.items()}
         for s in seeds:
-            r = rows[s]
-            lines.append(f"| {arm} | {s} | " + " | ".join(f"{r[k]:.3f}" if k == "f1_16" else f"{r[k]:.2f}"
-                                                          for k in keys) + " |")
-        mean = {k: sum(r[k] for r in rows.values()) / len(rows) for k in keys}
-        worst = {"f1_16": min(r["f1_16"] for r in rows.values()), "crit_16": max(r["crit_16"] for r in rows.values()),
-                 "subagents_16": min(r["subagents_16"] for r in rows.values()),
-                 "total_16": max(r["total_16"] for r in rows.values()),
-                 "nospawn_1": min(r["nospawn_1"] for r in rows.values())}
-        for label, agg in (("mean", mean), ("worst", worst)):
-            lines.append(f"| {arm} | **{label}** | " + " | ".join(
-                f"{agg[k]:.3f}" if k == "f1_16" else f"{agg[k]:.2f}" for k in keys) + " |")
+            lines.append(f"| {arm} | {s} | " + " | ".join(fmt(k, rows[s][k]) for k, _, _ in cols) + " |")
+        mean = {k: sum(r[k] for r in rows.values()) / len(rows) for k, _, _ in cols}
+        worst = {k: agg(r[k] for r in rows.values()) if agg else None for k, _, agg in cols}
+        for label, vals in (("mean", mean), ("worst", worst)):
+            lines.append(f"| {arm} | **{label}** | " + " | ".join("-" if vals[k] is None else fmt(k, vals[k])
+                                                                  for k, _, _ in cols) + " |")
     lines += ["", "n = 16 validation tasks during training (mean over seeds: item-F1 / critical steps / "
                   "sub-agents):", "", "| PARL step | " + " | ".join(dirs) + " |", "|---|" + "---|" * len(dirs)]
     vals = {arm: [_validation(d) for d in by_seed.values()] for arm, by_seed in dirs.items()}

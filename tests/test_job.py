@@ -51,7 +51,7 @@ def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
     summary = json.loads((full / "summary.json").read_text())
     assert set(summary["warm_start"]) == set(summary["final"]) == {"1", "16"}
     assert set(summary["final"]["16"]) == {"item_f1", "critical_steps", "total_steps", "subagents",
-                                           "no_spawn_fraction"}
+                                           "finished_subagents", "no_spawn_fraction"}
     assert [r["step"] for r in rows(full / "metrics.jsonl")] == [0, 1, 2, 3]
     assert len(rows(full / "metrics.jsonl", "sft")) == 6
     assert "| 16 | final |" in capsys.readouterr().out
@@ -122,6 +122,14 @@ def test_warm_start_from_another_run(tmp_path, small, capsys):
     assert "warm_start_from" in err and "another model" in err and len(err.splitlines()) == 1
     assert train(tmp_path / "none", small, f"warm_start_from='{tmp_path}'") == 2
     assert "holds no warm start" in capsys.readouterr().err
+    # a variant of the task: refused by default, transferred when only the model must match,
+    # and the copy keeps the identity it was made with (not the variant's)
+    variant = (f"warm_start_from='{base}'", "parl.rollout.env.subagent_steps=3", "parl_steps=1")
+    assert train(tmp_path / "variant", small, *variant) == 2
+    assert "another env" in capsys.readouterr().err
+    assert train(tmp_path / "variant", small, *variant, "warm_start_match=('model',)") == 0
+    meta = lambda d: json.loads((d / "warm_start" / "meta.json").read_text())
+    assert meta(tmp_path / "variant") == meta(base)
 
 
 def tb_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:

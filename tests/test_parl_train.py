@@ -85,8 +85,9 @@ def test_evaluate_per_task_size():
     out = evaluate(engine, params, params, sample_eval_tasks(jax.random.key(1), ENV, [1, 4], 8), jax.random.key(0))
     assert set(out) == {1, 4}
     for row in out.values():
-        assert set(row) == {"item_f1", "critical_steps", "total_steps", "subagents", "no_spawn_fraction",
-                            "answered"}
+        assert set(row) == {"item_f1", "critical_steps", "total_steps", "subagents", "finished_subagents",
+                            "no_spawn_fraction", "answered"}
+        assert 0.0 <= row["finished_subagents"] <= row["subagents"]
         assert 0.0 <= row["item_f1"] <= 1.0 and 0.0 <= row["no_spawn_fraction"] <= 1.0
 
 

@@ -101,6 +101,29 @@ def test_short_sft_run_improves_both_roles():
         assert report["after"][f"{role}_acc"] > report["before"][f"{role}_acc"] + 0.3, report
 
 
+def test_sft_qk_clip_and_held_out_curve():
+    """QK-Clip follows every SFT step (as in the RL learner): a Llama-form model (no QK-norm)
+    at a high learning rate grows its attention logits past tau; clipped, the next step's
+    forward starts from logits <= tau, so the logged max stays near tau, unclipped it does not.
+    ``eval_every`` adds the held-out figures to every eval_every-th step."""
+    cfg = ModelConfig(vocab_size=V.size, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                      head_dim=8, intermediate_size=64, qk_norm=False)
+    run = lambda tau: train_sft(
+        init_params(cfg, jax.random.key(0)), cfg, ENV,
+        SFTConfig(steps=40, batch=8, demos=64, eval_demos=16,
+                  optim=OptimConfig(learning_rate=5e-2, qk_clip_tau=tau)), eval_every=20)[1]
+    free, clipped = run(float("inf")), run(3.0)
+    free_max = max(m["max_attn_logit"] for m in free["history"])
+    assert free_max > 6.0                                            # the logits do grow
+    assert sum(m["qk_clip_heads"] for m in free["history"]) == 0     # inf: monitored, never clipped
+    assert sum(m["qk_clip_heads"] for m in clipped["history"]) > 0
+    # a step's max is measured before its own clip: one step's growth above tau at most
+    assert max(m["max_attn_logit"] for m in clipped["history"]) < 0.5 * free_max
+    assert [s for s, _ in clipped["evals"]] == [20, 40]
+    assert "heldout_orch_acc" in clipped["history"][19] and "heldout_orch_acc" not in clipped["history"][18]
+    assert clipped["evals"][-1][1] == clipped["after"]
+
+
 def test_bad_sft_config():
     with pytest.raises(ValueError):
         SFTConfig(spawn_fraction=1.5)

@@ -9,7 +9,9 @@ answers, sub-agent contexts, and the rewards.
 """
 
 import dataclasses
+import pathlib
 import random
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,13 +20,19 @@ import pytest
 
 from swarmjax.envs import scripts
 from swarmjax.envs import widesearch_jax as wsj
-from swarmjax.envs.widesearch import PROTOCOL, Episode, Vocab, WideSearchConfig, score, scripted, simulate
+from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig, score, scripted, simulate
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.rl.parl import PARLConfig
+from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
-from swarmjax.swarm.engine import RolloutConfig, Scripts, SwarmRollout
+from swarmjax.swarm import lanes
+from swarmjax.swarm.engine import INDEX_CHECKS, SAMPLE, RolloutConfig, Scripts, SwarmRollout, index_errors
 from swarmjax.swarm.outcome import episode_rewards, episodes, parallel_entities, returned_entities, to_outcomes
+from swarmjax.train.parl import PARLTrainConfig, PARLTrainer
 from test_widesearch import serial_script, split_scripts
+
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+from fuzz import novel_ref, parallel_ref  # noqa: E402  (the host references bench/fuzz.py uses too)
 
 # Default sizes, with a budget serial work cannot meet at n = 16.
 BIG = WideSearchConfig(budget=10)
@@ -98,30 +106,6 @@ def tasks_from(cfg, eps):
     return wsj.Tasks(table=jnp.asarray([e.table for e in eps], jnp.int32),
                      entities=jnp.asarray([e.task + [-1] * (N - len(e.task)) for e in eps], jnp.int32),
                      n=jnp.asarray([len(e.task) for e in eps], jnp.int32))
-
-
-def novel_ref(ep, out):
-    """Sub-agents whose block brings an asked-for entity no earlier block had (host)."""
-    seen, count, base = set(), 0, len(PROTOCOL)
-    for toks in out.worker_tokens:
-        block = [t - base for t in toks[2:toks.index(PROTOCOL.index("</task>"))]]
-        count += any(e in ep.task and e not in seen for e in block)
-        seen |= set(block)
-    return count
-
-
-def parallel_ref(ep, out):
-    """Asked-for entities returned beside each stage's busiest sub-agent (host); an
-    entity counts for the first sub-agent (spawn order) that returned it."""
-    seen, total = set(), 0
-    for st in out.stages:
-        own = []
-        for r in st["results"]:
-            got = {e for e, _ in (r or []) if e in ep.task and e not in seen}
-            seen |= got
-            own.append(len(got))
-        total += sum(own) - max(own, default=0)
-    return total
 
 
 def assert_same(cfg, eps, result, refs):
@@ -254,6 +238,128 @@ def test_random_model_episodes_replay_exactly(engines, which):
     # log-probs are there exactly on sampled tokens, and are log-probabilities
     lp, mask = np.asarray(result.logprobs), np.asarray(result.loss_mask)
     assert np.all(lp[mask] < 0) and np.all(lp[~mask] == 0)
+
+
+# ----------------------------------------------------------------------------- max_ticks: a bound, not a truncation
+
+
+def spawn_then_sample(cfg, eps, per_block=2):
+    """Scripts whose orchestrators first spawn K sub-agents (blocks of ``per_block`` task
+    entities; the K-th block's ``</spawn>`` makes the environment say ``<wait>``), then
+    let the model sample every other token (:data:`SAMPLE`), sub-agents included."""
+    v, K = Vocab(cfg), cfg.max_subagents
+    orch = np.full((len(eps), cfg.orch_context), SAMPLE, np.int32)
+    for b, ep in enumerate(eps):
+        toks = []
+        for k in range(K):
+            block = [v.entity(ep.task[(k * per_block + i) % len(ep.task)]) for i in range(per_block)]
+            toks += [v["<spawn>"], *block, v["</spawn>"]]
+        orch[b, :len(toks)] = toks
+    return Scripts(orch=jnp.asarray(orch), workers=jnp.full((len(eps), K, cfg.worker_context), SAMPLE, jnp.int32))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_random_model_at_the_largest_sizes_is_never_cut(engines, temperature):
+    """The largest sizes (the defaults with the budget lifted, n = 16), a random model
+    sampling at temperature 1 and 2, one KV-cache lane for the 16 x 8 sub-agent slots.
+    Random models never spawn on their own, so every orchestrator first spawns 8
+    sub-agents (forced), then the model samples everything: 128 sub-agents queue for
+    the one lane, no episode is cut by max_ticks, and every episode replays exactly."""
+    _, big, params = engines["big"]
+    cfg, B = WideSearchConfig(budget=None), 16
+    K = cfg.max_subagents
+    s = SamplingConfig(temperature=temperature)
+    engine = SwarmRollout(RolloutConfig(env=cfg, orch_sampling=s, worker_sampling=s, worker_lanes=1e-3),
+                          big.orch_cfg)
+    tasks = wsj.reset(jax.random.key(7), cfg, B, n=cfg.max_task_size)
+    eps = episodes(tasks)
+    script = spawn_then_sample(cfg, eps)
+    result = engine(params, params, tasks, jax.random.key(8), scripts=script)
+    assert engine.rcfg.lanes_per_group(B * K) == 1
+    assert int(result.cut_by_max_ticks) == 0 and not np.any(np.asarray(result.end_reason) == wsj.RUNNING)
+    assert int(jnp.sum(result.spawned)) == B * K
+    # one lane: the sub-agents' tokens went through it one per tick
+    assert int(jnp.sum(result.worker_length)) <= int(result.ticks) <= engine.rcfg.max_ticks(B * K)
+    assert_same(cfg, eps, result, replay(cfg, eps, result))
+    # forced tokens carry the model's log-prob, sampled ones the sampler's (temperature T)
+    P = 4 * K                                                                        # K x "<spawn> e e </spawn>"
+    mask = np.asarray(result.loss_mask)
+    said = [np.asarray(result.tokens)[b][mask[b]] for b in range(B)]
+    lp = [np.asarray(result.logprobs)[b][mask[b]] - np.asarray(result.model_logprobs)[b][mask[b]] for b in range(B)]
+    assert all(np.array_equal(said[b][:P], np.asarray(script.orch)[b, :P]) and np.all(lp[b][:P] == 0)
+               for b in range(B))
+    sampled_gap = np.concatenate([d[P:] for d in lp])
+    assert len(sampled_gap) > B and (np.any(np.abs(sampled_gap) > 1e-3) if temperature != 1.0
+                                     else np.allclose(sampled_gap, 0, atol=1e-5))
+
+
+def test_max_ticks_holds_where_it_is_nearly_reached(engines):
+    """The bound's worst case: one lane for all 48 x 3 sub-agent slots, every sub-agent
+    filling its context (a return whose pairs never close). The loop runs within one
+    tick per sub-agent of max_ticks (so one extra tick per lane hand-over would cut
+    episodes) and cuts none; every episode matches the reference."""
+    cfg, engine, params = engines["small"]
+    starved = SwarmRollout(dataclasses.replace(engine.rcfg, worker_lanes=1e-3), engine.orch_cfg)
+    B, K, W = 48, cfg.max_subagents, cfg.worker_context
+    v = Vocab(cfg)
+    rng = random.Random(2)
+    eps = [Episode.sample(cfg, rng, n=cfg.max_task_size) for _ in range(B)]
+    orch = [[t for e in ep.task[:K] for t in (v["<spawn>"], v.entity(e), v["</spawn>"])] for ep in eps]
+    workers = [[[v["<return>"]] + [v.entity(ep.task[0]), v.value(0)] * W] * K for ep in eps]
+    result, refs = run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=starved)
+    bound = starved.rcfg.max_ticks(B * K)
+    assert int(result.cut_by_max_ticks) == 0
+    assert bound - B * K < int(result.ticks) <= bound, (int(result.ticks), bound)
+    assert all(r.spawned == K and all(len(t) == W for t in r.worker_tokens) for r in refs)
+
+
+class ShortLoop(RolloutConfig):
+    """A loop bound far below the proven one, so that episodes are cut."""
+
+    def max_ticks(self, slots: int) -> int:
+        return 12
+
+
+def test_cut_episodes_are_counted_and_reported(engines):
+    """With max_ticks too small, the cut episodes come back ``running``, the rollout
+    counts them, and the PARL step metrics report the count."""
+    cfg, engine, params = engines["small"]
+    trainer = PARLTrainer(engine.orch_cfg, PARLTrainConfig(rollout=ShortLoop(env=cfg), tasks_per_step=4,
+                                                           group_size=4))
+    tasks, groups = wsj.repeat_groups(wsj.reset(jax.random.key(0), cfg, 4), 4)
+    result = trainer.engine(params, params, tasks, jax.random.key(1))
+    cut = np.asarray(result.end_reason) == wsj.RUNNING
+    assert int(result.ticks) == 12 and 0 < cut.sum() == int(result.cut_by_max_ticks)
+    assert [o.end_reason == "running" for o in to_outcomes(cfg, result)] == list(cut)
+    _, metrics = trainer._rewards(result, groups, jnp.int32(0))
+    assert float(metrics["cut_by_max_ticks"]) == cut.sum()
+    full = engine(params, params, tasks, jax.random.key(1))
+    assert int(full.cut_by_max_ticks) == 0 and full.index_errors is None
+
+
+def test_index_checks_flag_what_is_out_of_range():
+    """The in-loop index checks on hand-made ticks of 2 episodes: nothing in range is
+    flagged; a write at the scratch slot C, a sub-agent writing at W without a lane,
+    and lane maps that disagree are, on the right episodes."""
+    cfg, B = SMALL, 2
+    K, C, W = cfg.max_subagents, cfg.orch_context, cfg.worker_context
+    o, w = wsj.init_state(cfg, wsj.reset(jax.random.key(0), cfg, B))
+    pool, _ = lanes.allocate(lanes.init_lanes(1, B * K, 2), jnp.zeros((1, B * K), bool).at[0, K].set(True))
+    zero, no = jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool)
+    wzero, wno = jnp.zeros((B, K), jnp.int32), jnp.zeros((B, K), bool)
+
+    def flagged(pool=pool, orch=(zero, no, zero), workers=(wzero, wno, wzero)):
+        err = np.asarray(index_errors(cfg, o, w, pool, orch, workers, wno))
+        return [{INDEX_CHECKS[i] for i in np.nonzero(row)[0]} for row in err]
+
+    assert flagged() == [set(), set()]
+    assert flagged(orch=(zero, jnp.array([True, True]), jnp.array([C, C - 1]))) == [{"orch_slot"}, set()]
+    we = wno.at[0, 1].set(True)
+    assert flagged(workers=(wzero, we, wzero.at[0, 1].set(W))) == [{"worker_slot", "lane_missing"}, set()]
+    assert flagged(workers=(wzero, wno.at[1, 0].set(True), wzero)) == [set(), set()]   # it holds lane 0
+    two_owners = pool.replace(owner=pool.owner.at[0, 1].set(K))                # lane 1 claims slot K too
+    assert flagged(pool=two_owners) == [{"lane_owner"}, {"lane_owner"}]       # charged to the whole group
+    assert flagged(pool=pool.replace(lane_of=pool.lane_of.at[0, 0].set(2))) == [{"lane_id", "lane_owner"}, set()]
 
 
 def test_sharded_engine_matches_the_reference(engines):

@@ -1,5 +1,7 @@
 """The jitted learner step: sharding, accumulation, skipping, frozen trees, and learning."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +37,28 @@ def make_batch(seed=0, nan=False):
     return TrajectoryBatch.create(tokens, loss_mask, adv, token_mask=token_mask,
                                   sampler_logprobs=-np.abs(r.randn(B, T)) * loss_mask,
                                   group_ids=groups, rewards=rewards)
+
+
+# loss tokens per row: with 2 minibatches x 2 microbatches (strided), microbatch 0 of each
+# minibatch holds rows i with (i // 2) % 2 == 0 (5-8 loss tokens each), microbatch 1 the
+# others (0-2 tokens, rows 3 and 10 none), so a mean of per-microbatch means is far off
+RAGGED_LENGTHS = [8, 7, 1, 0, 6, 8, 2, 1, 5, 8, 0, 2, 7, 6, 1, 1]
+
+
+def make_ragged_batch(seed=0):
+    """:func:`make_batch` with loss spans of very unequal lengths (``RAGGED_LENGTHS``,
+    cut by the padding of every third row)."""
+    batch = make_batch(seed)
+    lengths = np.asarray(RAGGED_LENGTHS)[:, None]
+    loss_mask = (np.arange(T)[None, :] >= T - lengths) & np.asarray(batch.token_mask)
+    return batch.replace(loss_mask=jnp.asarray(loss_mask).at[:, 0].set(False),
+                         sampler_logprobs=batch.sampler_logprobs * loss_mask)
+
+
+def assert_metrics_close(got, want, skip=()):
+    assert set(got) == set(want)
+    for k in sorted(set(want) - set(skip)):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
 
 
 def _params(seed=0):
@@ -79,15 +103,40 @@ def test_sharded_update_matches_single_device(single):
     # float32 with a different reduction order across 8 devices: 1e-5 absolute
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
                  jax.device_get(state.params), single[0].params)
-    np.testing.assert_allclose(metrics["loss"], single[1]["loss"], rtol=1e-4, atol=1e-6)
+    assert_metrics_close(jax.device_get(metrics), single[1])
 
 
-def test_microbatching_equals_one_big_batch(single):
-    learner = Learner(CFG, UpdateConfig(loss=UCFG.loss, optim=UCFG.optim, num_minibatches=2,
-                                        num_microbatches=1))
-    state, _ = learner.update(learner.init(_params()), make_batch())
+MICRO_LOSSES = [
+    UCFG.loss,                                                      # GSPO, seq_mean_token_mean
+    LossConfig("grpo", eps_low=0.02, eps_high=0.02, aggregation="token_mean", is_cap=1.5,
+               kl_beta=0.05),
+    LossConfig("grpo", eps_low=0.02, eps_high=0.02, aggregation="seq_mean_token_sum_norm",
+               norm_length=12),
+]
+
+
+@pytest.mark.parametrize("loss", MICRO_LOSSES, ids=lambda c: f"{c.name}-{c.aggregation}")
+def test_microbatching_equals_one_big_batch(loss):
+    """Params and every metric of a microbatched update equal the un-microbatched ones,
+    with microbatches holding very different numbers of loss tokens and valid rows."""
+    mask = np.asarray(make_ragged_batch().loss_mask)
+    per_micro = [mask[m::2][mb::2].sum() for m in range(2) for mb in range(2)]  # [mini][micro]
+    assert per_micro[0] > 4 * per_micro[1] and per_micro[2] > 4 * per_micro[3]
+    # a larger step and a low QK-Clip threshold so that clipping and QK-Clip both engage
+    optim = dataclasses.replace(UCFG.optim, learning_rate=1e-2, qk_clip_tau=2.5)
+    runs = {}
+    for n_micro in (1, 2):
+        learner = Learner(CFG, dataclasses.replace(UCFG, loss=loss, optim=optim,
+                                                   num_microbatches=n_micro))
+        frozen = {"reference": _params(1)} if loss.kl_beta else None   # donated: fresh each run
+        state = learner.init(_params(), frozen=frozen)
+        runs[n_micro] = jax.device_get(learner.update(state, make_ragged_batch()))
+    (state1, metrics1), (state2, metrics2) = runs[1], runs[2]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
-                 jax.device_get(state.params), single[0].params)
+                 state2.params, state1.params)
+    assert_metrics_close(metrics2, metrics1)
+    for k in ("clip_fraction", "approx_kl", "qk_clip_heads"):
+        assert float(metrics1[k]) > 0, k
 
 
 def test_non_finite_step_is_skipped_and_params_unchanged(learner):
@@ -98,6 +147,31 @@ def test_non_finite_step_is_skipped_and_params_unchanged(learner):
     state, metrics = learner.update(learner.init(_params()), batch)   # rows 0, 1: both minibatches
     assert int(metrics["skipped"]) == 2 and int(state.step) == 0
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), _params())
+    # nothing applied: every step metric is an empty mean (0), not NaN
+    for k, v in jax.device_get(metrics).items():
+        if k not in ("reward_mean", "advantage_abs_mean"):            # of the input batch
+            assert float(v) == (2 if k == "skipped" else 0), k
+
+
+@pytest.mark.parametrize("poisoned", [0, 1])
+def test_skipped_step_is_counted_and_kept_out_of_the_metrics(learner, poisoned):
+    """One minibatch (strided: rows of parity ``poisoned``) gets a NaN advantage: the update
+    reports exactly what one step on the other minibatch alone reports, plus ``skipped``."""
+    batch = make_ragged_batch()
+    state, metrics = learner.update(learner.init(_params()),
+                                    batch.replace(advantages=batch.advantages.at[poisoned].set(jnp.nan)))
+    metrics = jax.device_get(metrics)
+    assert int(metrics["skipped"]) == 1 and int(state.step) == 1
+    # the skipped step changed nothing, so the applied one ran from the initial params
+    alone = Learner(CFG, dataclasses.replace(UCFG, num_minibatches=1))
+    ref_state, ref = alone.update(alone.init(_params()),
+                                  jax.tree.map(lambda x: x[1 - poisoned::2], batch))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5),
+                 jax.device_get(state.params), jax.device_get(ref_state.params))
+    assert_metrics_close(metrics, jax.device_get(ref),
+                         skip=("skipped", "reward_mean", "advantage_abs_mean"))
+    assert int(ref["skipped"]) == 0
+    assert all(np.isfinite(v) for k, v in metrics.items() if k != "advantage_abs_mean")
 
 
 def test_frozen_reference_passes_through_with_kl():

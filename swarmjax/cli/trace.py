@@ -22,20 +22,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _demo(path: str) -> None:
+    """Two reference-simulator episodes of one n = 16 task, serial and 8 sub-agents x 2
+    lookups, scripted. Their only reward channel is ``r_perf`` (item-F1: no PARL run,
+    so no schedule to weigh the others by); ``wall_clock_s`` is the simulator's measured
+    time for the episode."""
+    import time
+
     from swarmjax.envs import scripts
     from swarmjax.envs.widesearch import Episode, WideSearchConfig, scripted, simulate
-    from swarmjax.traces.export import trace_from_outcome, write_jsonl
+    from swarmjax.traces.export import episode_metrics, trace_from_outcome, write_jsonl
 
     cfg = WideSearchConfig(budget=None)
     ep = Episode.sample(cfg, random.Random(0), n=16)
-    serial = simulate(cfg, ep, scripted(scripts.serial(cfg, ep)), scripted([]))
     orch, work = scripts.split(cfg, ep, 8)
-    split = simulate(cfg, ep, scripted(orch), scripted([]), workers=[scripted(w) for w in work])
-    traces = [trace_from_outcome(cfg, ep, out, {"r_perf": 1.0}, name, "demo-n16")
-              for name, out in (("serial", serial), ("swarm-8x2", split))]
+    runs = (("serial", lambda: simulate(cfg, ep, scripted(scripts.serial(cfg, ep)), scripted([]))),
+            ("swarm-8x2", lambda: simulate(cfg, ep, scripted(orch), scripted([]),
+                                           workers=[scripted(w) for w in work])))
+    traces = []
+    for name, run_episode in runs:
+        t0 = time.perf_counter()
+        out = run_episode()
+        seconds = time.perf_counter() - t0
+        f1 = episode_metrics(ep, out)["item_f1"]
+        traces.append(trace_from_outcome(cfg, ep, out, {"r_perf": f1}, name, "demo-n16", seconds))
     write_jsonl(traces, path)
-    print(f"wrote {len(traces)} traces to {path}: serial ({serial.critical_steps} critical steps) "
-          f"and swarm-8x2 ({split.critical_steps})")
+    print(f"wrote {len(traces)} traces to {path}: serial ({traces[0]['metrics']['critical_steps']} critical "
+          f"steps) and swarm-8x2 ({traces[1]['metrics']['critical_steps']})")
 
 
 def run(args: argparse.Namespace) -> int:

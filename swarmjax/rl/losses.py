@@ -15,7 +15,14 @@ token log-ratio ``l_{i,t} = log pi_theta - log pi_old`` on masked tokens.
 Aggregations (:data:`AGGREGATIONS`): ``seq_mean_token_mean`` (mean over tokens of a
 sequence, then over sequences: GSPO/GRPO), ``token_mean`` (sum over all tokens /
 total tokens: DAPO), ``seq_mean_token_sum_norm`` (sum over tokens / a constant
-length, then mean over sequences: Dr. GRPO).
+length, then mean over sequences: Dr. GRPO). Each is ``J = numerator / normaliser``
+(:class:`Aggregation`) with a numerator summed over rows and a normaliser from batch
+totals, so a batch split into microbatches, each given the whole batch's totals, has
+microbatch losses and gradients that sum to the batch's exactly.
+
+Metrics come as (numerator, denominator) pairs (:func:`policy_loss_sums`), additive over
+microbatches and divided once (:func:`metrics_from_sums`); :func:`policy_loss` returns
+the divided metrics of one batch.
 
 Optional truncated importance weight between the learner's old policy and the
 sampler (off-policy correction): ``w = min(exp(log pi_old - log pi_sampler), C)``
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -138,25 +146,39 @@ LOSSES: dict[str, Callable] = {
 }
 
 
-def _agg_seq_mean_token_mean(obj, mask, totals, cfg):
-    per_seq = _seq_mean(obj, mask)
-    return jnp.sum(per_seq) / jnp.maximum(totals[0], 1.0)
+class Aggregation(NamedTuple):
+    """How the per-token objective ``o [B, T]`` becomes ``J = numerator / normaliser``.
+
+    numerator(obj [B, T], mask [B, T]) -> []: a sum over rows, so it is additive over
+      any split of the batch's rows;
+    normaliser(totals, length, cfg) -> []: from the batch totals ``(N_seq, N_tok)`` of
+      :func:`batch_totals` and the padded length ``T``; also additive over row splits.
+    ``J = numerator / max(normaliser, 1)`` (0 for a batch with no loss token).
+    """
+
+    numerator: Callable[[Array, Array], Array]
+    normaliser: Callable[[tuple[Array, Array], int, "LossConfig"], Array]
 
 
-def _agg_token_mean(obj, mask, totals, cfg):
-    return jnp.sum(obj * mask) / jnp.maximum(totals[1], 1.0)
+def _sum_of_seq_means(obj, mask):
+    """``sum_i (1/|y_i|) sum_t m_{i,t} o_{i,t}`` (rows with no loss token give 0)."""
+    return jnp.sum(_seq_mean(obj, mask))
 
 
-def _agg_seq_mean_token_sum_norm(obj, mask, totals, cfg):
-    length = cfg.norm_length or obj.shape[1]
-    return jnp.sum(obj * mask) / (jnp.maximum(totals[0], 1.0) * length)
+def _masked_sum(obj, mask):
+    """``sum_{i,t} m_{i,t} o_{i,t}``."""
+    return jnp.sum(obj * mask)
 
 
-# name -> aggregate(obj [B,T], mask [B,T], totals (num_seqs, num_tokens), cfg) -> scalar J
-AGGREGATIONS: dict[str, Callable] = {
-    "seq_mean_token_mean": _agg_seq_mean_token_mean,
-    "token_mean": _agg_token_mean,
-    "seq_mean_token_sum_norm": _agg_seq_mean_token_sum_norm,
+# name -> Aggregation; N_seq = rows with >= 1 loss token, N_tok = loss tokens, L = norm length
+AGGREGATIONS: dict[str, Aggregation] = {
+    # GSPO / GRPO: J = sum_i mean_t o_{i,t} / N_seq
+    "seq_mean_token_mean": Aggregation(_sum_of_seq_means, lambda totals, length, cfg: totals[0]),
+    # DAPO: J = sum_{i,t} m o / N_tok
+    "token_mean": Aggregation(_masked_sum, lambda totals, length, cfg: totals[1]),
+    # Dr. GRPO: J = sum_{i,t} m o / (N_seq * L), L = cfg.norm_length or T
+    "seq_mean_token_sum_norm": Aggregation(
+        _masked_sum, lambda totals, length, cfg: totals[0] * (cfg.norm_length or length)),
 }
 
 
@@ -167,11 +189,82 @@ def k3(log_p: Array, log_q: Array) -> Array:
 
 
 def batch_totals(mask: Array) -> tuple[Array, Array]:
-    """(number of sequences with >= 1 loss token, number of loss tokens) of a batch.
+    """``(N_seq, N_tok)`` of a batch: rows with >= 1 loss token, and loss tokens.
+
+    mask: [B, T]. Returns two f32 scalars, each additive over any split of the rows.
     Pass the totals of a whole minibatch when computing the loss per microbatch so
-    the microbatch losses sum to the minibatch loss exactly."""
+    the microbatch losses (and gradients) sum to the minibatch's exactly."""
     mask = mask.astype(jnp.float32)
     return jnp.sum(jnp.sum(mask, -1) > 0).astype(jnp.float32), jnp.sum(mask)
+
+
+# A metric as (numerator, denominator), both f32 scalars; its value is
+# numerator / max(denominator, 1). Sums of pairs over disjoint row sets give the pair of
+# their union, so metrics accumulate exactly over microbatches: add, then divide once.
+MetricSums = dict[str, tuple[Array, Array]]
+
+
+def policy_loss_sums(logp: Array, old_logp: Array, advantages: Array, mask: Array, cfg: LossConfig, *,
+                     sampler_logp: Array | None = None, ref_logp: Array | None = None,
+                     totals: tuple[Array, Array] | None = None) -> tuple[Array, MetricSums]:
+    """The scalar loss ``-J`` and the metrics as additive (numerator, denominator) pairs.
+
+    Arguments as in :func:`policy_loss`. The loss is
+    ``-numerator / max(normaliser(totals), 1)`` (:class:`Aggregation`), so with the
+    totals of a larger batch it is this batch's share of that batch's loss. The metric
+    pairs describe this batch alone and do not depend on ``totals``
+    (``m`` = loss mask, ``N_tok = sum m``):
+
+    * ``objective``: (aggregation numerator, normaliser of this batch's own totals): J;
+    * ``clip_fraction``: (sum m * [clip binds], N_tok);
+    * ``ratio_mean``: (sum m * ratio, N_tok), ratio as in the objective (GSPO: s_i per token);
+    * ``approx_kl``: (sum m * k3(pi_theta || pi_old), N_tok);
+    * ``kl_ref`` (``kl_beta > 0``): (sum m * k3(pi_theta || pi_ref), N_tok);
+    * ``is_weight_mean`` (``is_cap > 0``): (sum m * w, N_tok).
+
+    Summing the pairs over the microbatches of a batch and dividing once
+    (:func:`metrics_from_sums`) gives the batch's metrics exactly; a mean of
+    per-microbatch means would weight microbatches equally whatever their token count.
+    """
+    mask = mask.astype(jnp.float32)                                      # [B, T]
+    old_logp = sg(old_logp)
+    advantages = sg(advantages.astype(jnp.float32))                      # [B] or [B, T]
+    own_totals = batch_totals(mask)
+    totals = own_totals if totals is None else totals
+    obj, ratio, binds = LOSSES[cfg.name](logp, old_logp, advantages, mask, cfg)  # [B, T] each
+    n_tok = own_totals[1]
+    token_sum = lambda x: (jnp.sum(x * mask), n_tok)                     # x [B, T] -> pair
+    sums: MetricSums = {}
+    if cfg.is_cap > 0:
+        if sampler_logp is None:
+            raise ValueError("is_cap > 0 needs sampler_logp")
+        diff = old_logp - sg(sampler_logp)                               # [B, T]
+        if cfg.is_level == "sequence":
+            diff = _seq_mean(diff, mask)[:, None]                        # [B, 1]
+        w = jnp.minimum(jnp.exp(diff), cfg.is_cap) * jnp.ones_like(obj)  # [B, T]
+        obj = obj * w
+        sums["is_weight_mean"] = token_sum(w)
+    if cfg.kl_beta > 0:
+        if ref_logp is None:
+            raise ValueError("kl_beta > 0 needs ref_logp")
+        kl = k3(logp, sg(ref_logp))                                      # [B, T]
+        obj = obj - cfg.kl_beta * kl
+        sums["kl_ref"] = token_sum(sg(kl))
+    agg = AGGREGATIONS[cfg.aggregation]
+    numerator = agg.numerator(obj, mask)                                 # []
+    J = numerator / jnp.maximum(agg.normaliser(totals, obj.shape[1], cfg), 1.0)
+    sums.update(
+        objective=(sg(numerator), agg.normaliser(own_totals, obj.shape[1], cfg)),
+        clip_fraction=token_sum(binds.astype(jnp.float32)),
+        ratio_mean=token_sum(sg(ratio)),
+        approx_kl=token_sum(k3(sg(logp), old_logp)),
+    )
+    return -J, sums
+
+
+def metrics_from_sums(sums: MetricSums) -> dict[str, Array]:
+    """``{name: numerator / max(denominator, 1)}``: an empty mean is 0."""
+    return {k: num / jnp.maximum(den, 1.0) for k, (num, den) in sums.items()}
 
 
 def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, cfg: LossConfig, *,
@@ -187,43 +280,15 @@ def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, cf
       cfg: :class:`LossConfig`.
       sampler_logp: [B, T] sampler log-probs; needed when ``cfg.is_cap > 0``.
       ref_logp: [B, T] reference-policy log-probs; needed when ``cfg.kl_beta > 0``.
-      totals: (num_seqs, num_tokens) normalisers; default :func:`batch_totals` of ``mask``.
+      totals: (N_seq, N_tok) normalisers of the loss; default :func:`batch_totals` of ``mask``.
 
     Returns:
-      (loss, metrics) with metrics ``clip_fraction``, ``ratio_mean``, ``approx_kl``
-      (k3 of pi_theta vs pi_old), ``objective``, and ``kl_ref`` / ``is_weight_mean``
-      when enabled. Rows with no loss token contribute nothing.
+      (loss, metrics), metrics scalars of this batch alone (whatever ``totals``):
+      ``objective`` (J with this batch's own totals), and means over loss tokens of
+      ``clip_fraction``, ``ratio_mean``, ``approx_kl`` (k3 of pi_theta vs pi_old), and
+      ``kl_ref`` / ``is_weight_mean`` when enabled. Rows with no loss token contribute
+      nothing. To accumulate metrics over microbatches use :func:`policy_loss_sums`.
     """
-    mask = mask.astype(jnp.float32)
-    old_logp = sg(old_logp)
-    advantages = sg(advantages.astype(jnp.float32))
-    totals = batch_totals(mask) if totals is None else totals
-    obj, ratio, binds = LOSSES[cfg.name](logp, old_logp, advantages, mask, cfg)
-    metrics = {}
-    if cfg.is_cap > 0:
-        if sampler_logp is None:
-            raise ValueError("is_cap > 0 needs sampler_logp")
-        diff = old_logp - sg(sampler_logp)
-        if cfg.is_level == "sequence":
-            diff = _seq_mean(diff, mask)[:, None]
-        w = jnp.minimum(jnp.exp(diff), cfg.is_cap) * jnp.ones_like(obj)
-        obj = obj * w
-        metrics["is_weight_mean"] = _masked_mean(w, mask)
-    if cfg.kl_beta > 0:
-        if ref_logp is None:
-            raise ValueError("kl_beta > 0 needs ref_logp")
-        kl = k3(logp, sg(ref_logp))
-        obj = obj - cfg.kl_beta * kl
-        metrics["kl_ref"] = _masked_mean(kl, mask)
-    J = AGGREGATIONS[cfg.aggregation](obj, mask, totals, cfg)
-    metrics.update(
-        objective=J,
-        clip_fraction=_masked_mean(binds.astype(jnp.float32), mask),
-        ratio_mean=_masked_mean(sg(ratio), mask),
-        approx_kl=_masked_mean(k3(sg(logp), old_logp), mask),
-    )
-    return -J, metrics
-
-
-def _masked_mean(x: Array, mask: Array) -> Array:
-    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    loss, sums = policy_loss_sums(logp, old_logp, advantages, mask, cfg, sampler_logp=sampler_logp,
+                                  ref_logp=ref_logp, totals=totals)
+    return loss, metrics_from_sums(sums)

@@ -14,6 +14,11 @@ Per rollout batch of B trajectories:
    state stay as they were and ``skipped`` counts it. (``optax.apply_if_finite``
    checks gradients only, gives up after N bad steps and cannot gate QK-Clip,
    hence our own ``lax.cond``.)
+5. metrics are accumulated exactly: the loss returns (numerator, denominator) pairs
+   (:func:`~swarmjax.rl.losses.policy_loss_sums`) that are summed over microbatches
+   and over the applied steps and divided once, so they equal those of the
+   un-microbatched update; a skipped step is counted in ``skipped`` and left out of
+   every other metric (see :meth:`Learner._update_impl`).
 
 Frozen trees (reference model, sub-agents) ride along in ``state.frozen`` with no
 gradients and no optimizer state. With a mesh, the step is jitted with explicit
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -38,7 +43,8 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import forward, param_logical_axes
 from swarmjax.optim.muon import OptimConfig, make_optimizer
 from swarmjax.optim.qk_clip import qk_clip
-from swarmjax.rl.losses import LossConfig, batch_totals, policy_loss, token_logprobs
+from swarmjax.rl.losses import (LossConfig, MetricSums, batch_totals, metrics_from_sums,
+                                policy_loss_sums, token_logprobs)
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.sharding.mesh import (DEFAULT_RULES, batch_sharding, state_shardings_like,
                                     tree_shardings)
@@ -69,6 +75,35 @@ class UpdateConfig:
     def __post_init__(self):
         if self.num_minibatches < 1 or self.num_microbatches < 1:
             raise ValueError("num_minibatches and num_microbatches must be >= 1")
+
+
+class _StepCarry(NamedTuple):
+    """Carry of the minibatch scan: what one optimizer step changes."""
+
+    params: Any          # pytree of trained params
+    opt_state: Any       # optax state
+
+
+class _MicroCarry(NamedTuple):
+    """Carry of the microbatch scan inside one minibatch."""
+
+    grads: Any           # pytree like params: sum of microbatch gradients
+    max_logits: Array    # [L, H] f32: running max of attention logits (QK-Clip)
+
+
+class _StepReport(NamedTuple):
+    """What one minibatch step reports (stacked to [n_mini] by the scan).
+
+    pairs: metric -> (numerator, denominator), [] f32 each, both 0 for a skipped step:
+      token rates as (sum over loss tokens, loss tokens); per-step figures (loss,
+      objective, grad_norm, qk_clip_heads) as (value, 1).
+    skipped: [] int32, 1 when the step was skipped.
+    max_attn_logit: [] f32, -inf when skipped; None without QK-Clip.
+    """
+
+    pairs: MetricSums
+    skipped: Array
+    max_attn_logit: Array | None
 
 
 def _strided_split(x: Array, n: int) -> Array:
@@ -130,34 +165,42 @@ class Learner:
         return token_logprobs(out.logits, tokens), out.max_logits
 
     def _loss(self, params, mb: TrajectoryBatch, old_logp, ref_logp, totals):
+        """One microbatch: (loss with the minibatch's ``totals``, (metric sums, max logits [L, H]))."""
         want_max = self.cfg.optim.qk_clip_tau > 0
         logp, max_logits = self._logprobs(params, mb.tokens, mb.token_mask, want_max)
-        loss, metrics = policy_loss(logp, old_logp, mb.advantages, mb.loss_mask, self.cfg.loss,
-                                    sampler_logp=mb.sampler_logprobs, ref_logp=ref_logp, totals=totals)
-        return loss, (metrics, max_logits)
+        loss, sums = policy_loss_sums(logp, old_logp, mb.advantages, mb.loss_mask, self.cfg.loss,
+                                      sampler_logp=mb.sampler_logprobs, ref_logp=ref_logp,
+                                      totals=totals)
+        return loss, (sums, max_logits)
 
-    def _minibatch_step(self, carry, xs):
+    def _minibatch_step(self, carry: _StepCarry, xs) -> tuple[_StepCarry, _StepReport]:
+        """One optimizer step on one minibatch, its gradient accumulated over microbatches.
+
+        xs: (minibatch, log pi_old, log pi_ref), [mb_size, ...] each. Returns the new
+        carry and the step's :class:`_StepReport` (all pairs zero when skipped)."""
         params, opt_state = carry
         mb, old_logp, ref_logp = xs                         # [mb_size, T] each
-        totals = batch_totals(mb.loss_mask)
+        totals = batch_totals(mb.loss_mask)                 # the minibatch's normalisers
         n_micro = self.cfg.num_microbatches
         micro = jax.tree.map(lambda x: _strided_split(x, n_micro), (mb, old_logp, ref_logp))
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
 
-        def accumulate(acc, xs):
-            m, old, ref = xs
-            (loss, (metrics, max_logits)), grads = grad_fn(params, m, old, ref, totals)
-            g_acc, l_acc, mx_acc = acc
-            g_acc = jax.tree.map(jnp.add, g_acc, grads)
+        def accumulate(acc: _MicroCarry, xs) -> tuple[_MicroCarry, tuple[Array, MetricSums]]:
+            m, old, ref = xs                                # [micro_size, T] each
+            (loss, (sums, max_logits)), grads = grad_fn(params, m, old, ref, totals)
             if max_logits is not None:
-                mx_acc = jnp.maximum(mx_acc, max_logits)
-            return (g_acc, l_acc + loss, mx_acc), metrics
+                acc = acc._replace(max_logits=jnp.maximum(acc.max_logits, max_logits))
+            return acc._replace(grads=jax.tree.map(jnp.add, acc.grads, grads)), (loss, sums)
 
         L, H = self.model_cfg.num_layers, self.model_cfg.num_heads
-        init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
-                jnp.full((L, H), -jnp.inf, jnp.float32))
-        (grads, loss, max_logits), metrics = lax.scan(accumulate, init, micro)
-        metrics = jax.tree.map(jnp.mean, metrics)
+        init = _MicroCarry(grads=jax.tree.map(jnp.zeros_like, params),
+                           max_logits=jnp.full((L, H), -jnp.inf, jnp.float32))
+        acc, (losses, sums) = lax.scan(accumulate, init, micro)   # losses [n_micro], sums pairs [n_micro]
+        # exact accumulation: the microbatch losses carry the minibatch's normalisers, so
+        # they sum to its loss; metric numerators and denominators sum to the minibatch's
+        loss = jnp.sum(losses)                                    # []
+        sums = jax.tree.map(lambda x: jnp.sum(x, axis=0), sums)   # pairs of []
+        grads, max_logits = acc.grads, acc.max_logits
 
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -165,26 +208,49 @@ class Learner:
         def apply(_):
             updates, new_opt = self.optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
-            clip_metrics = {}
+            heads = jnp.zeros((), jnp.int32)
             if self.cfg.optim.qk_clip_tau > 0:
-                new_params, clip_metrics = qk_clip(new_params, max_logits, self.model_cfg,
-                                                   tau=self.cfg.optim.qk_clip_tau,
-                                                   alpha=self.cfg.optim.qk_clip_alpha)
-            return new_params, new_opt, clip_metrics
+                new_params, clip = qk_clip(new_params, max_logits, self.model_cfg,
+                                           tau=self.cfg.optim.qk_clip_tau,
+                                           alpha=self.cfg.optim.qk_clip_alpha)
+                heads = clip["qk_clip_heads"].astype(jnp.int32)
+            return new_params, new_opt, heads
 
         def skip(_):
-            clip_metrics = {}
-            if self.cfg.optim.qk_clip_tau > 0:
-                clip_metrics = {"qk_clip_heads": jnp.zeros((), jnp.int32),
-                                "max_attn_logit": jnp.max(max_logits)}
-            return params, opt_state, clip_metrics
+            return params, opt_state, jnp.zeros((), jnp.int32)
 
-        params, opt_state, clip_metrics = lax.cond(finite, apply, skip, None)
-        metrics.update(clip_metrics, loss=loss, grad_norm=grad_norm,
-                       skipped=(~finite).astype(jnp.int32))
-        return (params, opt_state), metrics
+        params, opt_state, heads = lax.cond(finite, apply, skip, None)
+
+        # a skipped step's figures (possibly NaN) stay out of every mean: where, not *
+        applied = finite.astype(jnp.float32)
+        keep = lambda x: jnp.where(finite, x, 0.0)
+        objective = metrics_from_sums({"objective": sums.pop("objective")})["objective"]
+        per_step = {"loss": loss, "objective": objective, "grad_norm": grad_norm}
+        if self.cfg.optim.qk_clip_tau > 0:
+            per_step["qk_clip_heads"] = heads.astype(jnp.float32)
+        pairs: MetricSums = {k: (keep(n), keep(d)) for k, (n, d) in sums.items()}   # token rates
+        pairs.update({k: (keep(v), applied) for k, v in per_step.items()})        # step means
+        report = _StepReport(
+            pairs=pairs, skipped=(~finite).astype(jnp.int32),
+            max_attn_logit=(jnp.where(finite, jnp.max(max_logits), -jnp.inf)
+                            if self.cfg.optim.qk_clip_tau > 0 else None))
+        return _StepCarry(params, opt_state), report
 
     def _update_impl(self, state: TrainState, batch: TrajectoryBatch):
+        """Metrics of the update (skipped steps are counted and left out of all others):
+
+        * ``skipped``: number of skipped (non-finite) steps;
+        * ``loss``, ``objective``, ``grad_norm``, ``qk_clip_heads``: means over the
+          applied steps of each step's figure (one step = one minibatch, exact however
+          many microbatches it is split into);
+        * ``clip_fraction``, ``ratio_mean``, ``approx_kl``, ``kl_ref``,
+          ``is_weight_mean``: means over every loss token of the applied steps
+          (numerators and denominators summed over microbatches and steps, divided once);
+        * ``max_attn_logit``: max over the applied steps;
+        * ``reward_mean``, ``advantage_abs_mean``: of the whole input batch.
+
+        With no applied step, the means are 0 (as an empty mean in the losses) and
+        ``max_attn_logit`` is 0."""
         B = batch.batch_size
         n_mini, n_micro = self.cfg.num_minibatches, self.cfg.num_microbatches
         micro_size = B // (n_mini * n_micro)
@@ -203,12 +269,16 @@ class Learner:
                 raise ValueError("loss.kl_beta > 0 needs state.frozen['reference'] params")
             ref_logp = lax.stop_gradient(logp_of(state.frozen["reference"]))
 
-        # 2.-4. sequential minibatch steps
+        # 2.-4. sequential minibatch steps; per-step outputs stacked: [n_mini] each
         xs = jax.tree.map(lambda x: _strided_split(x, n_mini), (batch, old_logp, ref_logp))
-        (params, opt_state), metrics = lax.scan(self._minibatch_step,
-                                                (state.params, state.opt_state), xs)
-        skipped = jnp.sum(metrics.pop("skipped"))
-        metrics = {k: (jnp.max(v) if k == "max_attn_logit" else jnp.mean(v)) for k, v in metrics.items()}
+        (params, opt_state), steps = lax.scan(self._minibatch_step,
+                                              _StepCarry(state.params, state.opt_state), xs)
+        skipped = jnp.sum(steps.skipped)                                       # []
+        summed = jax.tree.map(lambda x: jnp.sum(x, axis=0), steps.pairs)       # pairs of []
+        metrics = metrics_from_sums(summed)                                    # divide once
+        if steps.max_attn_logit is not None:
+            mx = jnp.max(steps.max_attn_logit)
+            metrics["max_attn_logit"] = jnp.where(skipped < n_mini, mx, 0.0)
         metrics.update(skipped=skipped, reward_mean=jnp.mean(batch.rewards),
                        advantage_abs_mean=jnp.mean(jnp.abs(batch.advantages)))
         new_state = state.replace(step=state.step + n_mini - skipped, params=params,

@@ -20,7 +20,11 @@ not waiting appends one token to its context:
 Rows write their own cache slot (``forward`` with per-row ``cache_index``); the
 extra slot ``C`` / ``W`` is scratch for masked rows, so nothing is ever written
 out of bounds. The loop ends when every episode has ended (answer, budget or
-context); ``max_ticks`` is a proven upper bound, not a truncation.
+context); ``max_ticks`` is a proven upper bound, not a truncation: an episode it
+cuts would come back with end reason ``running``, and ``cut_by_max_ticks`` counts
+them (0 unless the bound is wrong; the tests and ``bench/fuzz.py`` check it). With
+``RolloutConfig.check_indices`` the loop also counts, per episode, every index it
+reads or writes out of range (:data:`INDEX_CHECKS`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,24 @@ from swarmjax.swarm import lanes as lanes_lib
 
 Array = jax.Array
 
+SAMPLE = -2     # a script entry the policy samples (a forced prefix, then the model)
+
+# What ``RolloutConfig.check_indices`` counts (columns of ``RolloutResult.index_errors``):
+# orch_slot      an orchestrator token written outside buffer columns / cache slots [0, C)
+# worker_slot    a sub-agent token written outside [0, W)
+# lane_id        a slot's lane outside [-1, Lg) or a lane's owner outside [-1, S)
+# lane_owner     slot -> lane -> slot (or lane -> slot -> lane) is not the identity
+# lane_missing   a sub-agent emits without holding a lane
+# cache_slot     a lane's token fed to the sub-agent cache outside slots [0, W)
+# spawn_slot     a spawn block's entity stored for a slot outside [0, K)
+# result_slot    a result read from outside the stage's slots, or past its block
+# answer_slot    an answered pair stored outside [0, C // 2), or its entity outside [0, E)
+# return_slot    a returned pair stored outside [0, W), or its entity outside [0, E)
+# prompt_entity  a sub-agent prompt entity read outside its block, or not an entity
+# reply_slot     a tool reply token (orchestrator's or sub-agent's) read outside its queue [0, qlen <= 2)
+INDEX_CHECKS = ("orch_slot", "worker_slot", "lane_id", "lane_owner", "lane_missing", "cache_slot",
+                "spawn_slot", "result_slot", "answer_slot", "return_slot", "prompt_entity", "reply_slot")
+
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
@@ -56,6 +78,7 @@ class RolloutConfig:
     orch_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
     worker_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
     worker_lanes: float = 0.5     # KV-cache lanes for sub-agents, as a fraction of B x K slots
+    check_indices: bool = False   # count out-of-range indices per episode (RolloutResult.index_errors)
 
     def __post_init__(self):
         if not 0.0 < self.worker_lanes <= 1.0:
@@ -79,7 +102,8 @@ class RolloutConfig:
 @flax.struct.dataclass
 class Scripts:
     """Forced choices (for tests and replays): each agent's *sampled* tokens in order,
-    ``-1``-padded; once a script runs out the agent says ``<eos>``.
+    ``-1``-padded; once a script runs out the agent says ``<eos>``. An entry
+    :data:`SAMPLE` lets the policy sample that token (e.g. a forced prefix, then the model).
     orch [B, Lo]; workers [B, K, Lw] (slot = spawn order in the episode)."""
 
     orch: Array
@@ -104,6 +128,10 @@ class RolloutResult:
     orch_steps, critical_steps, total_steps, spawned, finished [B]
     end_reason [B]: index into ``widesearch_jax.END_REASONS``
     ticks []: loop iterations run
+    cut_by_max_ticks [] int32: episodes still running when the loop stopped at ``max_ticks``
+      (end reason ``running``); 0, since ``max_ticks`` is a bound
+    index_errors [B, len(INDEX_CHECKS)] int32: ticks in which each check of
+      :data:`INDEX_CHECKS` found an index out of range (None unless ``check_indices``)
     """
 
     tokens: Array
@@ -132,6 +160,8 @@ class RolloutResult:
     finished: Array
     end_reason: Array
     ticks: Array
+    cut_by_max_ticks: Array
+    index_errors: Array | None
 
 
 @flax.struct.dataclass
@@ -176,6 +206,8 @@ class TickCarry:
     worker_cursor: [B * K] int32 tokens each sub-agent slot sampled so far (script position).
     pool:          :class:`~swarmjax.swarm.lanes.Lanes` (D lane groups, S = B K / D slots and
                    Lg = L / D lanes each): lane_of [D, S] int32, owner [D, Lg] int32.
+    index_errors:  [B, len(INDEX_CHECKS)] int32 ticks with an index out of range, per check
+                   (None unless ``check_indices``).
     """
 
     t: Array
@@ -190,19 +222,79 @@ class TickCarry:
     orch_cursor: Array
     worker_cursor: Array
     pool: lanes_lib.Lanes
+    index_errors: Array | None
 
 
 def _choose(logits: Array, key: Array, scfg: SamplingConfig, script: Array | None,
             cursor: Array) -> tuple[Array, Array, Array]:
-    """Tokens [R] with their sampler and model log-probs: sampled, or read from the
-    script at ``cursor`` [R] (then both log-probs are the model's)."""
+    """Tokens [R] with their sampler and model log-probs, from logits [R, V]: sampled,
+    or read from the script [R, Ls] at ``cursor`` [R]: a forced token (both log-probs
+    are the model's), a :data:`SAMPLE` entry (sampled; skipped when no row has one),
+    ``<eos>`` at ``-1`` or past the script's end."""
     if script is None:
         return select_tokens(logits, key, scfg)
     L = script.shape[1]
-    tok = jnp.take_along_axis(script, jnp.clip(cursor, 0, L - 1)[:, None], axis=1)[:, 0]
-    tok = jnp.where((cursor < L) & (tok >= 0), tok, wsj.T["<eos>"]).astype(jnp.int32)
-    lp = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)), tok[:, None], 1)[:, 0]
-    return tok, lp, lp
+    entry = jnp.take_along_axis(script, jnp.clip(cursor, 0, L - 1)[:, None], axis=1)[:, 0]
+    entry = jnp.where(cursor < L, entry, -1)
+    forced = jnp.where(entry >= 0, entry, wsj.T["<eos>"]).astype(jnp.int32)
+    lp = jnp.take_along_axis(jax.nn.log_softmax(logits.astype(jnp.float32)), forced[:, None], 1)[:, 0]
+    draw = entry == SAMPLE
+    tok, s_lp, s_mlp = lax.cond(jnp.any(draw), lambda: select_tokens(logits, key, scfg),
+                                lambda: (forced, lp, lp))
+    return jnp.where(draw, tok, forced), jnp.where(draw, s_lp, lp), jnp.where(draw, s_mlp, lp)
+
+
+def _in_range(x: Array, lo: Array | int, hi: Array | int) -> Array:
+    return (x >= lo) & (x < hi)
+
+
+def index_errors(ecfg: WideSearchConfig, o: wsj.OrchState, w: wsj.WorkerState, pool: lanes_lib.Lanes,
+                 orch: tuple[Array, Array, Array], workers: tuple[Array, Array, Array],
+                 cache_bad: Array) -> Array:
+    """One tick's out-of-range indices, [B, len(INDEX_CHECKS)] bool (the checks are
+    listed at :data:`INDEX_CHECKS`).
+
+    o, w: the environment states the tick started from (leaves [B, ...] / [B, K, ...]);
+    pool: the lanes after this tick's allocation (D groups of S = B K / D slots);
+    orch: (token, emitted, position) [B] and workers: the same [B, K], as
+    :func:`~swarmjax.envs.widesearch_jax.episode_tick` returned them;
+    cache_bad [B, K]: slots whose lane fed the sub-agent cache outside slots [0, W).
+    A slot index is in range when ``0 <= i < size``; a lane-pool error is charged to
+    every episode of its group."""
+    K, C, W, E = ecfg.max_subagents, ecfg.orch_context, ecfg.worker_context, ecfg.num_entities
+    vocab = wsj.Vocab(ecfg)
+    (ot, oe, opos), (wt, we, wpos) = orch, workers
+    B = ot.shape[0]
+    is_e = lambda t: _in_range(t, vocab.entity_base, vocab.value_base)
+    is_v = lambda t: _in_range(t, vocab.value_base, vocab.size)
+    bad_id, bad_owner = (x.reshape(B, K) for x in lanes_lib.errors(pool))
+    # the result being heard: token res_j of slot res_k's block (size ret_len + 2, or 3 for <fail>)
+    k = jnp.clip(o.res_k, 0, K - 1)[:, None]
+    size = jnp.where(jnp.take_along_axis(w.ok, k, 1)[:, 0], jnp.take_along_axis(w.ret_len, k, 1)[:, 0] + 2, 3)
+    stage_end = o.stage_first + o.stage_n
+    result_ok = _in_range(o.res_k, o.stage_first, stage_end) & (stage_end <= K) & _in_range(o.res_j, 0, size)
+    add_ent = (o.phase == wsj.O_SPAWN_ENT) & oe & is_e(ot) & (o.nents < ecfg.max_block_entities)
+    ans_pair = (o.phase == wsj.O_ANS_V) & oe & is_v(ot)
+    ret_pair = (w.phase == wsj.W_RET_V) & we & is_v(wt)
+    prompt_ent = (w.phase == wsj.W_PROMPT) & we & _in_range(w.cursor, 2, w.ntask + 2)
+    reply_ok = lambda q: _in_range(q.qpos, 0, q.qlen) & (q.qlen <= 2)
+    checks = {
+        "orch_slot": oe & ~_in_range(opos, 0, C),
+        "worker_slot": jnp.any(we & ~_in_range(wpos, 0, W), -1),
+        "lane_id": jnp.any(bad_id, -1),
+        "lane_owner": jnp.any(bad_owner, -1),
+        "lane_missing": jnp.any(we & (pool.lane_of.reshape(B, K) < 0), -1),
+        "cache_slot": jnp.any(cache_bad, -1),
+        "spawn_slot": add_ent & ~_in_range(o.spawned + o.nblocks - 1, 0, K),
+        "result_slot": (o.phase == wsj.O_RESULTS) & oe & ~result_ok,
+        "answer_slot": ans_pair & ~(_in_range(o.ans_len, 0, o.answer.shape[1]) & _in_range(o.ans_e, 0, E)),
+        "return_slot": jnp.any(ret_pair & ~(_in_range(w.ret_len, 0, W - 1) & _in_range(w.ret_e, 0, E)), -1),
+        "prompt_entity": jnp.any(prompt_ent & ~(_in_range(w.cursor - 2, 0, ecfg.max_block_entities)
+                                                & is_e(wt)), -1),
+        "reply_slot": ((o.phase == wsj.O_ENV) & oe & ~reply_ok(o))
+                      | jnp.any((w.phase == wsj.W_ENV) & we & ~reply_ok(w), -1),
+    }
+    return jnp.stack([checks[name] for name in INDEX_CHECKS], axis=-1)
 
 
 def _put(buf: Array, pos: Array, value: Array, where: Array) -> Array:
@@ -306,14 +398,21 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
             worker_sampled=_put(b.worker_sampled, wpos, wsm, we))
         o_cache, o_logits = _step_model(orch_params, orch_cfg, c.o_cache, c.o_logits, ot, opos, oe)
         lane = lambda x: lanes_lib.to_lanes(x.reshape(D, S), pool).reshape(L)
-        held = pool.owner.reshape(L) >= 0
+        lane_emit, lane_pos = lane(we) & (pool.owner.reshape(L) >= 0), lane(wpos)
         w_cache, w_logits = _step_model(worker_params, worker_cfg, w_cache, c.w_logits, lane(wt),
-                                        lane(wpos), lane(we) & held)
+                                        lane_pos, lane_emit)
+        errors = c.index_errors
+        if rcfg.check_indices:
+            cache_bad = (lanes_lib.to_slots((lane_emit & ~_in_range(lane_pos, 0, W)).reshape(D, Lg), pool)
+                         & (pool.lane_of >= 0))
+            errors = errors + index_errors(
+                ecfg, c.o, c.w, pool, (ot, oe, opos), (wt.reshape(B, K), we.reshape(B, K), wpos.reshape(B, K)),
+                cache_bad.reshape(B, K)).astype(jnp.int32)
         pool = lanes_lib.release(pool, (w.phase == wsj.W_DONE).reshape(D, S))
         return TickCarry(t=c.t + 1, key=key, o=o, w=w, o_cache=o_cache, w_cache=w_cache,
                          o_logits=o_logits, w_logits=w_logits, bufs=bufs,
                          orch_cursor=c.orch_cursor + osm, worker_cursor=c.worker_cursor + wsm,
-                         pool=pool)
+                         pool=pool, index_errors=errors)
 
     def cond(c: TickCarry):
         return (c.t < rcfg.max_ticks(S)) & jnp.any(c.o.end == wsj.RUNNING)
@@ -321,7 +420,9 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
     carry = TickCarry(t=jnp.int32(0), key=key, o=o, w=w, o_cache=pre.cache, w_cache=w_cache,
                       o_logits=o_logits, w_logits=w_logits, bufs=bufs,
                       orch_cursor=jnp.zeros((B,), jnp.int32),
-                      worker_cursor=jnp.zeros((B * K,), jnp.int32), pool=pool)
+                      worker_cursor=jnp.zeros((B * K,), jnp.int32), pool=pool,
+                      index_errors=(jnp.zeros((B, len(INDEX_CHECKS)), jnp.int32) if rcfg.check_indices
+                                    else None))
     carry = lax.while_loop(cond, body, carry)
     t, o, w, bufs = carry.t, carry.o, carry.w, carry.bufs
     return RolloutResult(
@@ -333,7 +434,8 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
         worker_return_len=w.ret_len, answer=o.answer,
         answer_len=o.ans_len, correct=o.correct, answered=o.answered, truth=tasks.n,
         orch_steps=o.orch_steps, critical_steps=o.critical, total_steps=o.total, spawned=o.spawned,
-        finished=o.finished, end_reason=o.end, ticks=t)
+        finished=o.finished, end_reason=o.end, ticks=t,
+        cut_by_max_ticks=jnp.sum(o.end == wsj.RUNNING, dtype=jnp.int32), index_errors=carry.index_errors)
 
 
 class SwarmRollout:

@@ -70,3 +70,20 @@ def to_lanes(x: Array, lanes: Lanes) -> Array:
 def to_slots(x: Array, lanes: Lanes) -> Array:
     """Per-lane values ``[D, Lg, ...]`` -> per-slot ``[D, S, ...]`` (lane-less slots get lane 0's)."""
     return jax.vmap(lambda x, l: x[jnp.maximum(l, 0)])(x, lanes.lane_of)
+
+
+def _group_errors(lane_of: Array, owner: Array) -> tuple[Array, Array]:
+    S, Lg = lane_of.shape[0], owner.shape[0]
+    bad_id = ~((lane_of >= -1) & (lane_of < Lg)) | jnp.any((owner < -1) | (owner >= S))
+    back = owner[jnp.clip(lane_of, 0, Lg - 1)]                          # [S] owner of each slot's lane
+    forth = lane_of[jnp.clip(owner, 0, S - 1)]                          # [Lg] lane of each lane's owner
+    bad_owner = ((lane_of >= 0) & (back != jnp.arange(S))) | jnp.any((owner >= 0) & (forth != jnp.arange(Lg)))
+    return bad_id, bad_owner
+
+
+def errors(lanes: Lanes) -> tuple[Array, Array]:
+    """Pool invariants broken, per slot ``[D, S]`` bool each: ``bad_id``: the slot's
+    lane is outside ``[-1, Lg)``, or a lane of its group has an owner outside
+    ``[-1, S)``; ``bad_owner``: ``lane_of`` and ``owner`` are not inverse maps (slot s
+    holds lane l iff owner[l] = s), seen from the slot, or from a lane of its group."""
+    return jax.vmap(_group_errors)(lanes.lane_of, lanes.owner)

@@ -133,18 +133,3 @@ def to_outcomes(cfg: WideSearchConfig, result: RolloutResult) -> list[Outcome]:
                             for k in range(spawned)]))
     return outs
 
-
-def rollout_traces(cfg: WideSearchConfig, tasks: wsj.Tasks, result: RolloutResult, *,
-                   channels: dict[str, Array] | None = None, prefix: str = "ep",
-                   wall_clock_s: float = 0.0, limit: int | None = None) -> list[dict]:
-    """Orchestration traces (docs/design.md section 14) of the first ``limit`` episodes of a
-    rollout, with each reward channel (``channels`` from :func:`episode_rewards`) and
-    the batch's wall-clock time split evenly."""
-    from swarmjax.traces.export import trace_from_outcome
-
-    outs, eps = to_outcomes(cfg, result), episodes(tasks)
-    count = len(outs) if limit is None else min(limit, len(outs))
-    ch = {k: np.asarray(v) for k, v in (channels or {}).items() if np.ndim(v) == 1}
-    return [trace_from_outcome(cfg, eps[b], outs[b], {k: float(v[b]) for k, v in ch.items()},
-                               f"{prefix}-{b}", f"{prefix}-task-{b}", wall_clock_s / max(len(outs), 1))
-            for b in range(count)]

@@ -63,8 +63,32 @@ def select(traces: list[dict[str, Any]], *, index: int | None = None, trace_id: 
 
 
 def _turn_kind(event: dict[str, Any]) -> str:
+    """An orchestrator turn's kind: the first token it said (``text``), or in traces of
+    the first format the ``content_ref`` ``turn:<i>:<kind>``."""
+    if event.get("text"):
+        return event["text"].split()[0]
     ref = event.get("content_ref", "")
     return ref.split(":", 2)[2] if ref.count(":") >= 2 else event["type"]
+
+
+def end_reason(trace: dict[str, Any]) -> str:
+    """Why the episode ended (``answer``, ``budget``, ``context``): the ``reason`` of the
+    orchestrator's closing ``return`` / ``despawn`` event (``metrics.end_reason`` in traces
+    of the first format)."""
+    for ev in reversed(trace["events"]):
+        if ev["agent"] == "orchestrator" and ev["type"] in ("return", "despawn") and "reason" in ev:
+            return ev["reason"]
+    return str(trace.get("metrics", {}).get("end_reason", "?"))
+
+
+def _detail(event: dict[str, Any], width: int = 72) -> str:
+    """One line about an event: its text (cut to ``width``), tool, outcome, reason, addressee."""
+    text = event["text"] if "text" in event else event.get("content_ref", "")
+    if len(text) > width:
+        text = text[:width - 3] + "..."
+    parts = [text, event.get("tool", ""), {True: "ok", False: "failed"}.get(event.get("ok"), ""),
+             f"({event['reason']})" if "reason" in event else "", f"-> {event['to']}" if "to" in event else ""]
+    return " ".join(p for p in parts if p)
 
 
 def segments(trace: dict[str, Any]) -> list[tuple[str, int, int, str]]:
@@ -99,10 +123,11 @@ def timeline(trace: dict[str, Any], max_events: int = 200) -> str:
     bars = segments(trace)
     width = max([end for _, _, end, _ in bars] + [1])
     lines = [f"trace {trace['trace_id']}  task {trace['task_id']}  size n={m.get('task_size', '?')}  "
-             f"end: {m.get('end_reason', '?')}",
+             f"end: {end_reason(trace)}",
              f"critical steps {m.get('critical_steps', '?')}  total steps {m.get('total_steps', '?')}  "
              f"sub-agents {m.get('subagents', 0)} ({m.get('subagents_finished', 0)} returned)  "
-             f"tokens {trace['costs'].get('tokens', '?')}",
+             f"tokens {trace['costs'].get('tokens', '?')}  tool calls {trace['costs'].get('tool_calls', '?')}  "
+             f"wall clock {trace['costs'].get('wall_clock_s', 0.0):.4f} s",
              "rewards  " + "  ".join(f"{k} {v:.3f}" for k, v in r.items()), ""]
     marks = {"<lookup>": "L", "<spawn>": "S", "<answer>": "A", "return": "=", "despawn": "x"}
     names = _agents(bars)
@@ -118,12 +143,10 @@ def timeline(trace: dict[str, Any], max_events: int = 200) -> str:
     lines.append(" " * pad + "L lookup  S spawn  A answer  ? other/malformed turn  = sub-agent working  "
                  "x sub-agent failed")
     lines.append("")
+    pad = max([pad] + [len(ev["agent"]) + 2 for ev in trace["events"]])
     lines.append(f"{'t':>4}  {'agent':<{pad}}{'event':<22}detail")
     for ev in sorted(trace["events"], key=lambda e: e["t"])[:max_events]:
-        detail = " ".join(str(x) for x in (
-            ev.get("content_ref", ""), ev.get("tool", ""),
-            f"-> {ev['to']}" if "to" in ev else "") if x)
-        lines.append(f"{ev['t']:>4}  {ev['agent']:<{pad}}{ev['type']:<22}{detail}")
+        lines.append(f"{ev['t']:>4}  {ev['agent']:<{pad}}{ev['type']:<22}{_detail(ev)}")
     if len(trace["events"]) > max_events:
         lines.append(f"... {len(trace['events']) - max_events} more events")
     return "\n".join(lines)

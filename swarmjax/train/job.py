@@ -2,7 +2,9 @@
 
 Writes into ``workdir``: ``config.txt`` (the resolved job), ``metrics.jsonl`` (one
 line per SFT / PARL step), ``eval.jsonl`` (per task size, per evaluation),
-``traces.jsonl`` (a few evaluation episodes as orchestration traces),
+``traces.jsonl`` (a few test-split evaluation episodes as orchestration traces,
+:mod:`swarmjax.traces.rollout`: every agent's turns and tool calls, each PARL reward
+channel, the evaluation batch's measured wall time split over its episodes),
 ``checkpoints/`` (orbax: train state, data-iterator state, counters),
 ``summary.json`` / ``summary.md`` (warm-start vs final policy per task size on the
 test split, wall clock), ``curves.png`` (learning curves) and, when ``tensorboardX``
@@ -40,13 +42,13 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
-from swarmjax.swarm.outcome import rollout_traces
+from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.sft import SFTConfig, train_sft
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
-EVAL_KEYS = ("item_f1", "critical_steps", "total_steps", "subagents", "no_spawn_fraction")
+EVAL_KEYS = ("item_f1", "critical_steps", "total_steps", "subagents", "finished_subagents", "no_spawn_fraction")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +103,9 @@ class TrainJob:
     # the workdir of an earlier run with the same model, SFT settings, task and seed:
     # start from its warm start (<dir>/warm_start/) instead of running the SFT stage
     warm_start_from: str | None = None
+    # the warm_identity fields that must match for that (a subset of model, sft, env,
+    # seed): ("model",) transfers a warm start to a variant of the task
+    warm_start_match: tuple[str, ...] = ("model", "sft", "env", "seed")
 
     def validate(self) -> None:
         """One-line errors for configs that cannot run, before anything compiles."""
@@ -120,6 +125,9 @@ class TrainJob:
                 raise ValueError(f"parl.rollout.env.budget {env.budget} is below {need_steps}, the fewest "
                                  f"critical steps any policy needs for a task of size {env.max_task_size} "
                                  f"(K = {env.max_subagents} sub-agents of at most {env.worker_capacity} lookups)")
+        if "model" not in self.warm_start_match or not set(self.warm_start_match) <= {"model", "sft", "env", "seed"}:
+            raise ValueError(f"warm_start_match {self.warm_start_match} must include 'model' and name only "
+                             "model, sft, env, seed")
         procs = jax.process_count()
         if procs > 1 and (self.mesh is None or self.parl.tasks_per_step % procs):
             raise ValueError(f"{procs} processes need a mesh and parl.tasks_per_step divisible by {procs}")
@@ -277,8 +285,9 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
             from swarmjax.train.checkpoint import abstract_state
 
             local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])     # as train_sft returns it
-            warm, sft_accuracy = load_warm_start(job, job.warm_start_from,
-                                                 abstract_state(jax.eval_shape(init), local))
+            warm, warm_meta = load_warm_start(job, job.warm_start_from,
+                                              abstract_state(jax.eval_shape(init), local))
+            sft_accuracy, warm_id = warm_meta["sft_accuracy"], warm_meta["identity"]
         else:
             bar = progress_bar(job.sft.steps, "warm start (SFT)", progress)
 
@@ -291,10 +300,11 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
             warm, sft_report = train_sft(init(), job.model, dataclasses.replace(env, budget=None), job.sft, on_sft)
             bar.close()
             sft_accuracy = {k: v for k, v in sft_report["after"].items() if k.endswith("_acc")}
+            warm_id = None
         state = trainer.init(warm, worker_params=warm)
         # every run's workdir holds its warm start: the frozen sub-agents, laid out on the
         # trainer's mesh (global arrays: every process writes its shards)
-        save_warm_start(job, workdir, state.frozen["workers"], sft_accuracy)
+        save_warm_start(job, workdir, state.frozen["workers"], sft_accuracy, identity=warm_id)
         meta = {"parl_step": 0, "seed": job.seed, "wall_clock_s": 0.0, "data": train_iter.get_state(),
                 "job": job.identity(), "sft_accuracy": sft_accuracy}
     if primary:
@@ -307,10 +317,14 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
         for n, row in res.items():
             log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
             if split == "test":
-                tasks, result = _host(kept[n])                # every process joins the gather
+                tasks, result, seconds = kept[n]
+                tasks, result = _host((tasks, result))        # every process joins the gather
                 if primary:
+                    # the reward channels as PARL step `step` would weigh them (budget lifted)
                     for tr in rollout_traces(eval_engine.rcfg.env, tasks, result,
-                                             prefix=f"{label}-s{step}-n{n}", limit=job.traces_per_eval):
+                                             rewards=reward_channels(result, job.parl.parl, step),
+                                             wall_clock_s=seconds, prefix=f"{label}-s{step}-n{n}",
+                                             limit=job.traces_per_eval):
                         log.write("traces.jsonl", tr)
         return res
 

@@ -71,8 +71,8 @@ class PARLTrainConfig:
 
 
 # PARL step metrics besides the reward channels' means (all reduced on the device)
-BATCH_METRICS = ("reward", "item_f1", "critical_steps", "total_steps", "subagents", "novel_subagents",
-                 "answered", "kept_groups", "orch_tokens", "sampled_tokens")
+BATCH_METRICS = ("reward", "item_f1", "critical_steps", "total_steps", "subagents", "finished_subagents",
+                 "novel_subagents", "answered", "kept_groups", "cut_by_max_ticks", "orch_tokens", "sampled_tokens")
 
 
 def trajectories(result: RolloutResult, advantages: Array, group_ids: Array, rewards: Array) -> TrajectoryBatch:
@@ -127,8 +127,10 @@ class PARLTrainer:
         metrics.update(
             reward=jnp.mean(reward), item_f1=metrics["r_perf"],
             critical_steps=jnp.mean(result.critical_steps), total_steps=jnp.mean(result.total_steps),
-            subagents=jnp.mean(result.spawned), novel_subagents=jnp.mean(novel_subagents(result)),
+            subagents=jnp.mean(result.spawned), finished_subagents=jnp.mean(result.finished),
+            novel_subagents=jnp.mean(novel_subagents(result)),
             answered=jnp.mean(result.end_reason == wsj.END_ANSWER), kept_groups=jnp.mean(keep),
+            cut_by_max_ticks=result.cut_by_max_ticks,     # episodes the loop bound cut: 0
             orch_tokens=jnp.sum(result.length),
             sampled_tokens=jnp.sum(result.loss_mask) + jnp.sum(result.worker_sampled))
         return batch, metrics
@@ -139,7 +141,8 @@ class PARLTrainer:
         batches so far), which drives the lambda schedules; ``tasks``: ``tasks_per_step``
         tasks (e.g. from :func:`swarmjax.data.task_iterator`), sampled fresh from ``key``
         when None. Metrics: reward and every channel (batch means), item-F1, critical /
-        total steps, sub-agents, answered fraction, the learner's metrics, timings."""
+        total steps, sub-agents, answered fraction, episodes cut by the rollout's
+        ``max_ticks`` (0: a bound), the learner's metrics, timings."""
         cfg = self.cfg
         k_tasks, k_roll = jax.random.split(key)
         t0 = time.perf_counter()
@@ -182,18 +185,24 @@ def sample_eval_tasks(key: Array, env, sizes: list[int] | tuple[int, ...], episo
 def evaluate(engine: SwarmRollout, params: Any, worker_params: Any, tasks: dict[int, wsj.Tasks],
              key: Array, *, keep: dict | None = None) -> dict[int, dict[str, float]]:
     """Per task size n (``tasks[n]``: a batch of tasks of that size): ``item_f1``,
-    ``critical_steps``, ``total_steps``, ``subagents``, ``no_spawn_fraction``,
+    ``critical_steps``, ``total_steps``, ``subagents`` (spawned), ``finished_subagents``
+    (returned before their step limit), ``no_spawn_fraction``,
     ``answered`` (means over the batch). ``keep``, if given, receives
-    ``{n: (tasks, result)}`` (e.g. to export traces)."""
+    ``{n: (tasks, result, seconds)}`` (e.g. to export traces), ``seconds`` the rollout's
+    wall time until its results were ready, JAX compilation excluded
+    (:func:`swarmjax.traces.timing.stopwatch`)."""
+    from swarmjax.traces.timing import stopwatch
+
     out = {}
     for n, batch in tasks.items():
         batch = jax.tree.map(jnp.asarray, batch)
-        r = engine(params, worker_params, batch, jax.random.fold_in(key, 10_000 + n))
+        with stopwatch() as clock:
+            r = jax.block_until_ready(engine(params, worker_params, batch, jax.random.fold_in(key, 10_000 + n)))
         if keep is not None:
-            keep[n] = (batch, r)
+            keep[n] = (batch, r, clock["seconds"])
         f1 = item_f1(r.correct, r.answered, r.truth, r.end_reason == wsj.END_ANSWER)
         out[n] = {"item_f1": float(jnp.mean(f1)), "critical_steps": float(jnp.mean(r.critical_steps)),
                   "total_steps": float(jnp.mean(r.total_steps)), "subagents": float(jnp.mean(r.spawned)),
-                  "no_spawn_fraction": float(jnp.mean(r.spawned == 0)),
+                  "finished_subagents": float(jnp.mean(r.finished)), "no_spawn_fraction": float(jnp.mean(r.spawned == 0)),
                   "answered": float(jnp.mean(r.end_reason == wsj.END_ANSWER))}
     return out

@@ -9,13 +9,14 @@ worker trajectories ``[Bw, W]`` and minimises the sum of the two roles' token me
 
 (per-role means, so the long orchestrator contexts do not drown the short worker
 ones). The optimizer is the same Muon/AdamW split as the RL stage
-(:func:`swarmjax.optim.make_optimizer`).
+(:func:`swarmjax.optim.make_optimizer`), followed by QK-Clip as there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -26,7 +27,7 @@ import optax
 from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import forward
-from swarmjax.optim import OptimConfig, make_optimizer
+from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
 from swarmjax.rl.losses import token_logprobs
 from swarmjax.train.demos import Demos, make_demos
 
@@ -58,23 +59,32 @@ def role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
                loss_mask: Array) -> tuple[Array, Array, Array]:
     """Masked next-token statistics of one role's batch [B, T]: (sum of -log p, number of
     loss tokens, number predicted right by argmax)."""
-    logits = forward(params, cfg, tokens, token_mask=token_mask).logits           # [B, T, V]
-    logp = token_logprobs(logits, tokens)                                         # [B, T]
+    return _role_stats(params, cfg, tokens, token_mask, loss_mask, want_max=False)[0]
+
+
+def _role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array, loss_mask: Array, *,
+                want_max: bool) -> tuple[tuple[Array, Array, Array], Array | None]:
+    """:func:`role_stats` and, when ``want_max``, the forward's attention max logits [L, H]."""
+    out = forward(params, cfg, tokens, token_mask=token_mask, return_max_logits=want_max)
+    logp = token_logprobs(out.logits, tokens)                                     # [B, T]
     mask = loss_mask.at[:, 0].set(False).astype(jnp.float32)
-    right = jnp.pad(jnp.argmax(logits[:, :-1], -1) == tokens[:, 1:], ((0, 0), (1, 0)))
-    return -jnp.sum(logp * mask), jnp.sum(mask), jnp.sum(right * mask)
+    right = jnp.pad(jnp.argmax(out.logits[:, :-1], -1) == tokens[:, 1:], ((0, 0), (1, 0)))
+    return (-jnp.sum(logp * mask), jnp.sum(mask), jnp.sum(right * mask)), out.max_logits
 
 
 def sft_loss(params: Any, cfg: ModelConfig, orch: tuple[Array, Array, Array],
-             work: tuple[Array, Array, Array]) -> tuple[Array, dict[str, Array]]:
-    """The two-role loss above and per-role metrics (``*_nll``, ``*_acc``)."""
-    metrics, loss = {}, 0.0
+             work: tuple[Array, Array, Array], *, want_max: bool = False
+             ) -> tuple[Array, tuple[dict[str, Array], Array | None]]:
+    """The two-role loss above, and (per-role metrics ``*_nll``, ``*_acc``; with
+    ``want_max`` the attention max logits [L, H] over both batches, else None)."""
+    metrics, loss, max_logits = {}, 0.0, None
     for name, batch in (("orch", orch), ("worker", work)):
-        nll, count, right = role_stats(params, cfg, *batch)
+        (nll, count, right), m = _role_stats(params, cfg, *batch, want_max=want_max)
         mean = nll / jnp.maximum(count, 1.0)
         loss = loss + mean
         metrics[f"{name}_nll"], metrics[f"{name}_acc"] = mean, right / jnp.maximum(count, 1.0)
-    return loss, metrics
+        max_logits = m if max_logits is None else jnp.maximum(max_logits, m)
+    return loss, (metrics, max_logits)
 
 
 def _batch(demos: Demos, idx: np.ndarray) -> tuple[Array, Array, Array]:
@@ -120,31 +130,50 @@ def evaluate(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, batch: int
 
 
 def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTConfig,
-              on_step: Callable[[int, dict[str, float]], None] | None = None) -> tuple[Any, dict[str, Any]]:
+              on_step: Callable[[int, dict[str, float]], None] | None = None, *,
+              eval_every: int = 0) -> tuple[Any, dict[str, Any]]:
     """Warm-start ``params`` on demonstrations. Returns the trained params and a report:
-    the loss history and held-out per-role accuracy before and after."""
+    the loss history and held-out per-role accuracy before and after.
+
+    With ``scfg.optim.qk_clip_tau > 0`` QK-Clip (:func:`swarmjax.optim.qk_clip`) follows
+    every optimizer step, as in the RL stage: the step's attention max logits [L, H]
+    (both roles' batches) are logged as ``max_attn_logit`` and heads over tau are
+    rescaled to tau (``qk_clip_heads`` counts them). ``eval_every > 0`` adds the
+    held-out per-role figures (``heldout_orch_acc``, ``heldout_worker_nll``...) to the
+    metrics of every ``eval_every``-th step (and to ``report["evals"]``: (step, figures))."""
     train_o, train_w = make_demos(env, scfg.demos, scfg.seed, spawn_fraction=scfg.spawn_fraction,
                                   max_chunk=scfg.max_chunk)
     eval_o, eval_w = make_demos(env, scfg.eval_demos, scfg.seed + 1_000_003,
                                 spawn_fraction=scfg.spawn_fraction, max_chunk=scfg.max_chunk)
     opt = make_optimizer(scfg.optim)
     opt_state = opt.init(params)
+    tau = scfg.optim.qk_clip_tau
 
     @jax.jit
     def step(params, opt_state, orch, work):
-        (loss, metrics), grads = jax.value_and_grad(sft_loss, has_aux=True)(params, cfg, orch, work)
+        grad_fn = jax.value_and_grad(partial(sft_loss, want_max=tau > 0), has_aux=True)
+        (loss, (metrics, max_logits)), grads = grad_fn(params, cfg, orch, work)
         updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": loss, **metrics}
+        if tau > 0:
+            params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=scfg.optim.qk_clip_alpha)
+            metrics.update(max_attn_logit=clip["max_attn_logit"], qk_clip_heads=clip["qk_clip_heads"])
+        return params, opt_state, metrics
 
     rng = np.random.default_rng(scfg.seed)
     buckets = length_buckets(train_o, scfg.bucket)
-    report: dict[str, Any] = {"before": evaluate(params, cfg, eval_o, eval_w), "history": []}
+    report: dict[str, Any] = {"before": evaluate(params, cfg, eval_o, eval_w), "history": [], "evals": []}
     for i in range(scfg.steps):
         io, length = sample_bucketed(buckets, scfg.batch, rng)
         iw = rng.integers(0, len(train_w), scfg.batch)
         orch = tuple(x[:, :length] for x in _batch(train_o, io))
         params, opt_state, metrics = step(params, opt_state, orch, _batch(train_w, iw))
         metrics = {k: float(v) for k, v in metrics.items()}
+        if eval_every > 0 and (i + 1) % eval_every == 0:
+            held = evaluate(params, cfg, eval_o, eval_w)
+            report["evals"].append((i + 1, held))
+            metrics.update({f"heldout_{k}": v for k, v in held.items()})
         report["history"].append(metrics)
         if on_step is not None:
             on_step(i, metrics)

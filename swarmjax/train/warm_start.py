@@ -14,7 +14,10 @@ the SFT:
   held-out per-role SFT accuracy the job reports.
 
 Loading checks that identity field by field: params trained for another model or on
-other demonstrations are refused with one line naming the fields that differ.
+other demonstrations are refused with one line naming the fields that differ. A job
+that means to transfer a warm start to a variant of the task (another worker step
+limit, say) narrows the check with ``TrainJob.warm_start_match = ("model",)``; the
+reused warm start keeps the identity it was made with.
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ def _dir(workdir: str) -> str:
     return os.path.join(workdir, "warm_start")
 
 
-def save_warm_start(job, workdir: str, params: Any, sft_accuracy: dict[str, float]) -> None:
-    """Write ``params`` and their identity to ``<workdir>/warm_start/`` (all processes
-    call this; process 0 writes the JSON)."""
+def save_warm_start(job, workdir: str, params: Any, sft_accuracy: dict[str, float], *,
+                    identity: dict[str, str] | None = None) -> None:
+    """Write ``params`` and their identity (default :func:`warm_identity` of ``job``; a
+    reused warm start passes the identity it was loaded with) to ``<workdir>/warm_start/``
+    (all processes call this; process 0 writes the JSON)."""
     import orbax.checkpoint as ocp
 
     path = os.path.abspath(_dir(workdir))
@@ -53,13 +58,14 @@ def save_warm_start(job, workdir: str, params: Any, sft_accuracy: dict[str, floa
         ckpt.save(os.path.join(path, _PARAMS), params, force=True)
     if jax.process_index() == 0:
         with open(os.path.join(path, _META), "w") as f:
-            json.dump({"identity": warm_identity(job), "sft_accuracy": sft_accuracy}, f, indent=2)
+            json.dump({"identity": identity or warm_identity(job), "sft_accuracy": sft_accuracy}, f, indent=2)
 
 
-def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[str, float]]:
+def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[str, Any]]:
     """The warm start written by the run in ``workdir``, for ``job``: (params laid out
-    as ``abstract_params``, the SFT accuracy it reported). Raises ``ValueError`` (one
-    line) when there is none or it was made for another model, SFT config, task or seed."""
+    as ``abstract_params``, its meta: ``identity`` and the ``sft_accuracy`` it reported).
+    Raises ``ValueError`` (one line) when there is none or it was made for another value
+    of one of ``job.warm_start_match`` (default all: model, sft, env, seed)."""
     import orbax.checkpoint as ocp
 
     path = os.path.abspath(_dir(workdir))
@@ -70,10 +76,11 @@ def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[
     with open(meta_file) as f:
         meta = json.load(f)
     mine, saved = warm_identity(job), meta.get("identity", {})
-    diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
+    diff = sorted(k for k in job.warm_start_match if mine.get(k) != saved.get(k))
     if diff:
         raise ValueError(f"warm_start_from: the warm start in {workdir} was made with another "
-                         f"{', '.join(diff)} (it must match the job's model, sft, task and seed)")
+                         f"{', '.join(diff)} (it must match the job's {', '.join(job.warm_start_match)}; "
+                         "see TrainJob.warm_start_match)")
     with ocp.StandardCheckpointer() as ckpt:
         params = ckpt.restore(os.path.join(path, _PARAMS), abstract_params)
-    return params, meta["sft_accuracy"]
+    return params, meta
