@@ -81,7 +81,11 @@ EXPERIMENTS = {
               "spawning, r_finish for sub-agents that return.",
         source="Kimi K2.5 technical report, arXiv 2602.02276, section on PARL (r_finish against "
                "spurious parallelism)",
-        arms={"default": (), "no_r_finish": ("parl.parl.lambda2=0.0",)},
+        arms={"default": (), "no_r_finish": ("parl.parl.lambda2=0.0",),
+              # K2.5's r_parallel pays for instantiating sub-agents; ours (default "parallel")
+              # only for entities finished sub-agents returned: without r_finish, with theirs
+              "no_r_finish_spawned": ("parl.parl.lambda2=0.0", "parl.parl.parallel='spawned'",
+                                      "parl.parl.parallel_target=8")},
         curves=("subagents", "finished_subagents", "critical_steps", "item_f1"),
         train_means=("subagents", "finished_subagents", "item_f1"),
         # sub-agents that can fail: a worker has 2 steps, so it finishes one lookup and its
