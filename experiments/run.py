@@ -1,6 +1,7 @@
 """The claims behind PARL and GSPO as experiments on the default CPU job.
 
     python experiments/run.py serial_collapse            # seeds 0 1 2
+    python experiments/run.py spurious_parallelism --jobs 3
     python experiments/run.py budget --seeds 0 1 2 --jobs 2
     python experiments/run.py gspo_vs_grpo --base 'runs/cpu_s{seed}'
 
@@ -16,6 +17,8 @@ source, the arms, a table of the final held-out figures per arm and seed with th
 and the worst seed, and the n = 16 validation curve at every evaluation) and
 ``<name>.png`` (training-batch curves, mean over seeds, one line per arm). The runs
 themselves go to ``--runs`` (default ``runs/experiments/<name>/<arm>_s<seed>``).
+``docs/experiments.md`` collects the tables and plots of every experiment with a verdict
+(does the claim hold here?) written from them.
 """
 
 from __future__ import annotations
