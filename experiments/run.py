@@ -31,6 +31,8 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from common import save_figure
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "parl_widesearch_cpu.py")
 
@@ -243,11 +245,7 @@ def _plot(exp: Experiment, name: str, dirs: dict, path: str, smooth: int = 10) -
             ax.plot(np.arange(len(y)) + (smooth if n >= smooth else 1), y, label=arm)
         ax.set_title(f"{key} (training batch, mean of {len(next(iter(dirs.values())))} seeds)", fontsize=8)
         ax.set_xlabel("PARL step")
-    np.atleast_1d(axes)[0].legend(fontsize=8)
-    fig.suptitle(name)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, axes, name, path)
 
 
 def main(argv=None) -> None:

@@ -25,6 +25,8 @@ import os
 import sys
 import time
 
+from common import save_figure
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "parl_widesearch_cpu.py")
 
@@ -199,11 +201,7 @@ def _plot(exp: SFTExperiment, name: str, tuned: dict, path: str) -> None:
         ax.set_xlabel("SFT step")
         if key == "max_attn_logit":
             ax.set_yscale("log")
-    np.atleast_1d(axes)[0].legend(fontsize=8)
-    fig.suptitle(name)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, axes, name, path)
 
 
 def main(argv=None) -> None:
