@@ -30,24 +30,35 @@ def union_seconds(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+# The span lists of the stopwatches running now. One listener, registered on first use and
+# never unregistered: registering and unregistering a jax.monitoring listener around every
+# timed rollout went with a segfault inside XLA's CPU compiler later in the test suite.
+_OPEN: list[list[tuple[float, float]]] = []
+_REGISTERED: list[bool] = []
+
+
+def _listen(event: str, start: float, end: float, **_) -> None:
+    if event.startswith(COMPILE_EVENTS):
+        for spans in _OPEN:
+            spans.append((start, end))
+
+
 @contextlib.contextmanager
 def stopwatch() -> Iterator[dict[str, float]]:
     """Time a block: yields a dict that holds, after the block, ``elapsed_s`` (wall time
     of the whole block), ``compile_s`` (of it, JAX tracing / lowering / compiling) and
     ``seconds`` (``elapsed_s - compile_s``, at least 0: the time the work itself took)."""
+    if not _REGISTERED:
+        monitoring.register_event_time_span_listener(_listen)
+        _REGISTERED.append(True)
     spans: list[tuple[float, float]] = []
-
-    def listen(event: str, start: float, end: float, **_) -> None:
-        if event.startswith(COMPILE_EVENTS):
-            spans.append((start, end))
-
     out = {"elapsed_s": 0.0, "compile_s": 0.0, "seconds": 0.0}
-    monitoring.register_event_time_span_listener(listen)
+    _OPEN.append(spans)
     t0 = time.perf_counter()
     try:
         yield out
     finally:
         elapsed = time.perf_counter() - t0
-        monitoring.unregister_event_time_span_listener(listen)
+        _OPEN.remove(spans)
         compile_s = min(union_seconds(spans), elapsed)
         out.update(elapsed_s=elapsed, compile_s=compile_s, seconds=max(elapsed - compile_s, 0.0))
