@@ -1,6 +1,12 @@
-"""What the experiment scripts share: the end of every figure."""
+"""What the experiment scripts share: the repository root, the default CPU config, the
+end of every figure."""
 
 from __future__ import annotations
+
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "parl_widesearch_cpu.py")
 
 
 def save_figure(fig, axes, title: str, path: str) -> None:

@@ -31,10 +31,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from common import save_figure
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "configs", "parl_widesearch_cpu.py")
+from common import CONFIG, ROOT, save_figure
 
 
 @dataclasses.dataclass(frozen=True)
