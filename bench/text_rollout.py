@@ -389,6 +389,8 @@ def main(argv=None) -> None:
                    help="TextRolloutConfig.segment_exit: a decode segment ends once this fraction of its "
                         "rows finished their turn (1.0: all)")
     p.add_argument("--env-threads", type=int, default=TextRolloutConfig.env_threads)
+    p.add_argument("--decode-slack", type=int, default=TextRolloutConfig.decode_slack,
+                   help="TextRolloutConfig.decode_slack (0: None, windows sized for the whole turn limit)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--fit-cache", default=None,
                    help="a .npz file: load the warmed-up params from it if it was written with the same "
@@ -406,7 +408,7 @@ def main(argv=None) -> None:
                              max_turn_tokens=args.max_turn_tokens, worker_lanes=args.lanes,
                              subagent_turns=cfg.subagent_steps, budget=args.budget,
                              prefill_buckets=tuple(args.prefill_buckets), segment_exit=args.segment_exit,
-                             env_threads=args.env_threads,
+                             env_threads=args.env_threads, decode_slack=args.decode_slack or None,
                              orch_sampling=SamplingConfig(temperature=0.0),
                              worker_sampling=SamplingConfig(temperature=0.0))
     peak = matmul_peak_flops()

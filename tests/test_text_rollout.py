@@ -38,10 +38,12 @@ def world(tmp_path_factory):
 
 
 def _rollout(world, episodes, key=0, scripts=None, **overrides):
+    """Run ``episodes``; min_window 256 (not the default 128) keeps the compiled window
+    widths of these long contexts few (the segmentation test runs narrow ones)."""
     task, model, params = world
     rcfg = TextRolloutConfig(**{**dict(orch_context=2048, worker_context=1024, max_turn_tokens=512,
                                        worker_lanes=3, subagent_turns=CFG.subagent_steps,
-                                       prefill_buckets=(16, 64, 256)), **overrides})
+                                       prefill_buckets=(16, 64, 256), min_window=256), **overrides})
     engine = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids)
     envs = [task.orchestrator(ep) for ep in episodes]
     return engine(params, params, envs, episodes, jax.random.key(key), scripts=scripts)
@@ -120,6 +122,33 @@ def test_recorded_logprobs_equal_a_teacher_forced_forward(world, scripted_run):
     n = res.length[b]
     np.testing.assert_array_equal(res.tokens[b, :n], res.orchestrators[b].arrays()["ids"])
     assert res.loss_mask[b, :n].sum() == res.orchestrators[b].arrays()["sampled"].sum() > 0
+
+
+def test_segmentation_and_windows_change_only_the_time(world):
+    """segment_exit, decode_slack and min_window decide where decode segments end and how
+    wide their windows are, never the trajectory: a run cut into many short segments in
+    narrow windows (rows resume every few tokens) records the same ids, log-probs and
+    counts as one that decodes each turn in one segment over a full window. Scripted
+    split episodes (multi-turn, sub-agents; the replayed ids are scored by the model)
+    and one greedy episode on the random model."""
+    task = world[0]
+    eps = _episodes([4, 6, 3])
+    plans = [task.split_script(ep, k) for ep, k in zip(eps, (2, 3))]
+    common = dict(max_turn_tokens=200, orch_sampling=SamplingConfig(temperature=0.0),
+                  worker_sampling=SamplingConfig(temperature=0.0),
+                  scripts=TextScripts(orch=[p[0] for p in plans], workers=[p[1] for p in plans]))
+    whole = _rollout(world, eps, segment_exit=1.0, decode_slack=None, min_window=256, **common)
+    cut = _rollout(world, eps, segment_exit=0.25, decode_slack=8, min_window=64, **common)
+    assert cut.stats["segments"] >= 2 * whole.stats["segments"]
+    pairs = [(x, y) for b in range(len(eps))
+             for x, y in zip([whole.orchestrators[b], *whole.subagents[b]], [cut.orchestrators[b], *cut.subagents[b]])]
+    assert len(pairs) == sum(1 + len(s) for s in whole.subagents) == sum(1 + len(s) for s in cut.subagents)
+    for x, y in pairs:
+        a, b = x.arrays(), y.arrays()
+        np.testing.assert_array_equal(a["ids"], b["ids"])
+        np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+    for field in ("critical_steps", "total_steps", "end_reason"):
+        np.testing.assert_array_equal(getattr(whole, field), getattr(cut, field))
 
 
 def test_budget_ends_an_episode_and_subagents_are_stopped_at_their_turn_limit(world):
