@@ -116,6 +116,25 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def _qwen3(hidden: int, layers: int, heads: int, intermediate: int, tied: bool) -> ModelConfig:
+    return ModelConfig(vocab_size=151936, hidden_size=hidden, num_layers=layers, num_heads=heads,
+                       num_kv_heads=8, head_dim=128, intermediate_size=intermediate, rms_norm_eps=1e-6,
+                       rope_theta=1_000_000.0, max_position_embeddings=40960, qk_norm=True,
+                       tie_embeddings=tied, param_dtype="bfloat16", dtype="bfloat16")
+
+
+# Qwen3 dense shapes (no weights: ``swarmjax plan`` and configs start from them), from the
+# models' config.json files (huggingface.co/Qwen/Qwen3-0.6B, -1.7B, -4B, -8B, April 2025):
+# vocab 151936, 8 kv heads of 128, RMSNorm eps 1e-6, RoPE theta 1e6, 40960 positions;
+# 0.6B-4B tie the embedding, 8B does not. bfloat16 as released.
+PRESETS.update({
+    "qwen3-0.6b": _qwen3(1024, 28, 16, 3072, tied=True),
+    "qwen3-1.7b": _qwen3(2048, 28, 16, 6144, tied=True),
+    "qwen3-4b": _qwen3(2560, 36, 32, 9728, tied=True),
+    "qwen3-8b": _qwen3(4096, 36, 32, 12288, tied=False),
+})
+
+
 def preset(name: str) -> ModelConfig:
     """Look up a named preset; raises with the list of known names."""
     try:

@@ -394,6 +394,33 @@ def cache_logical_axes(cfg: ModelConfig) -> KVCache:
     return KVCache(k=k, v=v, valid=P("batch", "cache_seq"))
 
 
+# ----------------------------------------------------------------------------- remat
+
+# Rematerialisation of the layer stack in training and scoring (``forward(remat=...)``):
+# what each layer keeps for the backward pass. "none" keeps every activation; "block"
+# keeps only each layer's input and recomputes the rest in the backward pass (memory
+# ~ L x B x T x D instead of every intermediate; one extra forward of compute); any
+# other name is one of ``jax.checkpoint_policies`` (e.g. "dots_with_no_batch_dims_saveable":
+# keep the weight matmuls' outputs, recompute the attention and elementwise ops).
+REMAT_POLICIES: dict[str, Any] = {"none": None, "block": jax.checkpoint_policies.nothing_saveable}
+
+
+def remat_policy(name: str) -> Any:
+    """The ``jax.checkpoint`` policy named ``name`` (:data:`REMAT_POLICIES` or a
+    ``jax.checkpoint_policies`` attribute); None for "none". Raises ValueError."""
+    if name in REMAT_POLICIES:
+        return REMAT_POLICIES[name]
+    policy = getattr(jax.checkpoint_policies, name, None)
+    if policy is None or name.startswith("_") or not callable(policy):
+        named = sorted(n for n in dir(jax.checkpoint_policies) if not n.startswith("_"))
+        raise ValueError(f"unknown remat policy {name!r}; known: {sorted(REMAT_POLICIES)} or a "
+                         f"jax.checkpoint_policies name: {named}")
+    if name.startswith(("save_", "offload_", "save_and_offload")) or name == "save_from_both_policies":
+        raise ValueError(f"jax.checkpoint_policies.{name} builds a policy from arguments; "
+                         "give a ready policy name such as 'dots_saveable'")
+    return policy
+
+
 # ----------------------------------------------------------------------------- forward
 
 
@@ -409,7 +436,8 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             return_max_logits: bool = False, logits_to_keep: int = 0,
             logits_at: Array | None = None,
             rope_table: tuple[Array, Array] | None = None,
-            prefix: KVCache | None = None, prefix_rows: Array | None = None) -> ForwardOutput:
+            prefix: KVCache | None = None, prefix_rows: Array | None = None,
+            remat: str = "none") -> ForwardOutput:
     """Run the decoder.
 
     Args:
@@ -441,6 +469,9 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
         attend over its valid slots before their own (cascade attention; their
         ``positions`` continue after it). Needs ``cache``.
       prefix_rows: [B] bool, the rows that attend over ``prefix`` (default: all).
+      remat: static; without a cache, what each layer keeps for the backward pass
+        (:func:`remat_policy`: "none", "block" or a ``jax.checkpoint_policies`` name).
+        The values are the same; only the memory of a gradient and its compute change.
 
     Returns:
       :class:`ForwardOutput` with float32 logits [B, T, V] ([B, n, V] with ``logits_to_keep=n``).
@@ -464,6 +495,8 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
         def body(x, layer_params):
             x, _, _, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask_new)
             return x, max_logit
+        if remat != "none":
+            body = jax.checkpoint(body, policy=remat_policy(remat), prevent_cse=False)   # inside scan: no CSE guard
         x, max_logits = lax.scan(body, x, params["layers"])                # max_logits [L, H]
         new_cache = None
     else:
@@ -506,4 +539,4 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
 
 
 # ``forward`` compiled once per (config, shapes): for callers outside their own jit.
-forward_jit = jax.jit(forward, static_argnums=1, static_argnames=("return_max_logits", "logits_to_keep"))
+forward_jit = jax.jit(forward, static_argnums=1, static_argnames=("return_max_logits", "logits_to_keep", "remat"))

@@ -40,7 +40,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import forward, param_logical_axes
+from swarmjax.models.transformer import forward, param_logical_axes, remat_policy
 from swarmjax.optim.muon import OptimConfig, make_optimizer
 from swarmjax.optim.qk_clip import qk_clip
 from swarmjax.rl.losses import (LossConfig, MetricSums, batch_totals, metrics_from_sums,
@@ -71,10 +71,12 @@ class UpdateConfig:
     optim: OptimConfig = OptimConfig()
     num_minibatches: int = 4      # GSPO paper: rollout batch split into 4 minibatches
     num_microbatches: int = 1     # gradient accumulation inside each minibatch
+    remat: str = "none"           # per-layer rematerialisation of the forward (models.transformer.remat_policy)
 
     def __post_init__(self):
         if self.num_minibatches < 1 or self.num_microbatches < 1:
             raise ValueError("num_minibatches and num_microbatches must be >= 1")
+        remat_policy(self.remat)          # a clear error for an unknown name, at config time
 
 
 class _StepCarry(NamedTuple):
@@ -161,7 +163,7 @@ class Learner:
     # ------------------------------------------------------------------ the step
     def _logprobs(self, params, tokens, token_mask, want_max=False):
         out = forward(params, self.model_cfg, tokens, token_mask=token_mask,
-                      return_max_logits=want_max)
+                      return_max_logits=want_max, remat=self.cfg.remat)
         return token_logprobs(out.logits, tokens), out.max_logits
 
     def _loss(self, params, mb: TrajectoryBatch, old_logp, ref_logp, totals):

@@ -1,0 +1,99 @@
+"""``swarmjax plan``: per-device memory of a training job on a mesh, before booking it.
+
+    swarmjax plan --model qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --remat block
+    swarmjax plan --model qwen3-1.7b --mesh 1,8,1 --batch 32 --seq 2048 --json
+
+Compiles the learner update and the rollout ahead of time from abstract shapes on
+simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
+XLA's per-device memory: params, optimizer state, temporaries, KV cache, and whether
+the total fits v5e / v5p / v6e / H100 (:mod:`swarmjax.train.plan`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from swarmjax.cli import register
+
+
+def _mesh(text: str) -> tuple[int, int, int]:
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        sizes = ()
+    if len(sizes) != 3 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--mesh takes data,fsdp,tensor as three positive ints, got {text!r}")
+    return sizes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a model preset (swarmjax.models.config.PRESETS), e.g. qwen3-8b")
+    p.add_argument("--mesh", type=_mesh, required=True, help="data,fsdp,tensor sizes, e.g. 1,64,1")
+    p.add_argument("--batch", type=int, required=True, help="trajectories per learner update")
+    p.add_argument("--seq", type=int, required=True, help="tokens per trajectory (and KV slots per rollout row)")
+    p.add_argument("--remat", default="none",
+                   help="learner rematerialisation: none, block, or a jax.checkpoint_policies name")
+    p.add_argument("--prompt", type=int, help="prompt tokens of a rollout row (default seq / 2)")
+    p.add_argument("--rollout-batch", type=int, help="rows decoded at once (default --batch)")
+    p.add_argument("--dtype", help="override the preset's compute and param dtype (float32, bfloat16)")
+    p.add_argument("--optimizer", choices=("muon", "adamw"), default="muon")
+    p.add_argument("--loss", default="gspo", help="a loss preset (swarmjax.rl.losses.loss_preset), e.g. gspo, grpo")
+    p.add_argument("--minibatches", type=int, default=4, help="optimizer steps per update")
+    p.add_argument("--microbatches", type=int, default=1, help="gradient accumulation per minibatch")
+    p.add_argument("--json", action="store_true", help="print one JSON object (bytes per device)")
+
+
+def _simulated_cpu_devices(count: int) -> None:
+    """Ask JAX for ``count`` CPU devices and the CPU backend only; must run before
+    anything touches a backend (``swarmjax plan`` is its own process)."""
+    import jax
+
+    try:
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError as e:      # the backend was already initialised with other settings
+        raise ValueError(f"cannot simulate {count} CPU devices in this process ({e}); run "
+                         f"'swarmjax plan' in a fresh process") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    devices = math.prod(args.mesh)
+    _simulated_cpu_devices(devices)
+    import dataclasses
+
+    import jax
+
+    from swarmjax.models.config import preset
+    from swarmjax.optim import OptimConfig
+    from swarmjax.rl.losses import loss_preset
+    from swarmjax.rl.update import UpdateConfig
+    from swarmjax.sharding.mesh import MeshConfig, make_mesh
+    from swarmjax.train.plan import format_plan, plan_memory
+
+    if len(jax.devices()) < devices:
+        raise ValueError(f"the mesh needs {devices} devices but JAX has {len(jax.devices())}")
+    cfg = preset(args.model)
+    if args.dtype:
+        cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
+    update = UpdateConfig(loss=loss_preset(args.loss), optim=dataclasses.replace(OptimConfig(), name=args.optimizer),
+                          num_minibatches=args.minibatches, num_microbatches=args.microbatches, remat=args.remat)
+    if args.batch % (args.minibatches * args.microbatches):
+        raise ValueError(f"--batch {args.batch} is not divisible by minibatches x microbatches "
+                         f"= {args.minibatches * args.microbatches}")
+    data, fsdp, tensor = args.mesh
+    mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices=jax.devices()[:devices])
+    plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
+                       rollout_batch=args.rollout_batch, prompt=args.prompt)
+    if args.json:
+        print(json.dumps({"model": args.model, "batch": args.batch, "seq": args.seq, "remat": args.remat,
+                          "dtype": cfg.dtype, **plan.as_dict()}))
+    else:
+        print(format_plan(plan, title=f"{args.model} ({cfg.num_params() / 1e9:.2f}B params, {cfg.dtype}), "
+                                      f"batch {args.batch} x {args.seq} tokens, remat {args.remat}"))
+    return 0
+
+
+register("plan", "per-device memory of the learner update and the rollout on a mesh, before booking it")(
+    (add_arguments, run))

@@ -1,0 +1,195 @@
+"""Will it fit? Per-device memory of the learner update and the rollout on a mesh,
+planned before booking the machines.
+
+:func:`plan_memory` compiles both programs ahead of time from abstract shapes
+(``jax.ShapeDtypeStruct`` with their ``NamedSharding``; nothing is allocated):
+
+* the learner update (:class:`~swarmjax.rl.update.Learner`, the jitted step with
+  the state donated) on a batch of ``batch`` trajectories of ``seq`` tokens;
+* the rollout: the sampler (:class:`~swarmjax.sampling.sampler.Sampler`) decoding
+  ``rollout_batch`` rows of a ``prompt``-token prompt to ``seq`` tokens (its KV cache
+  holds ``seq`` slots per row).
+
+Sizes per device:
+
+* ``params`` / ``opt_state`` / ``frozen`` (the reference model when the loss has a KL
+  term): each leaf's shard shape on the mesh times its item size;
+* ``temp``: XLA's temporaries of the update (``memory_analysis().temp_size_in_bytes``:
+  activations kept for the backward pass, gradients, optimizer scratch);
+* ``kv_cache`` and ``rollout_temp``: the rollout's cache and temporaries;
+* ``update_total``: XLA's arguments + outputs - donated aliases + temporaries of the update;
+  ``rollout_total`` likewise for the rollout, plus the optimizer state and frozen trees,
+  which stay resident while it runs; ``total``: the larger of the two.
+
+The compile runs on simulated CPU devices (``swarmjax plan`` asks JAX for as many as
+the mesh has), so the numbers are XLA:CPU's view of the SPMD program: a TPU or GPU
+compile fuses and lays out differently (and may add its own scratch), so leave
+headroom. What is exact is the parameter and optimizer-state arithmetic, and how the
+temporaries scale with batch, sequence, mesh and remat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from swarmjax.models.config import ModelConfig
+from swarmjax.models.transformer import KVCache, abstract_params, init_cache
+from swarmjax.rl.trajectory import TrajectoryBatch
+from swarmjax.rl.update import Learner, TrainState, UpdateConfig
+from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.sampling.sampler import Sampler
+from swarmjax.sharding.mesh import batch_sharding
+
+GIB = 1 << 30
+
+# Memory per chip (HBM) of the accelerators people book: Cloud TPU v5e / v5p / v6e
+# (cloud.google.com/tpu/docs/v5e, /v5p, /v6e) and the NVIDIA H100 SXM.
+DEVICE_MEMORY: dict[str, int] = {"v5e": 16 * GIB, "v5p": 95 * GIB, "v6e": 32 * GIB, "h100": 80 * GIB}
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device bytes of one configuration (see the module docstring)."""
+
+    params: int
+    opt_state: int
+    frozen: int
+    temp: int
+    update_total: int
+    kv_cache: int
+    rollout_temp: int
+    rollout_total: int
+    devices: int
+    mesh: tuple[int, int, int]
+
+    @property
+    def total(self) -> int:
+        return max(self.update_total, self.rollout_total)
+
+    def fits(self, device: str, *, headroom: float = 0.9) -> bool:
+        """Whether ``total`` fits in ``headroom`` of ``device``'s memory (:data:`DEVICE_MEMORY`)."""
+        if device not in DEVICE_MEMORY:
+            raise ValueError(f"unknown device {device!r}; known: {sorted(DEVICE_MEMORY)}")
+        return self.total <= headroom * DEVICE_MEMORY[device]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["mesh"] = list(self.mesh)
+        out["total"] = self.total
+        out["fits"] = {d: self.fits(d) for d in DEVICE_MEMORY}
+        return out
+
+
+def per_device_bytes(tree: Any) -> int:
+    """Bytes one device holds of a tree of ``ShapeDtypeStruct`` with shardings: each
+    leaf's shard shape (``sharding.shard_shape``) times its item size."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree))
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _xla_total(compiled) -> tuple[int, int]:
+    """(arguments + outputs - aliased + temporaries, temporaries) of a compiled program."""
+    m = compiled.memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes,
+            m.temp_size_in_bytes)
+
+
+def abstract_train_state(learner: Learner) -> TrainState:
+    """The learner's state as shapes with their shardings (the reference model in
+    ``frozen`` when the loss has a KL term)."""
+    params = abstract_params(learner.model_cfg)
+    frozen = {"reference": params} if learner.cfg.loss.kl_beta > 0 else None
+    state = jax.eval_shape(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p,
+                                                opt_state=learner.optimizer.init(p), frozen=frozen), params)
+    return _abstract(state, learner.state_shardings(state))
+
+
+def abstract_batch(mesh: Mesh, batch: int, seq: int) -> TrajectoryBatch:
+    """A :class:`TrajectoryBatch` of ``batch`` x ``seq`` as shapes, sharded over the data axes."""
+    rows = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    b = TrajectoryBatch(tokens=rows(batch, seq), token_mask=jax.ShapeDtypeStruct((batch, seq), bool),
+                        loss_mask=jax.ShapeDtypeStruct((batch, seq), bool),
+                        sampler_logprobs=jax.ShapeDtypeStruct((batch, seq), jnp.float32),
+                        advantages=jax.ShapeDtypeStruct((batch,), jnp.float32), group_ids=rows(batch),
+                        rewards=jax.ShapeDtypeStruct((batch,), jnp.float32))
+    return _abstract(b, jax.tree.map(lambda x: batch_sharding(mesh, x.ndim, batch_size=batch), b))
+
+
+def plan_update(learner: Learner, batch: int, seq: int):
+    """The update compiled ahead of time: (compiled, abstract state)."""
+    mesh = learner.mesh
+    state = abstract_train_state(learner)
+    data = abstract_batch(mesh, batch, seq)
+    step = jax.jit(learner._update_impl, donate_argnums=0,
+                   in_shardings=(jax.tree.map(lambda x: x.sharding, state), jax.tree.map(lambda x: x.sharding, data)),
+                   out_shardings=(jax.tree.map(lambda x: x.sharding, state), NamedSharding(mesh, PartitionSpec())))
+    return step.lower(state, data).compile(), state
+
+
+def plan_rollout(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int, seq: int):
+    """The sampler's generate compiled ahead of time: (compiled, abstract cache)."""
+    sampler = Sampler(cfg, SamplingConfig(temperature=1.0, max_new_tokens=seq - prompt), mesh=mesh)
+    params = abstract_params(cfg)
+    params = _abstract(params, sampler.param_shardings(params))
+    cache = jax.eval_shape(lambda: init_cache(cfg, batch, seq))
+    cache = _abstract(cache, sampler._cache_shardings(batch, seq))
+    fn = sampler._compile(params, batch, KVCache(k=cache.k, v=cache.v, valid=cache.valid), (False, False))
+    tokens = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
+    mask = jax.ShapeDtypeStruct((batch, prompt), bool)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return fn.lower(params, tokens, mask, key, cache, None, None).compile(), cache
+
+
+def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: UpdateConfig = UpdateConfig(),
+                rollout_batch: int | None = None, prompt: int | None = None) -> MemoryPlan:
+    """Per-device memory of the update and the rollout of ``cfg`` on ``mesh``.
+
+    Args:
+      cfg: the model (e.g. ``PRESETS["qwen3-8b"]``; its ``param_dtype``/``dtype``).
+      mesh: a ``(data, fsdp, tensor)`` mesh (:func:`~swarmjax.sharding.mesh.make_mesh`).
+      batch: trajectories per update (divisible by the update's mini x micro batches).
+      seq: tokens per trajectory, and KV slots per rollout row.
+      update: the learner's config (loss, optimizer, minibatches, ``remat``).
+      rollout_batch: rows decoded at once (default ``batch``); prompt: prompt tokens of
+        a rollout row (default ``seq // 2``).
+    """
+    if seq < 2 or batch < 1:
+        raise ValueError(f"need batch >= 1 and seq >= 2, got batch={batch}, seq={seq}")
+    prompt = seq // 2 if prompt is None else prompt
+    if not 0 < prompt < seq:
+        raise ValueError(f"prompt must be in [1, seq), got {prompt}")
+    learner = Learner(cfg, update, mesh=mesh)
+    compiled, state = plan_update(learner, batch, seq)
+    update_total, temp = _xla_total(compiled)
+    rollout, cache = plan_rollout(cfg, mesh, rollout_batch or batch, prompt, seq)
+    resident = per_device_bytes(state.opt_state) + (0 if state.frozen is None else per_device_bytes(state.frozen))
+    rollout_total, rollout_temp = _xla_total(rollout)
+    return MemoryPlan(params=per_device_bytes(state.params), opt_state=per_device_bytes(state.opt_state),
+                      frozen=0 if state.frozen is None else per_device_bytes(state.frozen), temp=temp,
+                      update_total=update_total, kv_cache=per_device_bytes(cache), rollout_temp=rollout_temp,
+                      rollout_total=rollout_total + resident, devices=mesh.devices.size,
+                      mesh=tuple(mesh.devices.shape))
+
+
+def format_plan(plan: MemoryPlan, *, title: str = "") -> str:
+    """A small table of the plan in GiB and whether it fits each device."""
+    g = lambda n: f"{n / GIB:9.2f}"
+    rows = [("params", plan.params), ("opt_state", plan.opt_state), ("frozen", plan.frozen),
+            ("update temp", plan.temp), ("update total", plan.update_total), ("kv_cache", plan.kv_cache),
+            ("rollout temp", plan.rollout_temp), ("rollout total", plan.rollout_total), ("total", plan.total)]
+    lines = [title] if title else []
+    lines.append(f"per device of {plan.devices} (mesh data, fsdp, tensor = {plan.mesh}), GiB:")
+    lines += [f"  {name:<14}{g(n)}" for name, n in rows]
+    lines.append("  fits (90% of memory): " + ", ".join(
+        f"{d} {DEVICE_MEMORY[d] // GIB} GiB: {'yes' if plan.fits(d) else 'no'}" for d in DEVICE_MEMORY))
+    return "\n".join(lines)

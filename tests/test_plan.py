@@ -1,0 +1,98 @@
+"""``swarmjax plan`` and remat: the planned memory of a tiny model agrees with what its
+real compile and its real arrays take, remat lowers the planned temporaries and leaves
+the gradients unchanged, the Qwen3 presets have the published sizes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swarmjax.models import ModelConfig, forward, init_params
+from swarmjax.models.config import PRESETS
+from swarmjax.models.transformer import remat_policy
+from swarmjax.rl.trajectory import TrajectoryBatch
+from swarmjax.rl.update import Learner, UpdateConfig
+from swarmjax.sharding.mesh import MeshConfig, make_mesh
+from swarmjax.train.plan import DEVICE_MEMORY, per_device_bytes, plan_memory, plan_update
+
+CFG = ModelConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
+                  intermediate_size=192)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return make_mesh(MeshConfig(data=2, fsdp=4, tensor=1), devices=jax.devices()[:8])
+
+
+def test_remat_lowers_the_planned_temporaries(mesh):
+    plans = {r: plan_memory(CFG, mesh, batch=16, seq=128, update=UpdateConfig(remat=r)) for r in ("none", "block")}
+    assert plans["block"].temp < 0.7 * plans["none"].temp, {r: p.temp for r, p in plans.items()}
+    assert plans["block"].params == plans["none"].params > 0
+    assert plans["block"].total <= plans["none"].total
+    assert all(plans["none"].as_dict()["fits"][d] for d in DEVICE_MEMORY)
+
+
+def test_the_plan_agrees_with_the_real_compile_and_arrays(mesh):
+    """Params and optimizer state per device equal the bytes the real sharded arrays
+    hold on one device; XLA's memory analysis of the real update equals the plan's."""
+    update = UpdateConfig(num_minibatches=2)
+    plan = plan_memory(CFG, mesh, batch=8, seq=64, update=update)
+    learner = Learner(CFG, update, mesh=mesh)
+    state = learner.init(init_params(CFG, jax.random.key(0)))
+    on_device0 = lambda tree: sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards
+                                  if s.device == jax.devices()[0])
+    assert plan.params == on_device0(state.params)
+    assert plan.opt_state == on_device0(state.opt_state)
+    rng = np.random.default_rng(0)
+    batch = TrajectoryBatch(tokens=jnp.asarray(rng.integers(0, 256, (8, 64)), jnp.int32),
+                            token_mask=jnp.ones((8, 64), bool), loss_mask=jnp.ones((8, 64), bool).at[:, 0].set(False),
+                            sampler_logprobs=jnp.zeros((8, 64)), advantages=jnp.ones((8,)),
+                            group_ids=jnp.zeros((8,), jnp.int32), rewards=jnp.ones((8,)))
+    learner.update(state, batch)                                   # compiles the real update
+    real = learner._update[8].lower(learner.init(init_params(CFG, jax.random.key(1))), batch).compile()
+    planned, _ = plan_update(learner, 8, 64)
+    for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes"):
+        assert getattr(real.memory_analysis(), field) == getattr(planned.memory_analysis(), field), field
+
+
+def test_remat_keeps_values_and_gradients():
+    params = init_params(CFG, jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
+
+    def loss(p, remat):
+        return jnp.mean(forward(p, CFG, tokens, remat=remat).logits ** 2)
+    ref = jax.grad(loss)(params, "none")
+    for name in ("block", "dots_with_no_batch_dims_saveable"):
+        got = jax.jit(jax.grad(loss), static_argnums=1)(params, name)
+        for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="unknown remat policy"):
+        remat_policy("blocks")
+    with pytest.raises(ValueError, match="unknown remat policy"):
+        UpdateConfig(remat="nope")
+
+
+def test_qwen3_presets_have_the_published_sizes():
+    sizes = {k: PRESETS[k].num_params() / 1e9 for k in ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b")}
+    # Qwen3 model cards: 0.6B (0.44B non-embedding), 1.7B, 4.0B, 8.2B parameters
+    assert [round(v, 1) for v in sizes.values()] == [0.6, 1.7, 4.0, 8.2], sizes
+
+
+def test_plan_command_prints_json_per_device(tmp_path):
+    """The command in its own process (it asks JAX for as many CPU devices as the mesh has)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    cmd = [sys.executable, "-m", "swarmjax.cli", "plan", "--model", "1m", "--mesh", "1,4,1", "--batch", "8",
+           "--seq", "64", "--remat", "block", "--json"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    plan = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"params", "opt_state", "temp", "total", "kv_cache", "fits"} <= set(plan)
+    assert plan["mesh"] == [1, 4, 1] and plan["devices"] == 4
+    assert 0 < plan["params"] < plan["total"]
+    bad = subprocess.run(cmd[:-3] + ["--remat", "blocks"], env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "unknown remat policy" in bad.stderr
