@@ -1,8 +1,11 @@
 """Muon against an independent Newton-Schulz reference; QK-Clip by recomputed forward passes."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from optax.contrib import MuonDimensionNumbers
 
@@ -164,3 +167,27 @@ def test_qk_clip_with_qk_norm_is_per_layer():
     same, m = qk_clip(params, jnp.asarray(base), cfg, tau=TAU, alpha=0.5)
     jax.tree.map(np.testing.assert_array_equal, same, params)
     assert int(m["qk_clip_heads"]) == 0
+
+
+@pytest.mark.parametrize("name", ["muon", "adamw"])
+def test_bfloat16_params_keep_a_float32_optimizer_state(name):
+    """bf16 params and compute: the optimizer's state and arithmetic stay float32 and the
+    update equals the float32 optimizer's on the same (bf16-representable) values,
+    cast to bf16; the params stay bf16 through a learner step."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                      intermediate_size=64, param_dtype="bfloat16", dtype="bfloat16")
+    params = init_params(cfg, jax.random.key(0))
+    grads = jax.tree.map(lambda p: (jax.random.normal(jax.random.key(1), p.shape) * 0.1).astype(p.dtype), params)
+    ocfg = OptimConfig(name=name, learning_rate=1e-2)
+    opt = make_optimizer(ocfg)
+    state = opt.init(params)
+    assert all(x.dtype != jnp.bfloat16 for x in jax.tree.leaves(state))
+    upd, state = opt.update(grads, state, params)
+    assert all(u.dtype == jnp.bfloat16 for u in jax.tree.leaves(upd))
+    ref_opt = make_optimizer(dataclasses.replace(ocfg, float32_state=False))
+    f32 = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32), t)
+    ref, _ = ref_opt.update(f32(grads), ref_opt.init(f32(params)), f32(params))
+    for a, b in zip(jax.tree.leaves(upd), jax.tree.leaves(ref)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
+    new = optax.apply_updates(params, upd)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(new))

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from optax.contrib import MuonDimensionNumbers
 
@@ -57,6 +58,7 @@ class OptimConfig:
     muon_per_head: bool = False         # orthogonalise each head's slice of q/k/v/o separately
     qk_clip_tau: float = 100.0          # QK-Clip threshold; 0 = off
     qk_clip_alpha: float = 0.5
+    float32_state: bool = True          # optimizer state and update math in float32 for bf16/f16 params
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
@@ -121,4 +123,31 @@ def make_optimizer(cfg: OptimConfig,
     opt = OPTIMIZERS[cfg.name](cfg, dims)
     if cfg.max_grad_norm:
         opt = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt)
-    return opt
+    return float32_state(opt) if cfg.float32_state else opt
+
+
+def _upcast(tree: Any) -> Any:
+    return jax.tree.map(lambda x: x.astype(jnp.float32) if _low_float(x) else x, tree)
+
+
+def _low_float(x: Any) -> bool:
+    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and jnp.finfo(x.dtype).bits < 32
+
+
+def float32_state(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``inner`` with its state and arithmetic in float32 when params and gradients are
+    bfloat16 / float16: gradients and params are upcast before ``inner.update`` (so
+    momenta, second moments, the clipping norm and Newton-Schulz run in float32) and
+    the updates are cast back to each gradient's dtype. A no-op for float32 params.
+
+    Hand-written because optax offers this per optimizer only (``adam(mu_dtype=)``
+    keeps the first moment alone), not for Muon or a chain."""
+    def init(params):
+        return inner.init(_upcast(params))
+
+    def update(updates, state, params=None):
+        new, state = inner.update(_upcast(updates), state, None if params is None else _upcast(params))
+        new = jax.tree.map(lambda u, g: u.astype(g.dtype) if hasattr(g, "dtype") else u, new, updates)
+        return new, state
+
+    return optax.GradientTransformation(init, update)
