@@ -11,8 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from swarmjax.models.hf import CheckpointError, from_hf, to_hf  # noqa: E402
-from swarmjax.models.transformer import forward_jit  # noqa: E402
+from swarmjax.models.config import ModelConfig, YarnScaling  # noqa: E402
+from swarmjax.models.hf import CheckpointError, config_from_hf, config_to_hf, from_hf, to_hf  # noqa: E402
+from swarmjax.models.transformer import abstract_params, forward_jit, rope_attention_factor, rope_inv_freq  # noqa: E402
 from swarmjax.sampling import Sampler, SamplingConfig, pad_prompts  # noqa: E402
 
 COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -29,13 +30,23 @@ FAMILIES = {
                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0,
                                   "original_max_position_embeddings": 16})),
+    # Qwen2 / Qwen2.5: biases on q, k, v (not o), no q/k norm
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+              dict(tie_word_embeddings=False, rope_theta=1_000_000.0, use_sliding_window=False)),
+    "qwen2_tied": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+                   dict(tie_word_embeddings=True)),
+    # YaRN past a 16-position original context (TOKENS has 24; generation reaches 17)
+    "qwen3_yarn": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+                   dict(tie_word_embeddings=True, max_position_embeddings=64,
+                        rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                      "original_max_position_embeddings": 16})),
 }
 
 
 def _hf_model(name):
     config_cls, model_cls, extra = FAMILIES[name]
     torch.manual_seed(0)
-    model = model_cls(config_cls(**COMMON, **extra)).eval()
+    model = model_cls(config_cls(**{**COMMON, **extra})).eval()
     with torch.no_grad():  # non-trivial norm weights, so a swapped norm would show
         for n, p in model.named_parameters():
             if "norm" in n or "bias" in n:
@@ -65,6 +76,9 @@ def test_logits_match_transformers(hf_checkpoint):
     assert os.path.exists(os.path.join(path, "model.safetensors.index.json"))
     cfg, params = from_hf(path)
     assert cfg.qk_norm == name.startswith("qwen3")
+    assert (cfg.attention_bias, cfg.has_o_bias) == {"llama3": (True, True), "qwen2": (True, False),
+                                                    "qwen2_tied": (True, False)}.get(name, (False, False))
+    assert cfg.rope_type == {"llama3": "llama3", "qwen3_yarn": "yarn"}.get(name, "default")
     ours = forward_jit(params, cfg, jnp.asarray(TOKENS)).logits
     np.testing.assert_allclose(ours, _hf_logits(model, TOKENS), atol=1e-4, rtol=1e-4)
 
@@ -195,3 +209,72 @@ def test_bad_config_values_name_the_file(saved):
     (saved / "config.json").write_text("{ not json")
     with pytest.raises(CheckpointError, match=f"^{config}: not valid JSON"):
         from_hf(str(saved))
+
+
+# ----------------------------------------------------------------- Qwen2 biases, YaRN
+
+
+def test_qwen2_biases_are_q_k_v_only(tiny_cfg):
+    qwen2 = tiny_cfg.replace(qk_norm=False, attention_bias=True, o_bias=False)
+    attn = abstract_params(qwen2)["layers"]["attn"]
+    assert {"q_bias", "k_bias", "v_bias"} <= set(attn) and "o_bias" not in attn
+    assert sum(x.size for x in jax.tree.leaves(abstract_params(qwen2))) == qwen2.num_params()
+    hf = config_to_hf(qwen2)
+    assert hf["architectures"] == ["Qwen2ForCausalLM"] and "attention_bias" not in hf
+    assert config_from_hf(hf)[0] == qwen2
+    with pytest.raises(CheckpointError, match="no Hugging Face family"):   # Qwen3 has all four or none
+        config_to_hf(qwen2.replace(qk_norm=True))
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 16,
+     "beta_slow": 2, "truncate": False},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 0.707,
+     "mscale_all_dim": 1.0},
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16, "attention_factor": 0.9},
+    {"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 16},   # factor 64 / 16
+])
+def test_yarn_frequencies_and_attention_factor_match_transformers(rope):
+    """Against transformers' own ``_compute_yarn_parameters`` (not our port of it)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    hf_cfg = transformers.Qwen3Config(**{**COMMON, "max_position_embeddings": 64, "rope_scaling": dict(rope)})
+    inv, factor = ROPE_INIT_FUNCTIONS["yarn"](hf_cfg, "cpu")
+    ours, _ = config_from_hf({**COMMON, "max_position_embeddings": 64, "rope_scaling": dict(rope),
+                              "architectures": ["Qwen3ForCausalLM"]})
+    assert ours.rope_type == "yarn" and isinstance(ours.rope_scaling, YarnScaling)
+    np.testing.assert_allclose(rope_inv_freq(ours), inv.numpy(), rtol=1e-6)
+    assert rope_attention_factor(ours) == pytest.approx(factor, rel=1e-12)
+    assert config_from_hf(config_to_hf(ours))[0] == ours
+    # the default attention factor: 0.1 ln(factor) + 1
+    if set(rope) <= {"rope_type", "factor", "original_max_position_embeddings"}:
+        assert factor == pytest.approx(0.1 * np.log(rope["factor"] or 64 / 16) + 1)
+
+
+def test_yarn_config_is_hashable_and_validated():
+    y = YarnScaling(factor=4.0, original_max_position_embeddings=16)
+    cfg = ModelConfig(rope_type="yarn", rope_scaling=y)
+    assert hash(cfg) == hash(ModelConfig(rope_type="yarn", rope_scaling=YarnScaling(4.0, 16)))
+    with pytest.raises(ValueError, match="rope_type='yarn' needs"):
+        ModelConfig(rope_type="yarn", rope_scaling=(4.0, 1.0, 4.0, 16))
+    with pytest.raises(ValueError, match="rope_type='llama3' needs"):
+        ModelConfig(rope_type="llama3", rope_scaling=y)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (dict(use_sliding_window=True), "unsupported option use_sliding_window=true"),
+    (dict(rope_parameters={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}),
+     "unsupported rope_type 'longrope'; supported: default, llama3, yarn"),
+    (dict(rope_parameters=None, rope_scaling={"type": "dynamic", "factor": 2.0}),   # 4.x spelling
+     "unsupported rope_type 'dynamic'"),
+    (dict(partial_rotary_factor=0.5), "unsupported option partial_rotary_factor=0.5"),
+    (dict(architectures=["Qwen2MoeForCausalLM"]), "unknown architecture"),
+])
+def test_unsupported_options_are_one_line_errors(tmp_path, edit, message):
+    model = _hf_model("qwen2_tied")
+    model.save_pretrained(tmp_path)
+    _edit_config(tmp_path, lambda c: c.update(edit))
+    with pytest.raises(CheckpointError) as e:
+        from_hf(str(tmp_path))
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith(str(tmp_path / "config.json"))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from swarmjax.rl import advantages as adv_lib
-from swarmjax.rl.losses import LossConfig, policy_loss, token_logprobs
+from swarmjax.rl.losses import LossConfig, chunked_token_logprobs, policy_loss, token_logprobs
 
 B, T = 5, 6
 
@@ -202,3 +202,21 @@ def test_uniform_groups_and_overlong():
     assert adv_lib.uniform_groups(rewards, groups).tolist() == [True, True, False, False, True, True]
     pen = adv_lib.overlong_penalty(jnp.asarray([10, 16, 18, 20, 25]), max_length=20, cache_length=4)
     np.testing.assert_allclose(pen, [0, 0, -0.5, -1.0, -1.0])
+
+
+def test_chunked_token_logprobs_equal_the_full_ones_with_their_gradients():
+    """Log-probs a chunk of positions at a time (T - 1 = 12 positions in chunks of 5:
+    the last one padded) equal log_softmax of the full logits, and so do the gradients
+    with respect to the hidden states and the head."""
+    rng = np.random.default_rng(0)
+    hidden = jnp.asarray(rng.normal(size=(3, 13, 8)), jnp.float32)
+    head = jnp.asarray(rng.normal(size=(8, 50)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, 50, (3, 13)), jnp.int32)
+    w = jnp.asarray(rng.normal(size=(3, 13)), jnp.float32)
+    full = lambda h, W: token_logprobs(jnp.einsum("btd,dv->btv", h, W), tokens)
+    chunked = lambda h, W: chunked_token_logprobs(h, W, tokens, chunk=5)
+    np.testing.assert_allclose(chunked(hidden, head), full(hidden, head), rtol=1e-5, atol=1e-5)
+    g_full = jax.grad(lambda h, W: jnp.sum(full(h, W) * w), argnums=(0, 1))(hidden, head)
+    g_chunk = jax.grad(lambda h, W: jnp.sum(chunked(h, W) * w), argnums=(0, 1))(hidden, head)
+    for a, b in zip(g_full, g_chunk):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -191,3 +191,22 @@ def test_bfloat16_params_and_compute(tiny_cfg, tiny_params, rng):
 def test_bad_model_config_raises(bad):
     with pytest.raises(ValueError):
         ModelConfig(**bad)
+
+
+def test_yarn_rope_table_carries_the_attention_factor(tiny_cfg):
+    from swarmjax.models.config import YarnScaling
+    from swarmjax.models.transformer import rope_attention_factor, rope_inv_freq
+    yarn = tiny_cfg.replace(rope_type="yarn", rope_scaling=YarnScaling(factor=4.0, original_max_position_embeddings=16))
+    scale = rope_attention_factor(yarn)
+    assert scale == pytest.approx(0.1 * np.log(4.0) + 1) and rope_attention_factor(tiny_cfg) == 1.0
+    cos, sin = rope_table(yarn, 40)
+    np.testing.assert_allclose(cos ** 2 + sin ** 2, scale ** 2, rtol=1e-5)
+    inv, plain = rope_inv_freq(yarn), rope_inv_freq(tiny_cfg)
+    assert inv[0] == plain[0] and np.allclose(inv[-1], plain[-1] / 4.0)   # fastest kept, slowest interpolated
+
+
+def test_new_config_fields_stay_out_of_the_repr_at_their_default(tiny_cfg):
+    # a saved run's / warm start's identity is repr(model): unchanged for configs that predate o_bias
+    assert "o_bias" not in repr(tiny_cfg)
+    qwen2 = tiny_cfg.replace(qk_norm=False, attention_bias=True, o_bias=False)
+    assert "o_bias=False" in repr(qwen2) and not qwen2.has_o_bias and tiny_cfg.replace(attention_bias=True).has_o_bias

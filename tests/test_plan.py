@@ -96,3 +96,22 @@ def test_plan_command_prints_json_per_device(tmp_path):
     assert 0 < plan["params"] < plan["total"]
     bad = subprocess.run(cmd[:-3] + ["--remat", "blocks"], env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown remat policy" in bad.stderr
+
+
+def test_remat_and_logit_chunks_leave_the_update_unchanged():
+    """The memory options change no result: a learner step with remat and log-probs in
+    chunks of 5 positions gives the params and metrics of the plain step."""
+    rng = np.random.default_rng(0)
+    batch = TrajectoryBatch(tokens=jnp.asarray(rng.integers(0, 256, (4, 24)), jnp.int32),
+                            token_mask=jnp.ones((4, 24), bool), loss_mask=jnp.ones((4, 24), bool).at[:, 0].set(False),
+                            sampler_logprobs=jnp.full((4, 24), -5.0), advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]),
+                            group_ids=jnp.zeros((4,), jnp.int32), rewards=jnp.ones((4,)))
+    out = {}
+    for name, update in {"plain": UpdateConfig(num_minibatches=2, logits_chunk=0),
+                         "memory": UpdateConfig(num_minibatches=2, logits_chunk=5, remat="block")}.items():
+        learner = Learner(CFG, update)
+        out[name] = learner.update(learner.init(init_params(CFG, jax.random.key(0))), batch)
+    for a, b in zip(jax.tree.leaves(out["plain"][0].params), jax.tree.leaves(out["memory"][0].params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for k, v in out["plain"][1].items():
+        np.testing.assert_allclose(out["memory"][1][k], v, rtol=1e-4, atol=1e-6, err_msg=k)

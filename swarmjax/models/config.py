@@ -15,7 +15,32 @@ DTYPES: dict[str, Any] = {
 }
 
 # RoPE variants this implementation knows (HF ``rope_type``).
-ROPE_TYPES = ("default", "llama3")
+ROPE_TYPES = ("default", "llama3", "yarn")
+
+
+@dataclasses.dataclass(frozen=True)
+class YarnScaling:
+    """YaRN RoPE scaling (HF ``rope_type: "yarn"``), the fields of its ``rope_scaling``
+    dict with transformers' defaults (``_compute_yarn_parameters``). ``attention_factor``
+    None: ``0.1 ln(factor) + 1``, or the ratio of the ``mscale`` / ``mscale_all_dim``
+    forms when both are set (see :func:`swarmjax.models.transformer.rope_attention_factor`)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self):
+        if not self.factor > 0:
+            raise ValueError(f"YarnScaling.factor must be > 0, got {self.factor!r}")
+        if not isinstance(self.original_max_position_embeddings, int) or \
+                self.original_max_position_embeddings <= 0:
+            raise ValueError("YarnScaling.original_max_position_embeddings must be a positive int, "
+                             f"got {self.original_max_position_embeddings!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +48,9 @@ class ModelConfig:
     """Architecture of a Qwen3-style decoder.
 
     ``qk_norm=True`` is Qwen3 (per-head RMSNorm on queries and keys before RoPE);
-    ``qk_norm=False`` is Llama. The dataclass is frozen and hashable, so it can be
-    a static argument of ``jax.jit``.
+    ``qk_norm=False`` is Llama, or Qwen2 with ``attention_bias=True, o_bias=False``
+    (biases on the q, k, v projections only). The dataclass is frozen and hashable,
+    so it can be a static argument of ``jax.jit``.
     """
 
     vocab_size: int = 256
@@ -37,12 +63,15 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     rope_type: str = "default"
-    # llama3 rope scaling parameters (only read when rope_type == "llama3"):
-    # (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
-    rope_scaling: tuple[float, float, float, int] | None = None
+    # rope scaling parameters: rope_type == "llama3": (factor, low_freq_factor,
+    # high_freq_factor, original_max_position_embeddings); "yarn": a YarnScaling
+    rope_scaling: tuple[float, float, float, int] | YarnScaling | None = None
     max_position_embeddings: int = 4096
     qk_norm: bool = True
-    attention_bias: bool = False
+    attention_bias: bool = False   # biases on the q, k, v projections (and o, see o_bias)
+    # bias on the o projection: None = as attention_bias (Llama and Qwen3's attention_bias
+    # covers q, k, v and o); False with attention_bias=True is Qwen2
+    o_bias: bool | None = None
     tie_embeddings: bool = True
     param_dtype: str = "float32"
     dtype: str = "float32"  # compute dtype of matmuls; norms and softmax stay float32
@@ -63,9 +92,25 @@ class ModelConfig:
                                  f"got {getattr(self, name)!r}")
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"ModelConfig.rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
-        if self.rope_type == "llama3" and (self.rope_scaling is None or len(self.rope_scaling) != 4):
+        if self.rope_type == "llama3" and not (isinstance(self.rope_scaling, tuple)
+                                               and len(self.rope_scaling) == 4):
             raise ValueError("rope_type='llama3' needs rope_scaling=(factor, low_freq_factor, "
                              "high_freq_factor, original_max_position_embeddings)")
+        if self.rope_type == "yarn" and not isinstance(self.rope_scaling, YarnScaling):
+            raise ValueError("rope_type='yarn' needs rope_scaling=YarnScaling(factor, "
+                             "original_max_position_embeddings, ...)")
+
+    def __repr__(self) -> str:
+        # fields added after runs were saved are left out at their default, so a saved
+        # run's or warm start's identity (the repr of its model) still matches
+        fields = (f for f in dataclasses.fields(self)
+                  if not (f.name in _REPR_IF_SET and getattr(self, f.name) == f.default))
+        return f"ModelConfig({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in fields)})"
+
+    @property
+    def has_o_bias(self) -> bool:
+        """Whether the attention output projection has a bias."""
+        return self.attention_bias if self.o_bias is None else self.o_bias
 
     @property
     def num_groups(self) -> int:
@@ -86,7 +131,9 @@ class ModelConfig:
                            self.head_dim, self.intermediate_size)
         attn = d * h * hd + 2 * d * kv * hd + h * hd * d
         if self.attention_bias:
-            attn += h * hd + 2 * kv * hd + d
+            attn += h * hd + 2 * kv * hd
+        if self.has_o_bias:
+            attn += d
         norms = 2 * d + (2 * hd if self.qk_norm else 0)
         layer = attn + 3 * d * f + norms
         embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
@@ -104,6 +151,9 @@ class ModelConfig:
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+
+_REPR_IF_SET = ("o_bias",)
 
 
 # Named presets. The ~1M and ~30M sizes are the benchmark sizes of bench/sampler.py.

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoint interchange for Qwen3 and Llama (config.json + safetensors).
+"""Hugging Face checkpoint interchange for Qwen3, Qwen2 / Qwen2.5 and Llama
+(config.json + safetensors), RoPE default, llama3 or YaRN.
 
 ``from_hf(path)`` reads a checkpoint directory (single ``model.safetensors`` or a
 sharded ``model.safetensors.index.json``) into a :class:`ModelConfig` and a
@@ -22,7 +23,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from swarmjax.models.config import DTYPES, ModelConfig
+from swarmjax.models.config import DTYPES, ModelConfig, YarnScaling
 from swarmjax.models.transformer import abstract_params
 
 CONFIG_FILE = "config.json"
@@ -41,11 +42,23 @@ class Architecture:
     hf_name: str         # config.json "architectures"[0]
     model_type: str      # config.json "model_type"
     qk_norm: bool
+    # None: config.json's "attention_bias" biases q, k, v and o; else the family's fixed
+    # biases, (q/k/v, o) (Qwen2: q, k, v only; it has no "attention_bias" field)
+    fixed_bias: tuple[bool, bool] | None = None
+
+    def matches(self, cfg: ModelConfig) -> bool:
+        """Whether this family can hold ``cfg``'s architecture."""
+        if self.qk_norm != cfg.qk_norm:
+            return False
+        if self.fixed_bias is None:
+            return cfg.has_o_bias == cfg.attention_bias
+        return (cfg.attention_bias, cfg.has_o_bias) == self.fixed_bias
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.hf_name: a for a in (
         Architecture("Qwen3ForCausalLM", "qwen3", qk_norm=True),
+        Architecture("Qwen2ForCausalLM", "qwen2", qk_norm=False, fixed_bias=(True, False)),
         Architecture("LlamaForCausalLM", "llama", qk_norm=False),
     )
 }
@@ -116,8 +129,9 @@ def _tensor_table(cfg: ModelConfig) -> list[_Tensor]:
             _Tensor(L + "self_attn.q_proj.bias", ("layers", "attn", "q_bias"), *_heads_bias(_Q)),
             _Tensor(L + "self_attn.k_proj.bias", ("layers", "attn", "k_bias"), *_heads_bias(_KV)),
             _Tensor(L + "self_attn.v_proj.bias", ("layers", "attn", "v_bias"), *_heads_bias(_KV)),
-            _Tensor(L + "self_attn.o_proj.bias", ("layers", "attn", "o_bias"), _ident, _ident),
         ]
+    if cfg.has_o_bias:
+        table.append(_Tensor(L + "self_attn.o_proj.bias", ("layers", "attn", "o_bias"), _ident, _ident))
     if not cfg.tie_embeddings:
         table.append(_Tensor("lm_head.weight", ("lm_head",), _t, _t))
     return table
@@ -164,22 +178,30 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype: str = "float32",
     for k, v in legacy.items():
         rope.setdefault(k, v)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    if partial is not None and partial != 1:
+        raise CheckpointError(f"{source}: unsupported option partial_rotary_factor={partial!r} "
+                              "(RoPE on the whole head only)")
     rope_scaling = None
     if rope_type == "llama3":
         rope_scaling = tuple(_field(rope, k, source, where="rope_scaling.") for k in (
             "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
-    elif rope_type != "default":
+    elif rope_type != "default" and rope_type != "yarn":
         raise CheckpointError(f"{source}: unsupported rope_type {rope_type!r}; "
-                              "supported: default, llama3")
+                              "supported: default, llama3, yarn")
 
     def field(key):
         return _field(hf, key, source)
 
     heads = field("num_attention_heads")
+    max_positions = hf.get("max_position_embeddings", 4096)
     try:
-        if rope_scaling is not None:
+        if rope_type == "llama3":
             f, lo, hi, old = rope_scaling
             rope_scaling = (float(f), float(lo), float(hi), int(old))
+        elif rope_type == "yarn":
+            rope_scaling = _yarn_from_hf(rope, hf, max_positions)
+        qkv_bias, o_bias = arch.fixed_bias or (bool(hf.get("attention_bias", False)),) * 2
         cfg = ModelConfig(
             vocab_size=field("vocab_size"), hidden_size=field("hidden_size"),
             num_layers=field("num_hidden_layers"), num_heads=heads,
@@ -187,8 +209,9 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype: str = "float32",
             head_dim=hf.get("head_dim") or field("hidden_size") // heads,
             intermediate_size=field("intermediate_size"), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope["rope_theta"]), rope_type=rope_type, rope_scaling=rope_scaling,
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
-            qk_norm=arch.qk_norm, attention_bias=bool(hf.get("attention_bias", False)),
+            max_position_embeddings=max_positions,
+            qk_norm=arch.qk_norm, attention_bias=qkv_bias,
+            o_bias=None if arch.fixed_bias is None else o_bias,
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             param_dtype=param_dtype, dtype=dtype or param_dtype)
     except CheckpointError:
@@ -198,14 +221,52 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype: str = "float32",
     return cfg, arch
 
 
+def _yarn_from_hf(rope: dict[str, Any], hf: dict[str, Any], max_positions: int) -> YarnScaling:
+    """YaRN's parameters with transformers' defaults: ``original_max_position_embeddings``
+    from the top level of config.json if there, else ``rope_scaling``, else
+    ``max_position_embeddings``; a missing ``factor`` is the ratio of the two lengths;
+    beta_fast / beta_slow None or 0 are 32 / 1; truncate defaults to True."""
+    old = hf.get("original_max_position_embeddings") or \
+        rope.get("original_max_position_embeddings") or max_positions
+    factor = rope.get("factor")
+    if factor is None:
+        factor = max_positions / old
+
+    def optional(key):
+        value = rope.get(key)
+        return None if value is None else float(value)
+
+    return YarnScaling(factor=float(factor), original_max_position_embeddings=int(old),
+                       beta_fast=float(rope.get("beta_fast") or 32), beta_slow=float(rope.get("beta_slow") or 1),
+                       mscale=optional("mscale"), mscale_all_dim=optional("mscale_all_dim"),
+                       attention_factor=optional("attention_factor"),
+                       truncate=bool(rope.get("truncate", True)))
+
+
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """The ``config.json`` dict for ``cfg`` (Qwen3 when qk_norm, else Llama)."""
-    arch = next(a for a in ARCHITECTURES.values() if a.qk_norm == cfg.qk_norm)
+    """The ``config.json`` dict for ``cfg``: Qwen3 when qk_norm, Qwen2 for biases on q, k
+    and v only, else Llama. Raises :class:`CheckpointError` for a bias set no family has."""
+    arch = next((a for a in ARCHITECTURES.values() if a.matches(cfg)), None)
+    if arch is None:
+        raise CheckpointError(
+            f"no Hugging Face family has qk_norm={cfg.qk_norm} with q/k/v biases "
+            f"{cfg.attention_bias} and an o_proj bias {cfg.has_o_bias}")
     rope: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
     if cfg.rope_type == "llama3":
         f, lo, hi, old = cfg.rope_scaling
         rope.update(factor=f, low_freq_factor=lo, high_freq_factor=hi,
                     original_max_position_embeddings=old)
+    elif cfg.rope_type == "yarn":
+        y = cfg.rope_scaling
+        rope.update(factor=y.factor, original_max_position_embeddings=y.original_max_position_embeddings,
+                    beta_fast=y.beta_fast, beta_slow=y.beta_slow)
+        rope.update({k: getattr(y, k) for k in ("mscale", "mscale_all_dim", "attention_factor")
+                     if getattr(y, k) is not None})
+        if not y.truncate:
+            rope["truncate"] = False
+    family: dict[str, Any] = {"attention_bias": cfg.attention_bias}
+    if arch.model_type == "qwen2":   # biases fixed by the family; no sliding window here
+        family = {"use_sliding_window": False}
     return {
         "architectures": [arch.hf_name], "model_type": arch.model_type,
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
@@ -213,7 +274,7 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
         "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.rms_norm_eps,
         "hidden_act": "silu", "max_position_embeddings": cfg.max_position_embeddings,
-        "attention_bias": cfg.attention_bias, "mlp_bias": False,
+        **family, "mlp_bias": False,
         "tie_word_embeddings": cfg.tie_embeddings,
         # both spellings, so transformers 4.x and 5.x read the same RoPE
         "rope_parameters": rope, "rope_theta": cfg.rope_theta,
@@ -288,7 +349,7 @@ def _get(tree: dict, path: tuple[str, ...]):
 
 def from_hf(path: str, *, param_dtype: str = "float32", dtype: str | None = None,
             shardings: Any = None) -> tuple[ModelConfig, dict[str, Any]]:
-    """Load a Qwen3/Llama HF checkpoint directory.
+    """Load a Qwen3, Qwen2 / Qwen2.5 or Llama HF checkpoint directory.
 
     Args:
       path: directory with ``config.json`` and safetensors weights.

@@ -3,7 +3,8 @@
 Architecture (Qwen3): token embedding -> L x [RMSNorm -> grouped-query attention
 with per-head q/k RMSNorm and RoPE -> residual -> RMSNorm -> SwiGLU MLP ->
 residual] -> RMSNorm -> output head (optionally tied to the embedding).
-Llama is the same with ``qk_norm=False``.
+Llama is the same with ``qk_norm=False``; Qwen2 is Llama with biases on the q, k, v
+projections (``attention_bias=True, o_bias=False``).
 
 Layer weights are stacked on a leading ``layers`` axis (plain ``[L, ...]`` arrays
 that Muon orthogonalises per matrix). Without a KV cache the stack runs under
@@ -68,11 +69,14 @@ class KVCache:
 
 @flax.struct.dataclass
 class ForwardOutput:
-    """logits [B, T, V] float32; cache (or None); max_logits [L, H] float32 (or None)."""
+    """logits [B, T, V] float32 (None with ``return_hidden``); cache (or None);
+    max_logits [L, H] float32 (or None); hidden [B, T, D]: the final-normed hidden
+    state, only with ``forward(return_hidden=True)``."""
 
-    logits: Array
+    logits: Array | None
     cache: KVCache | None
     max_logits: Array | None
+    hidden: Array | None = None
 
 
 def _param(module: nn.Module, name: str, shape, logical, init=_INIT):
@@ -97,7 +101,7 @@ class RMSNorm(nn.Module):
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
     """Inverse frequencies [hd/2]: theta^(-2i/hd), with Llama-3.1 wavelength scaling
-    when ``rope_type == "llama3"``."""
+    when ``rope_type == "llama3"`` and YaRN's when ``"yarn"``."""
     hd = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     if cfg.rope_type == "llama3":
@@ -109,14 +113,55 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv = np.where(medium, smoothed, scaled)
+    elif cfg.rope_type == "yarn":
+        # transformers' _compute_yarn_parameters: interpolate (inv / factor) the dimensions
+        # that turn fewer than beta_slow times over the original context, keep those that
+        # turn more than beta_fast times, and ramp linearly in between
+        y = cfg.rope_scaling
+
+        def dim_of(rotations):  # the dimension that turns ``rotations`` times in the old context
+            return hd * math.log(y.original_max_position_embeddings / (rotations * 2 * math.pi)) / \
+                (2 * math.log(cfg.rope_theta))
+
+        low, high = dim_of(y.beta_fast), dim_of(y.beta_slow)
+        if y.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, hd - 1)
+        if low == high:
+            high += 0.001  # as transformers: no division by zero
+        ramp = np.clip((np.arange(hd // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        keep = 1 - ramp                       # 1: extrapolate (unchanged), 0: interpolate
+        inv = inv / y.factor * (1 - keep) + inv * keep
     return inv.astype(np.float32)
 
 
+def rope_attention_factor(cfg: ModelConfig) -> float:
+    """The factor cos and sin are multiplied by: 1, or with YaRN its ``attention_factor``
+    (default ``0.1 ln(factor) + 1``; with ``mscale`` and ``mscale_all_dim`` both set, the
+    ratio of that form with each as the multiplier of the log), as transformers computes it."""
+    if cfg.rope_type != "yarn":
+        return 1.0
+    y = cfg.rope_scaling
+    if y.attention_factor is not None:
+        return float(y.attention_factor)
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if y.mscale and y.mscale_all_dim:
+        return float(mscale(y.factor, y.mscale) / mscale(y.factor, y.mscale_all_dim))
+    return float(mscale(y.factor))
+
+
 def rope_tables(positions: Array, cfg: ModelConfig) -> tuple[Array, Array]:
-    """cos, sin [B, T, hd] for integer positions [B, T] (half-rotation layout, as HF)."""
+    """cos, sin [B, T, hd] for integer positions [B, T] (half-rotation layout, as HF),
+    times :func:`rope_attention_factor` (YaRN)."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(cfg))  # [B, T, hd/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
+    scale = rope_attention_factor(cfg)
+    if scale == 1.0:
+        return jnp.cos(emb), jnp.sin(emb)
+    return jnp.cos(emb) * scale, jnp.sin(emb) * scale
 
 
 def rope_table(cfg: ModelConfig, length: int) -> tuple[Array, Array]:
@@ -198,7 +243,7 @@ class Attention(nn.Module):
             out, max_logit = _cascade(qg, logits, values, prefix_k, prefix_v, prefix_mask, dt, self.want_max)
         out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
         y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt))
-        if cfg.attention_bias:
+        if cfg.has_o_bias:
             y = y + _param(self, "o_bias", (D,), ("embed",), nn.initializers.zeros).astype(dt)
         return y, keys, values, max_logit
 
@@ -437,7 +482,8 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             logits_at: Array | None = None,
             rope_table: tuple[Array, Array] | None = None,
             prefix: KVCache | None = None, prefix_rows: Array | None = None,
-            remat: str = "none") -> ForwardOutput:
+            remat: str = "none", activation_sharding: Any = None,
+            return_hidden: bool = False) -> ForwardOutput:
     """Run the decoder.
 
     Args:
@@ -472,6 +518,13 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
       remat: static; without a cache, what each layer keeps for the backward pass
         (:func:`remat_policy`: "none", "block" or a ``jax.checkpoint_policies`` name).
         The values are the same; only the memory of a gradient and its compute change.
+      activation_sharding: optional sharding of the hidden state [B, T, D] (e.g. rows over
+        the data axes), imposed after the embedding and after every layer so the SPMD
+        partitioner keeps the batch split instead of following the weights' ``embed``
+        split (without it, an FSDP-sharded learner step replicated the activations).
+      return_hidden: static; return the final-normed hidden state [B, T, D] instead of
+        logits (the head is not applied): a learner computes log-probs from it a chunk
+        of positions at a time (:func:`swarmjax.rl.losses.chunked_token_logprobs`).
 
     Returns:
       :class:`ForwardOutput` with float32 logits [B, T, V] ([B, n, V] with ``logits_to_keep=n``).
@@ -480,7 +533,9 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
     token_mask = jnp.ones((B, T), bool) if token_mask is None else token_mask.astype(bool)
     positions = default_positions(token_mask) if positions is None else positions
     dt = cfg.jnp_dtype
-    x = jnp.take(params["embed"], tokens, axis=0).astype(dt)               # [B, T, D]
+    pin = (lambda a: a) if activation_sharding is None else \
+        (lambda a: lax.with_sharding_constraint(a, activation_sharding))
+    x = pin(jnp.take(params["embed"], tokens, axis=0).astype(dt))          # [B, T, D]
     if rope_table is None:
         cos, sin = rope_tables(positions, cfg)                             # [B, T, hd]
     else:
@@ -494,7 +549,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
 
         def body(x, layer_params):
             x, _, _, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask_new)
-            return x, max_logit
+            return pin(x), max_logit
         if remat != "none":
             body = jax.checkpoint(body, policy=remat_policy(remat), prevent_cse=False)   # inside scan: no CSE guard
         x, max_logits = lax.scan(body, x, params["layers"])                # max_logits [L, H]
@@ -533,10 +588,17 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
     if logits_at is not None:
         x = jnp.take_along_axis(x, jnp.asarray(logits_at, jnp.int32)[:, None, None], axis=1)   # [B, 1, D]
     x = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
-    head = params["lm_head"] if "lm_head" in params else params["embed"].T   # [D, V]
-    logits = jnp.einsum("btd,dv->btv", x, head.astype(dt), preferred_element_type=jnp.float32)
+    if return_hidden:
+        return ForwardOutput(logits=None, cache=new_cache, max_logits=max_logits, hidden=x)
+    logits = jnp.einsum("btd,dv->btv", x, output_head(params).astype(dt), preferred_element_type=jnp.float32)
     return ForwardOutput(logits=logits.astype(jnp.float32), cache=new_cache, max_logits=max_logits)
 
 
+def output_head(params: dict[str, Any]) -> Array:
+    """The output projection [D, V]: ``lm_head``, or the tied embedding transposed."""
+    return params["lm_head"] if "lm_head" in params else params["embed"].T
+
+
 # ``forward`` compiled once per (config, shapes): for callers outside their own jit.
-forward_jit = jax.jit(forward, static_argnums=1, static_argnames=("return_max_logits", "logits_to_keep", "remat"))
+forward_jit = jax.jit(forward, static_argnums=1, static_argnames=("return_max_logits", "logits_to_keep", "remat", "activation_sharding",
+                                                   "return_hidden"))

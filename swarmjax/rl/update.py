@@ -40,11 +40,11 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import forward, param_logical_axes, remat_policy
+from swarmjax.models.transformer import forward, output_head, param_logical_axes, remat_policy
 from swarmjax.optim.muon import OptimConfig, make_optimizer
 from swarmjax.optim.qk_clip import qk_clip
-from swarmjax.rl.losses import (LossConfig, MetricSums, batch_totals, metrics_from_sums,
-                                policy_loss_sums, token_logprobs)
+from swarmjax.rl.losses import (LossConfig, MetricSums, batch_totals, chunked_token_logprobs,
+                                metrics_from_sums, policy_loss_sums, token_logprobs)
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.sharding.mesh import (DEFAULT_RULES, batch_sharding, state_shardings_like,
                                     tree_shardings)
@@ -72,11 +72,14 @@ class UpdateConfig:
     num_minibatches: int = 4      # GSPO paper: rollout batch split into 4 minibatches
     num_microbatches: int = 1     # gradient accumulation inside each minibatch
     remat: str = "none"           # per-layer rematerialisation of the forward (models.transformer.remat_policy)
+    logits_chunk: int = 1024      # log-probs this many positions at a time (losses.chunked_token_logprobs); 0: all
 
     def __post_init__(self):
         if self.num_minibatches < 1 or self.num_microbatches < 1:
             raise ValueError("num_minibatches and num_microbatches must be >= 1")
         remat_policy(self.remat)          # a clear error for an unknown name, at config time
+        if self.logits_chunk < 0:
+            raise ValueError(f"logits_chunk must be >= 0, got {self.logits_chunk}")
 
 
 class _StepCarry(NamedTuple):
@@ -161,10 +164,34 @@ class Learner:
         return jax.tree.map(jax.device_put, state, shardings)
 
     # ------------------------------------------------------------------ the step
+    def _rows(self, x: Array) -> Array:
+        """``x`` with its leading (row) axis split over the mesh's data axes (no-op without a mesh)."""
+        if self.mesh is None:
+            return x
+        return lax.with_sharding_constraint(x, batch_sharding(self.mesh, x.ndim, rules=self.rules,
+                                                              batch_size=x.shape[0]))
+
+    def _like_params(self, tree: Any) -> Any:
+        """A params-shaped tree (gradients) sharded as the params (no-op without a mesh):
+        the accumulated gradient stays split over ``fsdp`` instead of whole on every device."""
+        if self.mesh is None:
+            return tree
+        return lax.with_sharding_constraint(tree, self._param_shardings(tree))
+
     def _logprobs(self, params, tokens, token_mask, want_max=False):
-        out = forward(params, self.model_cfg, tokens, token_mask=token_mask,
-                      return_max_logits=want_max, remat=self.cfg.remat)
-        return token_logprobs(out.logits, tokens), out.max_logits
+        tokens, token_mask = self._rows(tokens), self._rows(token_mask)
+        act = None if self.mesh is None else batch_sharding(self.mesh, 3, rules=self.rules,
+                                                            batch_size=tokens.shape[0])
+        chunk = self.cfg.logits_chunk
+        if chunk and chunk < tokens.shape[1] - 1:      # long sequences: never the whole [B, T, V] logits
+            out = forward(params, self.model_cfg, tokens, token_mask=token_mask, return_max_logits=want_max,
+                          remat=self.cfg.remat, activation_sharding=act, return_hidden=True)
+            logp = chunked_token_logprobs(out.hidden, output_head(params), tokens, chunk=chunk)
+        else:
+            out = forward(params, self.model_cfg, tokens, token_mask=token_mask,
+                          return_max_logits=want_max, remat=self.cfg.remat, activation_sharding=act)
+            logp = token_logprobs(out.logits, tokens)
+        return self._rows(logp), out.max_logits
 
     def _loss(self, params, mb: TrajectoryBatch, old_logp, ref_logp, totals):
         """One microbatch: (loss with the minibatch's ``totals``, (metric sums, max logits [L, H]))."""
@@ -190,12 +217,13 @@ class Learner:
         def accumulate(acc: _MicroCarry, xs) -> tuple[_MicroCarry, tuple[Array, MetricSums]]:
             m, old, ref = xs                                # [micro_size, T] each
             (loss, (sums, max_logits)), grads = grad_fn(params, m, old, ref, totals)
+            grads = self._like_params(grads)
             if max_logits is not None:
                 acc = acc._replace(max_logits=jnp.maximum(acc.max_logits, max_logits))
             return acc._replace(grads=jax.tree.map(jnp.add, acc.grads, grads)), (loss, sums)
 
         L, H = self.model_cfg.num_layers, self.model_cfg.num_heads
-        init = _MicroCarry(grads=jax.tree.map(jnp.zeros_like, params),
+        init = _MicroCarry(grads=self._like_params(jax.tree.map(jnp.zeros_like, params)),
                            max_logits=jnp.full((L, H), -jnp.inf, jnp.float32))
         acc, (losses, sums) = lax.scan(accumulate, init, micro)   # losses [n_micro], sums pairs [n_micro]
         # exact accumulation: the microbatch losses carry the minibatch's normalisers, so
