@@ -358,6 +358,8 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch/tpu.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", dest="dry_run_all", action="store_true",
+                   help="print the commands instead of running them (also accepted after COMMAND)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     par = _parents()
     sub.add_parser("create", parents=[par["tpu"], par["create"], par["job"]],
@@ -394,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    runner = Runner(dry_run=args.dry_run)
+    runner = Runner(dry_run=args.dry_run or args.dry_run_all)
     try:
         return args.fn(args, runner)
     except LaunchError as e:

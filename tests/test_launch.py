@@ -159,6 +159,13 @@ def test_dry_run_create(capsys, tmp_path):
         assert text in startup, text
 
 
+def test_dry_run_before_the_command(capsys):
+    """``tpu.py --dry-run create ...`` prints what ``tpu.py create ... --dry-run`` prints."""
+    after = dry(capsys, "create", *TPU, *MAKE, "--spot")
+    assert tpu.main(["--dry-run", "create", *TPU, *MAKE, "--spot"]) == 0
+    assert [shlex.split(x) for x in capsys.readouterr().out.splitlines() if x.startswith("gcloud ")] == after
+
+
 def test_dry_run_setup_run_status_delete(capsys, tmp_path):
     src = tmp_path / "checkout"
     (src / "configs").mkdir(parents=True)
