@@ -1,18 +1,23 @@
-"""`swarmjax train` over two local processes (jax.distributed on 127.0.0.1, gloo CPU
-collectives, 2 devices each, one 4-way data mesh): each process reads its own slice of
-the task set, process 0 alone writes the logs, and a resume across processes continues
-exactly."""
+"""`swarmjax train` over two local processes started through the CLI itself
+(``--coordinator 127.0.0.1:PORT --num-processes 2 --process-id I``: jax.distributed on
+127.0.0.1, gloo CPU collectives, 2 devices each, one 4-way data mesh): each process
+reads its own slice of the task set, process 0 alone writes the logs, both report the
+same summary; a SIGTERM to one process stops both at the same step with a checkpoint
+(exit 143), and ``--resume auto`` over two processes continues exactly."""
 
 import json
 import os
-import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
-from small_job import rows
+from small_job import CONFIG, SMALL_JOB, rows
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
+
+SMALL = SMALL_JOB + ["sft.steps=4", "sft.bucket=160", "parl.tasks_per_step=4", "parl.group_size=2", "mesh.data=-1", "parl_steps=4"]
 
 
 def free_port() -> int:
@@ -21,28 +26,69 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_processes(workdir, steps, resume=False):
-    port, env = free_port(), {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    args = [str(workdir), str(steps)] + (["--resume"] if resume else [])
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "multihost_worker.py"), str(i), str(port), *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for i in range(2)]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"DONE {i} 4" in out, out[-3000:]
+def launch(workdir, cache, *extra) -> list[subprocess.Popen]:
+    """Both processes of one run, output to <workdir>.<i>.out."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")
+    sets = [a for s in SMALL for a in ("--set", s)]
+    return [subprocess.Popen([sys.executable, "-m", "swarmjax.cli", "train", "--config", CONFIG, "--workdir",
+                              str(workdir), "--no-progress", *sets, "--coordinator", f"127.0.0.1:{port}",
+                              "--num-processes", "2", "--process-id", str(i), *extra],
+                             stdout=open(f"{workdir}.{i}.out", "w"), stderr=subprocess.STDOUT, env=env)
+            for i in range(2)]
 
 
-def test_two_process_run_and_resume(tmp_path):
+def wait(procs, workdir, timeout=600) -> list[str]:
+    """Exit codes checked by the caller; returns each process's output."""
+    t = time.monotonic()
+    for p in procs:
+        try:
+            p.wait(timeout=max(1, timeout - (time.monotonic() - t)))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+    return [open(f"{workdir}.{i}.out").read() for i in range(len(procs))]
+
+
+def table(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("|")]
+
+
+def summary(workdir) -> dict:
+    s = json.loads((workdir / "summary.json").read_text())
+    s.pop("wall_clock_s")
+    return s
+
+
+def test_two_processes_through_the_cli_preempt_and_resume(tmp_path):
+    cache = tmp_path / "jax_cache"
     full = tmp_path / "full"
-    two_processes(full, 4)
+    outs = wait(launch(full, cache), full)
+    procs_ok = [f"written to {full}" in outs[0], f"written to {full}" not in outs[1]]
+    assert all(procs_ok) and table(outs[0]) and table(outs[0]) == table(outs[1]), outs[0][-3000:] + outs[1][-3000:]
     parl = rows(full / "metrics.jsonl")
     assert [r["step"] for r in parl] == [0, 1, 2, 3]                    # written once, by process 0
-    summary = json.loads((full / "summary.json").read_text())
-    assert summary["parl_steps"] == 4 and set(summary["final"]) == {"1", "16"}
+    assert summary(full)["parl_steps"] == 4 and set(summary(full)["final"]) == {"1", "16"}
     assert len((full / "traces.jsonl").read_text().splitlines()) == 4  # warm + final, 2 sizes, 1 each
-    # drop the last checkpoint and resume from step 2 over two processes again
+
+    # SIGTERM to process 1 alone (not the one writing the logs) once PARL has begun:
+    # both stop after the same step, with its checkpoint, and exit 143
     cut = tmp_path / "cut"
-    shutil.copytree(full, cut)
-    shutil.rmtree(cut / "checkpoints" / "4")
-    two_processes(cut, 4, resume=True)
+    procs = launch(cut, cache, "--resume", "auto")
+    t = time.monotonic()
+    while not (cut / "metrics.jsonl").exists() or '"stage": "parl"' not in (cut / "metrics.jsonl").read_text():
+        assert procs[1].poll() is None and time.monotonic() - t < 600, open(f"{cut}.1.out").read()[-3000:]
+        time.sleep(0.02)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = wait(procs, cut)
+    assert [p.returncode for p in procs] == [PREEMPTED_EXIT_CODE] * 2, outs[0][-3000:] + outs[1][-3000:]
+    stopped = len(rows(cut / "metrics.jsonl"))
+    assert 1 <= stopped < 4
+    assert all(f"checkpoint at PARL step {stopped} saved" in out for out in outs)
+
+    outs = wait(launch(cut, cache, "--resume", "auto"), cut)
+    assert table(outs[0]) == table(outs[1]) == table(open(f"{full}.0.out").read()), outs[0][-3000:]
     assert rows(cut / "metrics.jsonl") == parl
+    assert summary(cut) == summary(full)

@@ -3,14 +3,23 @@ checkpoints (see :mod:`swarmjax.train.job`).
 
     swarmjax train --config configs/parl_widesearch_cpu.py --workdir runs/cpu
     swarmjax train --config ... --workdir ... --set parl.update.optim.learning_rate=3e-4 --set parl_steps=50
-    swarmjax train --config ... --workdir runs/cpu --resume          # continue from the newest checkpoint
+    swarmjax train --config ... --workdir runs/cpu --resume auto     # continue if there is a checkpoint
+    swarmjax train --config ... --workdir gs://bucket/runs/cpu        # workdirs may be in an object store
+    swarmjax train ... --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0   # multi-host
     swarmjax eval --config ... --workdir runs/cpu [--checkpoint best] [--sizes 1,16] [--split validation]
+
+Multi-host: both commands start JAX's distributed runtime first (see
+:mod:`swarmjax.train.distributed`) when given --coordinator/--num-processes/--process-id,
+the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables, or when
+running in a cluster JAX detects (Cloud TPU VM, GKE, SLURM...); --no-distributed
+turns that off. Exit codes of ``train``: 0 done, 2 bad input, 143 stopped by SIGTERM
+after saving a checkpoint (rerun with --resume auto).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 
 from swarmjax.cli import register
 
@@ -21,6 +30,24 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", required=True, help="where metrics, traces, checkpoints and the summary go")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. parl.group_size=4 (repeatable)")
+
+
+def _distributed_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("multi-host", "default: JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / "
+                             "JAX_PROCESS_ID, else a cluster JAX detects (Cloud TPU, GKE, SLURM), else one process")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator service")
+    g.add_argument("--num-processes", type=int, metavar="N", help="processes in the job (one per host)")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process's id, 0..N-1")
+    g.add_argument("--no-distributed", action="store_true",
+                   help="one process: ignore the JAX_* variables and cluster detection")
+
+
+def _start_distributed(args: argparse.Namespace) -> None:
+    """jax.distributed.initialize per the flags, before anything touches the backend."""
+    from swarmjax.train.distributed import maybe_initialize
+
+    maybe_initialize(coordinator=args.coordinator, num_processes=args.num_processes,
+                     process_id=args.process_id, enabled=not args.no_distributed)
 
 
 def _jobs() -> dict[type, tuple]:
@@ -47,17 +74,34 @@ def _load(args: argparse.Namespace, types: tuple[type, ...] | None = None):
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     _job_arguments(p)
-    p.add_argument("--resume", action="store_true", help="continue from the workdir's newest checkpoint")
+    p.add_argument("--resume", nargs="?", const="latest", default="never", choices=("auto", "latest", "never"),
+                   help="auto: continue from the workdir's newest finished checkpoint if it has one, else "
+                        "start afresh (use it to restart preempted jobs); latest (also a bare --resume): "
+                        "continue, an error without a checkpoint; never (default): refuse a workdir "
+                        "with checkpoints")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _distributed_arguments(p)
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from etils import epath
+
+    from swarmjax.train.preemption import PREEMPTED_EXIT_CODE, Preempted
+
+    _start_distributed(args)
     job = _load(args)
     run, table = _jobs()[type(job)]
-    summary = run(job, args.workdir, progress=not args.no_progress, resume=args.resume)
+    try:
+        summary = run(job, args.workdir, progress=not args.no_progress, resume=args.resume)
+    except Preempted as e:
+        print(f"swarmjax train: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
     print(table(summary))
-    written = sorted(os.listdir(args.workdir))
-    print(f"written to {args.workdir}: {', '.join(written)}")
+    import jax
+
+    if jax.process_index() == 0:
+        written = sorted(p.name for p in epath.Path(args.workdir).iterdir())
+        print(f"written to {args.workdir}: {', '.join(written)}")
     return 0
 
 
@@ -66,12 +110,14 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default="latest", help="'latest', 'best' (by eval item-F1) or a PARL step")
     p.add_argument("--sizes", help="task sizes to evaluate, e.g. 1,8,16 (default: the config's eval_sizes)")
     p.add_argument("--split", default="test", choices=("test", "validation"), help="held-out split (default test)")
+    _distributed_arguments(p)
 
 
 def run_eval(args: argparse.Namespace) -> int:
     from swarmjax.train.job import TrainJob, evaluate_checkpoint
     from swarmjax.train.logs import summary_table
 
+    _start_distributed(args)
     sizes = None
     if args.sizes:
         try:

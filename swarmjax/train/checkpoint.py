@@ -26,7 +26,10 @@ What one checkpoint (one step directory ``<directory>/<step>/``) holds, and why:
 Orbax pieces used: ``CheckpointManager`` with an async checkpointer (the device-to-host
 copy happens before ``save`` returns, so the train step may donate the state's buffers
 right after; the write to disk and finalisation run in a background thread);
-``FixedIntervalPolicy`` (+ ``PreemptionCheckpointingPolicy``) to decide when to save;
+``FixedIntervalPolicy`` (+ ``PreemptionCheckpointingPolicy``, for users running JAX's
+preemption service; ``swarmjax train`` takes SIGTERM itself, see
+:mod:`swarmjax.train.preemption`, and saves its preemption checkpoint with ``force``)
+to decide when to save;
 preservation policies ``AnyPreservationPolicy(LatestN(keep_last), BestN(n=1))`` for
 retention (orbax deletes the rest after each save is finalised); ``cleanup_tmp_directories``
 to remove half-written steps of a killed run.
@@ -108,7 +111,7 @@ class Checkpointer:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if best_mode not in ("max", "min"):
             raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
-        directory = os.fspath(directory)
+        directory = os.fspath(directory)                # str, pathlib or etils.epath paths
         if "://" not in directory:                      # keep gs:// etc. as they are
             directory = os.path.abspath(directory)
         self.save_every, self.keep_last, self._read_only = save_every, keep_last, read_only

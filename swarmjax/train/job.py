@@ -18,23 +18,35 @@ alone writes files; each process reads its own slice of the train split
 (``tasks_per_step / process_count`` tasks per step) and the slices form one global
 batch over the mesh (a mesh is required with several processes).
 
-Resume: a run continues from its newest finished checkpoint with ``resume=True``
-(``swarmjax train --resume``) and then computes exactly what an uninterrupted run
-would have: the PARL step drives every random key (``fold_in(seed, step)``), the
-grain iterator state and the train state come from the checkpoint, and the JSONL
-logs are cut back to the checkpoint's step before appending.
+Resume (``resume=``, ``swarmjax train --resume MODE``): "latest" continues from the
+newest finished checkpoint (an error if there is none), "auto" does that when there is
+one and starts afresh otherwise (a run killed in its warm start, before its first
+checkpoint: the logs and TensorBoard events of that attempt are discarded), "never"
+(the default) refuses a workdir that holds checkpoints. A resumed run computes exactly
+what an uninterrupted run would have: the PARL step drives every random key
+(``fold_in(seed, step)``), the grain iterator state, the optimizer state and the train
+state come from the checkpoint, and the JSONL logs are cut back to the checkpoint's
+step before appending.
+
+Preemption (:mod:`swarmjax.train.preemption`): on SIGTERM the job stops at the end of
+the current step, with a checkpoint when that step is a PARL step (or the warm-start
+checkpoint), and raises :class:`~swarmjax.train.preemption.Preempted` (the CLI exits
+with 143); ``--resume auto`` continues. A second SIGTERM, or SIGKILL, stops at once.
+
+Paths: ``workdir`` may be local or ``gs://...`` (``etils.epath``; orbax and TFDS
+read and write object stores themselves).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 
 from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import Vocab
@@ -45,9 +57,11 @@ from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
+from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.sft import SFTConfig, train_sft
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
+RESUME_MODES = ("never", "latest", "auto")
 EVAL_KEYS = ("item_f1", "critical_steps", "total_steps", "subagents", "finished_subagents", "no_spawn_fraction")
 
 
@@ -224,7 +238,7 @@ def _prepare(job: TrainJob, workdir: str, progress: bool):
         import tensorflow_datasets as tfds
         tfds.disable_progress_bar()
     d = job.data
-    args = dict(env=job.parl.rollout.env, data_dir=d.data_dir or os.path.join(workdir, "data"),
+    args = dict(env=job.parl.rollout.env, data_dir=d.data_dir or str(epath.Path(workdir) / "data"),
                 train_size=d.train_size, validation_size=d.validation_size, test_size=d.test_size, seed=d.seed)
     if jax.process_count() == 1:
         return prepare(**args)
@@ -235,27 +249,58 @@ def _prepare(job: TrainJob, workdir: str, progress: bool):
     return sources if jax.process_index() == 0 else prepare(**args)
 
 
-def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool = False) -> dict[str, Any]:
-    """Run the job (or continue it from its newest checkpoint with ``resume``); returns
-    the summary (also written to ``workdir`` by process 0)."""
-    from swarmjax.data import task_iterator, to_tasks
+def resume_mode(resume: bool | str | None) -> str:
+    """One of :data:`RESUME_MODES` for ``run_job``'s ``resume`` (True: "latest", False
+    or None: "never", as before there were modes); ValueError for anything else."""
+    if resume is True:
+        return "latest"
+    if resume is False or resume is None:
+        return "never"
+    if resume not in RESUME_MODES:
+        raise ValueError(f"resume must be one of {', '.join(RESUME_MODES)} (or a bool), got {resume!r}")
+    return resume
+
+
+def run_job(job: TrainJob, workdir: str | epath.PathLike, *, progress: bool = True,
+            resume: bool | str = False, handle_sigterm: bool = True) -> dict[str, Any]:
+    """Run the job, or continue it from its newest finished checkpoint (``resume``:
+    "never" / False, "latest" / True or "auto", see the module docstring); returns the
+    summary (also written to ``workdir`` by process 0).
+
+    ``handle_sigterm``: stop at the next safe point on SIGTERM and raise
+    :class:`~swarmjax.train.preemption.Preempted` once its checkpoint is written (the
+    previous SIGTERM handler is restored on return)."""
     from swarmjax.train.checkpoint import Checkpointer
 
+    mode = resume_mode(resume)
     job.validate()
-    primary = jax.process_index() == 0
-    progress = progress and primary
-    os.makedirs(workdir, exist_ok=True)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=job.checkpoint.every,
+    wd = epath.Path(workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpointer(str(wd / "checkpoints"), save_every=job.checkpoint.every,
                         keep_last=job.checkpoint.keep_last, best_metric="item_f1",
                         async_save=job.checkpoint.async_save)
-    latest = ckpt.latest_step()
-    if latest is not None and not resume:
-        ckpt.close()
-        raise ValueError(f"{workdir} already holds checkpoints (newest: PARL step {latest}); "
-                         "pass --resume to continue that run, or use a new --workdir")
-    if resume and latest is None:
-        ckpt.close()
-        raise ValueError(f"--resume: no finished checkpoint in {os.path.join(workdir, 'checkpoints')}")
+    try:
+        latest = ckpt.latest_step()
+        if latest is not None and mode == "never":
+            raise ValueError(f"{workdir} already holds checkpoints (newest: PARL step {latest}); "
+                             "pass --resume auto to continue that run, or use a new --workdir")
+        if mode == "latest" and latest is None:
+            raise ValueError(f"--resume: no finished checkpoint in {wd / 'checkpoints'} "
+                             "(--resume auto starts afresh when there is none)")
+        with PreemptionWatch(enabled=handle_sigterm) as watch:
+            return _run(job, wd, ckpt, latest, watch, progress)
+    finally:
+        ckpt.close()                                  # waits for a save in flight
+
+
+def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: PreemptionWatch,
+         progress: bool) -> dict[str, Any]:
+    """:func:`run_job` once the checkpoints are open: the warm start (unless resuming
+    from ``latest``), then PARL, with a preemption check at every safe point."""
+    from swarmjax.data import task_iterator, to_tasks
+
+    primary = jax.process_index() == 0
+    progress = progress and primary
     t_start = time.perf_counter()
     env = job.parl.rollout.env
     key = jax.random.key(job.seed)
@@ -276,89 +321,75 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
         state, meta = _restore(job, trainer, ckpt, latest)
         job.check_same_run(meta["job"], "--resume")
         train_iter.set_state(meta["data"])
-        log = JobLog(workdir, meta["parl_step"], enabled=primary)
-        warm = jax.tree.map(jax.numpy.copy, state.frozen["workers"])   # the learner donates its state
-    else:                                             # stage 1: warm start
+        # a run that had finished keeps its final evaluation lines (nothing recomputes them)
+        finished = "final_eval" in meta and meta["parl_step"] >= job.parl_steps
+        log = JobLog(workdir, meta["parl_step"], enabled=primary, keep_final=finished)
+    else:
         log = JobLog(workdir, None, enabled=primary)
-        init = lambda: init_params(job.model, jax.random.fold_in(key, 0))
-        if job.warm_start_from:
-            from swarmjax.train.checkpoint import abstract_state
+    try:
+        if latest is not None:
+            warm = jax.tree.map(jax.numpy.copy, state.frozen["workers"])   # the learner donates its state
+        else:                                         # stage 1: warm start
+            state, meta, warm = _warm_start(job, workdir, trainer, train_iter, log, watch, key, progress)
+        if primary:
+            (workdir / "config.txt").write_text(repr(job) + "\n")
 
-            local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])     # as train_sft returns it
-            warm, warm_meta = load_warm_start(job, job.warm_start_from,
-                                              abstract_state(jax.eval_shape(init), local))
-            sft_accuracy, warm_id = warm_meta["sft_accuracy"], warm_meta["identity"]
-        else:
-            bar = progress_bar(job.sft.steps, "warm start (SFT)", progress)
+        def run_eval(policy, label: str, step: int, split: str) -> dict[int, dict[str, float]]:
+            kept: dict = {}
+            res = evaluate(eval_engine, policy, warm, test if split == "test" else valid, eval_key, keep=kept)
+            for n, row in res.items():
+                log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
+                if split == "test":
+                    tasks, result, seconds = kept[n]
+                    tasks, result = _host((tasks, result))        # every process joins the gather
+                    if primary:
+                        # the reward channels as PARL step `step` would weigh them (budget lifted)
+                        for tr in rollout_traces(eval_engine.rcfg.env, tasks, result,
+                                                 rewards=reward_channels(result, job.parl.parl, step),
+                                                 wall_clock_s=seconds, prefix=f"{label}-s{step}-n{n}",
+                                                 limit=job.traces_per_eval):
+                            log.write("traces.jsonl", tr)
+            return res
 
-            def on_sft(i, m):
-                log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
-                bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.2f}",
-                                worker_acc=f"{m['worker_acc']:.2f}")
-                bar.update()
-            # budget lifted: the demonstrations are serial-heavy
-            warm, sft_report = train_sft(init(), job.model, dataclasses.replace(env, budget=None), job.sft, on_sft)
-            bar.close()
-            sft_accuracy = {k: v for k, v in sft_report["after"].items() if k.endswith("_acc")}
-            warm_id = None
-        state = trainer.init(warm, worker_params=warm)
-        # every run's workdir holds its warm start: the frozen sub-agents, laid out on the
-        # trainer's mesh (global arrays: every process writes its shards)
-        save_warm_start(job, workdir, state.frozen["workers"], sft_accuracy, identity=warm_id)
-        meta = {"parl_step": 0, "seed": job.seed, "wall_clock_s": 0.0, "data": train_iter.get_state(),
-                "job": job.identity(), "sft_accuracy": sft_accuracy}
-    if primary:
-        with open(os.path.join(workdir, "config.txt"), "w") as f:
-            f.write(repr(job) + "\n")
+        if latest is None:
+            meta["warm_eval"] = {str(n): row for n, row in run_eval(warm, "warm_start", 0, "test").items()}
+            meta["wall_clock_s"] = time.perf_counter() - t_start
+            t_start = time.perf_counter()
+            log.sync()
+            ckpt.save(0, state, meta, force=True)        # the warm start survives a crash in PARL
+            if job.parl_steps > 0 and watch.reached():   # safe point
+                raise Preempted(0, str(workdir))
+        warm_eval = {int(n): row for n, row in meta["warm_eval"].items()}
 
-    def run_eval(policy, label: str, step: int, split: str) -> dict[int, dict[str, float]]:
-        kept: dict = {}
-        res = evaluate(eval_engine, policy, warm, test if split == "test" else valid, eval_key, keep=kept)
-        for n, row in res.items():
-            log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
-            if split == "test":
-                tasks, result, seconds = kept[n]
-                tasks, result = _host((tasks, result))        # every process joins the gather
-                if primary:
-                    # the reward channels as PARL step `step` would weigh them (budget lifted)
-                    for tr in rollout_traces(eval_engine.rcfg.env, tasks, result,
-                                             rewards=reward_channels(result, job.parl.parl, step),
-                                             wall_clock_s=seconds, prefix=f"{label}-s{step}-n{n}",
-                                             limit=job.traces_per_eval):
-                        log.write("traces.jsonl", tr)
-        return res
-
-    if latest is None:
-        meta["warm_eval"] = {str(n): row for n, row in run_eval(warm, "warm_start", 0, "test").items()}
-        meta["wall_clock_s"] = time.perf_counter() - t_start
-        t_start = time.perf_counter()
-        ckpt.save(0, state, meta, force=True)        # the warm start survives a crash in PARL
-    warm_eval = {int(n): row for n, row in meta["warm_eval"].items()}
-
-    # stage 2: PARL with the warm start frozen as sub-agents
-    start = meta["parl_step"]
-    bar = progress_bar(job.parl_steps, "PARL", progress, initial=min(start, job.parl_steps))
-    for i in range(start, job.parl_steps):
-        tasks = _global(to_tasks(next(train_iter)), mesh, True)
-        state, m = trainer.step(state, jax.random.fold_in(jax.random.fold_in(key, 3), i), step=i, tasks=tasks)
-        m["tok_s"] = m["sampled_tokens"] / max(m["rollout_s"], 1e-9)
-        log.write("metrics.jsonl", {"stage": "parl", "step": i, **m})
-        bar.set_postfix(reward=f"{m['reward']:.3f}", f1=f"{m['item_f1']:.2f}", crit=f"{m['critical_steps']:.1f}",
-                        subagents=f"{m['subagents']:.2f}", tok_s=f"{m['tok_s']:.0f}")
-        bar.update()
-        done = i + 1
-        metrics = None
-        if done == job.parl_steps or (job.eval_every and done % job.eval_every == 0):
-            metrics = {"item_f1": _mean_f1(run_eval(state.params, "parl", done, "validation"))}
-        if done == job.parl_steps:
-            meta["final_eval"] = {str(n): row for n, row in run_eval(state.params, "final", done, "test").items()}
-        meta.update(parl_step=done, data=train_iter.get_state(),
-                    wall_clock_s=meta["wall_clock_s"] + time.perf_counter() - t_start)
-        t_start = time.perf_counter()
-        ckpt.save(done, state, meta, metrics=metrics, force=metrics is not None)
-    bar.close()
-    ckpt.close()
-    log.close()
+        # stage 2: PARL with the warm start frozen as sub-agents
+        start = meta["parl_step"]
+        bar = progress_bar(job.parl_steps, "PARL", progress, initial=min(start, job.parl_steps))
+        for i in range(start, job.parl_steps):
+            tasks = _global(to_tasks(next(train_iter)), mesh, True)
+            state, m = trainer.step(state, jax.random.fold_in(jax.random.fold_in(key, 3), i), step=i, tasks=tasks)
+            m["tok_s"] = m["sampled_tokens"] / max(m["rollout_s"], 1e-9)
+            log.write("metrics.jsonl", {"stage": "parl", "step": i, **m})
+            bar.set_postfix(reward=f"{m['reward']:.3f}", f1=f"{m['item_f1']:.2f}", crit=f"{m['critical_steps']:.1f}",
+                            subagents=f"{m['subagents']:.2f}", tok_s=f"{m['tok_s']:.0f}")
+            bar.update()
+            done = i + 1
+            metrics = None
+            if done == job.parl_steps or (job.eval_every and done % job.eval_every == 0):
+                metrics = {"item_f1": _mean_f1(run_eval(state.params, "parl", done, "validation"))}
+            if done == job.parl_steps:
+                meta["final_eval"] = {str(n): row for n, row in run_eval(state.params, "final", done, "test").items()}
+            stop = done < job.parl_steps and watch.reached()      # safe point (the last step just finishes)
+            meta.update(parl_step=done, data=train_iter.get_state(),
+                        wall_clock_s=meta["wall_clock_s"] + time.perf_counter() - t_start)
+            t_start = time.perf_counter()
+            log.sync()                                # the logs first: a finished checkpoint has its lines
+            ckpt.save(done, state, meta, metrics=metrics, force=metrics is not None or stop)
+            if stop:
+                bar.close()
+                raise Preempted(done, str(workdir))
+        bar.close()
+    finally:
+        log.close()
 
     final_eval = {int(n): row for n, row in meta.get("final_eval", meta["warm_eval"]).items()}
     summary = {
@@ -369,12 +400,49 @@ def run_job(job: TrainJob, workdir: str, *, progress: bool = True, resume: bool 
         "parl_steps": meta["parl_step"], "device": jax.devices()[0].device_kind,
     }
     if primary:
-        with open(os.path.join(workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-        with open(os.path.join(workdir, "summary.md"), "w") as f:
-            f.write(summary_table(summary) + "\n")
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (workdir / "summary.md").write_text(summary_table(summary) + "\n")
         curves(workdir)
     return summary
+
+
+def _warm_start(job: TrainJob, workdir: epath.Path, trainer: PARLTrainer, train_iter, log: JobLog,
+                watch: PreemptionWatch, key, progress: bool) -> tuple[Any, dict, Any]:
+    """Stage 1: the SFT warm start (or the one ``job.warm_start_from`` names), saved to
+    ``<workdir>/warm_start``. Returns (PARL train state, checkpoint meta, warm params).
+    Raises Preempted at the end of an SFT step after a SIGTERM (nothing saved)."""
+    env = job.parl.rollout.env
+    init = lambda: init_params(job.model, jax.random.fold_in(key, 0))    # noqa: E731
+    if job.warm_start_from:
+        from swarmjax.train.checkpoint import abstract_state
+
+        local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])     # as train_sft returns it
+        warm, warm_meta = load_warm_start(job, job.warm_start_from,
+                                          abstract_state(jax.eval_shape(init), local))
+        sft_accuracy, warm_id = warm_meta["sft_accuracy"], warm_meta["identity"]
+    else:
+        bar = progress_bar(job.sft.steps, "warm start (SFT)", progress)
+
+        def on_sft(i, m):
+            log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
+            bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.2f}",
+                            worker_acc=f"{m['worker_acc']:.2f}")
+            bar.update()
+            if watch.reached():                       # safe point: nothing to save yet
+                bar.close()
+                raise Preempted(None, str(workdir))
+        # budget lifted: the demonstrations are serial-heavy
+        warm, sft_report = train_sft(init(), job.model, dataclasses.replace(env, budget=None), job.sft, on_sft)
+        bar.close()
+        sft_accuracy = {k: v for k, v in sft_report["after"].items() if k.endswith("_acc")}
+        warm_id = None
+    state = trainer.init(warm, worker_params=warm)
+    # every run's workdir holds its warm start: the frozen sub-agents, laid out on the
+    # trainer's mesh (global arrays: every process writes its shards)
+    save_warm_start(job, str(workdir), state.frozen["workers"], sft_accuracy, identity=warm_id)
+    meta = {"parl_step": 0, "seed": job.seed, "wall_clock_s": 0.0, "data": train_iter.get_state(),
+            "job": job.identity(), "sft_accuracy": sft_accuracy}
+    return state, meta, warm
 
 
 def _restore(job: TrainJob, trainer: PARLTrainer, ckpt, step: int):
@@ -398,8 +466,8 @@ def evaluate_checkpoint(job: TrainJob, workdir: str, *, which: str = "latest", s
     from swarmjax.train.checkpoint import Checkpointer
 
     job.validate()
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
+    directory = str(epath.Path(workdir) / "checkpoints")
+    if not epath.Path(directory).is_dir():
         raise ValueError(f"no checkpoints in {workdir}")
     if split not in ("validation", "test"):
         raise ValueError(f"split must be 'validation' or 'test', got {split!r}")

@@ -1,12 +1,30 @@
 """What a training job writes besides checkpoints: JSONL logs (optionally mirrored to
 TensorBoard), the summary table and the learning-curve PNG. Only the primary process
-(``jax.process_index() == 0``) writes; the others get a log that drops everything."""
+(``jax.process_index() == 0``) writes; the others get a log that drops everything.
+
+Paths go through ``etils.epath``, so a workdir may be local or in an object store
+(``gs://``, ``s3://``: needs ``gcsfs`` / ``s3fs`` or TensorFlow for epath). Object
+stores cannot append to a file: there the log keeps each file's lines and rewrites
+the file at :meth:`JobLog.sync` (the job calls it before every checkpoint, so a
+finished checkpoint never has fewer log lines than it covers) and at close.
+"""
 
 from __future__ import annotations
 
 import json
-import os
+import logging
 from typing import Any
+
+from etils import epath
+
+PathLike = epath.PathLike
+
+_log = logging.getLogger(__name__)
+
+
+def is_local(path: PathLike) -> bool:
+    """Whether ``path`` is on a POSIX filesystem (no ``scheme://`` prefix)."""
+    return "://" not in str(path)
 
 
 def progress_bar(total: int, desc: str, enabled: bool, *, initial: int = 0):
@@ -17,42 +35,72 @@ def progress_bar(total: int, desc: str, enabled: bool, *, initial: int = 0):
 
 class JobLog:
     """``metrics.jsonl`` (one line per SFT / PARL step), ``eval.jsonl`` (per evaluation
-    and task size), ``traces.jsonl`` (orchestration traces). With ``resume_step`` the
-    files are first cut back to the lines written before that PARL step began, then
-    appended to, so a resumed run's logs equal an uninterrupted run's. TensorBoard
-    event files go to ``tb/sft`` and ``tb/parl`` when ``tensorboardX`` is installed; a
-    resume hides the PARL events it recomputes (TensorBoard's ``purge_step``)."""
+    and task size), ``traces.jsonl`` (orchestration traces).
+
+    Fresh start (``resume_step`` None): the files are started empty and an earlier
+    attempt's TensorBoard events (``tb/``) are deleted, so a run killed before its
+    first checkpoint and started again logs every line once. Resume from PARL step
+    ``resume_step``: the files are first cut back to the lines written before that
+    step began (:func:`truncate`; ``keep_final`` keeps the final evaluation of a run
+    that had already finished), then appended to, so a resumed run's logs equal an
+    uninterrupted run's. TensorBoard event files go to ``tb/sft`` and ``tb/parl`` when
+    ``tensorboardX`` is installed (and, for ``gs://``, ``google-cloud-storage``; else
+    no TensorBoard, with a warning); a resume hides the PARL events it recomputes
+    (TensorBoard's ``purge_step``).
+
+    ``append``: write each line to the file at once (default on local paths: a killed
+    run loses nothing) or, False (default on object stores), keep the lines and
+    rewrite the files at :meth:`sync` and :meth:`close`."""
 
     NAMES = ("metrics.jsonl", "eval.jsonl", "traces.jsonl")
 
-    def __init__(self, workdir: str, resume_step: int | None, enabled: bool = True):
+    def __init__(self, workdir: PathLike, resume_step: int | None, enabled: bool = True, *,
+                 keep_final: bool = False, append: bool | None = None):
         self.enabled = enabled
-        self.files, self.tb = {}, None
+        self.workdir = epath.Path(workdir)
+        self.append = is_local(workdir) if append is None else append
+        self.files: dict[str, Any] = {}
+        self.lines: dict[str, list[str]] = {}
+        self.tb = None
         if not enabled:
             return
-        if resume_step is not None:
-            for name in self.NAMES:
-                truncate(os.path.join(workdir, name), resume_step)
-        mode = "a" if resume_step is not None else "w"
-        self.files = {name: open(os.path.join(workdir, name), mode) for name in self.NAMES}
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for name in self.NAMES:
+            path = self.workdir / name
+            kept = [] if resume_step is None else truncate(path, resume_step, keep_final=keep_final)
+            if self.append:
+                self.files[name] = path.open("a" if resume_step is not None else "w")
+            else:
+                self.lines[name] = kept
+                _write_lines(path, kept)
+        if resume_step is None and (self.workdir / "tb").exists():
+            (self.workdir / "tb").rmtree()          # events of an attempt that never checkpointed
         try:
             from tensorboardX import SummaryWriter
-            tb = os.path.join(workdir, "tb")
+        except ImportError:
+            return
+        tb = self.workdir / "tb"
+        try:
             # two TensorBoard runs: the warm start, and PARL with its evaluations. The PARL
             # x axis is steps done (training step i is drawn at i + 1, with the evaluation
             # after it); a resume from checkpoint s recomputes from s + 1, so the events
             # from there on are hidden (purge_step) and the curves equal an uninterrupted run's
-            self.tb = {"sft": SummaryWriter(os.path.join(tb, "sft")),
-                       "parl": SummaryWriter(os.path.join(tb, "parl"),
+            self.tb = {"sft": SummaryWriter(str(tb / "sft")),
+                       "parl": SummaryWriter(str(tb / "parl"),
                                              purge_step=None if resume_step is None else resume_step + 1)}
-        except ImportError:
-            pass
+        except (ImportError, OSError, ValueError) as e:     # e.g. gs:// without google-cloud-storage
+            _log.warning("swarmjax: no TensorBoard events in %s: %s", tb, e)
+            self.tb = None
 
     def write(self, name: str, record: dict) -> None:
         if not self.enabled:
             return
-        self.files[name].write(json.dumps(record) + "\n")
-        self.files[name].flush()
+        line = json.dumps(record) + "\n"
+        if self.append:
+            self.files[name].write(line)
+            self.files[name].flush()
+        else:
+            self.lines[name].append(line)
         # TensorBoard: curves only (the final test evaluation is in summary.json; a
         # shorter run's final one, which a resume replaces, would otherwise stay drawn)
         if self.tb is not None and name != "traces.jsonl" and record.get("policy") != "final":
@@ -63,17 +111,29 @@ class JobLog:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
                     writer.add_scalar(f"{tag}/{k}", v, step)
 
+    def sync(self) -> None:
+        """Make every line written so far durable (object stores: rewrite the files;
+        local files are written line by line already)."""
+        if not self.enabled or self.append:
+            return
+        for name, lines in self.lines.items():
+            _write_lines(self.workdir / name, lines)
+
     def close(self) -> None:
+        self.sync()
         for f in self.files.values():
             f.close()
+        self.files = {}
         for writer in (self.tb or {}).values():
             writer.close()
+        self.tb = None
 
 
-def keep_line(row: dict, step: int) -> bool:
+def keep_line(row: dict, step: int, *, keep_final: bool = False) -> bool:
     """Whether a log line belongs to the run up to PARL step ``step``: SFT and warm-start
     lines always, a training step before ``step``, a periodic evaluation or trace at
-    ``step`` or before; never a "final" evaluation (the end of a shorter run, which the
+    ``step`` or before; a "final" evaluation only with ``keep_final`` (resuming a run
+    that had finished at ``step``: otherwise it is the end of a shorter run, which the
     resumed run replaces by its own)."""
     if "stage" in row:                                    # metrics.jsonl
         return row["stage"] == "sft" or row["step"] < step
@@ -82,17 +142,42 @@ def keep_line(row: dict, step: int) -> bool:
     else:                                                 # traces: <label>-s<step>-n<n>-<b>
         parts = row["trace_id"].split("-")
         label, at = parts[0], int(parts[1][1:])
-    return label == "warm_start" or (label != "final" and at <= step)
+    if label == "final":
+        return keep_final and at <= step
+    return label == "warm_start" or at <= step
 
 
-def truncate(path: str, step: int) -> None:
-    """Keep only the lines of ``path`` written before PARL step ``step`` (see :func:`keep_line`)."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        rows = [line for line in f if line.strip() and keep_line(json.loads(line), step)]
-    with open(path, "w") as f:
-        f.writelines(rows)
+def truncate(path: PathLike, step: int, *, keep_final: bool = False) -> list[str]:
+    """Keep only the lines of ``path`` written before PARL step ``step`` (see
+    :func:`keep_line`); returns them. A torn last line (the process was killed while
+    writing it) is dropped. The file is replaced in one rename where the filesystem
+    has one, so a kill during the truncation leaves the old or the new file."""
+    path = epath.Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines(keepends=True):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue                                      # torn by a kill mid-write
+        if keep_line(row, step, keep_final=keep_final):
+            rows.append(line if line.endswith("\n") else line + "\n")
+    _write_lines(path, rows)
+    return rows
+
+
+def _write_lines(path: epath.Path, lines: list[str]) -> None:
+    """Write ``lines`` to ``path``: through a temporary file and a rename on local paths
+    (atomic), directly on object stores (an object is replaced whole anyway)."""
+    if is_local(path):
+        tmp = path.parent / (path.name + ".tmp")
+        tmp.write_text("".join(lines))
+        tmp.replace(path)
+    else:
+        path.write_text("".join(lines))
 
 
 def summary_table(summary: dict[str, Any]) -> str:
@@ -110,7 +195,7 @@ def summary_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def curves(workdir: str) -> None:
+def curves(workdir: PathLike) -> None:
     """curves.png: SFT loss; PARL reward, item-F1, critical steps and sub-agents per step
     (batch means of the training rollouts)."""
     try:
@@ -119,7 +204,8 @@ def curves(workdir: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    workdir = epath.Path(workdir)
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     parl = [r for r in rows if r["stage"] == "parl"]
     sft = [r for r in rows if r["stage"] == "sft"]
     fig, axes = plt.subplots(1, 5, figsize=(20, 3.4))
@@ -130,5 +216,6 @@ def curves(workdir: str) -> None:
         ax.set_title(f"PARL {k}")
         ax.set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(os.path.join(workdir, "curves.png"), dpi=100)
+    with (workdir / "curves.png").open("wb") as f:
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)

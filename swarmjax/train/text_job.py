@@ -253,11 +253,23 @@ def rl_step(learner: Learner, state, rollout: TextRollout, task, problems: list,
     return state, metrics
 
 
-def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resume: bool = False) -> dict:
-    """Tokenizer -> warm start -> RL -> summary (module docstring). Returns the summary."""
+def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resume: bool | str = False) -> dict:
+    """Tokenizer -> warm start -> RL -> summary (module docstring). Returns the summary.
+
+    Text jobs keep no checkpoints yet: ``resume`` "never" / False and "auto" (no
+    checkpoint, so: start afresh, overwriting an unfinished attempt's files) run the
+    job; "latest" / True is refused. SIGTERM is not intercepted (its default action
+    ends the job). The workdir must be local (the tokenizer is written with local file
+    APIs)."""
     job.validate()
-    if resume:
-        raise ValueError("--resume is not supported for text jobs yet: start a fresh workdir")
+    if resume is True or resume == "latest":
+        raise ValueError("--resume is not supported for text jobs yet (they keep no checkpoints): "
+                         "start a fresh workdir, or pass --resume auto to start afresh")
+    if resume not in (False, None, "never", "auto"):
+        raise ValueError(f"resume must be never, latest or auto, got {resume!r}")
+    if "://" in str(workdir):
+        raise ValueError(f"text jobs need a local workdir (the tokenizer is saved with local file APIs), "
+                         f"got {workdir!r}")
     if os.path.exists(os.path.join(workdir, "summary.json")):
         raise ValueError(f"workdir {workdir!r} already holds a finished run; choose another")
     os.makedirs(workdir, exist_ok=True)

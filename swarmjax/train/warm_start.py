@@ -28,6 +28,7 @@ import os
 from typing import Any
 
 import jax
+from etils import epath
 
 __all__ = ["warm_identity", "save_warm_start", "load_warm_start"]
 
@@ -42,8 +43,10 @@ def warm_identity(job) -> dict[str, str]:
     return {"model": repr(job.model), "sft": repr(job.sft), "env": repr(env), "seed": repr(job.seed)}
 
 
-def _dir(workdir: str) -> str:
-    return os.path.join(workdir, "warm_start")
+def _dir(workdir: str | epath.PathLike) -> epath.Path:
+    """``<workdir>/warm_start``, absolute (orbax wants absolute paths); gs:// etc. as given."""
+    path = epath.Path(workdir) / "warm_start"
+    return path if "://" in str(workdir) else epath.Path(os.path.abspath(path))
 
 
 def save_warm_start(job, workdir: str, params: Any, sft_accuracy: dict[str, float], *,
@@ -53,12 +56,12 @@ def save_warm_start(job, workdir: str, params: Any, sft_accuracy: dict[str, floa
     (all processes call this; process 0 writes the JSON)."""
     import orbax.checkpoint as ocp
 
-    path = os.path.abspath(_dir(workdir))
+    path = _dir(workdir)
     with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(os.path.join(path, _PARAMS), params, force=True)
+        ckpt.save(path / _PARAMS, params, force=True)
     if jax.process_index() == 0:
-        with open(os.path.join(path, _META), "w") as f:
-            json.dump({"identity": identity or warm_identity(job), "sft_accuracy": sft_accuracy}, f, indent=2)
+        (path / _META).write_text(json.dumps({"identity": identity or warm_identity(job),
+                                              "sft_accuracy": sft_accuracy}, indent=2))
 
 
 def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[str, Any]]:
@@ -68,13 +71,12 @@ def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[
     of one of ``job.warm_start_match`` (default all: model, sft, env, seed)."""
     import orbax.checkpoint as ocp
 
-    path = os.path.abspath(_dir(workdir))
-    meta_file = os.path.join(path, _META)
-    if not os.path.exists(meta_file):
+    path = _dir(workdir)
+    meta_file = path / _META
+    if not meta_file.exists():
         raise ValueError(f"warm_start_from: {workdir} holds no warm start ({meta_file} is missing; "
                          "runs write it once their SFT stage ends)")
-    with open(meta_file) as f:
-        meta = json.load(f)
+    meta = json.loads(meta_file.read_text())
     mine, saved = warm_identity(job), meta.get("identity", {})
     diff = sorted(k for k in job.warm_start_match if mine.get(k) != saved.get(k))
     if diff:
@@ -82,5 +84,5 @@ def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[
                          f"{', '.join(diff)} (it must match the job's {', '.join(job.warm_start_match)}; "
                          "see TrainJob.warm_start_match)")
     with ocp.StandardCheckpointer() as ckpt:
-        params = ckpt.restore(os.path.join(path, _PARAMS), abstract_params)
+        params = ckpt.restore(path / _PARAMS, abstract_params)
     return params, meta
