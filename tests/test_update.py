@@ -115,22 +115,6 @@ MICRO_LOSSES = [
 ]
 
 
-def test_microbatching_in_a_fresh_process():
-    """Runs the microbatching checks below in their own interpreter: in the full suite's
-    process XLA's CPU compiler segfaulted compiling them (reproducibly, at ~85% of the
-    suite; the file alone passes). Cause not found yet."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, SWARMJAX_FRESH="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        f"{__file__}::test_microbatching_equals_one_big_batch"], env=env,
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-
-
-@pytest.mark.skipif("SWARMJAX_FRESH" not in __import__("os").environ,
-                    reason="run by test_microbatching_in_a_fresh_process")
 @pytest.mark.parametrize("loss", MICRO_LOSSES, ids=lambda c: f"{c.name}-{c.aggregation}")
 def test_microbatching_equals_one_big_batch(loss):
     """Params and every metric of a microbatched update equal the un-microbatched ones,
