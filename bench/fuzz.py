@@ -129,9 +129,11 @@ def uniform_tokens(env: WideSearchConfig, vocab_size: int, rng: np.random.Genera
                    workers=rng.integers(0, vocab_size, (batch, K, W), dtype=np.int32))
 
 
-def grammar_orchestrator(env: WideSearchConfig, ep: Episode, rng: np.random.Generator) -> list[int]:
+def grammar_orchestrator(env: WideSearchConfig, ep: Episode, rng: np.random.Generator, *,
+                         stray_ids: int = EXTRA_IDS) -> list[int]:
     """Up to 6 random turns (lookup, spawn stage, stray token), valid and malformed,
-    then (usually) an answer, possibly wrong or cut short."""
+    then (usually) an answer, possibly wrong or cut short. Stray tokens are drawn from
+    the task's vocabulary plus ``stray_ids`` ids beyond it."""
     v = Vocab(env)
     ent = lambda: v.entity(int(rng.choice(ep.task)) if rng.random() < 0.8 else int(rng.integers(env.num_entities)))
     toks: list[int] = []
@@ -144,7 +146,7 @@ def grammar_orchestrator(env: WideSearchConfig, ep: Episode, rng: np.random.Gene
                 toks += [v["<spawn>"], *(ent() for _ in range(rng.choice([0, 1, 1, 2, 3]))), v["</spawn>"]]
             toks.append(v["<wait>"] if rng.random() < 0.85 else v["<answer>"])
         else:
-            toks.append(int(rng.integers(v.size + EXTRA_IDS)))
+            toks.append(int(rng.integers(v.size + stray_ids)))
     if rng.random() < 0.85:
         toks.append(v["<answer>"])
         for e in ep.task:
@@ -155,12 +157,14 @@ def grammar_orchestrator(env: WideSearchConfig, ep: Episode, rng: np.random.Gene
     return toks
 
 
-def grammar_worker(env: WideSearchConfig, ep: Episode, rng: np.random.Generator) -> list[int]:
-    """A valid sub-agent (lookups then a return of 1..3 entities) or random ids."""
+def grammar_worker(env: WideSearchConfig, ep: Episode, rng: np.random.Generator, *,
+                   stray_ids: int = EXTRA_IDS) -> list[int]:
+    """A valid sub-agent (lookups then a return of 1..3 entities) or random ids (the
+    task's vocabulary plus ``stray_ids``)."""
     if rng.random() < 0.5:
         ents = [int(e) for e in rng.choice(env.num_entities, int(rng.integers(1, 4)), replace=False)]
         return scripts_lib.worker(env, ep, ents)
-    return [int(t) for t in rng.integers(0, Vocab(env).size + EXTRA_IDS, rng.integers(0, 13))]
+    return [int(t) for t in rng.integers(0, Vocab(env).size + stray_ids, rng.integers(0, 13))]
 
 
 def spawn_prefix(env: WideSearchConfig, ep: Episode, rng: np.random.Generator) -> list[int]:

@@ -32,7 +32,7 @@ from swarmjax.train.parl import PARLTrainConfig, PARLTrainer
 from test_widesearch import serial_script, split_scripts
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
-from fuzz import novel_ref, parallel_ref  # noqa: E402  (the host references bench/fuzz.py uses too)
+from fuzz import grammar_orchestrator, grammar_worker, novel_ref, parallel_ref  # noqa: E402  (shared with bench/fuzz.py)
 
 # Default sizes, with a budget serial work cannot meet at n = 16.
 BIG = WideSearchConfig(budget=10)
@@ -56,37 +56,6 @@ def engines():
         params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(mcfg, jax.random.key(1)))
         out[name] = (cfg, SwarmRollout(RolloutConfig(env=cfg), mcfg), params)
     return out
-
-
-def random_orch_script(cfg, ep, rng):
-    """Turns of every kind, valid and not, then (usually) an answer, possibly malformed."""
-    v = Vocab(cfg)
-    ent = lambda: v.entity(rng.choice(ep.task) if rng.random() < 0.8 else rng.randrange(cfg.num_entities))
-    toks = []
-    for _ in range(rng.randint(0, 6)):
-        kind = rng.random()
-        if kind < 0.3:
-            toks += [v["<lookup>"], ent() if rng.random() < 0.8 else v.value(0)]
-        elif kind < 0.75:
-            for b in range(rng.randint(1, cfg.max_subagents + 1)):
-                toks += [v["<spawn>"]] + [ent() for _ in range(rng.choice([0, 1, 1, 2, 3]))] + [v["</spawn>"]]
-            toks.append(v["<wait>"] if rng.random() < 0.85 else v["<answer>"])
-        else:
-            toks.append(rng.randrange(v.size))
-    if rng.random() < 0.85:
-        toks.append(v["<answer>"])
-        for e in ep.task:
-            if rng.random() < 0.8:
-                toks += [v.entity(e), v.value(ep.table[e] if rng.random() < 0.8 else rng.randrange(cfg.num_values))]
-        toks.append(v["</answer>"] if rng.random() < 0.8 else v["<lookup>"])
-    return toks
-
-
-def random_worker_script(cfg, ep, rng):
-    v = Vocab(cfg)
-    if rng.random() < 0.5:
-        return scripts.worker(cfg, ep, rng.sample(range(cfg.num_entities), rng.randint(1, 3)))
-    return [rng.randrange(v.size) for _ in range(rng.randint(0, 12))]
 
 
 def pad_scripts(orch, workers, K):
@@ -181,10 +150,13 @@ def test_scripted_shapes(engines):
 
 
 def random_batch(cfg, seed, size):
+    """Episodes with bench/fuzz.py's protocol-shaped random scripts (every kind of turn,
+    valid and malformed; stray tokens from the task's vocabulary only)."""
     rng = random.Random(seed)
     eps = [Episode.sample(cfg, rng) for _ in range(size)]
-    orch = [random_orch_script(cfg, ep, rng) for ep in eps]
-    workers = [[random_worker_script(cfg, ep, rng) for _ in range(cfg.max_subagents)] for ep in eps]
+    nrng = np.random.default_rng(seed)
+    orch = [grammar_orchestrator(cfg, ep, nrng, stray_ids=0) for ep in eps]
+    workers = [[grammar_worker(cfg, ep, nrng, stray_ids=0) for _ in range(cfg.max_subagents)] for ep in eps]
     return eps, orch, workers
 
 
