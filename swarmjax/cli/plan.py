@@ -61,8 +61,6 @@ def _simulated_cpu_devices(count: int) -> None:
 def run(args: argparse.Namespace) -> int:
     devices = math.prod(args.mesh)
     _simulated_cpu_devices(devices)
-    import dataclasses
-
     import jax
 
     from swarmjax.models.config import preset
@@ -77,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = preset(args.model)
     if args.dtype:
         cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
-    update = UpdateConfig(loss=loss_preset(args.loss), optim=dataclasses.replace(OptimConfig(), name=args.optimizer),
+    update = UpdateConfig(loss=loss_preset(args.loss), optim=OptimConfig(name=args.optimizer),
                           num_minibatches=args.minibatches, num_microbatches=args.microbatches, remat=args.remat)
     if args.batch % (args.minibatches * args.microbatches):
         raise ValueError(f"--batch {args.batch} is not divisible by minibatches x microbatches "

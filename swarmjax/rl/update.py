@@ -171,13 +171,6 @@ class Learner:
         return lax.with_sharding_constraint(x, batch_sharding(self.mesh, x.ndim, rules=self.rules,
                                                               batch_size=x.shape[0]))
 
-    def _like_params(self, tree: Any) -> Any:
-        """A params-shaped tree (gradients) sharded as the params (no-op without a mesh):
-        the accumulated gradient stays split over ``fsdp`` instead of whole on every device."""
-        if self.mesh is None:
-            return tree
-        return lax.with_sharding_constraint(tree, self._param_shardings(tree))
-
     def _logprobs(self, params, tokens, token_mask, want_max=False):
         tokens, token_mask = self._rows(tokens), self._rows(token_mask)
         act = None if self.mesh is None else batch_sharding(self.mesh, 3, rules=self.rules,
@@ -217,13 +210,12 @@ class Learner:
         def accumulate(acc: _MicroCarry, xs) -> tuple[_MicroCarry, tuple[Array, MetricSums]]:
             m, old, ref = xs                                # [micro_size, T] each
             (loss, (sums, max_logits)), grads = grad_fn(params, m, old, ref, totals)
-            grads = self._like_params(grads)
             if max_logits is not None:
                 acc = acc._replace(max_logits=jnp.maximum(acc.max_logits, max_logits))
             return acc._replace(grads=jax.tree.map(jnp.add, acc.grads, grads)), (loss, sums)
 
         L, H = self.model_cfg.num_layers, self.model_cfg.num_heads
-        init = _MicroCarry(grads=self._like_params(jax.tree.map(jnp.zeros_like, params)),
+        init = _MicroCarry(grads=jax.tree.map(jnp.zeros_like, params),
                            max_logits=jnp.full((L, H), -jnp.inf, jnp.float32))
         acc, (losses, sums) = lax.scan(accumulate, init, micro)   # losses [n_micro], sums pairs [n_micro]
         # exact accumulation: the microbatch losses carry the minibatch's normalisers, so

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import KVCache, abstract_params, init_cache
+from swarmjax.models.transformer import abstract_params, init_cache
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
@@ -143,7 +143,7 @@ def plan_rollout(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int, seq: int
     params = _abstract(params, sampler.param_shardings(params))
     cache = jax.eval_shape(lambda: init_cache(cfg, batch, seq))
     cache = _abstract(cache, sampler._cache_shardings(batch, seq))
-    fn = sampler._compile(params, batch, KVCache(k=cache.k, v=cache.v, valid=cache.valid), (False, False))
+    fn = sampler._compile(params, batch, cache, (False, False))
     tokens = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
     mask = jax.ShapeDtypeStruct((batch, prompt), bool)
     key = jax.eval_shape(lambda: jax.random.key(0))
