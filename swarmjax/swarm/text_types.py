@@ -1,0 +1,155 @@
+"""What a text rollout takes and gives: its config, forced scripts, and the
+token-in-token-out record of every agent and episode (host numpy). The engine that
+fills them is :class:`swarmjax.swarm.text_rollout.TextRollout`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from swarmjax.sampling.processors import SamplingConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TextRolloutConfig:
+    """Static settings of a text rollout.
+
+    orch_context / worker_context: tokens an orchestrator / sub-agent conversation holds.
+    max_turn_tokens: most tokens one turn may sample (a longer turn is cut: ``truncated``).
+    worker_lanes: sub-agent rows on the device; more sub-agents wait for a free lane
+      (waiting delays them in wall clock, never changes a step count).
+    subagent_turns: S_sub, turns a sub-agent gets before it is stopped.
+    budget: critical-step budget (None: lifted).
+    prefill_buckets: chunk sizes of the append (each compiles once).
+    env_threads: threads that run environment steps (and so tools) of different episodes at once.
+    segment_exit: a decode segment ends once this fraction of its rows have finished
+      their turn (1.0: when all have). The others resume where they were in the next
+      segment, with the rows whose replies were appended meanwhile: continuous batching
+      at segment granularity, so one long turn does not keep every row decoding. The
+      trajectory does not depend on it (tests check ids and log-probs), only the time.
+    decode_slack: tokens a decode segment may sample past its longest conversation
+      (None: the whole turn limit). Attention reads every slot of the segment's window,
+      so a window sized for the longest row's position plus a short slack, not plus the
+      turn limit, is cheaper per step; a row that fills it returns to the host and
+      resumes in a wider window next segment (like ``segment_exit``, only the time changes).
+    min_window: the narrowest window a call attends over; wider ones step through
+      min_window * (1, 1.5, 2, 3, 4, ...), so a rollout compiles a few widths. Decode
+      reads the whole window every step: at 32 rows a 128-slot window cut the bench's
+      rollout time ~12% against a 256 floor (more widths to compile, once each).
+    """
+
+    orch_context: int = 1024
+    worker_context: int = 512
+    max_turn_tokens: int = 128
+    worker_lanes: int = 8
+    subagent_turns: int = 5
+    budget: int | None = None
+    orch_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+    worker_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+    prefill_buckets: tuple[int, ...] = (16, 64, 256)
+    env_threads: int = 16
+    segment_exit: float = 0.5
+    decode_slack: int | None = 64
+    min_window: int = 128
+
+    def __post_init__(self):
+        if min(self.orch_context, self.worker_context, self.max_turn_tokens, self.worker_lanes,
+               self.subagent_turns, self.env_threads) < 1:
+            raise ValueError("contexts, max_turn_tokens, worker_lanes, subagent_turns and "
+                             "env_threads must be >= 1")
+        if not self.prefill_buckets or list(self.prefill_buckets) != sorted(set(self.prefill_buckets)) \
+                or self.prefill_buckets[0] < 1:
+            raise ValueError(f"prefill_buckets must be increasing positive sizes, got {self.prefill_buckets}")
+        if self.min_window < 1:
+            raise ValueError(f"min_window must be >= 1, got {self.min_window}")
+        if self.decode_slack is not None and self.decode_slack < 1:
+            raise ValueError(f"decode_slack must be >= 1 or None, got {self.decode_slack}")
+        if not 0.0 < self.segment_exit <= 1.0:
+            raise ValueError(f"segment_exit must be in (0, 1], got {self.segment_exit}")
+        if self.budget is not None and self.budget < 2:
+            raise ValueError(f"budget {self.budget} is below 2 (one turn and an answer)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextScripts:
+    """Forced turns (tests, replays): ``orch[b]`` the ids of episode b's orchestrator
+    turns in order; ``workers[b][k]`` those of its k-th sub-agent (spawn order). An
+    agent whose script has run out samples."""
+
+    orch: Sequence[Sequence[np.ndarray]]
+    workers: Sequence[Sequence[Sequence[np.ndarray]]] = ()
+
+
+@dataclasses.dataclass
+class AgentTrace:
+    """One agent's conversation as the rollout built it (host numpy).
+
+    ids [T] int32, sampled [T] bool (ids this agent sampled), logprobs / model_logprobs
+    [T] f32 (0 off ``sampled``), turn [T] int32 (its own turn a token belongs to, 0: prompt).
+    """
+
+    name: str
+    ids: list = dataclasses.field(default_factory=list)
+    sampled: list = dataclasses.field(default_factory=list)
+    logprobs: list = dataclasses.field(default_factory=list)
+    model_logprobs: list = dataclasses.field(default_factory=list)
+    turn: list = dataclasses.field(default_factory=list)
+    steps: int = 0
+    stage: int = 0              # orchestrator step that started it (sub-agents)
+    ok: bool = False
+    reason: str = "running"
+    answer: str | None = None
+
+    def append(self, ids, *, sampled: bool, logprobs=None, model_logprobs=None, turn: int | None = None):
+        """Append ids (their turn: ``turn``, default ``steps``, the turn they follow)."""
+        ids = np.asarray(ids, np.int32)
+        zeros = np.zeros(ids.shape, np.float32)
+        self.ids.append(ids)
+        self.sampled.append(np.full(ids.shape, sampled))
+        self.logprobs.append(zeros if logprobs is None else np.asarray(logprobs, np.float32))
+        self.model_logprobs.append(zeros if model_logprobs is None else np.asarray(model_logprobs, np.float32))
+        self.turn.append(np.full(ids.shape, self.steps if turn is None else turn, np.int32))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros((0,), dt)
+        return {"ids": cat(self.ids, np.int32), "sampled": cat(self.sampled, bool),
+                "logprobs": cat(self.logprobs, np.float32),
+                "model_logprobs": cat(self.model_logprobs, np.float32), "turn": cat(self.turn, np.int32)}
+
+    def __len__(self) -> int:
+        return int(sum(len(x) for x in self.ids))
+
+
+@dataclasses.dataclass
+class TextRolloutResult:
+    """Token-in-token-out output of B episodes (C = ``orch_context``), host numpy.
+
+    tokens [B, C] int32 (``pad_id`` past length), length [B], loss_mask [B, C] (ids the
+    orchestrator sampled), logprobs / model_logprobs [B, C] f32, stage_ids [B, C] int32
+    (orchestrator step of each id, 0: prompt); orch_steps, critical_steps, total_steps,
+    spawned, finished [B] int32; end_reason [B] (index into
+    :data:`swarmjax.envs.widesearch_jax.END_REASONS`);
+    rewards: term -> [B] f32 (summed over each episode's steps); answers: final answer
+    text per episode (None without one); orchestrators / subagents: the
+    :class:`AgentTrace` of every agent; stats: timings and counts of the rollout.
+    """
+
+    tokens: np.ndarray
+    length: np.ndarray
+    loss_mask: np.ndarray
+    logprobs: np.ndarray
+    model_logprobs: np.ndarray
+    stage_ids: np.ndarray
+    orch_steps: np.ndarray
+    critical_steps: np.ndarray
+    total_steps: np.ndarray
+    spawned: np.ndarray
+    finished: np.ndarray
+    end_reason: np.ndarray
+    rewards: dict[str, np.ndarray]
+    answers: list
+    orchestrators: list[AgentTrace]
+    subagents: list[list[AgentTrace]]
+    stats: dict[str, float]
