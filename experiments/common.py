@@ -1,8 +1,9 @@
-"""What the experiment scripts share: the repository root, the default CPU config, the
-end of every figure."""
+"""What the experiment scripts share: the repository root, the default CPU config, their
+common command-line arguments, the end of every figure."""
 
 from __future__ import annotations
 
+import argparse
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,3 +20,14 @@ def save_figure(fig, axes, title: str, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def experiment_parser(doc: str, experiments) -> argparse.ArgumentParser:
+    """The arguments both experiment scripts take: which experiment, the seeds, where
+    the runs and the report (tables, PNGs) go."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", choices=sorted(experiments))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--runs", default="runs/experiments")
+    p.add_argument("--out", default="docs/experiments")
+    return p

@@ -23,7 +23,6 @@ themselves go to ``--runs`` (default ``runs/experiments/<name>/<arm>_s<seed>``).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -31,7 +30,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from common import CONFIG, ROOT, save_figure
+from common import CONFIG, ROOT, experiment_parser, save_figure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,13 +245,9 @@ def _plot(exp: Experiment, name: str, dirs: dict, path: str, smooth: int = 10) -
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p = experiment_parser(__doc__, EXPERIMENTS)
     p.add_argument("--base", default="runs/experiments/default_s{seed}",
                    help="workdir pattern of the default job per seed (run there if missing)")
-    p.add_argument("--runs", default="runs/experiments")
-    p.add_argument("--out", default="docs/experiments")
     p.add_argument("--jobs", type=int, default=1, help="arms run at once")
     args = p.parse_args(argv)
     if "{seed}" not in args.base:

@@ -17,7 +17,6 @@ history in ``<runs>/<name>/<arm>_lr<rate>_s<seed>.json`` (a run found there is r
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -25,7 +24,7 @@ import os
 import sys
 import time
 
-from common import CONFIG, ROOT, save_figure
+from common import CONFIG, ROOT, experiment_parser, save_figure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,11 +201,7 @@ def _plot(exp: SFTExperiment, name: str, tuned: dict, path: str) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--runs", default="runs/experiments")
-    p.add_argument("--out", default="docs/experiments")
+    p = experiment_parser(__doc__, EXPERIMENTS)
     p.add_argument("--arms", nargs="+", help="run only these arms, no report (e.g. one arm per "
                                              "process; a later call without --arms reports)")
     args = p.parse_args(argv)
