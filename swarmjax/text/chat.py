@@ -169,6 +169,13 @@ class ChatFormat:
         """One tool call as the model writes it; ``arguments`` a JSON string (verbatim) or a value."""
         raise NotImplementedError
 
+    def tool_response_frame(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, str]:
+        """The pieces of :meth:`tool_responses_ids` for an environment that joins them
+        itself (:mod:`swarmjax.text.fragments`): ``(open, between, close, before,
+        after)`` with ``tool_responses_ids([c1, .., cn]) == open + encode(before + c1 +
+        after) + between + .. + encode(before + cn + after) + close`` (ids int32)."""
+        raise NotImplementedError(f"{self.name}: no tool-response frame for joined replies")
+
     def assistant_text(self, content: str, tool_calls: Sequence[Mapping[str, Any]] = (), *,
                        reasoning: str | None = None) -> str:
         """The exact text a model emits for a turn: what the render puts between the
@@ -269,6 +276,12 @@ class Qwen3Format(ChatFormat):
         head = "system\n" + ("" if system is None else system + "\n\n") + self.TOOLS_HEAD
         schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)  # = "\n" + tool|tojson
         return [self._im_start, head + schemas + self.TOOLS_TAIL, self._end_nl]
+
+    def tool_response_frame(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, str]:
+        open_ = self.assemble([self._im_start, "user\n", self._response_open])
+        between = self.assemble([self._response_close, "\n", self._response_open])
+        close = self.assemble([self._response_close, self._end_nl, self._generation_prompt])
+        return open_, between, close, "\n", "\n"
 
     def _tool_pieces(self, contents: list[str]) -> list[Piece]:
         pieces: list[Piece] = [self._im_start, "user"]

@@ -1,0 +1,300 @@
+"""Wide-search in text with *canonical relays*: the text task that can run on the device.
+
+:mod:`swarmjax.envs.widesearch_text` lets the orchestrator write anything: a sub-agent's
+system prompt, its task, and the sub-agent's free answer travel back verbatim. Text
+copied verbatim from one conversation into another cannot be produced inside ``jit``
+without a tokenizer, so this variant relays *what the text means* instead, always
+in the same words:
+
+* ``create_subagent(name)`` takes one of ``worker0 .. worker{K-1}`` (an enum); every
+  sub-agent gets the same system prompt (``WORKER_SYSTEM``).
+* ``assign_task(agent, prompt)``: the sub-agent's task is rebuilt from the prompt as
+  ``Entities: A, B`` over the entities the prompt mentions (in order of first mention,
+  at most ``max_mentions``), whatever else it says.
+* ``lookup(entity)`` takes an entity name (a string: an enum of every entity would
+  make the tool schema, which every prompt carries, grow with E); another string gets
+  ``UNKNOWN_ENTITY``.
+* A sub-agent's answer comes back as ``Sub-agent 'worker3' answered:`` and one
+  ``entity: value`` line per distinct pair it answered with a known entity and value,
+  in order (:mod:`swarmjax.text.device_answers` reads the answer lines).
+* Every error has one fixed sentence per cause (a call's :class:`CallError`, a second
+  lookup in a turn, an unknown agent, the K limit, calls past ``max_calls``).
+
+So every id an agent hears is a join of fixed fragments (names, sentences, the chat
+format's pieces), and :mod:`swarmjax.envs.widesearch_relay_device` says them on the
+device; :class:`RelayEnv` here is the host twin (a :class:`~swarmjax.envs.api.HostEnv`
+run by :class:`~swarmjax.swarm.text_rollout.TextRollout`) that renders the same texts
+through the chat format and the tokenizer, which the differential tests compare.
+
+The rules and counts are the token world's, as in :mod:`widesearch_text`: one lookup
+per turn; a stage of ``assign_task`` calls costs 1 + its longest sub-agent on the
+critical path (the rollout counts); at most K assignments per episode. Reward terms of
+an orchestrator episode: ``r_perf`` (item-F1 of its answer lines), ``correct``,
+``answered``, ``truth``, ``novel`` (assignments mentioning an asked-for entity no
+earlier assignment mentioned), ``returned`` (distinct asked-for entities in the relayed
+answers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
+from swarmjax.envs.orchestration import ASSIGN, CREATE
+from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
+from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, _names, text_corpus
+from swarmjax.text.chat import ChatFormat
+from swarmjax.text.device_answers import host_answer_pairs
+from swarmjax.text.toolcalls import CallError, parse_turn
+from swarmjax.text.tools import Tool, ToolSet
+
+LOOKUP = "lookup"
+ERROR_TEXT = {
+    CallError.BAD_JSON: "Error: the call is not a JSON object with a name and arguments.",
+    CallError.UNKNOWN_TOOL: "Error: there is no tool of that name.",
+    CallError.MISSING_ARGUMENT: "Error: the call misses a required argument.",
+    CallError.BAD_ARGUMENT: "Error: an argument is not one of the allowed values.",
+    CallError.INCOMPLETE: "Error: the call was cut off before </tool_call>.",
+}
+LOOKUP_AGAIN = "Error: lookup serves one call per turn; this one was not run."
+LIMIT = "Error: the limit of sub-agent tasks per episode is reached."
+UNKNOWN_ENTITY = "Error: there is no entity of that name."
+
+
+@dataclasses.dataclass(frozen=True)
+class RelayTask:
+    """The canonical text wide-search: names, tools and every sentence agents hear.
+
+    Args:
+      cfg: the token world's sizes (E, V, K; the rollout holds contexts and budget).
+      chat: the chat format (its tokenizer renders the host twin's ids).
+      seed: seed of the generated names (as :class:`~swarmjax.envs.widesearch_text.WideSearchText`).
+      max_calls: calls per turn that are read and answered; later ones get one
+        ``too_many`` response together.
+      max_mentions: entities an assignment's prompt passes on (the first ones mentioned).
+      max_pairs: answer lines read per answer.
+    """
+
+    cfg: WideSearchConfig
+    chat: ChatFormat
+    seed: int = 0
+    max_calls: int = 8
+    max_mentions: int = 16
+    max_pairs: int = 32
+
+    # ---------------------------------------------------------------- names and tools
+
+    @property
+    def entity_names(self) -> list[str]:
+        return _names(self.cfg.num_entities, self.seed, "entity")
+
+    @property
+    def value_names(self) -> list[str]:
+        return _names(self.cfg.num_values, self.seed + 1, "value")
+
+    @property
+    def agent_names(self) -> list[str]:
+        return [f"worker{k}" for k in range(self.cfg.max_subagents)]
+
+    def tools(self, role: str) -> list[Tool]:
+        """:func:`relay_tools` of ``role`` for this task's agent names."""
+        return relay_tools(role, self.agent_names)
+
+    # ---------------------------------------------------------------- sentences
+
+    def task_text(self, entities: Sequence[int]) -> str:
+        return "Entities:" + ",".join(" " + self.entity_names[e] for e in entities)
+
+    def lines_text(self, pairs: Sequence[tuple[int, int]]) -> str:
+        return "".join(f"\n{self.entity_names[e]}: {self.value_names[v]}" for e, v in pairs)
+
+    def created_text(self, k: int) -> str:
+        return f"Created sub-agent '{self.agent_names[k]}'."
+
+    def unknown_agent_text(self, k: int) -> str:
+        return f"Error: there is no sub-agent '{self.agent_names[k]}' yet. Call create_subagent first."
+
+    def too_many_text(self) -> str:
+        return f"Error: a turn may make at most {self.max_calls} calls; the later ones were not run."
+
+    def result_text(self, k: int, reason: str, pairs: Sequence[tuple[int, int]]) -> str:
+        """What an ``assign_task`` call of sub-agent k hears back."""
+        name = self.agent_names[k]
+        if reason == "answer":
+            return f"Sub-agent '{name}' answered:" + self.lines_text(pairs)
+        why = "was stopped at its turn limit" if reason == "turns" else "ran out of context"
+        return f"Sub-agent '{name}' {why} without an answer."
+
+    def messages(self, role: str, entities: Sequence[int]) -> list[dict[str, str]]:
+        system = ORCH_SYSTEM if role == "orchestrator" else WORKER_SYSTEM
+        return [{"role": "system", "content": system}, {"role": "user", "content": self.task_text(entities)}]
+
+    def mentions(self, text: str) -> list[int]:
+        """Entity ids named in ``text`` by position of first occurrence (the device
+        parser's mention order), at most ``max_mentions``."""
+        hits = sorted((text.find(n), i) for i, n in enumerate(self.entity_names) if n in text)
+        return [i for _, i in hits][:self.max_mentions]
+
+    def relayed(self, pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The pairs an answer relays: distinct, entity and value known, in order."""
+        return list(dict.fromkeys((e, v) for e, v in pairs if e >= 0 and v >= 0))
+
+    def answer_pairs(self, turn: np.ndarray) -> list[tuple[int, int]]:
+        """(entity, value) ids of a turn's answer lines (``device_answers`` rules)."""
+        tok = self.chat.tokenizer
+        return host_answer_pairs(tok, turn, self.entity_names, self.value_names,
+                                 control_ids=sorted(tok.added_tokens.values()))[:self.max_pairs]
+
+    def orchestrator(self, ep: Episode) -> RelayEnv:
+        return RelayEnv(self, ep, "orchestrator")
+
+
+def relay_tools(role: str, agent_names: Sequence[str]) -> list[Tool]:
+    """The tools of ``role`` ("orchestrator": lookup, create_subagent, assign_task;
+    "worker": lookup), in tool-id order (the device parser's tool ids)."""
+    enum = lambda names, what: {"type": "string", "enum": list(names), "description": what}
+    lookup = Tool(LOOKUP, "Look up one entity's value.",
+                  {"type": "object", "properties": {"entity": {"type": "string", "description": "The entity's name."}},
+                   "required": ["entity"]}, fn=None)
+    if role == "worker":
+        return [lookup]
+    if role != "orchestrator":
+        raise ValueError(f"role must be 'orchestrator' or 'worker', got {role!r}")
+    create = Tool(CREATE, "Create a sub-agent.",
+                  {"type": "object", "properties": {"name": enum(agent_names, "The sub-agent's name.")},
+                   "required": ["name"]}, fn=None)
+    assign = Tool(ASSIGN, "Give a sub-agent a task. Every assign_task call of one turn runs in "
+                  "parallel; their answers come back together.",
+                  {"type": "object", "properties": {
+                      "agent": enum(agent_names, "Name of a sub-agent created earlier."),
+                      "prompt": {"type": "string", "description": "The entities to look up."}},
+                   "required": ["agent", "prompt"]}, fn=None)
+    return [lookup, create, assign]
+
+
+def relay_corpus(cfg: WideSearchConfig, *, seed: int = 0, episodes: int = 200) -> list[str]:
+    """Text to train a tokenizer for this task on: the text task's corpus
+    (:func:`~swarmjax.envs.widesearch_text.text_corpus`) plus the tool schemas and the
+    relay sentences, so prompts and responses tokenise compactly."""
+    agents = [f"worker{k}" for k in range(cfg.max_subagents)]
+    out = text_corpus(cfg, seed=seed, episodes=episodes)
+    out += [json.dumps(t.schema(), ensure_ascii=False) for role in ("orchestrator", "worker")
+            for t in relay_tools(role, agents)]
+    out += [*ERROR_TEXT.values(), LOOKUP_AGAIN, LIMIT, UNKNOWN_ENTITY]
+    for a in agents:
+        out += [f"Created sub-agent '{a}'.", f"Sub-agent '{a}' answered:",
+                f'{{"name": "{ASSIGN}", "arguments": {{"agent": "{a}", "prompt": "Entities: "}}}}',
+                f'{{"name": "{CREATE}", "arguments": {{"name": "{a}"}}}}']
+    return out
+
+
+def verify(ep: Episode, pairs: Sequence[tuple[int, int]], assigned: Sequence[Sequence[int]],
+           returned: Sequence[Sequence[tuple[int, int]]]) -> dict[str, float]:
+    """Reward terms of an orchestrator episode (module docstring): ``pairs`` its answer's,
+    ``assigned`` the entities of every assignment that ran, ``returned`` the pairs
+    relayed back."""
+    correct, answered, truth = score(ep, pairs)
+    precision, recall = correct / max(answered, 1), correct / max(truth, 1)
+    f1 = 2 * precision * recall / (precision + recall) if correct else 0.0
+    asked, seen, novel = set(ep.task), set(), 0
+    for ents in assigned:
+        novel += bool((set(ents) & asked) - seen)
+        seen |= set(ents)
+    back = {e for ps in returned for e, _ in ps if e in asked}
+    return {"r_perf": f1, "correct": float(correct), "answered": float(answered), "truth": float(truth),
+            "novel": float(novel), "returned": float(len(back))}
+
+
+class RelayEnv:
+    """The host twin: one agent (``role`` "orchestrator" or "worker") of a
+    :class:`RelayTask` episode; ``reset(entities)`` takes the entities of its task
+    (``ep.task`` for an orchestrator, ignored for it: pass anything)."""
+
+    def __init__(self, task: RelayTask, ep: Episode, role: str):
+        if role not in ("orchestrator", "worker"):
+            raise ValueError(f"role must be 'orchestrator' or 'worker', got {role!r}")
+        self.task, self.ep, self.role = task, ep, role
+        self.toolset = ToolSet(task.tools(role))
+        self.created: set[int] = set()
+        self.assigned: list[list[int]] = []
+        self.returned: list[list[tuple[int, int]]] = []
+        self._pending: tuple | None = None
+
+    def reset(self, entities: Any) -> np.ndarray:
+        ents = self.ep.task if self.role == "orchestrator" else list(entities)
+        return self.task.chat.prompt_ids(self.task.messages(self.role, ents), tools=self.toolset.schemas())
+
+    def step(self, turn: np.ndarray, *, truncated: bool = False) -> Step:
+        t, chat = self.task, self.task.chat
+        calls = parse_turn(chat.tokenizer.decode(turn), self.toolset, syntax=chat.call_syntax).calls
+        if not calls:
+            pairs = t.answer_pairs(np.asarray(turn))
+            if self.role == "worker":
+                return Step(done=True, answer=t.lines_text(t.relayed(pairs)).lstrip("\n"))
+            return Step(done=True, answer=chat.tokenizer.decode(turn),
+                        rewards=verify(self.ep, pairs, self.assigned, self.returned))
+        replies: list[str | None] = []
+        stage, lookups = [], 0
+        for i, call in enumerate(calls[:t.max_calls]):
+            if call.error != CallError.NONE:
+                replies.append(ERROR_TEXT[call.error])
+            elif call.name == LOOKUP:
+                lookups += 1
+                name = call.arguments["entity"]
+                replies.append(LOOKUP_AGAIN if lookups > 1 else UNKNOWN_ENTITY if name not in t.entity_names
+                               else t.value_names[self.ep.table[t.entity_names.index(name)]])
+            elif call.name == CREATE:
+                k = t.agent_names.index(call.arguments["name"])
+                self.created.add(k)
+                replies.append(t.created_text(k))
+            else:
+                k = t.agent_names.index(call.arguments["agent"])
+                if k not in self.created:
+                    replies.append(t.unknown_agent_text(k))
+                elif len(self.assigned) >= t.cfg.max_subagents:
+                    replies.append(LIMIT)
+                else:
+                    ents = t.mentions(call.arguments["prompt"])
+                    self.assigned.append(ents)
+                    stage.append((i, k, ents))
+                    replies.append(None)
+        if len(calls) > t.max_calls:
+            replies.append(t.too_many_text())
+        closing = chat.after_turn_ids(turn)
+        if stage:
+            self._pending = (closing, replies, stage)
+            return Step(spawn=tuple(SubAgentTask(agent=t.agent_names[k], env=RelayEnv(t, self.ep, "worker"),
+                                                 task=ents) for _, k, ents in stage))
+        return Step(reply=np.concatenate([closing, chat.tool_responses_ids(replies)]))
+
+    def resume(self, results: Sequence[SubAgentResult]) -> Step:
+        """The turn's responses once its stage is over (relayed answers at the
+        ``assign_task`` positions)."""
+        if self._pending is None:
+            raise RuntimeError("resume() without a stage: step() did not spawn sub-agents")
+        closing, replies, stage = self._pending
+        if len(results) != len(stage):
+            raise ValueError(f"the stage had {len(stage)} sub-agents, got {len(results)} results")
+        t = self.task
+        for (i, k, _), res in zip(stage, results):
+            pairs = self.pairs_of(res.answer) if res.ok else []
+            self.returned.append(pairs)
+            replies[i] = t.result_text(k, res.reason, pairs)
+        self._pending = None
+        return Step(reply=np.concatenate([closing, t.chat.tool_responses_ids(replies)]))
+
+    def pairs_of(self, answer: str | None) -> list[tuple[int, int]]:
+        """The relayed pairs back from a worker's ``Step.answer`` (its canonical lines)."""
+        ents = {n: i for i, n in enumerate(self.task.entity_names)}
+        vals = {n: i for i, n in enumerate(self.task.value_names)}
+        out = []
+        for line in (answer or "").split("\n"):
+            if line:
+                e, v = line.split(": ", 1)
+                out.append((ents[e], vals[v]))
+        return out

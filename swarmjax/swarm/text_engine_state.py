@@ -1,0 +1,156 @@
+"""State of the jitted text swarm (:mod:`swarmjax.swarm.text_engine`): one model's agent
+rows, the episodes, the loop carry and the result. Shapes: B episodes, K sub-agents
+per episode, S = B x K sub-agent slots, R rows of a model, X its context, C calls a
+turn, G = 1 + 2 x max_pairs fragments a response, P answer pairs, M mentions, E entities.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from swarmjax.models.config import ModelConfig
+from swarmjax.models.transformer import init_cache
+from swarmjax.swarm.text_device import Rows
+from swarmjax.text import device_answers as da
+from swarmjax.text import device_calls as dc
+
+Array = jax.Array
+RUNNING_SLOT, ENDED_SLOT = 1, 2        # Episode.slot: 0 unused
+
+
+@flax.struct.dataclass
+class Trace:
+    """Each row's conversation as heard and said: ids [R, X] int32, sampled [R, X] bool,
+    logprobs / model_logprobs [R, X] f32, turn [R, X] int32 (0: prompt), length [R]."""
+
+    ids: Array
+    sampled: Array
+    logprobs: Array
+    model_logprobs: Array
+    turn: Array
+    length: Array
+
+    @classmethod
+    def init(cls, rows: int, width: int) -> Trace:
+        z = lambda dt: jnp.zeros((rows, width), dt)
+        return cls(ids=z(jnp.int32), sampled=z(bool), logprobs=z(jnp.float32), model_logprobs=z(jnp.float32),
+                   turn=z(jnp.int32), length=jnp.zeros((rows,), jnp.int32))
+
+    def hear(self, mask: Array, ids: Array, count: Array, turn: Array) -> Trace:
+        """Append ``ids[r, :count[r]]`` ([R, Q]) to the rows in ``mask`` [R] (turn [R])."""
+        R, Q = ids.shape
+        col = self.length[:, None] + jnp.arange(Q)[None, :]                       # [R, Q]
+        ok = mask[:, None] & (jnp.arange(Q)[None, :] < count[:, None])
+        col = jnp.where(ok, col, self.ids.shape[1])                                  # out of range: dropped
+        row = jnp.broadcast_to(jnp.arange(R)[:, None], (R, Q))
+        put = lambda buf, val: buf.at[row, col].set(val, mode="drop")
+        return self.replace(ids=put(self.ids, ids), sampled=put(self.sampled, jnp.zeros_like(ok)),
+                            logprobs=put(self.logprobs, jnp.zeros(ids.shape, jnp.float32)),
+                            model_logprobs=put(self.model_logprobs, jnp.zeros(ids.shape, jnp.float32)),
+                            turn=put(self.turn, jnp.broadcast_to(turn[:, None], (R, Q))),
+                            length=self.length + jnp.where(mask, count, 0))
+
+    def say(self, mask: Array, tok: Array, lp: Array, mlp: Array, turn: Array) -> Trace:
+        """Append one sampled id per row in ``mask`` [R]."""
+        R = tok.shape[0]
+        col = jnp.where(mask, self.length, self.ids.shape[1])
+        put = lambda buf, val: buf.at[jnp.arange(R), col].set(val, mode="drop")
+        return self.replace(ids=put(self.ids, tok), sampled=put(self.sampled, jnp.ones_like(mask)),
+                            logprobs=put(self.logprobs, lp), model_logprobs=put(self.model_logprobs, mlp),
+                            turn=put(self.turn, turn), length=self.length + mask)
+
+
+@flax.struct.dataclass
+class Agents:
+    """One model's rows: the cache (:class:`Rows`), what they said and heard
+    (:class:`Trace`), the parsers of the open turn and the turn's bookkeeping.
+
+    turning [R] bool: the row's turn is open (it samples once it has heard everything:
+    ``rows.pos == trace.length``); turn_len / limit [R]: ids sampled this turn / most it
+    may sample; steps [R]: turns finished.
+    """
+
+    rows: Rows
+    trace: Trace
+    calls: dc.ParserState
+    answers: da.AnswerState
+    turning: Array
+    turn_len: Array
+    limit: Array
+    steps: Array
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, grammar: dc.CallGrammar, answers: da.AnswerGrammar, rows: int,
+             context: int, chunk: int) -> Agents:
+        z = jnp.zeros((rows,), jnp.int32)
+        r = Rows(cache=init_cache(cfg, rows, context + chunk), logits=jnp.zeros((rows, cfg.vocab_size), jnp.float32),
+                 pos=z, offset=z)
+        return cls(rows=r, trace=Trace.init(rows, context), calls=dc.init(grammar, rows),
+                   answers=da.init(answers, rows), turning=jnp.zeros((rows,), bool), turn_len=z, limit=z, steps=z)
+
+
+@flax.struct.dataclass
+class Episodes:
+    """Per episode [B] (and per sub-agent slot [S]) state of the task and the counts.
+
+    table [B, E], task [B, N] (-1 padded): the episode; end [B] END_* (0 running);
+    critical / total / spawned / finished [B]; created [B, K] bool; assigned [B];
+    seen [B, E] bool (entities some assignment mentioned); returned [B, E] bool (asked-for
+    entities relayed back); novel [B]; the open stage: waiting [B] bool, grid [B, C+1, G],
+    responses [B], stage_agent [B, C] (agent k or -1), stage_slot [B, C] (slot s or -1),
+    cut [B] (the turn that opened it was cut); answer [B, P, 2] and answer_count [B];
+    per slot: slot [S] (0 unused, 1 running, 2 ended), agent [S] (its name k), reason [S]
+    R_*, pairs [S, P, 2] (relayed answer).
+    """
+
+    table: Array
+    task: Array
+    end: Array
+    critical: Array
+    total: Array
+    spawned: Array
+    finished: Array
+    created: Array
+    assigned: Array
+    seen: Array
+    returned: Array
+    novel: Array
+    waiting: Array
+    grid: Array
+    responses: Array
+    stage_agent: Array
+    stage_slot: Array
+    cut: Array
+    answer: Array
+    answer_count: Array
+    slot: Array
+    agent: Array
+    reason: Array
+    pairs: Array
+
+    @classmethod
+    def init(cls, table: Array, task: Array, *, max_subagents: int, max_calls: int, max_pairs: int) -> Episodes:
+        B, E = table.shape
+        K, C, P = max_subagents, max_calls, max_pairs
+        z = jnp.zeros((B,), jnp.int32)
+        return cls(table=table, task=task, end=z, critical=z, total=z, spawned=z, finished=z,
+                   created=jnp.zeros((B, K), bool), assigned=z, seen=jnp.zeros((B, E), bool),
+                   returned=jnp.zeros((B, E), bool), novel=z, waiting=jnp.zeros((B,), bool),
+                   grid=jnp.zeros((B, C + 1, 1 + 2 * P), jnp.int32), responses=z,
+                   stage_agent=jnp.full((B, C), -1, jnp.int32), stage_slot=jnp.full((B, C), -1, jnp.int32),
+                   cut=jnp.zeros((B,), bool), answer=jnp.full((B, P, 2), -1, jnp.int32), answer_count=z,
+                   slot=jnp.zeros((B * K,), jnp.int32), agent=jnp.zeros((B * K,), jnp.int32), reason=jnp.zeros((B * K,), jnp.int32),
+                   pairs=jnp.full((B * K, P, 2), -1, jnp.int32))
+
+
+@flax.struct.dataclass
+class Carry:
+    """The tick loop's carry."""
+
+    tick: Array
+    key: Array
+    orch: Agents
+    work: Agents
+    eps: Episodes

@@ -1,0 +1,158 @@
+"""The jitted text swarm (swarmjax.swarm.text_engine) against the host-driven text rollout
+running the host twin of the same task (swarmjax.envs.widesearch_relay.RelayEnv): on
+scripted episodes (serial, split, and every error path), on random-model episodes and
+on mixes, the orchestrators' ids, masks, log-probs, turns, step counts, end reasons,
+rewards and the sub-agents' conversations must agree."""
+
+import numpy as np
+import jax
+import pytest
+
+from swarmjax.envs.orchestration import ASSIGN, CREATE
+from swarmjax.envs.widesearch import Episode, WideSearchConfig
+from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
+from swarmjax.models import ModelConfig, init_params
+from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.swarm.text_engine import TextSwarm
+from swarmjax.swarm.text_rollout import TextRollout
+from swarmjax.swarm.text_types import TextRolloutConfig, TextScripts
+from swarmjax.text.bpe import train_bpe_tokenizer
+from swarmjax.text.chat import Qwen3Format, chat_format
+from swarmjax.text.tokenizer import TextTokenizer
+
+from conftest import spread
+
+CFG = WideSearchConfig(num_entities=12, num_values=12, min_task_size=1, max_task_size=4, max_subagents=3,
+                       subagent_steps=3, budget=None)
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    texts = relay_corpus(CFG) + [Qwen3Format.TOOLS_HEAD, Qwen3Format.TOOLS_TAIL] * 5
+    tok = TextTokenizer.from_dir(train_bpe_tokenizer(texts, tmp_path_factory.mktemp("tok"), vocab_size=1000))
+    chat = chat_format("qwen3", tok)
+    task = RelayTask(CFG, chat, max_calls=4, max_mentions=4, max_pairs=6)
+    model = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                        head_dim=8, intermediate_size=64)
+    params = spread(init_params(model, jax.random.key(0)), 4.0)
+    worker_params = spread(init_params(model, jax.random.key(1)), 4.0)
+    return task, model, params, worker_params
+
+
+def _rcfg(**kw):
+    base = dict(orch_context=1024, worker_context=384, max_turn_tokens=200, worker_lanes=4 * CFG.max_subagents,
+                subagent_turns=CFG.subagent_steps, budget=8, orch_sampling=GREEDY, worker_sampling=GREEDY,
+                min_window=64)
+    return TextRolloutConfig(**{**base, **kw})
+
+
+def _turn(task, content="", calls=()):
+    return task.chat.assistant_ids(content, [{"name": n, "arguments": a} for n, a in calls])
+
+
+def _answer(task, ep, ents):
+    return _turn(task, "\n".join(f"{task.entity_names[e]}: {task.value_names[ep.table[e]]}" for e in ents))
+
+
+def _lookup(task, name):
+    return _turn(task, calls=[("lookup", {"entity": name})])
+
+
+def _split(task, ep, parts, *, create_first=False):
+    """Create ``parts`` sub-agents and assign each a round-robin chunk (in one turn, or
+    with ``create_first`` in a turn of creations, then one of assignments), then answer."""
+    chunks = [ep.task[i::parts] for i in range(parts)]
+    creates = [(CREATE, {"name": f"worker{k}"}) for k in range(parts)]
+    calls = [] if create_first else creates
+    calls += [(ASSIGN, {"agent": f"worker{k}", "prompt": "Please find " + " and ".join(
+        task.entity_names[e] for e in c)}) for k, c in enumerate(chunks)]
+    workers = [[_lookup(task, task.entity_names[e]) for e in c] + [_answer(task, ep, c)] for c in chunks]
+    first = [_turn(task, calls=creates)] if create_first else []
+    return first + [_turn(task, calls=calls), _answer(task, ep, ep.task)], workers
+
+
+def _run_both(setup, episodes, scripts, rcfg):
+    task, model, params, worker_params = setup
+    host = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids,
+                       pad_id=task.chat.tokenizer.token_id(task.chat.pad_token))
+    try:
+        want = host(params, worker_params, [task.orchestrator(ep) for ep in episodes], [None] * len(episodes),
+                    jax.random.key(0), scripts=scripts)
+    finally:
+        host.close()
+    got = TextSwarm(task, model, rcfg, chunk=16)(params, worker_params, episodes, jax.random.key(0),
+                                                 scripts=scripts)
+    return want, got
+
+
+def _assert_same(want, got):
+    assert got.stats["cut_by_max_ticks"] == 0
+    for name in ("length", "tokens", "loss_mask", "stage_ids", "orch_steps", "critical_steps", "total_steps",
+                 "spawned", "finished", "end_reason"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=2e-4)
+    np.testing.assert_allclose(got.model_logprobs, want.model_logprobs, atol=2e-4)
+    assert sorted(got.rewards) == sorted(want.rewards) or not want.rewards
+    for k, v in want.rewards.items():
+        np.testing.assert_allclose(got.rewards[k], v, atol=1e-6, err_msg=k)
+    assert got.answers == want.answers
+    for ws, gs in zip(want.subagents, got.subagents):
+        assert [s.name for s in gs] == [s.name for s in ws]
+        assert [s.steps for s in gs] == [s.steps for s in ws]
+        for w, g in zip(ws, gs):
+            np.testing.assert_array_equal(g.arrays()["ids"], w.arrays()["ids"])
+            np.testing.assert_array_equal(g.arrays()["sampled"], w.arrays()["sampled"])
+
+
+def _episodes(n_eps, seed=0, n=None):
+    rng = __import__("random").Random(seed)
+    return [Episode.sample(CFG, rng, n) for _ in range(n_eps)]
+
+
+def test_scripted_serial_and_split_agree(setup):
+    task = setup[0]
+    eps = _episodes(4, seed=1, n=4)
+    serial = [_lookup(task, task.entity_names[e]) for e in eps[0].task] + [_answer(task, eps[0], eps[0].task)]
+    two, two_w = _split(task, eps[1], 2)
+    three, three_w = _split(task, eps[2], 3, create_first=True)   # 6 calls: more than max_calls in one turn
+    scripts = TextScripts(orch=[serial, two, three, []], workers=[[], two_w, three_w, []])
+    want, got = _run_both(setup, eps, scripts, _rcfg())
+    _assert_same(want, got)
+    assert list(got.end_reason[:3]) == [1, 1, 1] and got.rewards["r_perf"][:3].tolist() == [1.0, 1.0, 1.0]
+    assert got.critical_steps[:3].tolist() == [5, 1 + 3 + 1, 2 + 3 + 1] and got.spawned[:3].tolist() == [0, 2, 3]
+
+
+def test_error_paths_agree(setup):
+    task = setup[0]
+    eps = _episodes(4, seed=2, n=3)
+    ep = eps[0]
+    names = task.entity_names
+    bad = [
+        _turn(task, calls=[("lookup", {"entity": names[ep.task[0]]}), ("lookup", {"entity": names[ep.task[1]]}),
+                           ("lookup", {"entity": "Nobody Here"}), ("nope", {})]),       # twice, unknown tool
+        task.chat.tokenizer.encode('<tool_call>\n{"name": "lookup", "arguments": {"entity": 3}}\n</tool_call>'
+                                   '<tool_call>\n{"name": lookup}\n</tool_call><|im_end|>'),   # bad arg, bad json
+        _turn(task, calls=[(ASSIGN, {"agent": "worker1", "prompt": names[ep.task[0]]}),      # before create
+                           (CREATE, {"name": "worker1"}), (ASSIGN, {"agent": "worker1", "prompt": "x"}),
+                           (ASSIGN, {"agent": "worker1", "prompt": names[ep.task[2]] + names[ep.task[1]]}),
+                           (CREATE, {"name": "worker2"})]),                                 # past max_calls
+        _answer(task, ep, ep.task[:2]),
+    ]
+    stuck = [_lookup(task, names[ep.task[0]])] * 5                    # stopped at its turn limit
+    wrong = [_turn(task, f"{names[ep.task[2]]}: {task.value_names[0]}\nfoo: bar\n{names[ep.task[2]]}: "
+                         f"{task.value_names[0]}")]
+    cut = [_turn(task, calls=[("lookup", {"entity": names[eps[1].task[0]]})])[:-3]]  # cut: INCOMPLETE
+    scripts = TextScripts(orch=[bad, cut, [], []], workers=[[stuck, wrong], []])
+    want, got = _run_both(setup, eps, scripts, _rcfg())
+    _assert_same(want, got)
+    assert got.spawned[0] == 2 and got.finished[0] == 1
+
+
+def test_random_model_and_limits_agree(setup):
+    """Unscripted greedy episodes of random models (mostly malformed turns), under tight
+    budgets and contexts: budget, context and turn-limit endings."""
+    eps = _episodes(4, seed=3)
+    for rcfg in (_rcfg(budget=3, max_turn_tokens=40), _rcfg(budget=None, orch_context=520, max_turn_tokens=24)):
+        want, got = _run_both(setup, eps, None, rcfg)
+        _assert_same(want, got)
