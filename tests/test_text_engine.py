@@ -72,7 +72,7 @@ def _split(task, ep, parts, *, create_first=False):
     return first + [_turn(task, calls=calls), _answer(task, ep, ep.task)], workers
 
 
-def _run_both(setup, episodes, scripts, rcfg):
+def _run_both(setup, episodes, scripts, rcfg, mesh=None):
     task, model, params, worker_params = setup
     host = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids,
                        pad_id=task.chat.tokenizer.token_id(task.chat.pad_token))
@@ -81,8 +81,8 @@ def _run_both(setup, episodes, scripts, rcfg):
                     jax.random.key(0), scripts=scripts)
     finally:
         host.close()
-    got = TextSwarm(task, model, rcfg, chunk=16)(params, worker_params, episodes, jax.random.key(0),
-                                                 scripts=scripts)
+    got = TextSwarm(task, model, rcfg, chunk=16, mesh=mesh)(params, worker_params, episodes, jax.random.key(0),
+                                                            scripts=scripts)
     return want, got
 
 
@@ -156,3 +156,18 @@ def test_random_model_and_limits_agree(setup):
     for rcfg in (_rcfg(budget=3, max_turn_tokens=40), _rcfg(budget=None, orch_context=520, max_turn_tokens=24)):
         want, got = _run_both(setup, eps, None, rcfg)
         _assert_same(want, got)
+
+
+def test_eight_devices_agree(setup):
+    """The same comparison with the episodes split over 8 devices (one each): scripted
+    split and serial episodes beside random-model ones."""
+    from swarmjax.sharding.mesh import MeshConfig, make_mesh
+    task = setup[0]
+    mesh = make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))
+    eps = _episodes(8, seed=4, n=3)
+    two, two_w = _split(task, eps[0], 2)
+    serial = [_lookup(task, task.entity_names[e]) for e in eps[1].task] + [_answer(task, eps[1], eps[1].task)]
+    scripts = TextScripts(orch=[two, serial], workers=[two_w])
+    want, got = _run_both(setup, eps, scripts, _rcfg(budget=6, max_turn_tokens=120), mesh=mesh)
+    _assert_same(want, got)
+    assert got.spawned[0] == 2 and got.rewards["r_perf"][:2].tolist() == [1.0, 1.0]

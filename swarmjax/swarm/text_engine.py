@@ -45,15 +45,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.envs import widesearch_relay_device as rd
 from swarmjax.envs.widesearch import Episode
 from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RUNNING
 from swarmjax.envs.widesearch_relay import RelayTask
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
 from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult
 from swarmjax.sampling.processors import select_tokens
+from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
 from swarmjax.text import device_answers as da
 from swarmjax.text import device_calls as dc
 from swarmjax.text.fragments import render
@@ -113,10 +116,14 @@ class TextSwarm:
         budget, sampling; ``worker_lanes`` and the host rollout's bucketing are unused:
         every slot has its own row).
       chunk: F, the most environment ids a row is fed in one tick.
+      mesh: optional mesh: episodes (and their sub-agent slots, ``b K + j``) are split
+        over its batch axes (``data`` x ``fsdp``), weights follow the logical rules, the
+        caches are constrained batch-sharded.
     """
 
     def __init__(self, task: RelayTask, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *,
-                 worker_cfg: ModelConfig | None = None, chunk: int = 16):
+                 worker_cfg: ModelConfig | None = None, chunk: int = 16, mesh: Mesh | None = None,
+                 rules=DEFAULT_RULES):
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         self.task, self.rcfg, self.chunk = task, rcfg, chunk
@@ -130,7 +137,29 @@ class TextSwarm:
         self.work = _Model(worker_cfg or orch_cfg, grammar("worker"), rcfg.worker_context, rcfg.worker_sampling)
         self.stop_ids = jnp.asarray(task.chat.stop_ids)
         self.pad_id = tok.token_id(task.chat.pad_token)
-        self._run = jax.jit(self._rollout)
+        self.mesh, self.rules = mesh, rules
+        self._jitted: dict[int, Any] = {}
+
+    def _compiled(self, orch_params: Any, worker_params: Any, batch: int):
+        """The rollout jitted for ``batch`` episodes (over the mesh's batch axes, if any)."""
+        if batch not in self._jitted:
+            if self.mesh is None:
+                self._jitted[batch] = jax.jit(self._rollout)
+            else:
+                rows = lambda nd: batch_sharding(self.mesh, nd, rules=self.rules, batch_size=batch)
+                shard = lambda cfg, p: tree_shardings(param_logical_axes(cfg), p, self.mesh, self.rules)
+                self._jitted[batch] = jax.jit(self._rollout, in_shardings=(
+                    shard(self.orch.cfg, orch_params), shard(self.work.cfg, worker_params), rows(2), rows(2),
+                    NamedSharding(self.mesh, PartitionSpec()), rows(3), rows(3)))
+        return self._jitted[batch]
+
+    def _constrain(self, cfg: ModelConfig, a: Agents) -> Agents:
+        if self.mesh is None:
+            return a
+        cache = a.rows.cache
+        cache = jax.lax.with_sharding_constraint(
+            cache, tree_shardings(cache_logical_axes(cfg), cache, self.mesh, self.rules))
+        return a.replace(rows=a.rows.replace(cache=cache))
 
     # ------------------------------------------------------------------ host entry point
 
@@ -144,8 +173,9 @@ class TextSwarm:
         if plen + 1 > self.rcfg.orch_context:
             raise ValueError(f"a prompt of {plen} ids does not fit orch_context={self.rcfg.orch_context}")
         o_script, w_script = self._scripts(scripts, len(episodes))
-        out = jax.device_get(self._run(orch_params, worker_params, jnp.asarray(table), jnp.asarray(task), key,
-                                       o_script, w_script))
+        run = self._compiled(orch_params, worker_params, len(episodes))
+        out = jax.device_get(run(orch_params, worker_params, jnp.asarray(table), jnp.asarray(task), key,
+                                 o_script, w_script))
         return self._result(out)
 
     def _scripts(self, scripts, B: int) -> tuple[Array, Array]:
@@ -353,8 +383,10 @@ class TextSwarm:
         B, K = table.shape[0], self.task.cfg.max_subagents
         tk = self.task
         eps = Episodes.init(table, task, max_subagents=K, max_calls=tk.max_calls, max_pairs=tk.max_pairs)
-        orch = Agents.init(self.orch.cfg, self.orch.grammar, self.answers, B, self.orch.context, self.chunk)
-        work = Agents.init(self.work.cfg, self.work.grammar, self.answers, B * K, self.work.context, self.chunk)
+        orch = self._constrain(self.orch.cfg, Agents.init(self.orch.cfg, self.orch.grammar, self.answers, B,
+                                                          self.orch.context, self.chunk))
+        work = self._constrain(self.work.cfg, Agents.init(self.work.cfg, self.work.grammar, self.answers, B * K,
+                                                          self.work.context, self.chunk))
         seq = jax.vmap(lambda x: rd.prompt_seq(self.tables, "orchestrator", x))(task)
         ids, n = render(self.tables.frags, seq, width=self.widths["orchestrator"])
         orch = orch.replace(trace=orch.trace.hear(jnp.ones((B,), bool), ids, n, jnp.zeros_like(n)))
