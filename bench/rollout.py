@@ -2,6 +2,7 @@
 
     python bench/rollout.py            # table
     python bench/rollout.py --json     # one JSON object
+    python bench/rollout.py --text     # the text swarm (bench/rollout_text.py)
 
 Workload: 64 wide-search episodes with task sizes 1..16 (default sizes: E = V = 64,
 K = 8, S_sub = 5, contexts 256 / 48, budget lifted), the ~1M model (preset ``1m``
@@ -195,6 +196,11 @@ class HostRollout:
 
 def main(argv=None):
     import argparse
+
+    argv = sys.argv[1:] if argv is None else argv
+    if "--text" in argv:            # the text swarm: bench/rollout_text.py
+        from rollout_text import main as text_main
+        return text_main(argv)
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=64)

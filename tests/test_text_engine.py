@@ -48,11 +48,11 @@ def _rcfg(**kw):
 
 
 def _turn(task, content="", calls=()):
-    return task.chat.assistant_ids(content, [{"name": n, "arguments": a} for n, a in calls])
+    return task.turn_ids(content, calls)
 
 
 def _answer(task, ep, ents):
-    return _turn(task, "\n".join(f"{task.entity_names[e]}: {task.value_names[ep.table[e]]}" for e in ents))
+    return task.answer_turn(ep, ents)
 
 
 def _lookup(task, name):
@@ -60,16 +60,7 @@ def _lookup(task, name):
 
 
 def _split(task, ep, parts, *, create_first=False):
-    """Create ``parts`` sub-agents and assign each a round-robin chunk (in one turn, or
-    with ``create_first`` in a turn of creations, then one of assignments), then answer."""
-    chunks = [ep.task[i::parts] for i in range(parts)]
-    creates = [(CREATE, {"name": f"worker{k}"}) for k in range(parts)]
-    calls = [] if create_first else creates
-    calls += [(ASSIGN, {"agent": f"worker{k}", "prompt": "Please find " + " and ".join(
-        task.entity_names[e] for e in c)}) for k, c in enumerate(chunks)]
-    workers = [[_lookup(task, task.entity_names[e]) for e in c] + [_answer(task, ep, c)] for c in chunks]
-    first = [_turn(task, calls=creates)] if create_first else []
-    return first + [_turn(task, calls=calls), _answer(task, ep, ep.task)], workers
+    return task.split_script(ep, parts, create_first=create_first)
 
 
 def _run_both(setup, episodes, scripts, rcfg, mesh=None):
@@ -113,7 +104,7 @@ def _episodes(n_eps, seed=0, n=None):
 def test_scripted_serial_and_split_agree(setup):
     task = setup[0]
     eps = _episodes(4, seed=1, n=4)
-    serial = [_lookup(task, task.entity_names[e]) for e in eps[0].task] + [_answer(task, eps[0], eps[0].task)]
+    serial = task.serial_script(eps[0])
     two, two_w = _split(task, eps[1], 2)
     three, three_w = _split(task, eps[2], 3, create_first=True)   # 6 calls: more than max_calls in one turn
     scripts = TextScripts(orch=[serial, two, three, []], workers=[[], two_w, three_w, []])
@@ -166,7 +157,7 @@ def test_eight_devices_agree(setup):
     mesh = make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))
     eps = _episodes(8, seed=4, n=3)
     two, two_w = _split(task, eps[0], 2)
-    serial = [_lookup(task, task.entity_names[e]) for e in eps[1].task] + [_answer(task, eps[1], eps[1].task)]
+    serial = task.serial_script(eps[1])
     scripts = TextScripts(orch=[two, serial], workers=[two_w])
     want, got = _run_both(setup, eps, scripts, _rcfg(budget=6, max_turn_tokens=120), mesh=mesh)
     _assert_same(want, got)

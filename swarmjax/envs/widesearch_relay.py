@@ -153,6 +153,36 @@ class RelayTask:
     def orchestrator(self, ep: Episode) -> RelayEnv:
         return RelayEnv(self, ep, "orchestrator")
 
+    # ---------------------------------------------------------------- scripted policies
+
+    def turn_ids(self, content: str = "", calls: Sequence[tuple[str, dict]] = ()) -> np.ndarray:
+        """The ids of one assistant turn as a model that follows the format samples it."""
+        return self.chat.assistant_ids(content, [{"name": n, "arguments": a} for n, a in calls])
+
+    def answer_turn(self, ep: Episode, entities: Sequence[int]) -> np.ndarray:
+        return self.turn_ids("\n".join(f"{self.entity_names[e]}: {self.value_names[ep.table[e]]}"
+                                       for e in entities))
+
+    def serial_script(self, ep: Episode, entities: Sequence[int] | None = None) -> list[np.ndarray]:
+        """One lookup per turn, then the answer: ``n + 1`` turns (an orchestrator's or a
+        sub-agent's, ``entities`` default the episode's)."""
+        ents = ep.task if entities is None else entities
+        return [self.turn_ids(calls=[(LOOKUP, {"entity": self.entity_names[e]})]) for e in ents] \
+            + [self.answer_turn(ep, ents)]
+
+    def split_script(self, ep: Episode, parts: int, *, create_first: bool = False
+                     ) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+        """Create ``parts`` sub-agents and assign each a round-robin chunk (in one turn;
+        with ``create_first`` the creations take a turn of their own), then answer; the
+        sub-agents' serial scripts. The token world's :func:`~swarmjax.envs.scripts.split`."""
+        chunks = [ep.task[i::parts] for i in range(parts)]
+        creates = [(CREATE, {"name": self.agent_names[k]}) for k in range(parts)]
+        assigns = [(ASSIGN, {"agent": self.agent_names[k], "prompt": "Please find " + " and ".join(
+            self.entity_names[e] for e in c)}) for k, c in enumerate(chunks)]
+        turns = [self.turn_ids(calls=creates), self.turn_ids(calls=assigns)] if create_first \
+            else [self.turn_ids(calls=creates + assigns)]
+        return turns + [self.answer_turn(ep, ep.task)], [self.serial_script(ep, c) for c in chunks]
+
 
 def relay_tools(role: str, agent_names: Sequence[str]) -> list[Tool]:
     """The tools of ``role`` ("orchestrator": lookup, create_subagent, assign_task;
