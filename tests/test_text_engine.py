@@ -41,10 +41,14 @@ def setup(tmp_path_factory):
 
 
 def _rcfg(**kw):
-    base = dict(orch_context=1024, worker_context=384, max_turn_tokens=200, worker_lanes=4 * CFG.max_subagents,
+    base = dict(orch_context=896, worker_context=384, max_turn_tokens=200, worker_lanes=8 * CFG.max_subagents,
                 subagent_turns=CFG.subagent_steps, budget=8, orch_sampling=GREEDY, worker_sampling=GREEDY,
-                min_window=64)
+                min_window=1024, prefill_buckets=(64,), segment_exit=1.0)   # few host compiles
     return TextRolloutConfig(**{**base, **kw})
+
+
+SCRIPTED = _rcfg()
+_ENGINES: dict = {}      # one compiled TextSwarm per (config, mesh) in this module
 
 
 def _turn(task, content="", calls=()):
@@ -63,17 +67,24 @@ def _split(task, ep, parts, *, create_first=False):
     return task.split_script(ep, parts, create_first=create_first)
 
 
-def _run_both(setup, episodes, scripts, rcfg, mesh=None):
+def _run_both(setup, episodes, scripts, rcfg, mesh=None, *, host=True, device=True):
+    """(host rollout result, TextSwarm result); either may be skipped (None)."""
     task, model, params, worker_params = setup
-    host = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids,
-                       pad_id=task.chat.tokenizer.token_id(task.chat.pad_token))
-    try:
-        want = host(params, worker_params, [task.orchestrator(ep) for ep in episodes], [None] * len(episodes),
-                    jax.random.key(0), scripts=scripts)
-    finally:
-        host.close()
-    got = TextSwarm(task, model, rcfg, chunk=16, mesh=mesh)(params, worker_params, episodes, jax.random.key(0),
-                                                            scripts=scripts)
+    want = got = None
+    if host:
+        rollout = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids,
+                              pad_id=task.chat.tokenizer.token_id(task.chat.pad_token))
+        try:
+            want = rollout(params, worker_params, [task.orchestrator(ep) for ep in episodes],
+                           [None] * len(episodes), jax.random.key(0), scripts=scripts)
+        finally:
+            rollout.close()
+    if not device:
+        return want, None
+    key = (rcfg, mesh is not None)
+    if key not in _ENGINES:
+        _ENGINES[key] = TextSwarm(task, model, rcfg, chunk=16, mesh=mesh)
+    got = _ENGINES[key](params, worker_params, episodes, jax.random.key(0), scripts=scripts)
     return want, got
 
 
@@ -101,64 +112,61 @@ def _episodes(n_eps, seed=0, n=None):
     return [Episode.sample(CFG, rng, n) for _ in range(n_eps)]
 
 
-def test_scripted_serial_and_split_agree(setup):
+@pytest.fixture(scope="module")
+def scripted(setup):
+    """Eight scripted episodes and the host rollout's result: serial, split in one turn,
+    split after a turn of creations (6 calls: more than max_calls in one turn), every
+    error path (a second lookup, an unknown entity and tool, a bad argument, bad JSON,
+    an assignment before its creation, calls past max_calls, a cut call, then the random
+    model), sub-agents stopped at their turn limit or answering wrong lines, an
+    orchestrator that never answers (budget), one whose turns outgrow its context, and a
+    sub-agent that outgrows its own."""
     task = setup[0]
-    eps = _episodes(4, seed=1, n=4)
-    serial = task.serial_script(eps[0])
-    two, two_w = _split(task, eps[1], 2)
-    three, three_w = _split(task, eps[2], 3, create_first=True)   # 6 calls: more than max_calls in one turn
-    scripts = TextScripts(orch=[serial, two, three, []], workers=[[], two_w, three_w, []])
-    want, got = _run_both(setup, eps, scripts, _rcfg())
-    _assert_same(want, got)
-    assert list(got.end_reason[:3]) == [1, 1, 1] and got.rewards["r_perf"][:3].tolist() == [1.0, 1.0, 1.0]
-    assert got.critical_steps[:3].tolist() == [5, 1 + 3 + 1, 2 + 3 + 1] and got.spawned[:3].tolist() == [0, 2, 3]
-
-
-def test_error_paths_agree(setup):
-    task = setup[0]
-    eps = _episodes(4, seed=2, n=3)
-    ep = eps[0]
+    eps = _episodes(8, seed=1, n=4)
     names = task.entity_names
+    ep = eps[3]
+    two, two_w = _split(task, eps[1], 2)
+    three, three_w = _split(task, eps[2], 3, create_first=True)
     bad = [
         _turn(task, calls=[("lookup", {"entity": names[ep.task[0]]}), ("lookup", {"entity": names[ep.task[1]]}),
-                           ("lookup", {"entity": "Nobody Here"}), ("nope", {})]),       # twice, unknown tool
+                           ("lookup", {"entity": "Nobody Here"}), ("nope", {})]),
         task.chat.tokenizer.encode('<tool_call>\n{"name": "lookup", "arguments": {"entity": 3}}\n</tool_call>'
-                                   '<tool_call>\n{"name": lookup}\n</tool_call><|im_end|>'),   # bad arg, bad json
-        _turn(task, calls=[(ASSIGN, {"agent": "worker1", "prompt": names[ep.task[0]]}),      # before create
+                                   '<tool_call>\n{"name": lookup}\n</tool_call><|im_end|>'),
+        _turn(task, calls=[(ASSIGN, {"agent": "worker1", "prompt": names[ep.task[0]]}),
                            (CREATE, {"name": "worker1"}), (ASSIGN, {"agent": "worker1", "prompt": "x"}),
                            (ASSIGN, {"agent": "worker1", "prompt": names[ep.task[2]] + names[ep.task[1]]}),
-                           (CREATE, {"name": "worker2"})]),                                 # past max_calls
+                           (CREATE, {"name": "worker2"})]),
         _answer(task, ep, ep.task[:2]),
     ]
-    stuck = [_lookup(task, names[ep.task[0]])] * 5                    # stopped at its turn limit
+    stuck = [_lookup(task, names[ep.task[0]])] * 5
     wrong = [_turn(task, f"{names[ep.task[2]]}: {task.value_names[0]}\nfoo: bar\n{names[ep.task[2]]}: "
                          f"{task.value_names[0]}")]
-    cut = [_turn(task, calls=[("lookup", {"entity": names[eps[1].task[0]]})])[:-3]]  # cut: INCOMPLETE
-    scripts = TextScripts(orch=[bad, cut, [], []], workers=[[stuck, wrong], []])
-    want, got = _run_both(setup, eps, scripts, _rcfg())
+    cut = [_turn(task, calls=[("lookup", {"entity": names[eps[4].task[0]]})])[:-3]]
+    forever = [_lookup(task, names[eps[5].task[0]])] * 9                          # never answers: budget
+    chatty = [_turn(task, calls=[("lookup", {"entity": names[eps[6].task[0]], "x": "x " * 120})])] * 6  # context
+    one, _ = _split(task, eps[7], 1)
+    chatty_w = [_turn(task, calls=[("lookup", {"entity": names[eps[7].task[0]], "y": "y " * 120})])] * 3
+    scripts = TextScripts(orch=[task.serial_script(eps[0]), two, three, bad, cut, forever, chatty, one],
+                          workers=[[], two_w, three_w, [stuck, wrong], [], [], [], [chatty_w]])
+    want, _ = _run_both(setup, eps, scripts, SCRIPTED, device=False)
+    return eps, scripts, want
+
+
+def test_scripted_episodes_agree(setup, scripted):
+    eps, scripts, want = scripted
+    _, got = _run_both(setup, eps, scripts, SCRIPTED, host=False)
     _assert_same(want, got)
-    assert got.spawned[0] == 2 and got.finished[0] == 1
+    assert list(got.end_reason[:3]) == [1, 1, 1] and got.rewards["r_perf"][:3].tolist() == [1.0, 1.0, 1.0]
+    assert got.critical_steps[:3].tolist() == [5, 1 + 3 + 1, 2 + 3 + 1] and got.spawned[:4].tolist() == [0, 2, 3, 2]
+    assert got.finished[3] == 1 and [s.steps for s in got.subagents[3]] == [CFG.subagent_steps, 1]
+    assert got.end_reason[5] == 2 and got.end_reason[6] == 3                     # budget, context
+    assert got.spawned[7] == 1 and got.finished[7] == 0 and got.subagents[7][0].steps < 3
 
 
-def test_random_model_and_limits_agree(setup):
-    """Unscripted greedy episodes of random models (mostly malformed turns), under tight
-    budgets and contexts: budget, context and turn-limit endings."""
-    eps = _episodes(4, seed=3)
-    for rcfg in (_rcfg(budget=3, max_turn_tokens=40), _rcfg(budget=None, orch_context=520, max_turn_tokens=24)):
-        want, got = _run_both(setup, eps, None, rcfg)
-        _assert_same(want, got)
-
-
-def test_eight_devices_agree(setup):
-    """The same comparison with the episodes split over 8 devices (one each): scripted
-    split and serial episodes beside random-model ones."""
+def test_eight_devices_agree(setup, scripted):
+    """The same episodes split over 8 devices (one each)."""
     from swarmjax.sharding.mesh import MeshConfig, make_mesh
-    task = setup[0]
-    mesh = make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))
-    eps = _episodes(8, seed=4, n=3)
-    two, two_w = _split(task, eps[0], 2)
-    serial = task.serial_script(eps[1])
-    scripts = TextScripts(orch=[two, serial], workers=[two_w])
-    want, got = _run_both(setup, eps, scripts, _rcfg(budget=6, max_turn_tokens=120), mesh=mesh)
+    eps, scripts, want = scripted
+    _, got = _run_both(setup, eps, scripts, SCRIPTED, mesh=make_mesh(MeshConfig(data=8, fsdp=1, tensor=1)),
+                       host=False)
     _assert_same(want, got)
-    assert got.spawned[0] == 2 and got.rewards["r_perf"][:2].tolist() == [1.0, 1.0]

@@ -113,7 +113,7 @@ class RelayTables:
         return tables
 
     def widths(self, task: RelayTask) -> dict[str, int]:
-        """Static bounds (ids) of a reply and of the two prompts."""
+        """Static bounds (ids) of an orchestrator's and a sub-agent's reply and of the two prompts."""
         lens = np.asarray(self.frags.lens)
         seg = max(lens[np.asarray(self.value_seg)].max(), lens[np.asarray(self.error_seg)].max(),
                   lens[np.asarray(self.created_seg)].max(), lens[np.asarray(self.unknown_seg)].max(),
@@ -122,11 +122,15 @@ class RelayTables:
                   lens[np.asarray(self.head_seg)].max() + self.max_pairs * (
                       lens[np.asarray(self.line_ent)].max() + lens[np.asarray(self.line_val)].max()))
         c = self.c
-        reply = (max(lens[c["close_ended"]], lens[c["close_cut"]]) + lens[c["open"]] + lens[c["close"]]
-                 + self.max_calls * (seg + lens[c["between"]]) + lens[c["too_many"]])
+        frame = max(lens[c["close_ended"]], lens[c["close_cut"]]) + lens[c["open"]] + lens[c["close"]] \
+            + lens[c["too_many"]] + self.max_calls * lens[c["between"]]
+        reply = frame + self.max_calls * seg
+        # a sub-agent has only lookup: its responses are values and error sentences
+        worker_seg = max(lens[np.asarray(self.value_seg)].max(), lens[np.asarray(self.error_seg)].max(),
+                         *(lens[self.c[k]] for k in ("lookup_again", "unknown_entity")))
         ent = lens[np.asarray(self.ent_frag)].max() + lens[c["comma"]]
         n = task.cfg.max_task_size
-        return {"reply": int(reply),
+        return {"reply": int(reply), "worker_reply": int(frame + self.max_calls * worker_seg),
                 "orchestrator": int(lens[c["orchestrator_head"]] + lens[c["orchestrator_tail"]] + n * ent),
                 "worker": int(lens[c["worker_head"]] + lens[c["worker_tail"]] + self.max_mentions * ent)}
 

@@ -53,6 +53,7 @@ from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RU
 from swarmjax.envs.widesearch_relay import RelayTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
+from swarmjax.swarm.text_device import Rows, gather_rows, make_prefix, scatter_rows
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
 from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult
 from swarmjax.sampling.processors import select_tokens
@@ -83,26 +84,38 @@ def _choose(logits: Array, key: Array, sampling, forced: Array) -> tuple[Array, 
     return jnp.where(use, forced, tok), jnp.where(use, model, lp), jnp.where(use, model, mlp)
 
 
-def _feed(params: Any, m: _Model, a: Agents, mask: Array, chunk: int) -> Agents:
-    """Feed each row in ``mask`` [R] its next ``min(pending, chunk)`` trace ids (one forward)."""
-    rows, trace = a.rows, a.trace
-    counts = jnp.where(mask, jnp.minimum(trace.length - rows.pos, chunk), 0)          # [R]
-    rope = rows.rope(m.cfg, rows.cache.max_len)
+def _forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, counts: Array, width: int) -> Rows:
+    """Feed each row ``counts[r]`` (<= width) trace ids from its first unfed one."""
+    fed = rows.offset + rows.pos
+    col = jnp.clip(fed[:, None] + jnp.arange(width)[None, :], 0, trace_ids.shape[1] - 1)
+    ids = jnp.take_along_axis(trace_ids, col, axis=1)                                   # [R, width]
+    out = rows.forward(params, m.cfg, ids, token_mask=jnp.arange(width)[None, :] < counts[:, None],
+                       rope=rows.rope(m.cfg, rows.cache.max_len), logits_at=jnp.maximum(counts - 1, 0))
+    write = counts > 0
+    return rows.replace(cache=out.cache, logits=jnp.where(write[:, None], out.logits[:, 0], rows.logits),
+                        pos=rows.pos + counts)
 
-    def run(width: int):
-        def go(rows):
-            col = jnp.clip(rows.pos[:, None] + jnp.arange(width)[None, :], 0, trace.ids.shape[1] - 1)
-            ids = jnp.take_along_axis(trace.ids, col, axis=1)                           # [R, width]
-            out = rows.forward(params, m.cfg, ids, token_mask=jnp.arange(width)[None, :] < counts[:, None],
-                               rope=rope, logits_at=jnp.maximum(counts - 1, 0))
-            write = counts > 0
-            return rows.replace(cache=out.cache, logits=jnp.where(write[:, None], out.logits[:, 0], rows.logits),
-                                pos=rows.pos + counts)
-        return go
 
-    most = jnp.max(counts)
-    rows = lax.cond(most == 0, lambda r: r,
-                    lambda r: lax.cond(most == 1, run(1), run(chunk), r), rows)
+def _feed(params: Any, m: _Model, a: Agents, mask: Array, chunk: int, wide_rows: int) -> Agents:
+    """Feed every row in ``mask`` [R] what it has not yet fed of its trace: one
+    1-wide forward over all rows (a row that just sampled, or one id of a longer
+    backlog), and one ``chunk``-wide forward over at most ``wide_rows`` rows with a
+    backlog (gathered, so the wide forward costs what those rows need, not R of them).
+    Each forward is skipped when no row needs it."""
+    rows, ids = a.rows, a.trace.ids
+    pending = jnp.where(mask, a.trace.length - rows.offset - rows.pos, 0)                # [R]
+    wide = pending > 1
+    R = pending.shape[0]
+    idx = jnp.argsort(~wide, stable=True)[:wide_rows]                                    # [Rf] backlog rows first
+    chosen = jnp.zeros((R,), bool).at[idx].set(wide[idx])
+    narrow = jnp.where(chosen, 0, jnp.minimum(pending, 1))
+    rows = lax.cond(jnp.any(narrow > 0), lambda r: _forward(params, m, r, ids, narrow, 1), lambda r: r, rows)
+
+    def go_wide(rows: Rows) -> Rows:
+        sub = gather_rows(rows, idx, rows.cache.max_len)
+        counts = jnp.where(chosen[idx], jnp.minimum(pending[idx], chunk), 0)
+        return scatter_rows(rows, idx, _forward(params, m, sub, ids[idx], counts, chunk))
+    rows = lax.cond(jnp.any(chosen), go_wide, lambda r: r, rows)
     return a.replace(rows=rows)
 
 
@@ -116,17 +129,22 @@ class TextSwarm:
         budget, sampling; ``worker_lanes`` and the host rollout's bucketing are unused:
         every slot has its own row).
       chunk: F, the most environment ids a row is fed in one tick.
+      wide_rows: the most rows (a fraction of each model's rows) fed a chunk in one
+        tick; the others with a backlog are fed one id that tick.
       mesh: optional mesh: episodes (and their sub-agent slots, ``b K + j``) are split
         over its batch axes (``data`` x ``fsdp``), weights follow the logical rules, the
         caches are constrained batch-sharded.
     """
 
     def __init__(self, task: RelayTask, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *,
-                 worker_cfg: ModelConfig | None = None, chunk: int = 16, mesh: Mesh | None = None,
+                 worker_cfg: ModelConfig | None = None, chunk: int = 16, wide_rows: float = 0.25,
+                 mesh: Mesh | None = None,
                  rules=DEFAULT_RULES):
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
-        self.task, self.rcfg, self.chunk = task, rcfg, chunk
+        if not 0.0 < wide_rows <= 1.0:
+            raise ValueError(f"wide_rows must be in (0, 1], got {wide_rows}")
+        self.task, self.rcfg, self.chunk, self.wide_rows = task, rcfg, chunk, wide_rows
         tok = task.chat.tokenizer
         self.tables = rd.RelayTables.build(task)
         self.widths = self.tables.widths(task)
@@ -139,6 +157,9 @@ class TextSwarm:
         self.pad_id = tok.token_id(task.chat.pad_token)
         self.mesh, self.rules = mesh, rules
         self._jitted: dict[int, Any] = {}
+        ids, lens = np.asarray(self.tables.frags.ids), np.asarray(self.tables.frags.lens)
+        self._heads = {role: ids[self.tables.c[f"{role}_head"], :lens[self.tables.c[f"{role}_head"]]]
+                       for role in ("orchestrator", "worker")}   # each role's shared prefix
 
     def _compiled(self, orch_params: Any, worker_params: Any, batch: int):
         """The rollout jitted for ``batch`` episodes (over the mesh's batch axes, if any)."""
@@ -152,6 +173,18 @@ class TextSwarm:
                     shard(self.orch.cfg, orch_params), shard(self.work.cfg, worker_params), rows(2), rows(2),
                     NamedSharding(self.mesh, PartitionSpec()), rows(3), rows(3)))
         return self._jitted[batch]
+
+    def _agents(self, params: Any, m: _Model, role: str, rows: int) -> Agents:
+        """``rows`` fresh rows of ``role`` attending over the role's shared prefix: the
+        prompt's head (system turn, tool schemas, the user turn's opening), prefilled
+        once (:func:`~swarmjax.swarm.text_device.make_prefix`, cascade attention as in
+        the host rollout), so each row's cache holds only what follows it."""
+        head = self._heads[role]
+        P = len(head)
+        prefix = make_prefix(params, m.cfg, jnp.asarray(head), jnp.int32(P))
+        a = Agents.init(m.cfg, m.grammar, self.answers, rows, m.context - P, self.chunk, trace_width=m.context)
+        a = a.replace(rows=a.rows.replace(prefix=prefix, offset=jnp.full((rows,), P, jnp.int32)))
+        return self._constrain(m.cfg, a)
 
     def _constrain(self, cfg: ModelConfig, a: Agents) -> Agents:
         if self.mesh is None:
@@ -217,7 +250,7 @@ class TextSwarm:
                 ) -> tuple[Agents, Array, Array]:
         """One id for every row whose turn is open and which has heard everything.
         Returns the agents and the rows whose turn ended: (ended [R], cut [R])."""
-        go = a.turning & alive & (a.rows.pos == a.trace.length)
+        go = a.turning & alive & (a.rows.offset + a.rows.pos == a.trace.length)
         k = jnp.minimum(a.steps, script.shape[1] - 1)
         forced = jnp.where(a.steps < script.shape[1],
                            script[jnp.arange(script.shape[0]), k, jnp.minimum(a.turn_len, script.shape[2] - 1)], -1)
@@ -239,7 +272,7 @@ class TextSwarm:
         """Write the responses of each row in ``mask`` to its trace if its context holds
         them and one more id. Returns the agents and which rows heard them."""
         seq = jax.vmap(functools.partial(rd.reply_seq, self.tables))(grid, responses, cut)
-        ids, n = render(self.tables.frags, seq, width=self.widths["reply"])
+        ids, n = render(self.tables.frags, seq, width=self.widths["reply" if m is self.orch else "worker_reply"])
         fits = mask & (a.trace.length + n + 1 <= m.context)
         return a.replace(trace=a.trace.hear(fits, ids, n, a.steps)), fits
 
@@ -369,8 +402,9 @@ class TextSwarm:
         key, ko, kw = jax.random.split(c.key, 3)
         o, o_end, o_cut = self._sample(orch_params, self.orch, c.orch, c.eps.end == RUNNING, ko, o_script)
         w, w_end, w_cut = self._sample(work_params, self.work, c.work, c.eps.slot == RUNNING_SLOT, kw, w_script)
-        o = _feed(orch_params, self.orch, o, c.eps.end == RUNNING, self.chunk)
-        w = _feed(work_params, self.work, w, c.eps.slot == RUNNING_SLOT, self.chunk)
+        wide = lambda rows: max(1, int(round(self.wide_rows * rows)))
+        o = _feed(orch_params, self.orch, o, c.eps.end == RUNNING, self.chunk, wide(o.turning.shape[0]))
+        w = _feed(work_params, self.work, w, c.eps.slot == RUNNING_SLOT, self.chunk, wide(w.turning.shape[0]))
         c = c.replace(tick=c.tick + 1, key=key, orch=o, work=w)
 
         def events(c: Carry) -> Carry:
@@ -383,10 +417,8 @@ class TextSwarm:
         B, K = table.shape[0], self.task.cfg.max_subagents
         tk = self.task
         eps = Episodes.init(table, task, max_subagents=K, max_calls=tk.max_calls, max_pairs=tk.max_pairs)
-        orch = self._constrain(self.orch.cfg, Agents.init(self.orch.cfg, self.orch.grammar, self.answers, B,
-                                                          self.orch.context, self.chunk))
-        work = self._constrain(self.work.cfg, Agents.init(self.work.cfg, self.work.grammar, self.answers, B * K,
-                                                          self.work.context, self.chunk))
+        orch = self._agents(orch_params, self.orch, "orchestrator", B)
+        work = self._agents(work_params, self.work, "worker", B * K)
         seq = jax.vmap(lambda x: rd.prompt_seq(self.tables, "orchestrator", x))(task)
         ids, n = render(self.tables.frags, seq, width=self.widths["orchestrator"])
         orch = orch.replace(trace=orch.trace.hear(jnp.ones((B,), bool), ids, n, jnp.zeros_like(n)))

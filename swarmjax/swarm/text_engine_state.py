@@ -83,11 +83,13 @@ class Agents:
 
     @classmethod
     def init(cls, cfg: ModelConfig, grammar: dc.CallGrammar, answers: da.AnswerGrammar, rows: int,
-             context: int, chunk: int) -> Agents:
+             slots: int, chunk: int, *, trace_width: int) -> Agents:
+        """``rows`` rows with caches of ``slots + chunk`` slots (room for a chunk's padding)
+        and traces of ``trace_width`` ids."""
         z = jnp.zeros((rows,), jnp.int32)
-        r = Rows(cache=init_cache(cfg, rows, context + chunk), logits=jnp.zeros((rows, cfg.vocab_size), jnp.float32),
+        r = Rows(cache=init_cache(cfg, rows, slots + chunk), logits=jnp.zeros((rows, cfg.vocab_size), jnp.float32),
                  pos=z, offset=z)
-        return cls(rows=r, trace=Trace.init(rows, context), calls=dc.init(grammar, rows),
+        return cls(rows=r, trace=Trace.init(rows, trace_width), calls=dc.init(grammar, rows),
                    answers=da.init(answers, rows), turning=jnp.zeros((rows,), bool), turn_len=z, limit=z, steps=z)
 
 
