@@ -8,6 +8,20 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One persistent compilation cache for the session (and the subprocesses it starts):
+# many tests build new jitted callables (trainers, engines, CLI jobs) for programs an
+# earlier test or module already compiled; jax.clear_caches() below drops the in-memory
+# copies, the on-disk entry stays (keyed by the program text, so a changed program
+# compiles afresh). A directory set by the caller is used as is.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _CACHE = tempfile.mkdtemp(prefix="swarmjax-test-jax-cache-")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
