@@ -14,8 +14,10 @@ from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.envs.widesearch_text import format_pairs, generate_names, text_corpus
 from swarmjax.text import device_answers as da
 from swarmjax.text.bpe import train_bpe_tokenizer
-from swarmjax.text.byte_tries import bytes_to_unicode, token_byte_table
+from swarmjax.text.byte_tries import token_byte_table
 from swarmjax.text.tokenizer import TextTokenizer
+
+from splitter import Splitter
 
 CFG = WideSearchConfig(num_entities=24, num_values=24, max_task_size=8, max_subagents=4, budget=None)
 ENTS = generate_names(CFG.num_entities, seed=0, style="entity")
@@ -35,27 +37,6 @@ def ctx(tok):
     ctrl = sorted(tok.added_tokens.values())
     g = da.AnswerGrammar.build(tok, ENTS, VALS, control_ids=ctrl, max_pairs=P)
     return g, ctrl, token_byte_table(tok), jax.jit(da.parse_tokens)
-
-
-class Splitter:
-    """Encodes a text as different id sequences of the same bytes."""
-
-    def __init__(self, tok):
-        self.tok = tok
-        chars = bytes_to_unicode()
-        self.byte_id = [tok.backend.token_to_id(chars[b]) for b in range(256)]
-
-    def __call__(self, s, r):
-        data, out, i = s.encode("utf-8"), [], 0
-        while i < len(data):
-            n = r.randint(1, 12)
-            piece = data[i:i + n]
-            try:
-                out += self.tok.encode(piece.decode("utf-8")).tolist()
-            except UnicodeDecodeError:  # a character cut in two: its bytes as byte tokens
-                out += [self.byte_id[b] for b in piece]
-            i += n
-        return out
 
 
 def encode(segments, fn):
@@ -216,7 +197,7 @@ def turn(r, ctrl):
 
 
 def test_fuzz_device_equals_host(tok, ctx):
-    r, split = random.Random(1), Splitter(tok)
+    r, split = random.Random(1), Splitter(tok).chunks
     ctrl = ctx[1]
     rows, wants = [], []
     for _ in range(300):

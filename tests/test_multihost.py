@@ -1,6 +1,8 @@
-"""`swarmjax train` over two local processes started through the CLI itself
-(``--coordinator 127.0.0.1:PORT --num-processes 2 --process-id I``: jax.distributed on
-127.0.0.1, gloo CPU collectives, 2 devices each, one 4-way data mesh): each process
+"""`swarmjax train` over two local processes: the first run started through
+``launch/local.py`` (each process gets the JAX_* environment a pod gives, and the CLI
+starts the distributed runtime from it), the others through the CLI's own flags
+(``--coordinator 127.0.0.1:PORT --num-processes 2 --process-id I``). jax.distributed on
+127.0.0.1, gloo CPU collectives, 2 devices each, one 4-way data mesh: each process
 reads its own slice of the task set, process 0 alone writes the logs, both report the
 same summary; a SIGTERM to one process stops both at the same step with a checkpoint
 (exit 143), and ``--resume auto`` over two processes continues exactly."""
@@ -12,12 +14,18 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from small_job import CONFIG, SMALL_JOB, rows
 
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
-SMALL = SMALL_JOB + ["sft.steps=4", "sft.bucket=160", "parl.tasks_per_step=4", "parl.group_size=2", "mesh.data=-1", "parl_steps=4"]
+ROOT = Path(__file__).resolve().parents[1]
+
+# eval_every=0: evaluations only before and after PARL (the untrained model's episodes run
+# to their limits, and the step-2 evaluation was half of each run's time)
+SMALL = SMALL_JOB + ["sft.steps=4", "sft.bucket=160", "parl.tasks_per_step=4", "parl.group_size=2", "mesh.data=-1",
+                     "parl_steps=4", "eval_every=0"]
 
 
 def free_port() -> int:
@@ -38,6 +46,22 @@ def launch(workdir, cache, *extra) -> list[subprocess.Popen]:
                               "--num-processes", "2", "--process-id", str(i), *extra],
                              stdout=open(f"{workdir}.{i}.out", "w"), stderr=subprocess.STDOUT, env=env)
             for i in range(2)]
+
+
+def launch_local(workdir, cache) -> list[str]:
+    """Both processes of one run through ``launch/local.py``, which gives each the
+    ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` environment a
+    pod gives its workers (``--no-cli-flags``: the CLI starts the distributed runtime from
+    that environment alone). Returns each process's output."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")
+    logs = Path(f"{workdir}.logs")
+    sets = [a for s in SMALL for a in ("--set", s)]
+    subprocess.run([sys.executable, str(ROOT / "launch" / "local.py"), "-n", "2", "--no-cli-flags", "--echo", "-1",
+                    "--log-dir", str(logs), "--", sys.executable, "-m", "swarmjax.cli", "train", "--config", CONFIG,
+                    "--workdir", str(workdir), "--no-progress", *sets], env=env, timeout=600, capture_output=True)
+    return [(logs / f"process-{i}.log").read_text() for i in range(2)]
 
 
 def wait(procs, workdir, timeout=600) -> list[str]:
@@ -65,7 +89,7 @@ def summary(workdir) -> dict:
 def test_two_processes_through_the_cli_preempt_and_resume(tmp_path):
     cache = tmp_path / "jax_cache"
     full = tmp_path / "full"
-    outs = wait(launch(full, cache), full)
+    outs = full_outs = launch_local(full, cache)
     procs_ok = [f"written to {full}" in outs[0], f"written to {full}" not in outs[1]]
     assert all(procs_ok) and table(outs[0]) and table(outs[0]) == table(outs[1]), outs[0][-3000:] + outs[1][-3000:]
     parl = rows(full / "metrics.jsonl")
@@ -89,6 +113,6 @@ def test_two_processes_through_the_cli_preempt_and_resume(tmp_path):
     assert all(f"checkpoint at PARL step {stopped} saved" in out for out in outs)
 
     outs = wait(launch(cut, cache, "--resume", "auto"), cut)
-    assert table(outs[0]) == table(outs[1]) == table(open(f"{full}.0.out").read()), outs[0][-3000:]
+    assert table(outs[0]) == table(outs[1]) == table(full_outs[0]), outs[0][-3000:]
     assert rows(cut / "metrics.jsonl") == parl
     assert summary(cut) == summary(full)

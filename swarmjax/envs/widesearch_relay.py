@@ -47,7 +47,7 @@ import numpy as np
 from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
-from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, _names, text_corpus
+from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, TaskNames, text_corpus
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.device_answers import host_answer_pairs
 from swarmjax.text.toolcalls import CallError, parse_turn
@@ -67,7 +67,7 @@ UNKNOWN_ENTITY = "Error: there is no entity of that name."
 
 
 @dataclasses.dataclass(frozen=True)
-class RelayTask:
+class RelayTask(TaskNames):
     """The canonical text wide-search: names, tools and every sentence agents hear.
 
     Args:
@@ -89,13 +89,6 @@ class RelayTask:
 
     # ---------------------------------------------------------------- names and tools
 
-    @property
-    def entity_names(self) -> list[str]:
-        return _names(self.cfg.num_entities, self.seed, "entity")
-
-    @property
-    def value_names(self) -> list[str]:
-        return _names(self.cfg.num_values, self.seed + 1, "value")
 
     @property
     def agent_names(self) -> list[str]:

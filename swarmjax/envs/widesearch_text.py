@@ -74,8 +74,20 @@ def format_pairs(names: Sequence[str], values: Sequence[str], pairs: Sequence[tu
     return "\n".join(f"{names[e]}: {values[v]}" for e, v in pairs)
 
 
+class TaskNames:
+    """The generated names of a task's entities and values (``self.cfg``, ``self.seed``)."""
+
+    @property
+    def entity_names(self) -> list[str]:
+        return _names(self.cfg.num_entities, self.seed, "entity")
+
+    @property
+    def value_names(self) -> list[str]:
+        return _names(self.cfg.num_values, self.seed + 1, "value")
+
+
 @dataclasses.dataclass(frozen=True)
-class WideSearchText:
+class WideSearchText(TaskNames):
     """The text rendering of a :class:`WideSearchConfig`'s tasks, and its environments.
 
     Args:
@@ -90,13 +102,6 @@ class WideSearchText:
     runner: ToolRunner
     seed: int = 0
 
-    @property
-    def entity_names(self) -> list[str]:
-        return _names(self.cfg.num_entities, self.seed, "entity")
-
-    @property
-    def value_names(self) -> list[str]:
-        return _names(self.cfg.num_values, self.seed + 1, "value")
 
     # ---------------------------------------------------------------- reading text
 

@@ -150,7 +150,7 @@ class _Carry:
     work: _Decoding
 
 
-def _choose(logits: Array, key: Array, scfg: SamplingConfig, forced: Array | None) -> tuple[Array, Array, Array]:
+def choose(logits: Array, key: Array, scfg: SamplingConfig, forced: Array | None) -> tuple[Array, Array, Array]:
     """Tokens [R] with both log-probs: sampled, or ``forced`` [R] where >= 0 (then
     both log-probs are the temperature-1 model's: a replay is scored as the model sees it)."""
     tok, lp, mlp = select_tokens(logits, key, scfg)
@@ -183,7 +183,7 @@ def _advance(params, cfg: ModelConfig, scfg: SamplingConfig, d: _Decoding, i: Ar
              limit: Array, stops: Array, forced: Array | None, rope) -> _Decoding:
     """One step of one model: choose, record, feed, and mark rows that stop."""
     f = None if forced is None else lax.dynamic_index_in_dim(forced, i, axis=1, keepdims=False)
-    tok, lp, mlp = _choose(d.rows.logits, key, scfg, f)
+    tok, lp, mlp = choose(d.rows.logits, key, scfg, f)
     emit = ~d.done
     t = d.turns
     col = lambda buf, value, idle: lax.dynamic_update_index_in_dim(buf, jnp.where(emit, value, idle), i, 1)

@@ -53,10 +53,9 @@ from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RU
 from swarmjax.envs.widesearch_relay import RelayTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
-from swarmjax.swarm.text_device import Rows, gather_rows, make_prefix, scatter_rows
+from swarmjax.swarm.text_device import Rows, choose, gather_rows, make_prefix, scatter_rows
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
 from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult
-from swarmjax.sampling.processors import select_tokens
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
 from swarmjax.text import device_answers as da
 from swarmjax.text import device_calls as dc
@@ -73,15 +72,6 @@ class _Model:
     grammar: dc.CallGrammar
     context: int
     sampling: Any
-
-
-def _choose(logits: Array, key: Array, sampling, forced: Array) -> tuple[Array, Array, Array]:
-    """Sampled ids [R] with both log-probs, or ``forced`` [R] where >= 0 (scored by the
-    temperature-1 model, as :mod:`text_device` scores a replay)."""
-    tok, lp, mlp = select_tokens(logits, key, sampling)
-    model = jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.maximum(forced, 0)[:, None], 1)[:, 0]
-    use = forced >= 0
-    return jnp.where(use, forced, tok), jnp.where(use, model, lp), jnp.where(use, model, mlp)
 
 
 def _forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, counts: Array, width: int) -> Rows:
@@ -254,7 +244,7 @@ class TextSwarm:
         k = jnp.minimum(a.steps, script.shape[1] - 1)
         forced = jnp.where(a.steps < script.shape[1],
                            script[jnp.arange(script.shape[0]), k, jnp.minimum(a.turn_len, script.shape[2] - 1)], -1)
-        tok, lp, mlp = _choose(a.rows.logits, key, m.sampling, forced)
+        tok, lp, mlp = choose(a.rows.logits, key, m.sampling, forced)
         trace = a.trace.say(go, tok, lp, mlp, a.steps + 1)
         turn_len = a.turn_len + go
         calls = dc.step(m.grammar, a.calls, tok, go)
