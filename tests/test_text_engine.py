@@ -67,6 +67,13 @@ def _split(task, ep, parts, *, create_first=False):
     return task.split_script(ep, parts, create_first=create_first)
 
 
+def _engine(setup, rcfg, mesh=None):
+    key = (rcfg, mesh is not None)
+    if key not in _ENGINES:
+        _ENGINES[key] = TextSwarm(setup[0], setup[1], rcfg, chunk=16, mesh=mesh)
+    return _ENGINES[key]
+
+
 def _run_both(setup, episodes, scripts, rcfg, mesh=None, *, host=True, device=True):
     """(host rollout result, TextSwarm result); either may be skipped (None)."""
     task, model, params, worker_params = setup
@@ -81,10 +88,7 @@ def _run_both(setup, episodes, scripts, rcfg, mesh=None, *, host=True, device=Tr
             rollout.close()
     if not device:
         return want, None
-    key = (rcfg, mesh is not None)
-    if key not in _ENGINES:
-        _ENGINES[key] = TextSwarm(task, model, rcfg, chunk=16, mesh=mesh)
-    got = _ENGINES[key](params, worker_params, episodes, jax.random.key(0), scripts=scripts)
+    got = _engine(setup, rcfg, mesh)(params, worker_params, episodes, jax.random.key(0), scripts=scripts)
     return want, got
 
 
@@ -170,3 +174,15 @@ def test_eight_devices_agree(setup, scripted):
     _, got = _run_both(setup, eps, scripts, SCRIPTED, mesh=make_mesh(MeshConfig(data=8, fsdp=1, tensor=1)),
                        host=False)
     _assert_same(want, got)
+
+
+def test_bad_input_is_refused(setup, scripted):
+    task, model, params, _ = setup
+    engine = _engine(setup, SCRIPTED)
+    eps = scripted[0]
+    with pytest.raises(ValueError, match="no episodes"):
+        engine(params, params, [], jax.random.key(0))
+    with pytest.raises(ValueError, match="episode 1: a task of 1..4"):
+        engine(params, params, [eps[0], Episode(table=eps[1].table, task=list(range(5)))], jax.random.key(0))
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        TextSwarm(task, model.replace(vocab_size=64), SCRIPTED)

@@ -134,6 +134,10 @@ class TextSwarm:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         if not 0.0 < wide_rows <= 1.0:
             raise ValueError(f"wide_rows must be in (0, 1], got {wide_rows}")
+        for name, cfg in (("orchestrator", orch_cfg), ("sub-agent", worker_cfg or orch_cfg)):
+            if cfg.vocab_size < task.chat.tokenizer.vocab_size:
+                raise ValueError(f"{name} model vocab_size {cfg.vocab_size} is smaller than the tokenizer's "
+                                 f"({task.chat.tokenizer.vocab_size} ids)")
         self.task, self.rcfg, self.chunk, self.wide_rows = task, rcfg, chunk, wide_rows
         tok = task.chat.tokenizer
         self.tables = rd.RelayTables.build(task)
@@ -190,7 +194,16 @@ class TextSwarm:
                  scripts: Any = None) -> TextRolloutResult:
         """Run ``len(episodes)`` episodes to their end; ``scripts`` an optional
         :class:`~swarmjax.swarm.text_types.TextScripts` of forced turns (ids -1: sample)."""
-        table, task = rd.episode_arrays(list(episodes), self.task.cfg.max_task_size)
+        cfg = self.task.cfg
+        if not episodes:
+            raise ValueError("no episodes")
+        for i, ep in enumerate(episodes):
+            if not 1 <= len(ep.task) <= cfg.max_task_size or len(ep.table) != cfg.num_entities \
+                    or not all(0 <= e < cfg.num_entities for e in ep.task):
+                raise ValueError(f"episode {i}: a task of 1..{cfg.max_task_size} entity ids below "
+                                 f"{cfg.num_entities} and a table of {cfg.num_entities} values expected, got "
+                                 f"task {list(ep.task)} and a table of {len(ep.table)}")
+        table, task = rd.episode_arrays(list(episodes), cfg.max_task_size)
         seq = jax.vmap(lambda x: rd.prompt_seq(self.tables, "orchestrator", x))(jnp.asarray(task))
         plen = int(np.asarray(self.tables.frags.lens)[np.asarray(seq)].sum(1).max())
         if plen + 1 > self.rcfg.orch_context:
