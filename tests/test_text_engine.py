@@ -51,20 +51,8 @@ SCRIPTED = _rcfg()
 _ENGINES: dict = {}      # one compiled TextSwarm per (config, mesh) in this module
 
 
-def _turn(task, content="", calls=()):
-    return task.turn_ids(content, calls)
-
-
-def _answer(task, ep, ents):
-    return task.answer_turn(ep, ents)
-
-
 def _lookup(task, name):
-    return _turn(task, calls=[("lookup", {"entity": name})])
-
-
-def _split(task, ep, parts, *, create_first=False):
-    return task.split_script(ep, parts, create_first=create_first)
+    return task.turn_ids(calls=[("lookup", {"entity": name})])
 
 
 def _engine(setup, rcfg, mesh=None):
@@ -129,27 +117,27 @@ def scripted(setup):
     eps = _episodes(8, seed=1, n=4)
     names = task.entity_names
     ep = eps[3]
-    two, two_w = _split(task, eps[1], 2)
-    three, three_w = _split(task, eps[2], 3, create_first=True)
+    two, two_w = task.split_script(eps[1], 2)
+    three, three_w = task.split_script(eps[2], 3, create_first=True)
     bad = [
-        _turn(task, calls=[("lookup", {"entity": names[ep.task[0]]}), ("lookup", {"entity": names[ep.task[1]]}),
+        task.turn_ids(calls=[("lookup", {"entity": names[ep.task[0]]}), ("lookup", {"entity": names[ep.task[1]]}),
                            ("lookup", {"entity": "Nobody Here"}), ("nope", {})]),
         task.chat.tokenizer.encode('<tool_call>\n{"name": "lookup", "arguments": {"entity": 3}}\n</tool_call>'
                                    '<tool_call>\n{"name": lookup}\n</tool_call><|im_end|>'),
-        _turn(task, calls=[(ASSIGN, {"agent": "worker1", "prompt": names[ep.task[0]]}),
+        task.turn_ids(calls=[(ASSIGN, {"agent": "worker1", "prompt": names[ep.task[0]]}),
                            (CREATE, {"name": "worker1"}), (ASSIGN, {"agent": "worker1", "prompt": "x"}),
                            (ASSIGN, {"agent": "worker1", "prompt": names[ep.task[2]] + names[ep.task[1]]}),
                            (CREATE, {"name": "worker2"})]),
-        _answer(task, ep, ep.task[:2]),
+        task.answer_turn(ep, ep.task[:2]),
     ]
     stuck = [_lookup(task, names[ep.task[0]])] * 5
-    wrong = [_turn(task, f"{names[ep.task[2]]}: {task.value_names[0]}\nfoo: bar\n{names[ep.task[2]]}: "
+    wrong = [task.turn_ids(f"{names[ep.task[2]]}: {task.value_names[0]}\nfoo: bar\n{names[ep.task[2]]}: "
                          f"{task.value_names[0]}")]
-    cut = [_turn(task, calls=[("lookup", {"entity": names[eps[4].task[0]]})])[:-3]]
+    cut = [task.turn_ids(calls=[("lookup", {"entity": names[eps[4].task[0]]})])[:-3]]
     forever = [_lookup(task, names[eps[5].task[0]])] * 9                          # never answers: budget
-    chatty = [_turn(task, calls=[("lookup", {"entity": names[eps[6].task[0]], "x": "x " * 120})])] * 6  # context
-    one, _ = _split(task, eps[7], 1)
-    chatty_w = [_turn(task, calls=[("lookup", {"entity": names[eps[7].task[0]], "y": "y " * 120})])] * 3
+    chatty = [task.turn_ids(calls=[("lookup", {"entity": names[eps[6].task[0]], "x": "x " * 120})])] * 6  # context
+    one, _ = task.split_script(eps[7], 1)
+    chatty_w = [task.turn_ids(calls=[("lookup", {"entity": names[eps[7].task[0]], "y": "y " * 120})])] * 3
     scripts = TextScripts(orch=[task.serial_script(eps[0]), two, three, bad, cut, forever, chatty, one],
                           workers=[[], two_w, three_w, [stuck, wrong], [], [], [], [chatty_w]])
     want, _ = _run_both(setup, eps, scripts, SCRIPTED, device=False)

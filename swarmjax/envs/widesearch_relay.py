@@ -38,6 +38,7 @@ answers).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +50,7 @@ from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
 from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, TaskNames, text_corpus
 from swarmjax.text.chat import ChatFormat
+from swarmjax.text.byte_tries import token_byte_table
 from swarmjax.text.device_answers import host_answer_pairs
 from swarmjax.text.toolcalls import CallError, parse_turn
 from swarmjax.text.tools import Tool, ToolSet
@@ -137,11 +139,15 @@ class RelayTask(TaskNames):
         """The pairs an answer relays: distinct, entity and value known, in order."""
         return list(dict.fromkeys((e, v) for e, v in pairs if e >= 0 and v >= 0))
 
+    @functools.cached_property
+    def _byte_table(self) -> tuple[np.ndarray, np.ndarray]:
+        return token_byte_table(self.chat.tokenizer)      # built once, not per answer turn
+
     def answer_pairs(self, turn: np.ndarray) -> list[tuple[int, int]]:
-        """(entity, value) ids of a turn's answer lines (``device_answers`` rules)."""
-        tok = self.chat.tokenizer
-        return host_answer_pairs(tok, turn, self.entity_names, self.value_names,
-                                 control_ids=sorted(tok.added_tokens.values()))[:self.max_pairs]
+        """(entity, value) ids of a turn's answer lines (``device_answers`` rules; control
+        ids: the tokenizer's added tokens), the first ``max_pairs``."""
+        return host_answer_pairs(self.chat.tokenizer, turn, self.entity_names, self.value_names,
+                                 byte_table=self._byte_table)[:self.max_pairs]
 
     def orchestrator(self, ep: Episode) -> RelayEnv:
         return RelayEnv(self, ep, "orchestrator")

@@ -196,14 +196,26 @@ def turn_calls(t: RelayTables, rec: CallRecord, count: Array, table: Array, crea
                      created=created, assigned=assigned)
 
 
+def first_occurrences(pairs: Array, valid: Array) -> Array:
+    """[..., P] bool: the valid pairs ([..., P, 2], valid [..., P]) no earlier valid pair
+    equals (a set's members, in order of first appearance)."""
+    P = pairs.shape[-2]
+    same = jnp.all(pairs[..., :, None, :] == pairs[..., None, :, :], axis=-1)     # [..., P, P]
+    earlier = jnp.tril(jnp.ones([P, P], bool), k=-1)
+    return valid & ~jnp.any(same & earlier & valid[..., None, :], axis=-1)
+
+
+def id_mask(ids: Array, size: int) -> Array:
+    """[B, size] bool: which ids of each row appear in ``ids`` [B, N] (-1: none)."""
+    rows = jnp.arange(ids.shape[0])[:, None]
+    return jnp.zeros((ids.shape[0], size), bool).at[rows, jnp.maximum(ids, 0)].max(ids >= 0)
+
+
 def relay_pairs(pairs: Array) -> Array:
     """A sub-agent's answer pairs [P, 2] (-1 padded) -> the distinct ones with a known
     entity and value, in order of first appearance, at the front; -1 padded [P, 2]."""
     P = pairs.shape[0]
-    known = (pairs[:, 0] >= 0) & (pairs[:, 1] >= 0)
-    same = jnp.all(pairs[:, None, :] == pairs[None, :, :], axis=-1)             # [P, P]
-    earlier = jnp.tril(jnp.ones([P, P], bool), k=-1)
-    keep = known & ~jnp.any(same & earlier & known[None, :], axis=1)
+    keep = first_occurrences(pairs, (pairs[:, 0] >= 0) & (pairs[:, 1] >= 0))
     dest = jnp.where(keep, jnp.cumsum(keep) - 1, P)
     return jnp.full([P + 1, 2], -1, jnp.int32).at[dest].set(pairs)[:P]
 
@@ -248,7 +260,6 @@ def _check(task: RelayTask, t: RelayTables, pieces: list, arrays: dict[str, Any]
     check_joins(enc, [["Entities:"], [" " + n for n in ents], [","], [" " + n for n in ents]],
                 name="prompt entities")
     rng = np.random.RandomState(0)
-    frame = chat.tool_response_frame()
     for s in range(samples):
         role = ("orchestrator", "worker")[s % 2]
         n = rng.randint(0, task.cfg.max_task_size + 1)
@@ -277,7 +288,7 @@ def _check(task: RelayTask, t: RelayTables, pieces: list, arrays: dict[str, Any]
         want = chat.tool_responses_ids(texts)
         flat = [t.c["open"]] + [x for i, s_ in enumerate(seq) for x in ([t.c["between"]] if i else []) + s_] \
             + [t.c["close"]]
-        if not np.array_equal(want, compose(pieces, flat)) or not len(frame[0]):
+        if not np.array_equal(want, compose(pieces, flat)):
             raise ValueError(f"relay fragments: the tool responses {texts} differ from the chat format's")
 
 

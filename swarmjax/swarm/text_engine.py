@@ -297,12 +297,11 @@ class TextSwarm:
         runs = acted[:, None] & (tc.stage >= 0)                                             # [B, C]
         rank = jnp.cumsum(runs, axis=1) - 1
         slot_of = jnp.where(runs, jnp.arange(B)[:, None] * K + e.assigned[:, None] + rank, -1)
-        asked = jnp.zeros(e.seen.shape, bool).at[jnp.arange(B)[:, None], jnp.maximum(e.task, 0)].max(e.task >= 0)
         seen, novel = e.seen, e.novel
         E = seen.shape[1]
+        asked = rd.id_mask(e.task, E)
         for i in range(runs.shape[1]):              # assignments in call order (C is small)
-            ents = tc.entities[:, i]                                                        # [B, M]
-            hit = jnp.zeros((B, E), bool).at[jnp.arange(B)[:, None], jnp.maximum(ents, 0)].max(ents >= 0)
+            hit = rd.id_mask(tc.entities[:, i], E)                                         # [B, E]
             novel = novel + (runs[:, i] & jnp.any(hit & asked & ~seen, axis=1))
             seen = seen | (hit & runs[:, i][:, None])
         stage = jnp.any(runs, axis=1)
@@ -386,15 +385,13 @@ class TextSwarm:
         ok = member & (e.reason[slot] == rd.R_ANSWER)
         pairs = e.pairs[slot]                                                                # [B, C, P, 2]
         B, E = e.returned.shape
-        asked = jnp.zeros((B, E), bool).at[jnp.arange(B)[:, None], jnp.maximum(e.task, 0)].max(e.task >= 0)
-        ent = jnp.where((ok & over[:, None])[..., None], pairs[..., 0], -1).reshape(B, -1)
-        back = jnp.zeros((B, E), bool).at[jnp.arange(B)[:, None], jnp.maximum(ent, 0)].max(ent >= 0)
+        back = rd.id_mask(jnp.where((ok & over[:, None])[..., None], pairs[..., 0], -1).reshape(B, -1), E)
         grid = jax.vmap(functools.partial(rd.fill_results, self.tables))(
             e.grid, e.stage_agent, jnp.where(member, e.reason[slot], rd.R_ANSWER), pairs)
         e = e.replace(critical=e.critical + jnp.where(over, steps.max(1), 0),
                       total=e.total + jnp.where(over, steps.sum(1), 0),
                       finished=e.finished + jnp.where(over, ok.sum(1), 0),
-                      returned=e.returned | (back & asked), waiting=e.waiting & ~over,
+                      returned=e.returned | (back & rd.id_mask(e.task, E)), waiting=e.waiting & ~over,
                       grid=jnp.where(over[:, None, None], grid, e.grid),
                       stage_slot=jnp.where(over[:, None], -1, e.stage_slot))
         return self._orch_reply(c.replace(eps=e), over, script)
@@ -474,10 +471,9 @@ def _rewards(e: Episodes) -> dict[str, Array]:
     pairs = e.answer                                                                         # [B, P, 2]
     P = pairs.shape[1]
     live = jnp.arange(P)[None, :] < jnp.minimum(e.answer_count, P)[:, None]
-    same = jnp.all(pairs[:, :, None, :] == pairs[:, None, :, :], axis=-1)
-    first = live & ~jnp.any(same & jnp.tril(jnp.ones((P, P), bool), k=-1)[None] & live[:, None, :], axis=2)
+    first = rd.first_occurrences(pairs, live)                                                # score()'s set
     ent = pairs[..., 0]
-    asked = jnp.any(ent[:, :, None] == jnp.where(e.task >= 0, e.task, -2)[:, None, :], axis=2) & (ent >= 0)
+    asked = jnp.take_along_axis(rd.id_mask(e.task, e.table.shape[1]), jnp.maximum(ent, 0), axis=1) & (ent >= 0)
     right = asked & (jnp.take_along_axis(e.table, jnp.maximum(ent, 0), axis=1) == pairs[..., 1])
     correct = jnp.sum(first & right, axis=1).astype(jnp.float32)
     answered = jnp.sum(first, axis=1).astype(jnp.float32)
