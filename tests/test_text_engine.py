@@ -151,6 +151,8 @@ def test_scripted_episodes_agree(setup, scripted):
     assert list(got.end_reason[:3]) == [1, 1, 1] and got.rewards["r_perf"][:3].tolist() == [1.0, 1.0, 1.0]
     assert got.critical_steps[:3].tolist() == [5, 1 + 3 + 1, 2 + 3 + 1] and got.spawned[:4].tolist() == [0, 2, 3, 2]
     assert got.finished[3] == 1 and [s.steps for s in got.subagents[3]] == [CFG.subagent_steps, 1]
+    # work beside each stage's busiest sub-agent: 2 + 2, 2 + 1 + 1, and one wrong line beside a stopped one
+    assert got.rewards["parallel"][:4].tolist() == [0.0, 2.0, 2.0, 0.0]
     assert got.end_reason[5] == 2 and got.end_reason[6] == 3                     # budget, context
     assert got.spawned[7] == 1 and got.finished[7] == 0 and got.subagents[7][0].steps < 3
 

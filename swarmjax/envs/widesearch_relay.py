@@ -32,7 +32,8 @@ critical path (the rollout counts); at most K assignments per episode. Reward te
 an orchestrator episode: ``r_perf`` (item-F1 of its answer lines), ``correct``,
 ``answered``, ``truth``, ``novel`` (assignments mentioning an asked-for entity no
 earlier assignment mentioned), ``returned`` (distinct asked-for entities in the relayed
-answers).
+answers), ``parallel`` (per stage, the asked-for entities its sub-agents relayed first
+beside its busiest one, summed: ``r_parallel = "parallel"`` of :mod:`swarmjax.rl.parl`).
 """
 
 from __future__ import annotations
@@ -252,6 +253,7 @@ class RelayEnv:
         self.created: set[int] = set()
         self.assigned: list[list[int]] = []
         self.returned: list[list[tuple[int, int]]] = []
+        self.parallel = 0          # asked-for entities relayed beside each stage's busiest sub-agent
         self._pending: tuple | None = None
 
     def reset(self, entities: Any) -> np.ndarray:
@@ -266,7 +268,8 @@ class RelayEnv:
             if self.role == "worker":
                 return Step(done=True, answer=t.lines_text(t.relayed(pairs)).lstrip("\n"))
             return Step(done=True, answer=chat.tokenizer.decode(turn),
-                        rewards=verify(self.ep, pairs, self.assigned, self.returned))
+                        rewards={**verify(self.ep, pairs, self.assigned, self.returned),
+                                 "parallel": float(self.parallel)})
         replies: list[str | None] = []
         stage, lookups = [], 0
         for i, call in enumerate(calls[:t.max_calls]):
@@ -310,10 +313,15 @@ class RelayEnv:
         if len(results) != len(stage):
             raise ValueError(f"the stage had {len(stage)} sub-agents, got {len(results)} results")
         t = self.task
+        asked, prior, own = set(self.ep.task), {e for ps in self.returned for e, _ in ps}, []
         for (i, k, _), res in zip(stage, results):
             pairs = self.pairs_of(res.answer) if res.ok else []
             self.returned.append(pairs)
             replies[i] = t.result_text(k, res.reason, pairs)
+            new = {e for e, _ in pairs if e in asked} - prior
+            own.append(len(new))
+            prior |= new
+        self.parallel += sum(own) - max(own)
         self._pending = None
         return Step(reply=np.concatenate([closing, t.chat.tool_responses_ids(replies)]))
 

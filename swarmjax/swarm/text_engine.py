@@ -386,12 +386,21 @@ class TextSwarm:
         pairs = e.pairs[slot]                                                                # [B, C, P, 2]
         B, E = e.returned.shape
         back = rd.id_mask(jnp.where((ok & over[:, None])[..., None], pairs[..., 0], -1).reshape(B, -1), E)
+        # parallel work: asked-for entities each member relayed first (call order, after
+        # earlier stages), summed beside the stage's busiest member
+        asked, prior, own = rd.id_mask(e.task, E), e.returned, []
+        for i in range(member.shape[1]):
+            new = rd.id_mask(jnp.where((ok[:, i] & over)[:, None], pairs[:, i, :, 0], -1), E) & asked & ~prior
+            own.append(new.sum(1))
+            prior = prior | new
+        own = jnp.stack(own, axis=1)                                                         # [B, C]
         grid = jax.vmap(functools.partial(rd.fill_results, self.tables))(
             e.grid, e.stage_agent, jnp.where(member, e.reason[slot], rd.R_ANSWER), pairs)
         e = e.replace(critical=e.critical + jnp.where(over, steps.max(1), 0),
                       total=e.total + jnp.where(over, steps.sum(1), 0),
                       finished=e.finished + jnp.where(over, ok.sum(1), 0),
-                      returned=e.returned | (back & rd.id_mask(e.task, E)), waiting=e.waiting & ~over,
+                      returned=e.returned | (back & asked), parallel=e.parallel + own.sum(1) - own.max(1),
+                      waiting=e.waiting & ~over,
                       grid=jnp.where(over[:, None, None], grid, e.grid),
                       stage_slot=jnp.where(over[:, None], -1, e.stage_slot))
         return self._orch_reply(c.replace(eps=e), over, script)
@@ -483,4 +492,5 @@ def _rewards(e: Episodes) -> dict[str, Array]:
     done = e.end == END_ANSWER
     z = lambda x: jnp.where(done, x, 0.0)
     return {"r_perf": z(f1), "correct": z(correct), "answered": z(answered), "truth": z(truth),
-            "novel": z(e.novel.astype(jnp.float32)), "returned": z(jnp.sum(e.returned, 1).astype(jnp.float32))}
+            "novel": z(e.novel.astype(jnp.float32)), "returned": z(jnp.sum(e.returned, 1).astype(jnp.float32)),
+            "parallel": z(e.parallel.astype(jnp.float32))}

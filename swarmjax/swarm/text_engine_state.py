@@ -100,7 +100,8 @@ class Episodes:
     table [B, E], task [B, N] (-1 padded): the episode; end [B] END_* (0 running);
     critical / total / spawned / finished [B]; created [B, K] bool; assigned [B];
     seen [B, E] bool (entities some assignment mentioned); returned [B, E] bool (asked-for
-    entities relayed back); novel [B]; the open stage: waiting [B] bool, grid [B, C+1, G],
+    entities relayed back); novel [B]; parallel [B] (asked-for entities relayed beside each
+    stage's busiest sub-agent, summed over stages: ``r_parallel = "parallel"``); the open stage: waiting [B] bool, grid [B, C+1, G],
     responses [B], stage_agent [B, C] (agent k or -1), stage_slot [B, C] (slot s or -1),
     cut [B] (the turn that opened it was cut); answer [B, P, 2] and answer_count [B];
     per slot: slot [S] (0 unused, 1 running, 2 ended), agent [S] (its name k), reason [S]
@@ -119,6 +120,7 @@ class Episodes:
     seen: Array
     returned: Array
     novel: Array
+    parallel: Array
     waiting: Array
     grid: Array
     responses: Array
@@ -139,7 +141,7 @@ class Episodes:
         z = jnp.zeros((B,), jnp.int32)
         return cls(table=table, task=task, end=z, critical=z, total=z, spawned=z, finished=z,
                    created=jnp.zeros((B, K), bool), assigned=z, seen=jnp.zeros((B, E), bool),
-                   returned=jnp.zeros((B, E), bool), novel=z, waiting=jnp.zeros((B,), bool),
+                   returned=jnp.zeros((B, E), bool), novel=z, parallel=z, waiting=jnp.zeros((B,), bool),
                    grid=jnp.zeros((B, C + 1, 1 + 2 * P), jnp.int32), responses=z,
                    stage_agent=jnp.full((B, C), -1, jnp.int32), stage_slot=jnp.full((B, C), -1, jnp.int32),
                    cut=jnp.zeros((B,), bool), answer=jnp.full((B, P, 2), -1, jnp.int32), answer_count=z,
