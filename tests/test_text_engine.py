@@ -176,3 +176,21 @@ def test_bad_input_is_refused(setup, scripted):
         engine(params, params, [eps[0], Episode(table=eps[1].table, task=list(range(5)))], jax.random.key(0))
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
         TextSwarm(task, model.replace(vocab_size=64), SCRIPTED)
+
+
+def test_played_demonstrations_match_the_rollouts(setup, scripted):
+    """The warm start's demonstrations (swarmjax.train.relay_demos, played on the host
+    without a model) are the conversations a rollout that samples those turns builds."""
+    from swarmjax.train.relay_demos import play_episode
+    task = setup[0]
+    eps, scripts, want = scripted
+    for b in (0, 1, 2):
+        (ids, mask), rows, rewards = play_episode(task, eps[b], scripts.orch[b], scripts.workers[b])
+        L = int(want.length[b])
+        np.testing.assert_array_equal(ids, want.tokens[b, :L])
+        np.testing.assert_array_equal(mask, want.loss_mask[b, :L])
+        assert rewards["r_perf"] == 1.0 and rewards["parallel"] == want.rewards["parallel"][b]
+        assert len(rows) == len(want.subagents[b])
+        for (w_ids, w_mask), sub in zip(rows, want.subagents[b]):
+            np.testing.assert_array_equal(w_ids, sub.arrays()["ids"])
+            np.testing.assert_array_equal(w_mask, sub.arrays()["sampled"])

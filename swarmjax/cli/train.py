@@ -26,7 +26,7 @@ from swarmjax.cli import register
 
 def _job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True,
-                   help="Python file whose get_config() returns a TrainJob or a TextToolJob")
+                   help="Python file whose get_config() returns a TrainJob, a TextToolJob or a TextPARLJob")
     p.add_argument("--workdir", required=True, help="where metrics, traces, checkpoints and the summary go")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. parl.group_size=4 (repeatable)")
@@ -55,8 +55,10 @@ def _jobs() -> dict[type, tuple]:
     from swarmjax.train.job import TrainJob, run_job
     from swarmjax.train.logs import summary_table
     from swarmjax.train.text_job import TextToolJob, run_text_job, text_summary_table
+    from swarmjax.train.text_parl import TextPARLJob, run_text_parl_job, text_parl_table
 
-    return {TrainJob: (run_job, summary_table), TextToolJob: (run_text_job, text_summary_table)}
+    return {TrainJob: (run_job, summary_table), TextToolJob: (run_text_job, text_summary_table),
+            TextPARLJob: (run_text_parl_job, text_parl_table)}
 
 
 def _load(args: argparse.Namespace, types: tuple[type, ...] | None = None):

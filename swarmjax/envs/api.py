@@ -107,3 +107,48 @@ class HostEnv(Protocol):
 
     def resume(self, results: Sequence[SubAgentResult]) -> Step:
         """The reply after the stage a ``Step.spawn`` asked for (results in that order)."""
+
+
+@dataclasses.dataclass
+class Played:
+    """A scripted episode of one agent: ids [T] and the mask [T] of its own ids, the
+    last :class:`Step` (None without turns), and the sub-agents' ``Played`` in spawn order."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    last: Step | None
+    subagents: list[Played]
+
+
+def play(env: HostEnv, task: Any, turns: Sequence[Sequence[int]], *,
+         workers: Sequence[Sequence[Sequence[int]]] = ()) -> Played:
+    """Run scripted ``turns`` through a host environment on the host (no model): the
+    conversation exactly as a rollout that sampled those turns builds it (a warm
+    start's demonstrations). A stage's sub-agents play the next scripts of
+    ``workers`` (in spawn order, over all stages); one counts as finished (``ok``)
+    when its script ends with a ``done`` step, and took ``len(script)`` steps."""
+    prompt = np.asarray(env.reset(task), np.int32)
+    ids, mask, subs, step = [prompt], [np.zeros(len(prompt), bool)], [], None
+    scripts = iter(workers)
+    for turn in turns:
+        turn = np.asarray(turn, np.int32)
+        ids.append(turn)
+        mask.append(np.ones(len(turn), bool))
+        step = env.step(turn)
+        if step.spawn:
+            results = []
+            for sub in step.spawn:
+                script = next(scripts, None)
+                if script is None:
+                    raise ValueError(f"the episode spawned more sub-agents than the {len(workers)} scripts given")
+                played = play(sub.env, sub.task, script)
+                ok = played.last is not None and played.last.done
+                results.append(SubAgentResult(agent=sub.agent, answer=played.last.answer if ok else None,
+                                              steps=len(script), ok=ok, reason="answer" if ok else "turns"))
+                subs.append(played)
+            step = env.resume(results)
+        if step.done:
+            break
+        ids.append(step.reply)
+        mask.append(np.zeros(len(step.reply), bool))
+    return Played(np.concatenate(ids), np.concatenate(mask), step, subs)

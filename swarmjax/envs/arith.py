@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from swarmjax.envs.api import play as api_play
 from swarmjax.envs.tool_env import ToolAgentEnv
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.runner import ToolRunner
@@ -186,20 +187,6 @@ def corpus(cfg: ArithConfig, *, count: int = 2000, seed: int = 0) -> list[str]:
 
 
 def play(env: Any, task: Any, turns: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Run scripted ``turns`` through a host environment on the host (no model): the
-    conversation ids [T] and the mask [T] of the agent's own ids, exactly as a rollout
-    that sampled those turns builds them (a warm start's demonstrations)."""
-    prompt = np.asarray(env.reset(task), np.int32)
-    ids, mask = [prompt], [np.zeros(len(prompt), bool)]
-    for turn in turns:
-        turn = np.asarray(turn, np.int32)
-        ids.append(turn)
-        mask.append(np.ones(len(turn), bool))
-        step = env.step(turn)
-        if step.spawn:
-            raise ValueError("play() runs single-agent episodes; this one asked for sub-agents")
-        if step.done:
-            break
-        ids.append(step.reply)
-        mask.append(np.zeros(len(step.reply), bool))
-    return np.concatenate(ids), np.concatenate(mask)
+    """:func:`swarmjax.envs.api.play` of a single-agent episode: (ids [T], own-ids mask [T])."""
+    played = api_play(env, task, turns)       # a spawn raises there: no sub-agent scripts
+    return played.ids, played.mask

@@ -1,0 +1,404 @@
+"""``swarmjax train`` for the swarm in real text: a warm start, then PARL on the jitted text swarm.
+
+    swarmjax train --config configs/parl_widesearch_text_cpu.py --workdir runs/text
+
+The token world's recipe (:mod:`swarmjax.train.job`) on the canonical text wide-search
+(:mod:`swarmjax.envs.widesearch_relay`), with a byte-level BPE trained on the task's
+text and the Qwen3 chat format:
+
+1. **Tokenizer.** A byte-level BPE trained here on the task's corpus and the chat
+   format's fixed texts (nothing is downloaded), saved to ``workdir/tokenizer``.
+2. **Warm start.** Demonstrations played through the host twin
+   (:mod:`swarmjax.train.relay_demos`: mostly serial orchestrators, a share that
+   delegates the whole task over random chunks); every step trains both roles, one
+   orchestrator batch (cut to its length bucket) and one sub-agent batch, the masked
+   next-token NLL of each averaged (:func:`swarmjax.train.sft.sft_loss`).
+3. **PARL.** Per step ``tasks_per_step`` fresh tasks (a ``focus_fraction`` of them with
+   n >= ``focus_min_n``) x ``group_size`` samples, one jitted rollout of the whole swarm
+   (:class:`~swarmjax.swarm.text_engine.TextSwarm`: tool calls parsed and answered on
+   the device; the orchestrator trained, the sub-agents frozen at the warm start), the
+   PARL reward :func:`swarmjax.rl.parl.parl_reward` from the rollout's counts, group
+   advantages, and one :class:`~swarmjax.rl.update.Learner` update on exactly the
+   rollout's ids, loss mask and sampler log-probs.
+4. **Evaluation** (greedy, both roles, budget lifted, fresh tasks from a seed stream
+   of their own) per task size: item-F1, critical / total steps, sub-agents,
+   the no-spawn fraction, of the warm start, every ``eval_every`` PARL steps and of
+   the final policy: ``eval.jsonl``, ``summary.json`` / ``summary.md``, ``curves.png``.
+
+One process; no checkpoints yet (``--resume auto`` starts afresh).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from swarmjax.envs.widesearch import Episode, WideSearchConfig
+from swarmjax.envs.widesearch_jax import END_ANSWER
+from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
+from swarmjax.models.config import ModelConfig
+from swarmjax.models.transformer import init_params
+from swarmjax.optim import OptimConfig, make_optimizer
+from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, uniform_groups
+from swarmjax.rl.losses import loss_preset
+from swarmjax.rl.parl import PARLConfig, parl_reward
+from swarmjax.rl.trajectory import TrajectoryBatch
+from swarmjax.rl.update import Learner, TrainState, UpdateConfig
+from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.swarm.text_engine import TextSwarm
+from swarmjax.swarm.text_types import TextRolloutConfig, TextRolloutResult
+from swarmjax.text.bpe import train_bpe_tokenizer
+from swarmjax.text.chat import CHAT_FORMATS, chat_format
+from swarmjax.text.tokenizer import TextTokenizer
+from swarmjax.train.demos import Demos
+from swarmjax.train.logs import curves, progress_bar, summary_table
+from swarmjax.train.relay_demos import make_relay_demos
+from swarmjax.train.sft import length_buckets, sample_bucketed, sft_loss
+
+
+@dataclasses.dataclass(frozen=True)
+class RelayWarmStartConfig:
+    """The warm start (module docstring, 2.): ``steps`` of ``batch`` orchestrator rows
+    and ``batch`` sub-agent rows, drawn from ``demos`` played episodes."""
+
+    steps: int = 600
+    batch: int = 16
+    demos: int = 4096
+    spawn_fraction: float = 0.3
+    max_chunk: int = 2
+    bucket: int = 128              # orchestrator batches are cut to a multiple of this length
+    optim: OptimConfig = OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=600)
+
+    def __post_init__(self):
+        if min(self.steps, self.batch, self.demos, self.bucket, self.max_chunk) < 1:
+            raise ValueError("warm start steps, batch, demos, bucket and max_chunk must be >= 1")
+        if not 0.0 <= self.spawn_fraction <= 1.0:
+            raise ValueError(f"spawn_fraction must be in [0, 1], got {self.spawn_fraction}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextPARLConfig:
+    """The PARL stage (module docstring, 3.).
+
+    chunk, wide_rows: :class:`TextSwarm`'s prefill width and share of rows per tick.
+    bucket: learner batches are cut to a multiple of this length (one compile each).
+    """
+
+    steps: int = 100
+    tasks_per_step: int = 8
+    group_size: int = 8
+    advantage: str = "grpo"
+    dynamic_sampling: bool = True
+    focus_fraction: float = 0.5
+    focus_min_n: int = 12
+    parl: PARLConfig = PARLConfig(parallel="parallel", parallel_target=16, critical_cost=0.004)
+    update: UpdateConfig = UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4)
+    rollout: TextRolloutConfig = TextRolloutConfig(orch_context=2048, worker_context=384, max_turn_tokens=640,
+                                                   subagent_turns=4, budget=None)
+    chunk: int = 16
+    wide_rows: float = 0.25
+    bucket: int = 256
+
+    def __post_init__(self):
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
+        if min(self.tasks_per_step, self.group_size, self.bucket) < 1 or self.steps < 0:
+            raise ValueError("parl tasks_per_step, group_size and bucket must be >= 1, steps >= 0")
+        if not 0.0 <= self.focus_fraction <= 1.0:
+            raise ValueError(f"focus_fraction must be in [0, 1], got {self.focus_fraction}")
+        per = self.update.num_minibatches * self.update.num_microbatches
+        if (self.tasks_per_step * self.group_size) % per:
+            raise ValueError(f"tasks_per_step x group_size = {self.tasks_per_step * self.group_size} is not "
+                             f"divisible by num_minibatches x num_microbatches = {per}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextPARLJob:
+    """A PARL job in text. ``model.vocab_size`` is replaced by the tokenizer's;
+    ``max_calls`` / ``max_mentions`` / ``max_pairs``: :class:`RelayTask`'s limits."""
+
+    env: WideSearchConfig = WideSearchConfig(num_entities=32, num_values=32, min_task_size=1, max_task_size=16,
+                                             max_subagents=8, subagent_steps=4, budget=None)
+    chat: str = "qwen3"
+    tokenizer_vocab: int = 1000
+    max_calls: int = 16
+    max_mentions: int = 16
+    max_pairs: int = 16
+    model: ModelConfig = ModelConfig(hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
+                                     intermediate_size=384)
+    sft: RelayWarmStartConfig = RelayWarmStartConfig()
+    parl: TextPARLConfig = TextPARLConfig()
+    eval_sizes: tuple[int, ...] = (1, 4, 8, 16)
+    eval_episodes: int = 32
+    eval_every: int = 25
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.chat not in CHAT_FORMATS:
+            raise ValueError(f"unknown chat format {self.chat!r}; known: {sorted(CHAT_FORMATS)}")
+        if self.eval_episodes < 1 or self.tokenizer_vocab < 300 or self.eval_every < 0:
+            raise ValueError("eval_episodes must be >= 1, tokenizer_vocab >= 300 (bytes + merges), eval_every >= 0")
+        env = self.env
+        bad = [n for n in self.eval_sizes if not env.min_task_size <= n <= env.max_task_size]
+        if bad or not self.eval_sizes:
+            raise ValueError(f"eval_sizes {self.eval_sizes}: need sizes in {env.min_task_size}.."
+                             f"{env.max_task_size}")
+        if env.max_task_size > min(self.max_pairs, self.max_mentions):
+            raise ValueError(f"max_task_size {env.max_task_size} is above max_pairs {self.max_pairs} or "
+                             f"max_mentions {self.max_mentions}: answers would be cut")
+        if self.parl.focus_fraction > 0 and self.parl.focus_min_n > env.max_task_size:
+            raise ValueError(f"focus_min_n {self.parl.focus_min_n} is above max_task_size {env.max_task_size}")
+
+
+# ------------------------------------------------------------------------ tasks
+
+
+def sample_episodes(env: WideSearchConfig, rng: random.Random, count: int, *, focus_fraction: float = 0.0,
+                    focus_min_n: int = 1) -> list[Episode]:
+    """``count`` fresh tasks; each with probability ``focus_fraction`` of a size drawn from
+    ``focus_min_n..max_task_size``, else from the config's whole range."""
+    out = []
+    for _ in range(count):
+        n = rng.randint(focus_min_n, env.max_task_size) if rng.random() < focus_fraction else None
+        out.append(Episode.sample(env, rng, n))
+    return out
+
+
+def eval_episodes(job: TextPARLJob) -> dict[int, list[Episode]]:
+    """``eval_episodes`` tasks per size, from a seed stream the training tasks never use
+    (tables of E values out of V: 32^32 of them, so no training table repeats)."""
+    return {n: [Episode.sample(job.env, random.Random(f"eval-{job.seed}-{n}-{i}"), n)
+                for i in range(job.eval_episodes)] for n in job.eval_sizes}
+
+
+# ------------------------------------------------------------------------ warm start
+
+
+def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: RelayWarmStartConfig, seed: int,
+               on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
+    """Both roles each step: ``batch`` orchestrator rows of one length bucket and
+    ``batch`` sub-agent rows (cut to their longest), loss = orchestrator NLL + sub-agent
+    NLL (per-role means over the agent's own ids)."""
+    opt = make_optimizer(scfg.optim)
+    opt_state = opt.init(params)
+
+    @jax.jit
+    def step(params, opt_state, o, w):
+        (loss, (metrics, _)), grads = jax.value_and_grad(partial(sft_loss, cfg=cfg), has_aux=True)(
+            params, orch=o, work=w)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
+
+    rng = np.random.default_rng(seed)
+    buckets = length_buckets(orch, scfg.bucket)
+    W = int(work.token_mask.sum(1).max())
+    take = lambda d, idx, L: tuple(jnp.asarray(x[idx, :L]) for x in (d.tokens, d.token_mask, d.loss_mask))
+    for i in range(scfg.steps):
+        io, L = sample_bucketed(buckets, scfg.batch, rng)
+        iw = rng.integers(0, len(work), scfg.batch)
+        params, opt_state, m = step(params, opt_state, take(orch, io, L), take(work, iw, W))
+        if on_step is not None:
+            on_step(i, {k: float(v) for k, v in m.items()})
+    return params
+
+
+# ------------------------------------------------------------------------ PARL
+
+
+def episode_rewards(res: TextRolloutResult, episodes: list[Episode], pcfg: PARLConfig, step: int
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """PARL reward [B] and channels [B] of a text rollout (:func:`parl_reward` with the
+    rollout's counts: ``novel``, ``returned``, ``parallel``, ``n``)."""
+    r = res.rewards
+    counts = {"novel": r["novel"], "returned": r["returned"], "parallel": r["parallel"],
+              "n": np.array([len(ep.task) for ep in episodes], np.float32)}
+    reward, channels = parl_reward(jnp.asarray(r["r_perf"]), jnp.asarray(res.spawned), jnp.asarray(res.finished),
+                                   jnp.asarray(res.total_steps), jnp.asarray(step, jnp.int32), pcfg, counts,
+                                   critical_steps=jnp.asarray(res.critical_steps))
+    return np.asarray(reward), {k: np.asarray(v) for k, v in channels.items()}
+
+
+def parl_step(learner: Learner, state: TrainState, swarm: TextSwarm, tasks: list[Episode], key: jax.Array,
+              step: int, pcfg: TextPARLConfig) -> tuple[TrainState, dict[str, float]]:
+    """One PARL step on ``tasks`` (each sampled ``group_size`` times): rollout, reward,
+    advantages, update. Returns the new state and the step's metrics."""
+    G = pcfg.group_size
+    episodes = [ep for ep in tasks for _ in range(G)]
+    t0 = time.perf_counter()
+    res = swarm(state.params, state.frozen["workers"], episodes, key)
+    t1 = time.perf_counter()
+    reward, channels = episode_rewards(res, episodes, pcfg.parl, step)
+    groups = jnp.repeat(jnp.arange(len(tasks)), G)
+    adv = compute_advantages(pcfg.advantage, jnp.asarray(reward), groups)
+    keep = ~uniform_groups(jnp.asarray(reward), groups) if pcfg.dynamic_sampling else jnp.ones(len(episodes), bool)
+    L = min(res.tokens.shape[1], -(-int(res.length.max()) // pcfg.bucket) * pcfg.bucket)
+    token_mask = np.arange(L)[None] < res.length[:, None]
+    batch = TrajectoryBatch.create(res.tokens[:, :L], jnp.asarray(res.loss_mask[:, :L]) & keep[:, None], adv,
+                                   token_mask=token_mask, sampler_logprobs=res.logprobs[:, :L],
+                                   group_ids=groups, rewards=reward)
+    state, learn = learner.update(state, batch)
+    learn = jax.device_get(learn)
+    r = res.rewards
+    metrics = {k: float(np.mean(v)) for k, v in channels.items()}
+    metrics.update(reward=float(np.mean(reward)), item_f1=float(np.mean(r["r_perf"])),
+                   critical_steps=float(np.mean(res.critical_steps)), total_steps=float(np.mean(res.total_steps)),
+                   subagents=float(np.mean(res.spawned)), finished_subagents=float(np.mean(res.finished)),
+                   parallel=float(np.mean(r["parallel"])), answered=float(np.mean(res.end_reason == END_ANSWER)),
+                   kept_groups=float(jnp.mean(keep)), cut_by_max_ticks=res.stats["cut_by_max_ticks"],
+                   rollout_s=t1 - t0, update_s=time.perf_counter() - t1, orch_tokens=int(res.length.sum()))
+    metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
+    return state, metrics
+
+
+def evaluate(swarm: TextSwarm, params: Any, worker_params: Any, tasks: dict[int, list[Episode]],
+             key: jax.Array) -> dict[int, dict[str, float]]:
+    """Per task size n: ``item_f1``, ``critical_steps``, ``total_steps``, ``subagents``,
+    ``finished_subagents``, ``no_spawn_fraction``, ``answered`` (means over the tasks),
+    ``seconds`` (the rollout's wall time)."""
+    out = {}
+    for n, eps in tasks.items():
+        t0 = time.perf_counter()
+        r = swarm(params, worker_params, eps, jax.random.fold_in(key, n))
+        out[n] = {"item_f1": float(np.mean(r.rewards["r_perf"])), "critical_steps": float(np.mean(r.critical_steps)),
+                  "total_steps": float(np.mean(r.total_steps)), "subagents": float(np.mean(r.spawned)),
+                  "finished_subagents": float(np.mean(r.finished)),
+                  "no_spawn_fraction": float(np.mean(r.spawned == 0)),
+                  "answered": float(np.mean(r.end_reason == END_ANSWER)), "seconds": time.perf_counter() - t0}
+    return out
+
+
+# ------------------------------------------------------------------------ the job
+
+
+def build_task(job: TextPARLJob, workdir: str) -> RelayTask:
+    """Train the tokenizer (``workdir/tokenizer``) and build the task on it."""
+    fixed = [v for k, v in vars(CHAT_FORMATS[job.chat]).items() if k.isupper() and isinstance(v, str)]
+    tok_dir = train_bpe_tokenizer(relay_corpus(job.env, seed=job.seed) + fixed * 50,
+                                  os.path.join(workdir, "tokenizer"), vocab_size=job.tokenizer_vocab,
+                                  chat_format=job.chat)
+    chat = chat_format(job.chat, TextTokenizer.from_dir(tok_dir))
+    return RelayTask(job.env, chat, max_calls=job.max_calls, max_mentions=job.max_mentions,
+                     max_pairs=job.max_pairs)
+
+
+def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, resume: bool | str = False
+                      ) -> dict:
+    """Tokenizer -> demonstrations -> warm start -> PARL -> summary (module docstring).
+    Returns the summary (``summary.json``)."""
+    job.validate()
+    if resume is True or resume == "latest":
+        raise ValueError("--resume is not supported for text PARL jobs yet (they keep no checkpoints): "
+                         "start a fresh workdir, or pass --resume auto to start afresh")
+    if resume not in (False, None, "never", "auto"):
+        raise ValueError(f"resume must be never, latest or auto, got {resume!r}")
+    if "://" in str(workdir):
+        raise ValueError(f"text jobs need a local workdir, got {workdir!r}")
+    if os.path.exists(os.path.join(workdir, "summary.json")):
+        raise ValueError(f"workdir {workdir!r} already holds a finished run; choose another")
+    os.makedirs(workdir, exist_ok=True)
+    t_start = time.perf_counter()
+    task = build_task(job, workdir)
+    tok = task.chat.tokenizer
+    pad = tok.token_id(task.chat.pad_token)
+    cfg = job.model.replace(vocab_size=tok.vocab_size)
+    key = jax.random.key(job.seed)
+    files = {name: open(os.path.join(workdir, name), "w") for name in ("metrics.jsonl", "eval.jsonl")}
+
+    def log(name: str, rec: dict) -> None:
+        files[name].write(json.dumps(rec) + "\n")
+        files[name].flush()
+
+    bar = progress_bar(job.sft.demos, "demonstrations", progress)
+    orch, work = make_relay_demos(task, job.sft.demos, job.seed, spawn_fraction=job.sft.spawn_fraction,
+                                  max_chunk=job.sft.max_chunk, pad=pad, on_episode=lambda: bar.update(1))
+    bar.close()
+    rc = job.parl.rollout
+    if orch.tokens.shape[1] > rc.orch_context or work.tokens.shape[1] > rc.worker_context:
+        raise ValueError(f"the demonstrations need orch_context >= {orch.tokens.shape[1]} and worker_context >= "
+                         f"{work.tokens.shape[1]} (have {rc.orch_context}, {rc.worker_context})")
+    bar = progress_bar(job.sft.steps, "warm start", progress)
+
+    def on_sft(i, m):
+        log("metrics.jsonl", {"stage": "sft", "step": i, **m})
+        bar.update(1)
+        bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.3f}")
+    params = warm_start(init_params(cfg, key), cfg, orch, work, job.sft, job.seed, on_sft)
+    bar.close()
+    t_sft = time.perf_counter()
+
+    greedy = SamplingConfig(temperature=0.0)
+    eval_swarm = TextSwarm(task, cfg, dataclasses.replace(rc, budget=None, orch_sampling=greedy,
+                                                          worker_sampling=greedy),
+                           chunk=job.parl.chunk, wide_rows=job.parl.wide_rows)
+    train_swarm = TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows)
+    tests = eval_episodes(job)
+    eval_key = jax.random.fold_in(key, 1)
+
+    def run_eval(step: int, label: str, p) -> dict:
+        res = evaluate(eval_swarm, p, params, tests, eval_key)
+        for n, r in res.items():
+            log("eval.jsonl", {"step": step, "policy": label, "n": n, **r})
+        return res
+    before = run_eval(0, "warm_start", params)
+
+    learner = Learner(cfg, job.parl.update)
+    state = learner.init(jax.tree.map(jnp.copy, params), frozen={"workers": jax.tree.map(jnp.copy, params)})
+    rng = random.Random(f"parl-{job.seed}")
+    bar = progress_bar(job.parl.steps, "PARL", progress)
+    for step in range(job.parl.steps):
+        tasks = sample_episodes(job.env, rng, job.parl.tasks_per_step, focus_fraction=job.parl.focus_fraction,
+                                focus_min_n=job.parl.focus_min_n)
+        state, m = parl_step(learner, state, train_swarm, tasks, jax.random.fold_in(key, 100 + step), step,
+                             job.parl)
+        log("metrics.jsonl", {"stage": "parl", "step": step, **m})
+        bar.update(1)
+        bar.set_postfix(f1=f"{m['item_f1']:.3f}", crit=f"{m['critical_steps']:.1f}", subs=f"{m['subagents']:.1f}")
+        if job.eval_every and (step + 1) % job.eval_every == 0 and step + 1 < job.parl.steps:
+            run_eval(step + 1, "parl", state.params)
+    bar.close()
+    after = run_eval(job.parl.steps, "final", state.params) if job.parl.steps else before
+    for f in files.values():
+        f.close()
+    curves(workdir)
+    big = max(job.eval_sizes)
+    summary = {"task": "widesearch_relay", "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size,
+               "eval_episodes": job.eval_episodes, "parl_steps": job.parl.steps, "warm_start": before,
+               "final": after, "headline": headline(before, after, big), "wall_clock_s": time.perf_counter() - t_start,
+               "warm_start_s": t_sft - t_start, "device": f"{jax.default_backend()} x{jax.device_count()}"}
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(os.path.join(workdir, "summary.md"), "w") as f:
+        f.write(text_parl_table(summary) + "\n")
+    return summary
+
+
+def headline(before: dict, after: dict, n: int) -> dict[str, float]:
+    """The issue's targets at the largest size n: critical steps of the warm start over
+    the final policy's, the final item-F1, and the n = 1 no-spawn fraction (when
+    evaluated)."""
+    out = {"n": n, "critical_reduction": before[n]["critical_steps"] / max(after[n]["critical_steps"], 1e-9),
+           "item_f1": after[n]["item_f1"]}
+    if 1 in after:
+        out["n1_no_spawn"] = after[1]["no_spawn_fraction"]
+    return out
+
+
+def text_parl_table(summary: dict) -> str:
+    """:func:`swarmjax.train.logs.summary_table` plus the headline line."""
+    h = summary["headline"]
+    line = (f"\nat n = {h['n']}: critical steps {h['critical_reduction']:.2f}x below the warm start, "
+            f"item-F1 {h['item_f1']:.3f}")
+    if "n1_no_spawn" in h:
+        line += f"; n = 1 episodes without a sub-agent: {h['n1_no_spawn']:.2f}"
+    return summary_table(summary) + line

@@ -1,0 +1,122 @@
+"""`swarmjax train --config configs/parl_widesearch_text_cpu.py`, shrunk: the text PARL job
+end to end (tokenizer, played demonstrations, warm start, PARL on the jitted text swarm,
+evaluations, summary), its reward, and its bad-input errors."""
+
+import dataclasses
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+
+from swarmjax.cli import main
+from swarmjax.config_file import load_config
+from swarmjax.envs.widesearch import Episode, WideSearchConfig
+from swarmjax.rl.parl import PARLConfig
+from swarmjax.train.text_parl import (RelayWarmStartConfig, TextPARLConfig, TextPARLJob, episode_rewards,
+                                      sample_episodes)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "parl_widesearch_text_cpu.py")
+
+TINY = '''
+import dataclasses
+from swarmjax.config_file import load_config
+from swarmjax.envs.widesearch import WideSearchConfig
+from swarmjax.optim import OptimConfig
+from swarmjax.rl.update import UpdateConfig
+
+def get_config():
+    job = load_config({config!r})
+    env = WideSearchConfig(num_entities=12, num_values=12, min_task_size=1, max_task_size=4, max_subagents=2,
+                           subagent_steps=3, budget=None)
+    p = job.parl
+    return dataclasses.replace(
+        job, env=env, tokenizer_vocab=600, max_calls=6, max_mentions=4, max_pairs=4,
+        model=job.model.replace(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                                intermediate_size=64),
+        sft=dataclasses.replace(job.sft, steps=3, batch=4, demos=24,
+                                optim=OptimConfig(learning_rate=3e-3, warmup_steps=1, decay_steps=3)),
+        parl=dataclasses.replace(p, steps=2, tasks_per_step=2, group_size=2, focus_min_n=3,
+                                 update=dataclasses.replace(p.update, num_minibatches=2),
+                                 rollout=dataclasses.replace(p.rollout, orch_context=1280, worker_context=512,
+                                                             max_turn_tokens=96, subagent_turns=3, budget=6)),
+        eval_sizes=(1, 4), eval_episodes=2, eval_every=1)
+'''
+
+
+def test_shipped_config_is_valid():
+    job = load_config(CONFIG)
+    assert isinstance(job, TextPARLJob)
+    job.validate()
+    assert job.chat == "qwen3" and max(job.eval_sizes) == job.env.max_task_size == 16
+
+
+def test_text_parl_job_runs_and_writes_its_summary(tmp_path, capsys):
+    config = tmp_path / "tiny.py"
+    config.write_text(TINY.format(config=CONFIG))
+    workdir = str(tmp_path / "run")
+    assert main(["train", "--config", str(config), "--workdir", workdir, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "| 4 | warm start |" in out and "| 4 | final |" in out and "critical steps" in out
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    assert set(summary["headline"]) == {"n", "critical_reduction", "item_f1", "n1_no_spawn"}
+    for policy in ("warm_start", "final"):
+        assert sorted(summary[policy]) == ["1", "4"]
+        assert 0.0 <= summary[policy]["4"]["item_f1"] <= 1.0 and summary[policy]["1"]["critical_steps"] >= 1
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert [r["step"] for r in rows if r["stage"] == "sft"] == [0, 1, 2]
+    parl = [r for r in rows if r["stage"] == "parl"]
+    assert [r["step"] for r in parl] == [0, 1]
+    for r in parl:
+        assert np.isfinite(r["learner/loss"]) and r["cut_by_max_ticks"] == 0 and r["orch_tokens"] > 0
+        assert {"r_perf", "r_parallel", "r_finish", "cost", "lambda1"} <= set(r)
+    evals = [json.loads(line) for line in open(os.path.join(workdir, "eval.jsonl"))]
+    assert [(e["policy"], e["n"]) for e in evals] == [("warm_start", 1), ("warm_start", 4), ("parl", 1),
+                                                      ("parl", 4), ("final", 1), ("final", 4)]
+    assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
+    # a finished workdir is refused; so is --resume latest (no checkpoints)
+    assert main(["train", "--config", str(config), "--workdir", workdir, "--no-progress"]) == 2
+    assert "already holds a finished run" in capsys.readouterr().err
+    assert main(["train", "--config", str(config), "--workdir", str(tmp_path / "b"), "--resume", "latest"]) == 2
+
+
+def test_bad_configs_are_refused():
+    job = load_config(CONFIG)
+    with pytest.raises(ValueError, match="eval_sizes"):
+        dataclasses.replace(job, eval_sizes=(1, 17)).validate()
+    with pytest.raises(ValueError, match="max_pairs"):
+        dataclasses.replace(job, max_pairs=8).validate()
+    with pytest.raises(ValueError, match="focus_min_n"):
+        dataclasses.replace(job, parl=dataclasses.replace(job.parl, focus_min_n=20)).validate()
+    with pytest.raises(ValueError, match="divisible"):
+        TextPARLConfig(tasks_per_step=3, group_size=1)
+    with pytest.raises(ValueError, match="spawn_fraction"):
+        RelayWarmStartConfig(spawn_fraction=1.5)
+
+
+def test_reward_uses_the_rollouts_counts():
+    """episode_rewards = parl_reward over the text rollout's counts: a serial answer
+    pays r_perf - costs; a split that returned 2 entities beside the busiest pays
+    lambda1 * 2 / target too, at step 0 and nothing of it after the anneal."""
+    cfg = PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=10, parallel="parallel", parallel_target=16,
+                     step_cost=0.005, critical_cost=0.004)
+    res = type("R", (), {})()
+    res.rewards = {"r_perf": np.array([1.0, 1.0], np.float32), "novel": np.array([0.0, 2.0], np.float32),
+                   "returned": np.array([0.0, 4.0], np.float32), "parallel": np.array([0.0, 2.0], np.float32)}
+    res.spawned, res.finished = np.array([0, 2]), np.array([0, 2])
+    res.total_steps, res.critical_steps = np.array([5, 9]), np.array([5, 5])
+    eps = [Episode(table=[0] * 4, task=[0, 1, 2, 3])] * 2
+    reward, ch = episode_rewards(res, eps, cfg, 0)
+    np.testing.assert_allclose(reward, [1 + 0.3 - 0.025 - 0.02, 1 + 0.3 * 2 / 16 + 0.3 - 0.045 - 0.02], rtol=1e-6)
+    reward, _ = episode_rewards(res, eps, cfg, 10)
+    np.testing.assert_allclose(reward, [1 - 0.045, 1 - 0.065], rtol=1e-6)
+    assert ch["r_parallel"].tolist() == [0.0, 0.125]
+
+
+def test_focus_tasks():
+    env = WideSearchConfig(num_entities=32, num_values=32, min_task_size=1, max_task_size=16, max_subagents=8)
+    eps = sample_episodes(env, random.Random(0), 400, focus_fraction=0.5, focus_min_n=12)
+    big = np.mean([len(e.task) >= 12 for e in eps])
+    assert 0.55 < big < 0.75          # half focused, plus the 5/16 of the rest that are >= 12 anyway
