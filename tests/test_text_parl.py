@@ -76,6 +76,18 @@ def test_text_parl_job_runs_and_writes_its_summary(tmp_path, capsys):
     assert [(e["policy"], e["n"]) for e in evals] == [("warm_start", 1), ("warm_start", 4), ("parl", 1),
                                                       ("parl", 4), ("final", 1), ("final", 4)]
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
+    # PARL ablations reuse the warm start: same params, so the same warm-start evaluation
+    again = str(tmp_path / "again")
+    assert main(["train", "--config", str(config), "--workdir", again, "--no-progress",
+                 "--set", f"warm_start_from={workdir}", "--set", "parl.steps=0"]) == 0
+    reused = json.load(open(os.path.join(again, "summary.json")))
+    assert reused["warm_start"] == {n: {**r, "seconds": reused["warm_start"][n]["seconds"]}
+                                    for n, r in summary["warm_start"].items()}
+    assert not [r for r in map(json.loads, open(os.path.join(again, "metrics.jsonl"))) if r["stage"] == "sft"]
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--workdir", str(tmp_path / "c"), "--no-progress",
+                 "--set", f"warm_start_from={workdir}", "--set", "seed=1"]) == 2
+    assert "made with another seed" in capsys.readouterr().err
     # a finished workdir is refused; so is --resume latest (no checkpoints)
     assert main(["train", "--config", str(config), "--workdir", workdir, "--no-progress"]) == 2
     assert "already holds a finished run" in capsys.readouterr().err

@@ -20,6 +20,9 @@ text and the Qwen3 chat format:
    PARL reward :func:`swarmjax.rl.parl.parl_reward` from the rollout's counts, group
    advantages, and one :class:`~swarmjax.rl.update.Learner` update on exactly the
    rollout's ids, loss mask and sampler log-probs.
+   The warm start is saved to ``workdir/warm_start/`` (:mod:`swarmjax.train.warm_start`);
+   ``warm_start_from=<workdir>`` reuses one made with the same model, SFT config, task,
+   tokenizer and seed (PARL ablations skip the demonstrations and the SFT).
 4. **Evaluation** (greedy, both roles, budget lifted, fresh tasks from a seed stream
    of their own) per task size: item-F1, critical / total steps, sub-agents,
    the no-spawn fraction, of the warm start, every ``eval_every`` PARL steps and of
@@ -65,6 +68,7 @@ from swarmjax.train.demos import Demos
 from swarmjax.train.logs import curves, progress_bar, summary_table
 from swarmjax.train.relay_demos import make_relay_demos
 from swarmjax.train.sft import length_buckets, sample_bucketed, sft_loss
+from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +147,15 @@ class TextPARLJob:
     eval_episodes: int = 32
     eval_every: int = 25
     seed: int = 0
+    warm_start_from: str | None = None     # a workdir whose warm start to reuse (skips demos and SFT)
+    warm_start_match: tuple[str, ...] = ("model", "sft", "env", "tokenizer", "seed")
+
+    def warm_identity(self) -> dict[str, str]:
+        """What determines the warm start (:mod:`swarmjax.train.warm_start`): model, SFT
+        config, task, tokenizer (it is retrained from the task's corpus) and seed."""
+        return {"model": repr(self.model), "sft": repr(self.sft), "env": repr(self.env),
+                "tokenizer": repr((self.chat, self.tokenizer_vocab, self.max_calls, self.max_mentions,
+                                   self.max_pairs)), "seed": repr(self.seed)}
 
     def validate(self) -> None:
         if self.chat not in CHAT_FORMATS:
@@ -255,10 +268,17 @@ def parl_step(learner: Learner, state: TrainState, swarm: TextSwarm, tasks: list
                    critical_steps=float(np.mean(res.critical_steps)), total_steps=float(np.mean(res.total_steps)),
                    subagents=float(np.mean(res.spawned)), finished_subagents=float(np.mean(res.finished)),
                    parallel=float(np.mean(r["parallel"])), answered=float(np.mean(res.end_reason == END_ANSWER)),
+                   spawned_f1=_mean_where(r["r_perf"], res.spawned > 0),
+                   serial_f1=_mean_where(r["r_perf"], res.spawned == 0),
                    kept_groups=float(jnp.mean(keep)), cut_by_max_ticks=res.stats["cut_by_max_ticks"],
                    rollout_s=t1 - t0, update_s=time.perf_counter() - t1, orch_tokens=int(res.length.sum()))
     metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
     return state, metrics
+
+
+def _mean_where(x: np.ndarray, mask: np.ndarray) -> float:
+    """Mean of ``x`` over ``mask`` (-1 when empty: a JSON-safe "none")."""
+    return float(np.mean(x[mask])) if mask.any() else -1.0
 
 
 def evaluate(swarm: TextSwarm, params: Any, worker_params: Any, tasks: dict[int, list[Episode]],
@@ -292,6 +312,29 @@ def build_task(job: TextPARLJob, workdir: str) -> RelayTask:
                      max_pairs=job.max_pairs)
 
 
+def _warm_start_stage(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, key: jax.Array, progress: bool,
+                      log: Callable[[str, dict], None]) -> Any:
+    """Demonstrations, then :func:`warm_start` from fresh params (progress bars, SFT log lines)."""
+    pad = task.chat.tokenizer.token_id(task.chat.pad_token)
+    bar = progress_bar(job.sft.demos, "demonstrations", progress)
+    orch, work = make_relay_demos(task, job.sft.demos, job.seed, spawn_fraction=job.sft.spawn_fraction,
+                                  max_chunk=job.sft.max_chunk, pad=pad, on_episode=lambda: bar.update(1))
+    bar.close()
+    rc = job.parl.rollout
+    if orch.tokens.shape[1] > rc.orch_context or work.tokens.shape[1] > rc.worker_context:
+        raise ValueError(f"the demonstrations need orch_context >= {orch.tokens.shape[1]} and worker_context >= "
+                         f"{work.tokens.shape[1]} (have {rc.orch_context}, {rc.worker_context})")
+    bar = progress_bar(job.sft.steps, "warm start", progress)
+
+    def on_sft(i, m):
+        log("metrics.jsonl", {"stage": "sft", "step": i, **m})
+        bar.update(1)
+        bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.3f}")
+    params = warm_start(init_params(cfg, key), cfg, orch, work, job.sft, job.seed, on_sft)
+    bar.close()
+    return params
+
+
 def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, resume: bool | str = False
                       ) -> dict:
     """Tokenizer -> demonstrations -> warm start -> PARL -> summary (module docstring).
@@ -309,9 +352,7 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
     os.makedirs(workdir, exist_ok=True)
     t_start = time.perf_counter()
     task = build_task(job, workdir)
-    tok = task.chat.tokenizer
-    pad = tok.token_id(task.chat.pad_token)
-    cfg = job.model.replace(vocab_size=tok.vocab_size)
+    cfg = job.model.replace(vocab_size=task.chat.tokenizer.vocab_size)
     key = jax.random.key(job.seed)
     files = {name: open(os.path.join(workdir, name), "w") for name in ("metrics.jsonl", "eval.jsonl")}
 
@@ -319,22 +360,12 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
         files[name].write(json.dumps(rec) + "\n")
         files[name].flush()
 
-    bar = progress_bar(job.sft.demos, "demonstrations", progress)
-    orch, work = make_relay_demos(task, job.sft.demos, job.seed, spawn_fraction=job.sft.spawn_fraction,
-                                  max_chunk=job.sft.max_chunk, pad=pad, on_episode=lambda: bar.update(1))
-    bar.close()
     rc = job.parl.rollout
-    if orch.tokens.shape[1] > rc.orch_context or work.tokens.shape[1] > rc.worker_context:
-        raise ValueError(f"the demonstrations need orch_context >= {orch.tokens.shape[1]} and worker_context >= "
-                         f"{work.tokens.shape[1]} (have {rc.orch_context}, {rc.worker_context})")
-    bar = progress_bar(job.sft.steps, "warm start", progress)
-
-    def on_sft(i, m):
-        log("metrics.jsonl", {"stage": "sft", "step": i, **m})
-        bar.update(1)
-        bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.3f}")
-    params = warm_start(init_params(cfg, key), cfg, orch, work, job.sft, job.seed, on_sft)
-    bar.close()
+    if job.warm_start_from:
+        params, _ = load_warm_start(job, job.warm_start_from, jax.eval_shape(lambda: init_params(cfg, key)))
+    else:
+        params = _warm_start_stage(job, task, cfg, key, progress, log)
+        save_warm_start(job, workdir, params, {})
     t_sft = time.perf_counter()
 
     greedy = SamplingConfig(temperature=0.0)

@@ -38,7 +38,10 @@ _PARAMS, _META = "params", "meta.json"
 def warm_identity(job) -> dict[str, str]:
     """The fields of a :class:`~swarmjax.train.job.TrainJob` that determine its warm
     start, as reprs: the model, the SFT config, the task (budget lifted: the SFT runs
-    without it) and the job seed (the params' initialisation)."""
+    without it) and the job seed (the params' initialisation). Another job type says
+    its own with a ``warm_identity()`` method (:class:`~swarmjax.train.text_parl.TextPARLJob`)."""
+    if hasattr(job, "warm_identity"):
+        return job.warm_identity()
     env = dataclasses.replace(job.parl.rollout.env, budget=None)
     return {"model": repr(job.model), "sft": repr(job.sft), "env": repr(env), "seed": repr(job.seed)}
 
