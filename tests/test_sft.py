@@ -131,3 +131,33 @@ def test_bad_sft_config():
         make_demos(WideSearchConfig(budget=3), 8, seed=0)
     with pytest.raises(ValueError, match="orch_context 40"):       # 3-way split of 4 needs 42 tokens
         make_demos(WideSearchConfig(**{**ENV.__dict__, "orch_context": 40}), 200, seed=0, spawn_fraction=0.5)
+
+
+def test_prefix_role_stats_equal_role_stats():
+    """Rows that open alike: the shared head run once (cascade attention) gives the same
+    statistics and gradients as the rows in full; shared_head stops before the loss."""
+    from swarmjax.train.demos import Demos
+    from swarmjax.train.sft import prefix_role_stats, shared_head
+    cfg = ModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                      intermediate_size=64)
+    params = init_params(cfg, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    B, P, T = 3, 7, 11
+    tokens = np.concatenate([np.broadcast_to(rng.integers(0, 300, P), (B, P)), rng.integers(0, 300, (B, T))], 1)
+    tokens[:, P] = 5                                   # rows still agree on the first id after the head
+    token_mask = np.ones((B, P + T), bool)
+    token_mask[1, -3:] = False
+    loss_mask = token_mask & (np.arange(P + T) >= P + 1)
+    head = shared_head(Demos(tokens, token_mask, loss_mask))
+    assert head == P                                   # P + 1 agrees too, but its successor is scored
+    full = jax.value_and_grad(lambda p: role_stats(p, cfg, *map(jnp.asarray, (tokens, token_mask, loss_mask)))[0])
+    cut = jax.value_and_grad(lambda p: prefix_role_stats(
+        p, cfg, jnp.asarray(tokens[0, :P]), *(jnp.asarray(x[:, P:]) for x in (tokens, token_mask, loss_mask)))[0])
+    (a, ga), (b, gb) = full(params), cut(params)
+    np.testing.assert_allclose(b, a, rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-6)
+    stats = lambda f, *args: [float(v) for v in f(params, cfg, *args)]
+    assert stats(role_stats, *map(jnp.asarray, (tokens, token_mask, loss_mask)))[1:] == \
+        stats(prefix_role_stats, jnp.asarray(tokens[0, :P]), *(jnp.asarray(x[:, P:]) for x in (tokens, token_mask,
+                                                                                               loss_mask)))[1:]

@@ -26,7 +26,7 @@ import optax
 
 from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import forward
+from swarmjax.models.transformer import default_positions, forward, init_cache
 from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
 from swarmjax.rl.losses import token_logprobs
 from swarmjax.train.demos import Demos, make_demos
@@ -62,14 +62,44 @@ def role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
     return _role_stats(params, cfg, tokens, token_mask, loss_mask, want_max=False)[0]
 
 
+def shared_head(demos: Demos) -> int:
+    """Length of the ids every row of ``demos`` opens with and that no row's loss
+    covers (a role's system turn and tool schemas): at most each row's length - 1."""
+    same = np.all(demos.tokens == demos.tokens[:1], axis=0) & np.all(demos.token_mask, axis=0) \
+        & ~np.any(demos.loss_mask, axis=0)
+    head = min(int(np.argmin(same)) if not same.all() else same.shape[0], int(demos.token_mask.sum(1).min()) - 1)
+    if head > 0 and demos.loss_mask[:, head].any():    # the first id after the head is scored from the head
+        head -= 1
+    return max(0, head)
+
+
+def prefix_role_stats(params: Any, cfg: ModelConfig, head: Array, tokens: Array, token_mask: Array,
+                      loss_mask: Array) -> tuple[Array, Array, Array]:
+    """:func:`role_stats` of rows that all open with ``head`` [P] and go on with
+    ``tokens`` [B, T] (masks [B, T]): the head runs once, as a batch of one, and every row
+    attends over its keys and values (cascade attention, ``forward(prefix=)``). Values
+    and gradients equal :func:`role_stats` over the rows ``[head, tokens_b]`` [B, P + T]
+    when the loss covers no head id and not ``tokens[:, 0]`` (whose prediction is the
+    head's last position); the forward runs P + B T positions instead of B (P + T)."""
+    P, (B, T) = head.shape[0], tokens.shape
+    pre = forward(params, cfg, head[None], cache=init_cache(cfg, 1, P), cache_index=0, logits_to_keep=1).cache
+    out = forward(params, cfg, tokens, token_mask=token_mask, positions=P + default_positions(token_mask),
+                  cache=init_cache(cfg, B, T), cache_index=0, prefix=pre)
+    return _stats(out.logits, tokens, loss_mask)
+
+
+def _stats(logits: Array, tokens: Array, loss_mask: Array) -> tuple[Array, Array, Array]:
+    logp = token_logprobs(logits, tokens)                                         # [B, T]
+    mask = loss_mask.at[:, 0].set(False).astype(jnp.float32)
+    right = jnp.pad(jnp.argmax(logits[:, :-1], -1) == tokens[:, 1:], ((0, 0), (1, 0)))
+    return -jnp.sum(logp * mask), jnp.sum(mask), jnp.sum(right * mask)
+
+
 def _role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array, loss_mask: Array, *,
                 want_max: bool) -> tuple[tuple[Array, Array, Array], Array | None]:
     """:func:`role_stats` and, when ``want_max``, the forward's attention max logits [L, H]."""
     out = forward(params, cfg, tokens, token_mask=token_mask, return_max_logits=want_max)
-    logp = token_logprobs(out.logits, tokens)                                     # [B, T]
-    mask = loss_mask.at[:, 0].set(False).astype(jnp.float32)
-    right = jnp.pad(jnp.argmax(out.logits[:, :-1], -1) == tokens[:, 1:], ((0, 0), (1, 0)))
-    return (-jnp.sum(logp * mask), jnp.sum(mask), jnp.sum(right * mask)), out.max_logits
+    return _stats(out.logits, tokens, loss_mask), out.max_logits
 
 
 def sft_loss(params: Any, cfg: ModelConfig, orch: tuple[Array, Array, Array],

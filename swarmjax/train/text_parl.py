@@ -39,7 +39,6 @@ import os
 import random
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import jax
@@ -67,7 +66,7 @@ from swarmjax.text.tokenizer import TextTokenizer
 from swarmjax.train.demos import Demos
 from swarmjax.train.logs import curves, progress_bar, summary_table
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.sft import length_buckets, sample_bucketed, sft_loss
+from swarmjax.train.sft import length_buckets, prefix_role_stats, sample_bucketed, shared_head
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
 
@@ -202,25 +201,38 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
     """Both roles each step: ``batch`` orchestrator rows of one length bucket and
     ``batch`` sub-agent rows (cut to their longest), loss = orchestrator NLL + sub-agent
-    NLL (per-role means over the agent's own ids)."""
+    NLL (per-role means over the agent's own ids, :func:`swarmjax.train.sft.sft_loss`).
+    Each role's rows open with the same ids (system turn, tool schemas: ~540 of an
+    orchestrator's ~1000): that head runs once per step
+    (:func:`~swarmjax.train.sft.prefix_role_stats`, the same loss and gradients).
+    Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/``worker_acc``."""
     opt = make_optimizer(scfg.optim)
     opt_state = opt.init(params)
+    heads = {name: d.tokens[0, :shared_head(d)] for name, d in (("orch", orch), ("worker", work))}
+
+    def loss_fn(params, batches):
+        loss, metrics = 0.0, {}
+        for name, batch in batches.items():
+            nll, count, right = prefix_role_stats(params, cfg, jnp.asarray(heads[name]), *batch)
+            metrics[f"{name}_nll"], metrics[f"{name}_acc"] = nll / jnp.maximum(count, 1.0), right / jnp.maximum(count, 1.0)
+            loss = loss + metrics[f"{name}_nll"]
+        return loss, metrics
 
     @jax.jit
-    def step(params, opt_state, o, w):
-        (loss, (metrics, _)), grads = jax.value_and_grad(partial(sft_loss, cfg=cfg), has_aux=True)(
-            params, orch=o, work=w)
+    def step(params, opt_state, batches):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batches)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
 
     rng = np.random.default_rng(seed)
     buckets = length_buckets(orch, scfg.bucket)
     W = int(work.token_mask.sum(1).max())
-    take = lambda d, idx, L: tuple(jnp.asarray(x[idx, :L]) for x in (d.tokens, d.token_mask, d.loss_mask))
+    take = lambda d, idx, P, L: tuple(jnp.asarray(x[idx, P:L]) for x in (d.tokens, d.token_mask, d.loss_mask))
     for i in range(scfg.steps):
         io, L = sample_bucketed(buckets, scfg.batch, rng)
         iw = rng.integers(0, len(work), scfg.batch)
-        params, opt_state, m = step(params, opt_state, take(orch, io, L), take(work, iw, W))
+        batches = {"orch": take(orch, io, len(heads["orch"]), L), "worker": take(work, iw, len(heads["worker"]), W)}
+        params, opt_state, m = step(params, opt_state, batches)
         if on_step is not None:
             on_step(i, {k: float(v) for k, v in m.items()})
     return params
