@@ -37,8 +37,8 @@ def get_config() -> TextPARLJob:
         env=ENV, chat="qwen3", tokenizer_vocab=1000, max_calls=16, max_mentions=16, max_pairs=16,
         model=ModelConfig(hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
                           intermediate_size=384),
-        sft=RelayWarmStartConfig(steps=600, batch=16, demos=4096, spawn_fraction=0.5, max_chunk=2,
-                                 optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=600)),
+        sft=RelayWarmStartConfig(steps=1200, batch=16, demos=4096, spawn_fraction=0.5, max_chunk=2,
+                                 optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=1200)),
         parl=TextPARLConfig(
             steps=40, tasks_per_step=4, group_size=8, dynamic_sampling=True, focus_fraction=0.5, focus_min_n=12,
             parl=PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=30, parallel="parallel", parallel_target=16,

@@ -4,7 +4,8 @@ The token world's recipe (:mod:`swarmjax.train.demos`) in text: orchestrators ar
 mostly serial (one ``lookup`` per turn, then the answer lines); a ``spawn_fraction``
 of the episodes with n > 1 delegate the whole task over random consecutive chunks of
 ``1..max_chunk`` entities (at most K) in one turn of ``create_subagent`` and
-``assign_task`` calls, then answer every pair that came back. Sub-agents look up each
+``assign_task`` calls (interleaved: each sub-agent is created right before its
+assignment), then answer every pair that came back. Sub-agents look up each
 of their entities and answer. Nothing prefers the best split: PARL has to find it.
 
 Every turn is played through :class:`~swarmjax.envs.widesearch_relay.RelayEnv` on the
@@ -29,14 +30,16 @@ from swarmjax.train.demos import Demos, random_chunks
 
 def delegate_script(task: RelayTask, ep: Episode, chunks: Sequence[Sequence[int]]
                     ) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
-    """One turn that creates ``len(chunks)`` sub-agents and assigns chunk k to
-    ``worker{k}``, then the answer (every pair of the task, in task order); and the
-    sub-agents' serial scripts."""
-    creates = [(CREATE, {"name": task.agent_names[k]}) for k in range(len(chunks))]
-    assigns = [(ASSIGN, {"agent": task.agent_names[k],
-                         "prompt": "Please find " + " and ".join(task.entity_names[e] for e in c)})
-               for k, c in enumerate(chunks)]
-    orch = [task.turn_ids(calls=creates + assigns), task.answer_turn(ep, ep.task)]
+    """One turn that creates ``worker{k}`` and assigns it chunk k, for each chunk in
+    turn (``create, assign, create, assign, ...``: each call depends on the one before,
+    not on a count decided up front), then the answer (every pair of the task, in task
+    order); and the sub-agents' serial scripts."""
+    calls = []
+    for k, c in enumerate(chunks):
+        calls += [(CREATE, {"name": task.agent_names[k]}),
+                  (ASSIGN, {"agent": task.agent_names[k],
+                            "prompt": "Please find " + " and ".join(task.entity_names[e] for e in c)})]
+    orch = [task.turn_ids(calls=calls), task.answer_turn(ep, ep.task)]
     return orch, [task.serial_script(ep, c) for c in chunks]
 
 
