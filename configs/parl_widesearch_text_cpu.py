@@ -9,14 +9,16 @@ episode at n = 16 is ~1470 ids (a 572-id prompt: system text, the three tool sch
 the task; 16 lookup turns of 21 ids and their responses; the answer lines); the best
 split is one turn of 8 create_subagent and 8 assign_task calls (~500 sampled ids).
 
-Warm start: 400 steps, each 16 orchestrator and 16 sub-agent conversations drawn from
-4096 played demonstrations, 30% of those with n > 1 delegating the whole task over
+Warm start: 1200 steps, each 16 orchestrator and 16 sub-agent conversations drawn from
+4096 played demonstrations, half of those with n > 1 delegating the whole task over
 random chunks of 1-2 entities (the token world's recipe: chunks of 2 are a sub-agent's
-capacity). PARL: 4 tasks x 8 samples per step, half the tasks with n >= 12; training
-rollouts have the token world's critical-step budget of 8 (serial work at n = 16 needs
-17 steps, the best split 5), evaluations lift it; the token world's reward (r_parallel
-"parallel" with target 16, r_finish, both 0.3 annealed to 0, cost 0.005 per step and
-0.004 per critical step), GSPO and Muon.
+capacity), each sub-agent created right before its assignment. PARL: 40 steps of 4 tasks
+x 8 samples, half the tasks with n >= 12; training rollouts have the token world's
+critical-step budget of 8 (serial work at n = 16 needs 17 steps, the best split 5),
+evaluations lift it; the token world's reward (r_parallel "parallel" with target 16,
+r_finish, both 0.3 annealed to 0 over 30 steps, cost 0.005 per step and 0.004 per
+critical step), GSPO and Muon, the learning rate decayed over the 40 x 4 updates.
+What it reached, and the attempts before it: README, "The swarm in text".
 """
 
 from swarmjax.envs.widesearch import WideSearchConfig

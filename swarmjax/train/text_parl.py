@@ -201,7 +201,7 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
     """Both roles each step: ``batch`` orchestrator rows of one length bucket and
     ``batch`` sub-agent rows (cut to their longest), loss = orchestrator NLL + sub-agent
-    NLL (per-role means over the agent's own ids, :func:`swarmjax.train.sft.sft_loss`).
+    NLL (per-role means over the agent's own ids, as :func:`swarmjax.train.sft.sft_loss`).
     Each role's rows open with the same ids (system turn, tool schemas: ~540 of an
     orchestrator's ~1000): that head runs once per step
     (:func:`~swarmjax.train.sft.prefix_role_stats`, the same loss and gradients).
@@ -214,7 +214,8 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
         loss, metrics = 0.0, {}
         for name, batch in batches.items():
             nll, count, right = prefix_role_stats(params, cfg, jnp.asarray(heads[name]), *batch)
-            metrics[f"{name}_nll"], metrics[f"{name}_acc"] = nll / jnp.maximum(count, 1.0), right / jnp.maximum(count, 1.0)
+            count = jnp.maximum(count, 1.0)
+            metrics[f"{name}_nll"], metrics[f"{name}_acc"] = nll / count, right / count
             loss = loss + metrics[f"{name}_nll"]
         return loss, metrics
 
