@@ -101,8 +101,9 @@ class Episodes:
     critical / total / spawned / finished [B]; created [B, K] bool; assigned [B];
     seen [B, E] bool (entities some assignment mentioned); returned [B, E] bool (asked-for
     entities relayed back); novel [B]; parallel [B] (asked-for entities relayed beside each
-    stage's busiest sub-agent, summed over stages: ``r_parallel = "parallel"``); the open stage: waiting [B] bool, grid [B, C+1, G],
-    responses [B], stage_agent [B, C] (agent k or -1), stage_slot [B, C] (slot s or -1),
+    stage's busiest sub-agent, summed over stages: ``r_parallel = "parallel"``); the open
+    stage: waiting [B] bool, grid [B, C+1, G], responses [B], stage_agent [B, C] (agent k
+    or -1), stage_slot [B, C] (slot s or -1),
     cut [B] (the turn that opened it was cut); answer [B, P, 2] and answer_count [B];
     per slot: slot [S] (0 unused, 1 running, 2 ended), agent [S] (its name k), reason [S]
     R_*, pairs [S, P, 2] (relayed answer).
