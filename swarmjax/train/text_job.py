@@ -253,15 +253,10 @@ def rl_step(learner: Learner, state, rollout: TextRollout, task, problems: list,
     return state, metrics
 
 
-def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resume: bool | str = False) -> dict:
-    """Tokenizer -> warm start -> RL -> summary (module docstring). Returns the summary.
-
-    Text jobs keep no checkpoints yet: ``resume`` "never" / False and "auto" (no
-    checkpoint, so: start afresh, overwriting an unfinished attempt's files) run the
-    job; "latest" / True is refused. SIGTERM is not intercepted (its default action
-    ends the job). The workdir must be local (the tokenizer is written with local file
-    APIs)."""
-    job.validate()
+def start_text_workdir(workdir: str, resume: bool | str) -> None:
+    """Check a text job's ``workdir`` and ``resume`` (no checkpoints: "latest" / True is
+    refused, "never" / False / "auto" start afresh; a local path; no finished run in
+    it) and create it."""
     if resume is True or resume == "latest":
         raise ValueError("--resume is not supported for text jobs yet (they keep no checkpoints): "
                          "start a fresh workdir, or pass --resume auto to start afresh")
@@ -273,6 +268,18 @@ def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resum
     if os.path.exists(os.path.join(workdir, "summary.json")):
         raise ValueError(f"workdir {workdir!r} already holds a finished run; choose another")
     os.makedirs(workdir, exist_ok=True)
+
+
+def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resume: bool | str = False) -> dict:
+    """Tokenizer -> warm start -> RL -> summary (module docstring). Returns the summary.
+
+    Text jobs keep no checkpoints yet: ``resume`` "never" / False and "auto" (no
+    checkpoint, so: start afresh, overwriting an unfinished attempt's files) run the
+    job; "latest" / True is refused. SIGTERM is not intercepted (its default action
+    ends the job). The workdir must be local (the tokenizer is written with local file
+    APIs)."""
+    job.validate()
+    start_text_workdir(workdir, resume)
     t_start = time.perf_counter()
     make_corpus, make_task = TEXT_TASKS[job.task]
     # the chat format's fixed texts (tool preamble, ...) in the corpus: merged into few ids

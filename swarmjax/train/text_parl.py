@@ -67,6 +67,7 @@ from swarmjax.train.demos import Demos
 from swarmjax.train.logs import curves, progress_bar, summary_table
 from swarmjax.train.relay_demos import make_relay_demos
 from swarmjax.train.sft import length_buckets, prefix_role_stats, sample_bucketed, shared_head
+from swarmjax.train.text_job import start_text_workdir
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
 
@@ -353,16 +354,7 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
     """Tokenizer -> demonstrations -> warm start -> PARL -> summary (module docstring).
     Returns the summary (``summary.json``)."""
     job.validate()
-    if resume is True or resume == "latest":
-        raise ValueError("--resume is not supported for text PARL jobs yet (they keep no checkpoints): "
-                         "start a fresh workdir, or pass --resume auto to start afresh")
-    if resume not in (False, None, "never", "auto"):
-        raise ValueError(f"resume must be never, latest or auto, got {resume!r}")
-    if "://" in str(workdir):
-        raise ValueError(f"text jobs need a local workdir, got {workdir!r}")
-    if os.path.exists(os.path.join(workdir, "summary.json")):
-        raise ValueError(f"workdir {workdir!r} already holds a finished run; choose another")
-    os.makedirs(workdir, exist_ok=True)
+    start_text_workdir(workdir, resume)
     t_start = time.perf_counter()
     task = build_task(job, workdir)
     cfg = job.model.replace(vocab_size=task.chat.tokenizer.vocab_size)
