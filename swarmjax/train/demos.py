@@ -81,7 +81,8 @@ def episode_demo(cfg: WideSearchConfig, ep: Episode, rng: random.Random, spawn_f
     return out
 
 
-def _pack(rows: list[tuple[list[int], list[bool]]], length: int, pad: int) -> Demos:
+def pack_rows(rows, length: int, pad: int) -> Demos:
+    """(ids, own-ids mask) rows right-padded with ``pad`` into :class:`Demos` [N, length]."""
     tokens = np.full((len(rows), length), pad, np.int32)
     token_mask = np.zeros((len(rows), length), bool)
     loss_mask = np.zeros((len(rows), length), bool)
@@ -101,4 +102,4 @@ def make_demos(cfg: WideSearchConfig, count: int, seed: int, *, spawn_fraction: 
         out = episode_demo(cfg, Episode.sample(cfg, rng), rng, spawn_fraction, max_chunk)
         orch.append((out.orch_tokens, out.sampled))
         work += list(zip(out.worker_tokens, out.worker_sampled))
-    return _pack(orch, cfg.orch_context, pad), _pack(work or [([pad], [False])], cfg.worker_context, pad)
+    return pack_rows(orch, cfg.orch_context, pad), pack_rows(work or [([pad], [False])], cfg.worker_context, pad)

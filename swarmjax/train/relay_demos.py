@@ -25,7 +25,7 @@ from swarmjax.envs.api import play
 from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.widesearch import Episode
 from swarmjax.envs.widesearch_relay import RelayTask
-from swarmjax.train.demos import Demos, random_chunks
+from swarmjax.train.demos import Demos, pack_rows, random_chunks
 
 
 def delegate_script(task: RelayTask, ep: Episode, chunks: Sequence[Sequence[int]]
@@ -72,12 +72,7 @@ def episode_demo(task: RelayTask, ep: Episode, rng: random.Random, *, spawn_frac
 
 def pack(rows: Sequence[tuple[np.ndarray, np.ndarray]], pad: int) -> Demos:
     """Right-padded :class:`Demos` [N, max length] of (ids, mask) rows."""
-    T = max(len(ids) for ids, _ in rows)
-    out = Demos(np.full((len(rows), T), pad, np.int32), np.zeros((len(rows), T), bool),
-                np.zeros((len(rows), T), bool))
-    for i, (ids, mask) in enumerate(rows):
-        out.tokens[i, :len(ids)], out.token_mask[i, :len(ids)], out.loss_mask[i, :len(ids)] = ids, True, mask
-    return out
+    return pack_rows(rows, max(len(ids) for ids, _ in rows), pad)
 
 
 def make_relay_demos(task: RelayTask, count: int, seed: int, *, spawn_fraction: float, max_chunk: int,

@@ -44,7 +44,7 @@ from swarmjax.rl.update import Learner, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_rollout import END_ANSWER, TextRollout, TextRolloutConfig, TextRolloutResult
 from swarmjax.text.bpe import train_bpe_tokenizer
-from swarmjax.text.chat import CHAT_FORMATS, chat_format
+from swarmjax.text.chat import CHAT_FORMATS, ChatFormat, chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.tokenizer import TextTokenizer
 from swarmjax.train.logs import progress_bar
@@ -253,6 +253,15 @@ def rl_step(learner: Learner, state, rollout: TextRollout, task, problems: list,
     return state, metrics
 
 
+def task_chat(corpus: list[str], workdir: str, chat: str, vocab_size: int) -> ChatFormat:
+    """A byte-level BPE trained on ``corpus`` plus the chat format's fixed texts (tool
+    preamble, ...: merged into few ids), saved to ``workdir/tokenizer``; its chat format."""
+    fixed = [v for k, v in vars(CHAT_FORMATS[chat]).items() if k.isupper() and isinstance(v, str)]
+    tok_dir = train_bpe_tokenizer(corpus + fixed * 50, os.path.join(workdir, "tokenizer"),
+                                  vocab_size=vocab_size, chat_format=chat)
+    return chat_format(chat, TextTokenizer.from_dir(tok_dir))
+
+
 def start_text_workdir(workdir: str, resume: bool | str) -> None:
     """Check a text job's ``workdir`` and ``resume`` (no checkpoints: "latest" / True is
     refused, "never" / False / "auto" start afresh; a local path; no finished run in
@@ -282,11 +291,7 @@ def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resum
     start_text_workdir(workdir, resume)
     t_start = time.perf_counter()
     make_corpus, make_task = TEXT_TASKS[job.task]
-    # the chat format's fixed texts (tool preamble, ...) in the corpus: merged into few ids
-    fixed = [v for k, v in vars(CHAT_FORMATS[job.chat]).items() if k.isupper() and isinstance(v, str)]
-    tok_dir = train_bpe_tokenizer(make_corpus(job) + fixed * 50, os.path.join(workdir, "tokenizer"),
-                                  vocab_size=job.tokenizer_vocab, chat_format=job.chat)
-    chat = chat_format(job.chat, TextTokenizer.from_dir(tok_dir))
+    chat = task_chat(make_corpus(job), workdir, job.chat, job.tokenizer_vocab)
     cfg = job.model.replace(vocab_size=chat.tokenizer.vocab_size)
     runner = ToolRunner([], max_workers=16, timeout_s=10.0)
     task = make_task(job, chat, runner)

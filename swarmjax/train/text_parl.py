@@ -60,14 +60,12 @@ from swarmjax.rl.update import Learner, TrainState, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_types import TextRolloutConfig, TextRolloutResult
-from swarmjax.text.bpe import train_bpe_tokenizer
-from swarmjax.text.chat import CHAT_FORMATS, chat_format
-from swarmjax.text.tokenizer import TextTokenizer
+from swarmjax.text.chat import CHAT_FORMATS
 from swarmjax.train.demos import Demos
 from swarmjax.train.logs import curves, progress_bar, summary_table
 from swarmjax.train.relay_demos import make_relay_demos
 from swarmjax.train.sft import length_buckets, prefix_role_stats, sample_bucketed, shared_head
-from swarmjax.train.text_job import start_text_workdir
+from swarmjax.train.text_job import start_text_workdir, task_chat
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
 
@@ -317,11 +315,7 @@ def evaluate(swarm: TextSwarm, params: Any, worker_params: Any, tasks: dict[int,
 
 def build_task(job: TextPARLJob, workdir: str) -> RelayTask:
     """Train the tokenizer (``workdir/tokenizer``) and build the task on it."""
-    fixed = [v for k, v in vars(CHAT_FORMATS[job.chat]).items() if k.isupper() and isinstance(v, str)]
-    tok_dir = train_bpe_tokenizer(relay_corpus(job.env, seed=job.seed) + fixed * 50,
-                                  os.path.join(workdir, "tokenizer"), vocab_size=job.tokenizer_vocab,
-                                  chat_format=job.chat)
-    chat = chat_format(job.chat, TextTokenizer.from_dir(tok_dir))
+    chat = task_chat(relay_corpus(job.env, seed=job.seed), workdir, job.chat, job.tokenizer_vocab)
     return RelayTask(job.env, chat, max_calls=job.max_calls, max_mentions=job.max_mentions,
                      max_pairs=job.max_pairs)
 
