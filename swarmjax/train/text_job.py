@@ -47,6 +47,7 @@ from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import CHAT_FORMATS, ChatFormat, chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.tokenizer import TextTokenizer
+from swarmjax.train.demos import pack_rows
 from swarmjax.train.logs import progress_bar
 from swarmjax.train.sft import role_stats
 
@@ -159,12 +160,8 @@ def demonstrations(task: Any, problems: list, rng: np.random.Generator) -> tuple
     """Play each problem's scripted turns through a fresh environment: ids [N, T],
     token mask [N, T] and the agent's-own-ids mask [N, T] (right-padded)."""
     played = [play(task.env(p), p, task.demonstration(p, rng)) for p in problems]
-    T = max(len(ids) for ids, _ in played)
-    ids, tmask, lmask = np.zeros((len(played), T), np.int32), np.zeros((len(played), T), bool), \
-        np.zeros((len(played), T), bool)
-    for i, (x, m) in enumerate(played):
-        ids[i, :len(x)], tmask[i, :len(x)], lmask[i, :len(x)] = x, True, m
-    return ids, tmask, lmask
+    d = pack_rows(played, max(len(ids) for ids, _ in played), pad=0)
+    return d.tokens, d.token_mask, d.loss_mask
 
 
 def warm_start(params, cfg: ModelConfig, data, scfg: TextSFTConfig, seed: int,
