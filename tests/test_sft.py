@@ -136,8 +136,8 @@ def test_bad_sft_config():
 def test_prefix_role_stats_equal_role_stats():
     """Rows that open alike: the shared head run once (cascade attention) gives the same
     statistics and gradients as the rows in full; shared_head stops before the loss."""
-    from swarmjax.train.demos import Demos
-    from swarmjax.train.sft import prefix_role_stats, shared_head
+    from swarmjax.rl.trajectory import shared_head
+    from swarmjax.train.sft import prefix_role_stats
     cfg = ModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                       intermediate_size=64)
     params = init_params(cfg, jax.random.key(0))
@@ -148,7 +148,7 @@ def test_prefix_role_stats_equal_role_stats():
     token_mask = np.ones((B, P + T), bool)
     token_mask[1, -3:] = False
     loss_mask = token_mask & (np.arange(P + T) >= P + 1)
-    head = shared_head(Demos(tokens, token_mask, loss_mask))
+    head = shared_head(tokens, token_mask, loss_mask)
     assert head == P                                   # P + 1 agrees too, but its successor is scored
     full = jax.value_and_grad(lambda p: role_stats(p, cfg, *map(jnp.asarray, (tokens, token_mask, loss_mask)))[0])
     cut = jax.value_and_grad(lambda p: prefix_role_stats(

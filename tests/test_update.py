@@ -11,7 +11,7 @@ from swarmjax.models import ModelConfig, init_params
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.advantages import grpo_advantages
 from swarmjax.rl.losses import LossConfig
-from swarmjax.rl.trajectory import TrajectoryBatch
+from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
 from swarmjax.rl.update import Learner, UpdateConfig
 from swarmjax.sampling import Sampler, SamplingConfig
 from swarmjax.sharding import MeshConfig, make_mesh
@@ -224,3 +224,34 @@ def test_gspo_learns_a_bandit():
         state, _ = learner.update(state, batch)
     assert np.mean(rewards_seen[:3]) < 0.2
     assert np.mean(rewards_seen[-3:]) > 0.6, rewards_seen
+
+
+@pytest.mark.parametrize("loss", MICRO_LOSSES[:2], ids=lambda c: c.name)
+def test_shared_head_equals_the_whole_rows(loss):
+    """Rows that open with the same ids, the head given once (``update(head=)``: one
+    cascade forward of it per pass), update the params exactly as the whole rows do:
+    microbatches, chunked log-probs, QK-Clip (the head's attention logits count) and the
+    reference's log-probs (KL) included."""
+    P = 6
+    tail = make_ragged_batch()
+    head = np.random.RandomState(3).randint(0, CFG.vocab_size, P)
+    pad = lambda x, v: jnp.concatenate([jnp.full((B, P), v, x.dtype), x], axis=1)   # noqa: E731
+    whole = tail.replace(tokens=jnp.concatenate([jnp.tile(jnp.asarray(head, jnp.int32), (B, 1)), tail.tokens], 1),
+                         token_mask=pad(tail.token_mask, True), loss_mask=pad(tail.loss_mask, False),
+                         sampler_logprobs=pad(tail.sampler_logprobs, 0.0))
+    assert shared_head(whole.tokens, whole.token_mask, whole.loss_mask) == P
+    assert shared_head(whole.tokens, whole.token_mask, whole.loss_mask, multiple=4) == 4
+    got_head, rest = whole.split_head(P)
+    np.testing.assert_array_equal(got_head, head)
+    jax.tree.map(np.testing.assert_array_equal, rest, tail)
+    optim = dataclasses.replace(UCFG.optim, learning_rate=1e-2, qk_clip_tau=2.5)
+    runs = []
+    for batch, h in ((whole, None), (rest, got_head)):
+        learner = Learner(CFG, dataclasses.replace(UCFG, loss=loss, optim=optim, logits_chunk=4))
+        state = learner.init(_params(), frozen={"reference": _params(1)} if loss.kl_beta else None)
+        runs.append(jax.device_get(learner.update(state, batch, head=h)))
+    (state1, metrics1), (state2, metrics2) = runs
+    # float32, the head's softmax merged with the rows' (another summation order): 5e-5
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), state2.params, state1.params)
+    assert_metrics_close(metrics2, metrics1)
+    assert float(metrics1["qk_clip_heads"]) > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -55,3 +56,25 @@ class TrajectoryBatch:
             group_ids=rows if group_ids is None else jnp.asarray(group_ids, jnp.int32),
             rewards=jnp.zeros((B,), jnp.float32) if rewards is None else jnp.asarray(rewards, jnp.float32),
         )
+
+    def split_head(self, length: int) -> tuple[Array, "TrajectoryBatch"]:
+        """(``tokens[0, :length]`` [P], the batch without its first ``length`` columns
+        [B, T - P]) for a head every row shares (:func:`shared_head`): the learner runs it
+        once for the whole batch (``Learner.update(head=)``)."""
+        return self.tokens[0, :length], jax.tree.map(
+            lambda x: x[:, length:] if x.ndim == 2 else x, self)
+
+
+def shared_head(tokens, token_mask, loss_mask, *, multiple: int = 1) -> int:
+    """Length P of the ids that every row of ``tokens`` [B, T] opens with and no row's
+    loss covers (a system turn and tool schemas), rounded down to a multiple of
+    ``multiple`` (fewer distinct shapes to compile): every row keeps at least one id
+    after it, and ``loss_mask[:, P]`` is False (that id's log-prob is the head's last
+    position's, which a cascade forward does not score). Host (numpy) arrays."""
+    tokens, token_mask, loss_mask = (np.asarray(x) for x in (tokens, token_mask, loss_mask))
+    same = np.all(tokens == tokens[:1], axis=0) & np.all(token_mask, axis=0) & ~np.any(loss_mask, axis=0)
+    head = same.shape[0] if same.all() else int(np.argmin(same))
+    head = min(head, int(token_mask.sum(1).min()) - 1)
+    if head > 0 and loss_mask[:, head].any():    # the first id after the head is scored from the head
+        head -= 1
+    return max(0, head - head % max(multiple, 1))

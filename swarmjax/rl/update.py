@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import flax.struct
@@ -40,7 +41,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import forward, output_head, param_logical_axes, remat_policy
+from swarmjax.models.transformer import (default_positions, forward, init_cache, output_head,
+                                         param_logical_axes, remat_policy)
 from swarmjax.optim.muon import OptimConfig, make_optimizer
 from swarmjax.optim.qk_clip import qk_clip
 from swarmjax.rl.losses import (LossConfig, MetricSums, batch_totals, chunked_token_logprobs,
@@ -131,7 +133,7 @@ class Learner:
                  optimizer: optax.GradientTransformation | None = None):
         self.model_cfg, self.cfg, self.mesh, self.rules = model_cfg, cfg, mesh, rules
         self.optimizer = optimizer or make_optimizer(cfg.optim)
-        self._update: dict[int, Callable] = {}
+        self._update: dict[tuple[int, int | None], Callable] = {}
 
     # ------------------------------------------------------------------ sharding
     def _param_shardings(self, params):
@@ -171,35 +173,51 @@ class Learner:
         return lax.with_sharding_constraint(x, batch_sharding(self.mesh, x.ndim, rules=self.rules,
                                                               batch_size=x.shape[0]))
 
-    def _logprobs(self, params, tokens, token_mask, want_max=False):
+    def _logprobs(self, params, tokens, token_mask, want_max=False, head=None):
+        """log p of every row id [B, T] (0 at column 0) and the attention max logits [L, H]
+        (None unless ``want_max``). With a shared ``head`` [P] the rows continue it: the
+        head runs once as a batch of one and every row attends over its keys and values
+        (cascade attention, ``forward(prefix=)``): P + B T positions instead of B (P + T),
+        the same values and gradients (``remat`` does not apply to this cached form)."""
         tokens, token_mask = self._rows(tokens), self._rows(token_mask)
-        act = None if self.mesh is None else batch_sharding(self.mesh, 3, rules=self.rules,
-                                                            batch_size=tokens.shape[0])
+        B, T = tokens.shape
+        act = None if self.mesh is None else batch_sharding(self.mesh, 3, rules=self.rules, batch_size=B)
         chunk = self.cfg.logits_chunk
-        if chunk and chunk < tokens.shape[1] - 1:      # long sequences: never the whole [B, T, V] logits
-            out = forward(params, self.model_cfg, tokens, token_mask=token_mask, return_max_logits=want_max,
-                          remat=self.cfg.remat, activation_sharding=act, return_hidden=True)
+        chunked = bool(chunk and chunk < T - 1)     # long sequences: never the whole [B, T, V] logits
+        kw = dict(token_mask=token_mask, return_max_logits=want_max, activation_sharding=act,
+                  return_hidden=chunked)
+        pre_max = None
+        if head is None:
+            out = forward(params, self.model_cfg, tokens, remat=self.cfg.remat, **kw)
+        else:
+            P = head.shape[0]
+            pre = forward(params, self.model_cfg, head[None], cache=init_cache(self.model_cfg, 1, P),
+                          cache_index=0, logits_to_keep=1, return_max_logits=want_max)
+            out = forward(params, self.model_cfg, tokens, positions=P + default_positions(token_mask),
+                          cache=init_cache(self.model_cfg, B, T), cache_index=0, prefix=pre.cache, **kw)
+            pre_max = pre.max_logits
+        if chunked:
             logp = chunked_token_logprobs(out.hidden, output_head(params), tokens, chunk=chunk)
         else:
-            out = forward(params, self.model_cfg, tokens, token_mask=token_mask,
-                          return_max_logits=want_max, remat=self.cfg.remat, activation_sharding=act)
             logp = token_logprobs(out.logits, tokens)
-        return self._rows(logp), out.max_logits
+        max_logits = out.max_logits if pre_max is None else jnp.maximum(out.max_logits, pre_max)
+        return self._rows(logp), max_logits
 
-    def _loss(self, params, mb: TrajectoryBatch, old_logp, ref_logp, totals):
+    def _loss(self, params, mb: TrajectoryBatch, old_logp, ref_logp, totals, head=None):
         """One microbatch: (loss with the minibatch's ``totals``, (metric sums, max logits [L, H]))."""
         want_max = self.cfg.optim.qk_clip_tau > 0
-        logp, max_logits = self._logprobs(params, mb.tokens, mb.token_mask, want_max)
+        logp, max_logits = self._logprobs(params, mb.tokens, mb.token_mask, want_max, head)
         loss, sums = policy_loss_sums(logp, old_logp, mb.advantages, mb.loss_mask, self.cfg.loss,
                                       sampler_logp=mb.sampler_logprobs, ref_logp=ref_logp,
                                       totals=totals)
         return loss, (sums, max_logits)
 
-    def _minibatch_step(self, carry: _StepCarry, xs) -> tuple[_StepCarry, _StepReport]:
+    def _minibatch_step(self, carry: _StepCarry, xs, *, head=None) -> tuple[_StepCarry, _StepReport]:
         """One optimizer step on one minibatch, its gradient accumulated over microbatches.
 
-        xs: (minibatch, log pi_old, log pi_ref), [mb_size, ...] each. Returns the new
-        carry and the step's :class:`_StepReport` (all pairs zero when skipped)."""
+        xs: (minibatch, log pi_old, log pi_ref), [mb_size, ...] each; ``head`` [P]: the
+        rows' shared head, or None. Returns the new carry and the step's
+        :class:`_StepReport` (all pairs zero when skipped)."""
         params, opt_state = carry
         mb, old_logp, ref_logp = xs                         # [mb_size, T] each
         totals = batch_totals(mb.loss_mask)                 # the minibatch's normalisers
@@ -209,7 +227,7 @@ class Learner:
 
         def accumulate(acc: _MicroCarry, xs) -> tuple[_MicroCarry, tuple[Array, MetricSums]]:
             m, old, ref = xs                                # [micro_size, T] each
-            (loss, (sums, max_logits)), grads = grad_fn(params, m, old, ref, totals)
+            (loss, (sums, max_logits)), grads = grad_fn(params, m, old, ref, totals, head)
             if max_logits is not None:
                 acc = acc._replace(max_logits=jnp.maximum(acc.max_logits, max_logits))
             return acc._replace(grads=jax.tree.map(jnp.add, acc.grads, grads)), (loss, sums)
@@ -258,7 +276,7 @@ class Learner:
                             if self.cfg.optim.qk_clip_tau > 0 else None))
         return _StepCarry(params, opt_state), report
 
-    def _update_impl(self, state: TrainState, batch: TrajectoryBatch):
+    def _update_impl(self, state: TrainState, batch: TrajectoryBatch, head: Array | None = None):
         """Metrics of the update (skipped steps are counted and left out of all others):
 
         * ``skipped``: number of skipped (non-finite) steps;
@@ -281,7 +299,7 @@ class Learner:
         chunks = jax.tree.map(lambda x: _strided_split(x, B // micro_size), (batch.tokens, batch.token_mask))
 
         def logp_of(params):
-            per_chunk = lax.map(lambda c: self._logprobs(params, *c)[0], chunks)
+            per_chunk = lax.map(lambda c: self._logprobs(params, *c, False, head)[0], chunks)
             return _strided_merge(per_chunk)
 
         old_logp = lax.stop_gradient(logp_of(state.params))
@@ -293,7 +311,7 @@ class Learner:
 
         # 2.-4. sequential minibatch steps; per-step outputs stacked: [n_mini] each
         xs = jax.tree.map(lambda x: _strided_split(x, n_mini), (batch, old_logp, ref_logp))
-        (params, opt_state), steps = lax.scan(self._minibatch_step,
+        (params, opt_state), steps = lax.scan(partial(self._minibatch_step, head=head),
                                               _StepCarry(state.params, state.opt_state), xs)
         skipped = jnp.sum(steps.skipped)                                       # []
         summed = jax.tree.map(lambda x: jnp.sum(x, axis=0), steps.pairs)       # pairs of []
@@ -307,25 +325,34 @@ class Learner:
                                   opt_state=opt_state)
         return new_state, metrics
 
-    def update(self, state: TrainState, batch: TrajectoryBatch) -> tuple[TrainState, dict[str, Array]]:
+    def update(self, state: TrainState, batch: TrajectoryBatch, *, head: Array | None = None
+               ) -> tuple[TrainState, dict[str, Array]]:
         """One rollout batch -> ``num_minibatches`` optimizer steps. The input state's
         buffers are donated. Raises ValueError if B is not divisible by
-        ``num_minibatches * num_microbatches``."""
+        ``num_minibatches * num_microbatches``.
+
+        ``head`` [P] int: ids every row of ``batch`` continues (the rows hold the rest:
+        :meth:`TrajectoryBatch.split_head` of a batch, with the length from
+        :func:`~swarmjax.rl.trajectory.shared_head`). It runs once per forward instead of
+        once per row; values and gradients are the same as for the rows
+        ``[head, tokens_b]`` (tested), and one step is compiled per (B, P)."""
         B = batch.batch_size
         per = self.cfg.num_minibatches * self.cfg.num_microbatches
         if B % per:
             raise ValueError(f"batch size {B} is not divisible by num_minibatches x "
                              f"num_microbatches = {per}")
-        if B not in self._update:
+        key = (B, None if head is None else int(head.shape[0]))
+        if key not in self._update:
             if self.mesh is None:
-                self._update[B] = jax.jit(self._update_impl, donate_argnums=0)
+                self._update[key] = jax.jit(self._update_impl, donate_argnums=0)
             else:
                 state_sh = self.state_shardings(state)
                 batch_sh = jax.tree.map(lambda x: batch_sharding(self.mesh, x.ndim, rules=self.rules, batch_size=B), batch)
-                self._update[B] = jax.jit(
-                    self._update_impl, donate_argnums=0, in_shardings=(state_sh, batch_sh),
-                    out_shardings=(state_sh, NamedSharding(self.mesh, PartitionSpec())))
-        return self._update[B](state, batch)
+                replicated = NamedSharding(self.mesh, PartitionSpec())
+                self._update[key] = jax.jit(
+                    self._update_impl, donate_argnums=0, in_shardings=(state_sh, batch_sh, replicated),
+                    out_shardings=(state_sh, replicated))
+        return self._update[key](state, batch, None if head is None else jnp.asarray(head, jnp.int32))
 
 
 def _strided_merge(x: Array) -> Array:

@@ -62,17 +62,6 @@ def role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
     return _role_stats(params, cfg, tokens, token_mask, loss_mask, want_max=False)[0]
 
 
-def shared_head(demos: Demos) -> int:
-    """Length of the ids every row of ``demos`` opens with and that no row's loss
-    covers (a role's system turn and tool schemas): at most each row's length - 1."""
-    same = np.all(demos.tokens == demos.tokens[:1], axis=0) & np.all(demos.token_mask, axis=0) \
-        & ~np.any(demos.loss_mask, axis=0)
-    head = min(int(np.argmin(same)) if not same.all() else same.shape[0], int(demos.token_mask.sum(1).min()) - 1)
-    if head > 0 and demos.loss_mask[:, head].any():    # the first id after the head is scored from the head
-        head -= 1
-    return max(0, head)
-
-
 def prefix_role_stats(params: Any, cfg: ModelConfig, head: Array, tokens: Array, token_mask: Array,
                       loss_mask: Array) -> tuple[Array, Array, Array]:
     """:func:`role_stats` of rows that all open with ``head`` [P] and go on with

@@ -260,11 +260,11 @@ def task_chat(corpus: list[str], workdir: str, chat: str, vocab_size: int) -> Ch
 
 
 def start_text_workdir(workdir: str, resume: bool | str) -> None:
-    """Check a text job's ``workdir`` and ``resume`` (no checkpoints: "latest" / True is
+    """Check a text job's ``workdir`` and ``resume`` (no resume yet: "latest" / True is
     refused, "never" / False / "auto" start afresh; a local path; no finished run in
     it) and create it."""
     if resume is True or resume == "latest":
-        raise ValueError("--resume is not supported for text jobs yet (they keep no checkpoints): "
+        raise ValueError("--resume is not supported for text jobs yet: "
                          "start a fresh workdir, or pass --resume auto to start afresh")
     if resume not in (False, None, "never", "auto"):
         raise ValueError(f"resume must be never, latest or auto, got {resume!r}")

@@ -28,7 +28,10 @@ text and the Qwen3 chat format:
    the no-spawn fraction, of the warm start, every ``eval_every`` PARL steps and of
    the final policy: ``eval.jsonl``, ``summary.json`` / ``summary.md``, ``curves.png``.
 
-One process; no checkpoints yet (``--resume auto`` starts afresh).
+Checkpoints (:class:`~swarmjax.train.checkpoint.Checkpointer`, ``workdir/checkpoints/``):
+the PARL :class:`~swarmjax.rl.update.TrainState` at every evaluation and at the end,
+scored by the item-F1 at the largest n (the last two and the best are kept). One
+process; no resume yet (``--resume auto`` starts afresh).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import dataclasses
 import json
 import os
 import random
+import shutil
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,16 +60,17 @@ from swarmjax.optim import OptimConfig, make_optimizer
 from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
-from swarmjax.rl.trajectory import TrajectoryBatch
+from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_types import TextRolloutConfig, TextRolloutResult
 from swarmjax.text.chat import CHAT_FORMATS
+from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.demos import Demos
 from swarmjax.train.logs import curves, progress_bar, summary_table
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.sft import length_buckets, prefix_role_stats, sample_bucketed, shared_head
+from swarmjax.train.sft import length_buckets, prefix_role_stats, sample_bucketed
 from swarmjax.train.text_job import start_text_workdir, task_chat
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
@@ -95,6 +101,8 @@ class TextPARLConfig:
 
     chunk, wide_rows: :class:`TextSwarm`'s prefill width and share of rows per tick.
     bucket: learner batches are cut to a multiple of this length (one compile each).
+    head_multiple: the ids every learner row opens with (system turn, tool schemas) run
+    once per forward (``Learner.update(head=)``), cut to a multiple of this; 0: off.
     """
 
     steps: int = 100
@@ -111,8 +119,11 @@ class TextPARLConfig:
     chunk: int = 16
     wide_rows: float = 0.25
     bucket: int = 256
+    head_multiple: int = 64
 
     def __post_init__(self):
+        if self.head_multiple < 0:
+            raise ValueError(f"head_multiple must be >= 0, got {self.head_multiple}")
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
         if min(self.tasks_per_step, self.group_size, self.bucket) < 1 or self.steps < 0:
@@ -145,6 +156,8 @@ class TextPARLJob:
     eval_episodes: int = 32
     eval_every: int = 25
     seed: int = 0
+    parl_seed: int | None = None           # the PARL stage's tasks and sampling (None: seed); seeds of the
+                                           # RL stage can share one warm start (tokenizer and held-out tasks: seed)
     warm_start_from: str | None = None     # a workdir whose warm start to reuse (skips demos and SFT)
     warm_start_match: tuple[str, ...] = ("model", "sft", "env", "tokenizer", "seed")
 
@@ -207,7 +220,7 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
     Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/``worker_acc``."""
     opt = make_optimizer(scfg.optim)
     opt_state = opt.init(params)
-    heads = {name: d.tokens[0, :shared_head(d)] for name, d in (("orch", orch), ("worker", work))}
+    heads = {name: d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)] for name, d in (("orch", orch), ("worker", work))}
 
     def loss_fn(params, batches):
         loss, metrics = 0.0, {}
@@ -272,7 +285,10 @@ def parl_step(learner: Learner, state: TrainState, swarm: TextSwarm, tasks: list
     batch = TrajectoryBatch.create(res.tokens[:, :L], jnp.asarray(res.loss_mask[:, :L]) & keep[:, None], adv,
                                    token_mask=token_mask, sampler_logprobs=res.logprobs[:, :L],
                                    group_ids=groups, rewards=reward)
-    state, learn = learner.update(state, batch)
+    P = shared_head(res.tokens[:, :L], token_mask, res.loss_mask[:, :L], multiple=pcfg.head_multiple) \
+        if pcfg.head_multiple else 0
+    head, batch = batch.split_head(P) if P else (None, batch)
+    state, learn = learner.update(state, batch, head=head)
     learn = jax.device_get(learn)
     r = res.rewards
     metrics = {k: float(np.mean(v)) for k, v in channels.items()}
@@ -283,7 +299,8 @@ def parl_step(learner: Learner, state: TrainState, swarm: TextSwarm, tasks: list
                    spawned_f1=_mean_where(r["r_perf"], res.spawned > 0),
                    serial_f1=_mean_where(r["r_perf"], res.spawned == 0),
                    kept_groups=float(jnp.mean(keep)), cut_by_max_ticks=res.stats["cut_by_max_ticks"],
-                   rollout_s=t1 - t0, update_s=time.perf_counter() - t1, orch_tokens=int(res.length.sum()))
+                   rollout_s=t1 - t0, update_s=time.perf_counter() - t1, orch_tokens=int(res.length.sum()),
+                   shared_head=P)
     metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
     return state, metrics
 
@@ -384,26 +401,43 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
 
     learner = Learner(cfg, job.parl.update)
     state = learner.init(jax.tree.map(jnp.copy, params), frozen={"workers": jax.tree.map(jnp.copy, params)})
-    rng = random.Random(f"parl-{job.seed}")
+    parl_seed = job.seed if job.parl_seed is None else job.parl_seed
+    parl_key, rng = jax.random.key(parl_seed), random.Random(f"parl-{parl_seed}")
+    big = max(job.eval_sizes)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    if os.path.isdir(ckpt_dir):     # an unfinished attempt's: this run starts afresh (no resume yet)
+        print(f"removing the checkpoints of an earlier unfinished attempt in {ckpt_dir}", file=sys.stderr)
+        shutil.rmtree(ckpt_dir)
+    ckpt = Checkpointer(ckpt_dir, save_every=job.eval_every or max(job.parl.steps, 1),
+                        keep_last=2, best_metric="item_f1")
+
+    def save(step: int, evals: dict) -> None:
+        """The PARL state after ``step`` steps, scored by the item-F1 at the largest n."""
+        ckpt.save(step, state, {"parl_step": step, "parl_seed": parl_seed, "eval_n": big},
+                  metrics={k: evals[big][k] for k in ("item_f1", "critical_steps")}, force=True)
     bar = progress_bar(job.parl.steps, "PARL", progress)
     for step in range(job.parl.steps):
         tasks = sample_episodes(job.env, rng, job.parl.tasks_per_step, focus_fraction=job.parl.focus_fraction,
                                 focus_min_n=job.parl.focus_min_n)
-        state, m = parl_step(learner, state, train_swarm, tasks, jax.random.fold_in(key, 100 + step), step,
+        state, m = parl_step(learner, state, train_swarm, tasks, jax.random.fold_in(parl_key, 100 + step), step,
                              job.parl)
         log("metrics.jsonl", {"stage": "parl", "step": step, **m})
         bar.update(1)
         bar.set_postfix(f1=f"{m['item_f1']:.3f}", crit=f"{m['critical_steps']:.1f}", subs=f"{m['subagents']:.1f}")
         if job.eval_every and (step + 1) % job.eval_every == 0 and step + 1 < job.parl.steps:
-            run_eval(step + 1, "parl", state.params)
+            save(step + 1, run_eval(step + 1, "parl", state.params))
     bar.close()
-    after = run_eval(job.parl.steps, "final", state.params) if job.parl.steps else before
+    after = before
+    if job.parl.steps:
+        after = run_eval(job.parl.steps, "final", state.params)
+        save(job.parl.steps, after)
+    ckpt.close()
     for f in files.values():
         f.close()
     curves(workdir)
-    big = max(job.eval_sizes)
     summary = {"task": "widesearch_relay", "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size,
-               "eval_episodes": job.eval_episodes, "parl_steps": job.parl.steps, "warm_start": before,
+               "eval_episodes": job.eval_episodes, "parl_steps": job.parl.steps, "seed": job.seed,
+               "parl_seed": parl_seed, "warm_start": before,
                "final": after, "headline": headline(before, after, big), "wall_clock_s": time.perf_counter() - t_start,
                "warm_start_s": t_sft - t_start, "device": f"{jax.default_backend()} x{jax.device_count()}"}
     with open(os.path.join(workdir, "summary.json"), "w") as f:
