@@ -37,7 +37,7 @@ def test_text_job_runs_and_writes_its_summary(tmp_path, capsys):
     assert all(r["orch_sampled_tokens"] > 0 for r in rl)
     assert [r["policy"] for r in rows if r["stage"] == "eval"] == ["warm_start", "rl", "final"]
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
-    # a finished workdir is refused, and text jobs have no checkpoints to evaluate
+    # a finished workdir is refused, and the text tool job has no checkpoints to evaluate
     assert main(argv) == 2
     assert "already holds a finished run" in capsys.readouterr().err
     assert main(["eval", "--config", CONFIG, "--workdir", workdir]) == 2

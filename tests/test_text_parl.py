@@ -16,10 +16,9 @@ from swarmjax.config_file import load_config
 from swarmjax.envs.widesearch import Episode, WideSearchConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.parl import PARLConfig
-from swarmjax.rl.update import Learner
-from swarmjax.train.checkpoint import Checkpointer, abstract_state
+from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.text_parl import (RelayWarmStartConfig, TextPARLConfig, TextPARLJob, episode_rewards,
-                                      sample_episodes)
+                                      evaluate_text_checkpoint, sample_episodes)
 from swarmjax.train.warm_start import load_warm_start
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,18 +81,20 @@ def test_text_parl_job_runs_and_writes_its_summary(tmp_path, capsys):
                                                       ("parl", 4), ("final", 1), ("final", 4)]
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
     assert summary["seed"] == summary["parl_seed"] == 0
-    # the PARL state at each evaluation and at the end, scored by the F1 at the largest n
+    # the PARL state at each evaluation and at the end, scored by the F1 at the largest n;
+    # evaluating the last one (`swarmjax eval`) gives the run's own final table (same tasks, greedy)
     with Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, read_only=True) as ckpt:
-        assert ckpt.all_steps() == [1, 2]
-        assert ckpt.best_step() in (1, 2)
-        job = load_config(str(config))
-        cfg = job.model.replace(vocab_size=summary["vocab_size"])
-        learner = Learner(cfg, job.parl.update)
-        shapes = jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), {"workers": p}))
-        state, meta = ckpt.restore(2, abstract_state(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])))
-        assert meta == {"parl_step": 2, "parl_seed": 0, "eval_n": 4}
-        assert int(state.step) == 2 * job.parl.update.num_minibatches
-        assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
+        assert ckpt.all_steps() == [1, 2] and ckpt.best_step() in (1, 2)
+    out = evaluate_text_checkpoint(load_config(str(config)), workdir, which="latest")
+    assert out["step"] == 2
+    for policy in ("warm_start", "final"):
+        for n in (1, 4):
+            for k, v in summary[policy][str(n)].items():
+                if k != "seconds":
+                    assert out[policy][n][k] == pytest.approx(v, abs=1e-6), (policy, n, k)
+    capsys.readouterr()
+    assert main(["eval", "--config", str(config), "--workdir", workdir, "--set", "seed=3"]) == 2
+    assert "made by a job with another seed" in capsys.readouterr().err
     # PARL ablations reuse the warm start: it restores for the same job, not for another seed
     job = load_config(str(config))
     cfg = job.model.replace(vocab_size=summary["vocab_size"])

@@ -118,6 +118,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from swarmjax.train.job import TrainJob, evaluate_checkpoint
     from swarmjax.train.logs import summary_table
+    from swarmjax.train.text_parl import TextPARLJob, evaluate_text_checkpoint, text_parl_table
 
     _start_distributed(args)
     sizes = None
@@ -126,14 +127,19 @@ def run_eval(args: argparse.Namespace) -> int:
             sizes = tuple(int(x) for x in args.sizes.split(","))
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated integers, got {args.sizes!r}") from None
-    job = _load(args, (TrainJob,))          # text jobs keep no checkpoints yet
+    job = _load(args, (TrainJob, TextPARLJob))     # the text tool job keeps no checkpoints yet
     if sizes:
         import dataclasses
         job = dataclasses.replace(job, eval_sizes=sizes)
         job.validate()
-    out = evaluate_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split)
+    if isinstance(job, TextPARLJob):
+        if args.split != "test":
+            raise ValueError("a text PARL job's held-out tasks have no splits: drop --split")
+        out, table = evaluate_text_checkpoint(job, args.workdir, which=args.checkpoint), text_parl_table
+    else:
+        out, table = evaluate_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split), summary_table
     print(f"checkpoint at PARL step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
-    print(summary_table(out))
+    print(table(out))
     return 0
 
 

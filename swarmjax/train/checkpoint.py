@@ -241,6 +241,18 @@ class Checkpointer:
             return None
         return (max if self.best_mode == "max" else min)(scored)[1]
 
+    def step_of(self, which: str) -> int:
+        """The step ``which`` names: "latest", "best" or a step number (a CLI's
+        ``--checkpoint``). Raises ValueError when there is no such checkpoint."""
+        if which in ("latest", "best"):
+            step = self.latest_step() if which == "latest" else self.best_step()
+            if step is None:
+                raise ValueError(f"no {which} checkpoint in {self.directory}")
+            return step
+        if not which.isdigit():
+            raise ValueError(f"checkpoint must be 'latest', 'best' or a step number, got {which!r}")
+        return int(which)
+
     # ------------------------------------------------------------------ restore
     def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict]:
         """Read checkpoint ``step`` (None: the latest finalised one) into the shapes,

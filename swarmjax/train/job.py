@@ -473,13 +473,7 @@ def evaluate_checkpoint(job: TrainJob, workdir: str, *, which: str = "latest", s
         raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
     ckpt = Checkpointer(directory, save_every=job.checkpoint.every, read_only=True)
     try:
-        step = {"latest": ckpt.latest_step, "best": ckpt.best_step}.get(which, lambda: None)()
-        if step is None and which not in ("latest", "best"):
-            if not which.isdigit():
-                raise ValueError(f"checkpoint must be 'latest', 'best' or a step number, got {which!r}")
-            step = int(which)
-        if step is None:
-            raise ValueError(f"no {which} checkpoint in {directory}")
+        step = ckpt.step_of(which)
         mesh = None if job.mesh is None else make_mesh(job.mesh)
         trainer = PARLTrainer(job.model, job.parl, mesh=mesh)
         state, meta = _restore(job, trainer, ckpt, step)

@@ -65,8 +65,9 @@ from swarmjax.rl.update import Learner, TrainState, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_types import TextRolloutConfig, TextRolloutResult
-from swarmjax.text.chat import CHAT_FORMATS
-from swarmjax.train.checkpoint import Checkpointer
+from swarmjax.text.chat import CHAT_FORMATS, chat_format
+from swarmjax.text.tokenizer import TextTokenizer
+from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.demos import Demos
 from swarmjax.train.logs import curves, progress_bar, summary_table
 from swarmjax.train.relay_demos import make_relay_demos
@@ -330,9 +331,16 @@ def evaluate(swarm: TextSwarm, params: Any, worker_params: Any, tasks: dict[int,
 # ------------------------------------------------------------------------ the job
 
 
-def build_task(job: TextPARLJob, workdir: str) -> RelayTask:
-    """Train the tokenizer (``workdir/tokenizer``) and build the task on it."""
-    chat = task_chat(relay_corpus(job.env, seed=job.seed), workdir, job.chat, job.tokenizer_vocab)
+def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTask:
+    """The task on the run's tokenizer: trained on the task's corpus and saved to
+    ``workdir/tokenizer``, or (``train=False``) loaded from there."""
+    if train:
+        chat = task_chat(relay_corpus(job.env, seed=job.seed), workdir, job.chat, job.tokenizer_vocab)
+    else:
+        tok_dir = os.path.join(workdir, "tokenizer")
+        if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
+            raise ValueError(f"{workdir} holds no tokenizer ({tok_dir}): not a text PARL run's workdir")
+        chat = chat_format(job.chat, TextTokenizer.from_dir(tok_dir))
     return RelayTask(job.env, chat, max_calls=job.max_calls, max_mentions=job.max_mentions,
                      max_pairs=job.max_pairs)
 
@@ -384,10 +392,7 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
         save_warm_start(job, workdir, params, {})
     t_sft = time.perf_counter()
 
-    greedy = SamplingConfig(temperature=0.0)
-    eval_swarm = TextSwarm(task, cfg, dataclasses.replace(rc, budget=None, orch_sampling=greedy,
-                                                          worker_sampling=greedy),
-                           chunk=job.parl.chunk, wide_rows=job.parl.wide_rows)
+    eval_swarm = greedy_swarm(job, task, cfg)
     train_swarm = TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows)
     tests = eval_episodes(job)
     eval_key = jax.random.fold_in(key, 1)
@@ -413,7 +418,8 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
 
     def save(step: int, evals: dict) -> None:
         """The PARL state after ``step`` steps, scored by the item-F1 at the largest n."""
-        ckpt.save(step, state, {"parl_step": step, "parl_seed": parl_seed, "eval_n": big},
+        ckpt.save(step, state, {"parl_step": step, "parl_seed": parl_seed, "eval_n": big,
+                                "identity": job.warm_identity()},
                   metrics={k: evals[big][k] for k in ("item_f1", "critical_steps")}, force=True)
     bar = progress_bar(job.parl.steps, "PARL", progress)
     for step in range(job.parl.steps):
@@ -445,6 +451,43 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
     with open(os.path.join(workdir, "summary.md"), "w") as f:
         f.write(text_parl_table(summary) + "\n")
     return summary
+
+
+def greedy_swarm(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> TextSwarm:
+    """The evaluations' swarm: both roles greedy, the critical-step budget lifted."""
+    greedy = SamplingConfig(temperature=0.0)
+    rc = dataclasses.replace(job.parl.rollout, budget=None, orch_sampling=greedy, worker_sampling=greedy)
+    return TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows)
+
+
+def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "latest") -> dict:
+    """Evaluate a PARL checkpoint of the text run in ``workdir`` (``which``: "latest",
+    "best" or a PARL step) and its frozen warm start, greedy with the budget lifted, on
+    ``job.eval_episodes`` held-out tasks per size of ``job.eval_sizes`` (the run's own
+    seed stream: the first ``eval_episodes`` of the run's are the same tasks). Opens the
+    checkpoints read-only. Returns ``{"step", "warm_start": {n: row}, "final": {n: row},
+    "headline"}`` (:func:`text_parl_table` prints it)."""
+    job.validate()
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        raise ValueError(f"no checkpoints in {workdir}")
+    task = build_task(job, workdir, train=False)
+    cfg = job.model.replace(vocab_size=task.chat.tokenizer.vocab_size)
+    learner = Learner(cfg, job.parl.update)
+    shapes = jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), {"workers": p}))
+    with Checkpointer(directory, save_every=1, read_only=True) as ckpt:
+        step = ckpt.step_of(which)
+        state, meta = ckpt.restore(step, abstract_state(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])))
+    made = meta.get("identity", {})
+    differ = [k for k in ("model", "env", "tokenizer", "seed") if made.get(k) != job.warm_identity()[k]]
+    if differ:
+        raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
+    swarm = greedy_swarm(job, task, cfg)
+    tests, key, warm = eval_episodes(job), jax.random.fold_in(jax.random.key(job.seed), 1), state.frozen["workers"]
+    out = {"step": step, "warm_start": evaluate(swarm, warm, warm, tests, key),
+           "final": evaluate(swarm, state.params, warm, tests, key)}
+    out["headline"] = headline(out["warm_start"], out["final"], max(job.eval_sizes))
+    return out
 
 
 def headline(before: dict, after: dict, n: int) -> dict[str, float]:
