@@ -12,12 +12,14 @@ split is one turn of 8 create_subagent and 8 assign_task calls (~500 sampled ids
 Warm start: 1200 steps, each 16 orchestrator and 16 sub-agent conversations drawn from
 4096 played demonstrations, half of those with n > 1 delegating the whole task over
 random chunks of 1-2 entities (the token world's recipe: chunks of 2 are a sub-agent's
-capacity), each sub-agent created right before its assignment. PARL: 40 steps of 4 tasks
+capacity), each sub-agent created right before its assignment. PARL: 100 steps of 4 tasks
 x 8 samples, half the tasks with n >= 12; training rollouts have the token world's
 critical-step budget of 8 (serial work at n = 16 needs 17 steps, the best split 5),
 evaluations lift it; the token world's reward (r_parallel "parallel" with target 16,
-r_finish, both 0.3 annealed to 0 over 30 steps, cost 0.005 per step and 0.004 per
-critical step), GSPO and Muon, the learning rate decayed over the 40 x 4 updates.
+r_finish, both 0.3 annealed to 0 over 70 steps, cost 0.005 per step and 0.004 per
+critical step), GSPO and Muon, the learning rate decayed over 400 updates (100 x 4). The
+learner runs the ~512 ids every orchestrator row opens with once per pass (``head=``).
+RL-stage seeds over one warm start: ``--set parl_seed=1 --set warm_start_from=<run>``.
 What it reached, and the attempts before it: README, "The swarm in text".
 """
 
@@ -42,11 +44,11 @@ def get_config() -> TextPARLJob:
         sft=RelayWarmStartConfig(steps=1200, batch=16, demos=4096, spawn_fraction=0.5, max_chunk=2,
                                  optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=1200)),
         parl=TextPARLConfig(
-            steps=40, tasks_per_step=4, group_size=8, dynamic_sampling=True, focus_fraction=0.5, focus_min_n=12,
-            parl=PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=30, parallel="parallel", parallel_target=16,
+            steps=100, tasks_per_step=4, group_size=8, dynamic_sampling=True, focus_fraction=0.5, focus_min_n=12,
+            parl=PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=70, parallel="parallel", parallel_target=16,
                             step_cost=0.005, critical_cost=0.004),
             update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
-                                optim=OptimConfig(learning_rate=3e-4, decay_steps=160)),
+                                optim=OptimConfig(learning_rate=3e-4, decay_steps=400)),
             rollout=TextRolloutConfig(orch_context=2048, worker_context=384, max_turn_tokens=640,
                                       subagent_turns=4, budget=8)),
-        eval_sizes=(1, 4, 8, 16), eval_episodes=16, eval_every=20, seed=0)
+        eval_sizes=(1, 4, 8, 16), eval_episodes=16, eval_every=25, seed=0)
