@@ -18,7 +18,7 @@ from swarmjax.models.transformer import remat_policy
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, UpdateConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
-from swarmjax.train.plan import DEVICE_MEMORY, per_device_bytes, plan_memory, plan_update
+from swarmjax.train.plan import DEVICE_MEMORY, plan_memory, plan_update
 
 CFG = ModelConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
                   intermediate_size=192)

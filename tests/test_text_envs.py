@@ -11,7 +11,6 @@ import pytest
 from swarmjax.envs.api import Step, SubAgentResult
 from swarmjax.envs.arith import ArithConfig, ArithTask, calculate, corpus, final_number, play, sample_problem
 from swarmjax.envs.orchestration import Orchestration, result_text
-from swarmjax.envs.tool_env import ToolAgentEnv
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import chat_format
 from swarmjax.text.runner import ToolRunner

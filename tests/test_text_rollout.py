@@ -5,7 +5,6 @@ limits (budget, sub-agent turns) and malformed calls."""
 import random
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -71,7 +71,7 @@ class RelayTables:
     def build(cls, task: RelayTask, *, check_samples: int = 64) -> RelayTables:
         """Tokenise every fragment of ``task`` and check the joints (ValueError if unsafe)."""
         chat, tok = task.chat, task.chat.tokenizer
-        E, V, K = len(task.entity_names), len(task.value_names), len(task.agent_names)
+        K = len(task.agent_names)
         pieces: list[np.ndarray] = [np.zeros([0], np.int32)]
 
         def add(ids) -> int:

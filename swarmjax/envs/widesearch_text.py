@@ -29,7 +29,6 @@ import functools
 import random
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from swarmjax.envs.orchestration import ASSIGN, CREATE, Orchestration
 from swarmjax.envs.tool_env import ToolAgentEnv
