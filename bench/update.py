@@ -16,6 +16,12 @@ Newton-Schulz); the Muon + QK-Clip time is reported too. Newton-Schulz costs a
 fixed time per optimizer step (``ns_overhead_s``) whatever the batch, so the
 ratio depends on tokens per step: the default 32 x 256 = 8192 tokens is a
 modest RL minibatch; ``--batch 16 --seq 128`` shows the small-batch end.
+
+``--head P``: every row opens with the same P ids (a system turn and tool schemas)
+and none of them is in the loss; the same update (Muon) is timed on the whole rows
+and with the head given once (``Learner.update(head=)``, cascade attention), and
+``head_speedup`` = whole / head step seconds. The text PARL job's batches look like
+``--sizes 1m --batch 32 --seq 1280 --head 512``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +41,7 @@ from common import base_parser, run_sizes, time_best  # noqa: E402
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
 from swarmjax.optim.muon import OptimConfig  # noqa: E402
-from swarmjax.rl.trajectory import TrajectoryBatch  # noqa: E402
+from swarmjax.rl.trajectory import TrajectoryBatch, shared_head  # noqa: E402
 from swarmjax.rl.update import Learner, UpdateConfig  # noqa: E402
 
 
@@ -46,19 +53,34 @@ def make_batch(cfg, batch: int, seq: int, seed: int = 0) -> TrajectoryBatch:
     return TrajectoryBatch.create(tokens, loss_mask, adv, sampler_logprobs=np.zeros((batch, seq)))
 
 
-def time_update(cfg, optim: OptimConfig, batch: TrajectoryBatch, repeats: int) -> tuple[float, float]:
+def time_update(cfg, optim: OptimConfig, batch: TrajectoryBatch, repeats: int, head=None) -> tuple[float, float]:
     """(compile + first step seconds, best steady step seconds)."""
     learner = Learner(cfg, UpdateConfig(optim=optim, num_minibatches=1, num_microbatches=1))
     state = learner.init(init_params(cfg, jax.random.key(0)))
     t0 = time.perf_counter()
-    state, metrics = jax.block_until_ready(learner.update(state, batch))
+    state, metrics = jax.block_until_ready(learner.update(state, batch, head=head))
     first = time.perf_counter() - t0
     holder = {"state": state}
 
     def step():
-        holder["state"], m = learner.update(holder["state"], batch)
+        holder["state"], m = learner.update(holder["state"], batch, head=head)
         jax.block_until_ready(m)
     return first, time_best(step, repeats)
+
+
+def bench_head(cfg, args) -> dict:
+    """The update on rows sharing a head of ``args.head`` ids: whole rows vs ``head=``."""
+    whole = make_batch(cfg, args.batch, args.seq)
+    tokens = np.asarray(whole.tokens).copy()
+    tokens[:, :args.head] = tokens[0, :args.head]
+    loss_mask = np.arange(args.seq)[None, :] > args.head
+    whole = whole.replace(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(np.broadcast_to(loss_mask, tokens.shape)))
+    P = shared_head(whole.tokens, whole.token_mask, whole.loss_mask, multiple=64)
+    head, rest = whole.split_head(P)
+    optim = OptimConfig(name="muon", qk_clip_tau=0.0)
+    _, whole_s = time_update(cfg, optim, whole, args.repeats)
+    _, head_s = time_update(cfg, optim, rest, args.repeats, head=head)
+    return {"head": P, "whole_step_s": whole_s, "head_step_s": head_s, "head_speedup": whole_s / head_s}
 
 
 def bench_size(name: str, args, peak: float) -> dict:
@@ -69,8 +91,9 @@ def bench_size(name: str, args, peak: float) -> dict:
     compile_s, muon_s = time_update(cfg, OptimConfig(name="muon", qk_clip_tau=0.0), batch, args.repeats)
     _, adamw_s = time_update(cfg, OptimConfig(name="adamw", qk_clip_tau=0.0), batch, args.repeats)
     _, clip_s = time_update(cfg, OptimConfig(name="muon", qk_clip_tau=100.0), batch, args.repeats)
+    out = bench_head(cfg, args) if args.head else {}
     return {
-        "params": cfg.num_params(), "tokens_per_step": tokens, "compile_s": compile_s,
+        **out, "params": cfg.num_params(), "tokens_per_step": tokens, "compile_s": compile_s,
         "step_s": muon_s, "tok_s": tokens / muon_s, "achieved_flops": flops / muon_s,
         "peak_flops": peak, "mfu": flops / muon_s / peak,
         "adamw_step_s": adamw_s, "muon_qkclip_step_s": clip_s,
@@ -83,6 +106,7 @@ def bench_size(name: str, args, peak: float) -> dict:
 def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--head", type=int, default=0, help="also time rows sharing this many leading ids")
     args = p.parse_args()
     results, peak = run_sizes(lambda name, peak: bench_size(name, args, peak), args.sizes)
     if args.json:
@@ -98,6 +122,10 @@ def main() -> None:
               f"{r['tok_s']:>9.0f} {r['achieved_flops'] / 1e9:>8.1f} {r['mfu']:>6.1%} "
               f"{r['adamw_step_s']:>8.3f} {r['ns_overhead_s']:>6.2f} {r['muon_over_adamw']:>10.3f} "
               f"{r['qkclip_over_muon']:>8.3f}")
+    for name, r in results.items():
+        if "head" in r:
+            print(f"{name}: rows sharing {r['head']} leading ids: whole {r['whole_step_s']:.3f} s, "
+                  f"head= {r['head_step_s']:.3f} s, speedup {r['head_speedup']:.2f}x")
 
 
 if __name__ == "__main__":

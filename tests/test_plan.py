@@ -54,7 +54,7 @@ def test_the_plan_agrees_with_the_real_compile_and_arrays(mesh):
                             sampler_logprobs=jnp.zeros((8, 64)), advantages=jnp.ones((8,)),
                             group_ids=jnp.zeros((8,), jnp.int32), rewards=jnp.ones((8,)))
     learner.update(state, batch)                                   # compiles the real update
-    real = learner._update[(8, None)].lower(learner.init(init_params(CFG, jax.random.key(1))), batch).compile()
+    real = learner._update[(8, None)].lower(learner.init(init_params(CFG, jax.random.key(1))), batch, None).compile()
     planned, _ = plan_update(learner, 8, 64)
     for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes"):
         assert getattr(real.memory_analysis(), field) == getattr(planned.memory_analysis(), field), field

@@ -246,12 +246,14 @@ def test_shared_head_equals_the_whole_rows():
     optim = dataclasses.replace(UCFG.optim, learning_rate=1e-2, qk_clip_tau=2.5)
     loss = MICRO_LOSSES[1]                   # with a KL term: the reference's log-probs use the head too
     runs = []
-    for batch, h in ((whole, None), (rest, got_head)):
-        learner = Learner(CFG, dataclasses.replace(UCFG, loss=loss, optim=optim, logits_chunk=4))
+    for batch, h, mesh in ((whole, None, None), (rest, got_head, None), (rest, got_head, make_mesh(MeshConfig(2, 2, 2)))):
+        learner = Learner(CFG, dataclasses.replace(UCFG, loss=loss, optim=optim, logits_chunk=4), mesh=mesh)
         state = learner.init(_params(), frozen={"reference": _params(1)} if loss.kl_beta else None)
         runs.append(jax.device_get(learner.update(state, batch, head=h)))
-    (state1, metrics1), (state2, metrics2) = runs
-    # float32, the head's softmax merged with the rows' (another summation order): 5e-5
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), state2.params, state1.params)
-    assert_metrics_close(metrics2, metrics1)
+    (state1, metrics1) = runs[0]
+    for state2, metrics2 in runs[1:]:      # one device, and rows split over a 2x2x2 mesh
+        # float32, the head's softmax merged with the rows' (another summation order): 5e-5
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4), state2.params,
+                     state1.params)
+        assert_metrics_close(metrics2, metrics1)
     assert float(metrics1["qk_clip_heads"]) > 0
