@@ -279,7 +279,7 @@ def start_text_workdir(workdir: str, resume: bool | str) -> None:
 def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resume: bool | str = False) -> dict:
     """Tokenizer -> warm start -> RL -> summary (module docstring). Returns the summary.
 
-    Text jobs keep no checkpoints yet: ``resume`` "never" / False and "auto" (no
+    This job keeps no checkpoints yet: ``resume`` "never" / False and "auto" (no
     checkpoint, so: start afresh, overwriting an unfinished attempt's files) run the
     job; "latest" / True is refused. SIGTERM is not intercepted (its default action
     ends the job). The workdir must be local (the tokenizer is written with local file
