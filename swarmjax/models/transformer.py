@@ -516,6 +516,30 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
     return ForwardOutput(logits=logits.astype(jnp.float32), cache=new_cache, max_logits=max_logits)
 
 
+def forward_after_head(params: dict[str, Any], cfg: ModelConfig, head: Array, tokens: Array, *,
+                       token_mask: Array | None = None, return_max_logits: bool = False,
+                       **kwargs) -> ForwardOutput:
+    """:func:`forward` of rows ``tokens`` [B, T] that all continue the same ``head`` [P]
+    (a system turn and tool schemas): the head runs once, as a batch of one, and every
+    row attends over its keys and values (cascade attention, ``forward(prefix=)``), its
+    positions continuing after P. P + B T positions run instead of B (P + T); the
+    outputs (logits or ``return_hidden`` hidden states [B, T, ...]) equal those of
+    ``forward`` over the rows ``[head, tokens_b]`` at the rows' positions, gradients
+    included; ``max_logits`` [L, H] covers both passes. ``kwargs``: more of
+    :func:`forward`'s keywords for the rows' pass (``activation_sharding``,
+    ``return_hidden``); ``remat`` does not apply to this cached form."""
+    P, (B, T) = head.shape[0], tokens.shape
+    token_mask = jnp.ones((B, T), bool) if token_mask is None else token_mask
+    pre = forward(params, cfg, head[None], cache=init_cache(cfg, 1, P), cache_index=0, logits_to_keep=1,
+                  return_max_logits=return_max_logits)
+    out = forward(params, cfg, tokens, token_mask=token_mask, positions=P + default_positions(token_mask),
+                  cache=init_cache(cfg, B, T), cache_index=0, prefix=pre.cache,
+                  return_max_logits=return_max_logits, **kwargs)
+    if return_max_logits:
+        out = out.replace(max_logits=jnp.maximum(out.max_logits, pre.max_logits))
+    return out
+
+
 def output_head(params: dict[str, Any]) -> Array:
     """The output projection [D, V]: ``lm_head``, or the tied embedding transposed."""
     return params["lm_head"] if "lm_head" in params else params["embed"].T

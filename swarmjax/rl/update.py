@@ -41,8 +41,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import (default_positions, forward, init_cache, output_head,
-                                         param_logical_axes, remat_policy)
+from swarmjax.models.transformer import (forward, forward_after_head, output_head, param_logical_axes,
+                                         remat_policy)
 from swarmjax.optim.muon import OptimConfig, make_optimizer
 from swarmjax.optim.qk_clip import qk_clip
 from swarmjax.rl.losses import (LossConfig, MetricSums, batch_totals, chunked_token_logprobs,
@@ -177,8 +177,8 @@ class Learner:
         """log p of every row id [B, T] (0 at column 0) and the attention max logits [L, H]
         (None unless ``want_max``). With a shared ``head`` [P] the rows continue it: the
         head runs once as a batch of one and every row attends over its keys and values
-        (cascade attention, ``forward(prefix=)``): P + B T positions instead of B (P + T),
-        the same values and gradients (``remat`` does not apply to this cached form)."""
+        (:func:`~swarmjax.models.transformer.forward_after_head`): P + B T positions instead
+        of B (P + T), the same values and gradients (``remat`` does not apply to it)."""
         tokens, token_mask = self._rows(tokens), self._rows(token_mask)
         B, T = tokens.shape
         act = None if self.mesh is None else batch_sharding(self.mesh, 3, rules=self.rules, batch_size=B)
@@ -186,22 +186,15 @@ class Learner:
         chunked = bool(chunk and chunk < T - 1)     # long sequences: never the whole [B, T, V] logits
         kw = dict(token_mask=token_mask, return_max_logits=want_max, activation_sharding=act,
                   return_hidden=chunked)
-        pre_max = None
         if head is None:
             out = forward(params, self.model_cfg, tokens, remat=self.cfg.remat, **kw)
         else:
-            P = head.shape[0]
-            pre = forward(params, self.model_cfg, head[None], cache=init_cache(self.model_cfg, 1, P),
-                          cache_index=0, logits_to_keep=1, return_max_logits=want_max)
-            out = forward(params, self.model_cfg, tokens, positions=P + default_positions(token_mask),
-                          cache=init_cache(self.model_cfg, B, T), cache_index=0, prefix=pre.cache, **kw)
-            pre_max = pre.max_logits
+            out = forward_after_head(params, self.model_cfg, head, tokens, **kw)
         if chunked:
             logp = chunked_token_logprobs(out.hidden, output_head(params), tokens, chunk=chunk)
         else:
             logp = token_logprobs(out.logits, tokens)
-        max_logits = out.max_logits if pre_max is None else jnp.maximum(out.max_logits, pre_max)
-        return self._rows(logp), max_logits
+        return self._rows(logp), out.max_logits
 
     def _loss(self, params, mb: TrajectoryBatch, old_logp, ref_logp, totals, head=None):
         """One microbatch: (loss with the minibatch's ``totals``, (metric sums, max logits [L, H]))."""

@@ -26,7 +26,7 @@ import optax
 
 from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import default_positions, forward, init_cache
+from swarmjax.models.transformer import forward, forward_after_head
 from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
 from swarmjax.rl.losses import token_logprobs
 from swarmjax.train.demos import Demos, make_demos
@@ -66,14 +66,11 @@ def prefix_role_stats(params: Any, cfg: ModelConfig, head: Array, tokens: Array,
                       loss_mask: Array) -> tuple[Array, Array, Array]:
     """:func:`role_stats` of rows that all open with ``head`` [P] and go on with
     ``tokens`` [B, T] (masks [B, T]): the head runs once, as a batch of one, and every row
-    attends over its keys and values (cascade attention, ``forward(prefix=)``). Values
+    attends over its keys and values (:func:`~swarmjax.models.transformer.forward_after_head`). Values
     and gradients equal :func:`role_stats` over the rows ``[head, tokens_b]`` [B, P + T]
     when the loss covers no head id and not ``tokens[:, 0]`` (whose prediction is the
     head's last position); the forward runs P + B T positions instead of B (P + T)."""
-    P, (B, T) = head.shape[0], tokens.shape
-    pre = forward(params, cfg, head[None], cache=init_cache(cfg, 1, P), cache_index=0, logits_to_keep=1).cache
-    out = forward(params, cfg, tokens, token_mask=token_mask, positions=P + default_positions(token_mask),
-                  cache=init_cache(cfg, B, T), cache_index=0, prefix=pre)
+    out = forward_after_head(params, cfg, head, tokens, token_mask=token_mask)
     return _stats(out.logits, tokens, loss_mask)
 
 

@@ -221,7 +221,8 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
     Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/``worker_acc``."""
     opt = make_optimizer(scfg.optim)
     opt_state = opt.init(params)
-    heads = {name: d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)] for name, d in (("orch", orch), ("worker", work))}
+    heads = {name: d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]
+             for name, d in (("orch", orch), ("worker", work))}
 
     def loss_fn(params, batches):
         loss, metrics = 0.0, {}
@@ -413,14 +414,13 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
     if os.path.isdir(ckpt_dir):     # an unfinished attempt's: this run starts afresh (no resume yet)
         print(f"removing the checkpoints of an earlier unfinished attempt in {ckpt_dir}", file=sys.stderr)
         shutil.rmtree(ckpt_dir)
-    ckpt = Checkpointer(ckpt_dir, save_every=job.eval_every or max(job.parl.steps, 1),
-                        keep_last=2, best_metric="item_f1")
+    ckpt = Checkpointer(ckpt_dir, save_every=1, keep_last=2, best_metric="item_f1")   # saved when evaluated
 
     def save(step: int, evals: dict) -> None:
         """The PARL state after ``step`` steps, scored by the item-F1 at the largest n."""
         ckpt.save(step, state, {"parl_step": step, "parl_seed": parl_seed, "eval_n": big,
                                 "identity": job.warm_identity()},
-                  metrics={k: evals[big][k] for k in ("item_f1", "critical_steps")}, force=True)
+                  metrics={k: evals[big][k] for k in ("item_f1", "critical_steps")})
     bar = progress_bar(job.parl.steps, "PARL", progress)
     for step in range(job.parl.steps):
         tasks = sample_episodes(job.env, rng, job.parl.tasks_per_step, focus_fraction=job.parl.focus_fraction,
