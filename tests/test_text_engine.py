@@ -58,7 +58,7 @@ def _lookup(task, name):
 def _engine(setup, rcfg, mesh=None):
     key = (rcfg, mesh is not None)
     if key not in _ENGINES:
-        _ENGINES[key] = TextSwarm(setup[0], setup[1], rcfg, chunk=16, mesh=mesh)
+        _ENGINES[key] = TextSwarm(setup[0], setup[1], rcfg, chunk=16, buckets=2, mesh=mesh)   # fewer compiles
     return _ENGINES[key]
 
 
@@ -194,3 +194,49 @@ def test_played_demonstrations_match_the_rollouts(setup, scripted):
         for (w_ids, w_mask), sub in zip(rows, want.subagents[b]):
             np.testing.assert_array_equal(w_ids, sub.arrays()["ids"])
             np.testing.assert_array_equal(w_mask, sub.arrays()["sampled"])
+
+
+def test_compacted_forward_equals_every_row_over_the_whole_cache():
+    """_compact_forward (the rows fed, gathered into a row bucket, over a window bucket;
+    only what they wrote scattered back) leaves the caches, logits and positions that
+    _forward of every row over the whole cache leaves, for every bucket choice: padding
+    entries of a bucket must write nothing (they once overwrote row 0)."""
+    from swarmjax.models.transformer import init_cache
+    from swarmjax.swarm import text_engine as te
+    from swarmjax.swarm.text_device import Rows, make_prefix
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                      intermediate_size=64)
+    params = init_params(cfg, jax.random.key(0))
+    m = te._Model(cfg, None, 64, None)
+    R, X, P = 8, 48, 5
+    rng = np.random.default_rng(0)
+    trace = jax.numpy.asarray(rng.integers(0, 64, (R, 64)), jax.numpy.int32)
+    fill = jax.numpy.asarray(rng.integers(0, 20, R), int)
+
+    @jax.jit
+    def start():                 # rows over a shared prefix, filled to random lengths
+        rows = Rows(cache=init_cache(cfg, R, X), logits=jax.numpy.zeros((R, 64)), pos=jax.numpy.zeros((R,), int),
+                    offset=jax.numpy.full((R,), P, int), prefix=make_prefix(params, cfg, jax.numpy.arange(P), P))
+        return te._forward(params, m, rows, trace, fill, 20)
+    rows = start()
+    assert te.sizes(8, 3) == (2, 4, 8) and te.sizes(48, 3, least=2, linear=True) == (16, 32, 48)
+    plain = jax.jit(lambda rows, counts, width: te._forward(params, m, rows, trace, counts, width),
+                    static_argnums=2)
+    compact = jax.jit(lambda rows, counts, *static: te._compact_forward(params, m, rows, trace, counts, *static),
+                      static_argnums=(2, 3, 4))
+    for width, sizes, windows in [(1, (4, 8), (24, 48)), (4, (2, 4), (48,))]:
+        for fed in (0.3, 0.9):
+            counts = rng.integers(1, width + 1, R) * (rng.random(R) < fed)
+            counts[np.cumsum(counts > 0) > sizes[-1]] = 0                  # at most the largest bucket is fed
+            counts = jax.numpy.asarray(counts, int)
+            want = plain(rows, counts, width)
+            got = compact(rows, counts, width, sizes, windows)
+            valid = np.asarray(want.cache.valid)
+            np.testing.assert_array_equal(np.asarray(got.cache.valid), valid)
+            np.testing.assert_array_equal(np.asarray(got.pos), np.asarray(want.pos))
+            np.testing.assert_allclose(np.asarray(got.logits), np.asarray(want.logits), atol=1e-4, rtol=1e-4)
+            for a, b in zip(got.cache.k + got.cache.v, want.cache.k + want.cache.v):
+                slot_last = a.shape[-1] == X                       # keys [R, K, hd, S], values [R, K, S, hd]
+                mask = valid[:, None, None, :] if slot_last else valid[:, None, :, None]
+                np.testing.assert_allclose(np.where(mask, np.asarray(a), 0), np.where(mask, np.asarray(b), 0),
+                                           atol=1e-4, rtol=1e-4)
