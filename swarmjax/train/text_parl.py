@@ -100,7 +100,9 @@ class RelayWarmStartConfig:
 class TextPARLConfig:
     """The PARL stage (module docstring, 3.).
 
-    chunk, wide_rows: :class:`TextSwarm`'s prefill width and share of rows per tick.
+    chunk, wide_rows, buckets: :class:`TextSwarm`'s prefill width, share of rows per
+      tick and row / window sizes each tick's forwards are compiled for (1: every row over
+      the whole cache, the fewest compiles).
     bucket: learner batches are cut to a multiple of this length (one compile each).
     head_multiple: the ids every learner row opens with (system turn, tool schemas) run
     once per forward (``Learner.update(head=)``), cut to a multiple of this; 0: off.
@@ -119,6 +121,7 @@ class TextPARLConfig:
                                                    subagent_turns=4, budget=None)
     chunk: int = 16
     wide_rows: float = 0.25
+    buckets: int = 3
     bucket: int = 256
     head_multiple: int = 64
 
@@ -127,8 +130,8 @@ class TextPARLConfig:
             raise ValueError(f"head_multiple must be >= 0, got {self.head_multiple}")
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
-        if min(self.tasks_per_step, self.group_size, self.bucket) < 1 or self.steps < 0:
-            raise ValueError("parl tasks_per_step, group_size and bucket must be >= 1, steps >= 0")
+        if min(self.tasks_per_step, self.group_size, self.bucket, self.buckets) < 1 or self.steps < 0:
+            raise ValueError("parl tasks_per_step, group_size, bucket and buckets must be >= 1, steps >= 0")
         if not 0.0 <= self.focus_fraction <= 1.0:
             raise ValueError(f"focus_fraction must be in [0, 1], got {self.focus_fraction}")
         per = self.update.num_minibatches * self.update.num_microbatches
@@ -394,7 +397,8 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
     t_sft = time.perf_counter()
 
     eval_swarm = greedy_swarm(job, task, cfg)
-    train_swarm = TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows)
+    train_swarm = TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
+                            buckets=job.parl.buckets)
     tests = eval_episodes(job)
     eval_key = jax.random.fold_in(key, 1)
 
@@ -457,7 +461,8 @@ def greedy_swarm(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> TextSwa
     """The evaluations' swarm: both roles greedy, the critical-step budget lifted."""
     greedy = SamplingConfig(temperature=0.0)
     rc = dataclasses.replace(job.parl.rollout, budget=None, orch_sampling=greedy, worker_sampling=greedy)
-    return TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows)
+    return TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
+                     buckets=job.parl.buckets)
 
 
 def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "latest") -> dict:
