@@ -93,9 +93,8 @@ def init_rows(cfg: ModelConfig, rows: int, slots: int) -> Rows:
 
 
 def gather_rows(rows: Rows, idx: Array, window: int) -> Rows:
-    """The rows ``idx`` [Rb] and their first ``window`` slots (``idx`` out of range:
-    the last row's)."""
-    take = lambda a: jnp.take(a, idx, axis=0, mode="clip")
+    """The rows ``idx`` [Rb] and their first ``window`` slots."""
+    take = lambda a: jnp.take(a, idx, axis=0)
     cache = KVCache(k=tuple(take(a)[..., :window] for a in rows.cache.k),
                     v=tuple(take(a)[:, :, :window] for a in rows.cache.v),
                     valid=take(rows.cache.valid)[:, :window])
@@ -104,15 +103,13 @@ def gather_rows(rows: Rows, idx: Array, window: int) -> Rows:
 
 
 def scatter_rows(rows: Rows, idx: Array, sub: Rows) -> Rows:
-    """Write a :func:`gather_rows` window back (entries of the spare row may repeat;
-    entries with ``idx`` out of range, e.g. R, are dropped)."""
+    """Write a :func:`gather_rows` window back (entries of the spare row may repeat)."""
     W = sub.cache.max_len
-    put = lambda a, s, *w: a.at[(idx,) + w].set(s, mode="drop")
-    cache = KVCache(k=tuple(put(a, s, slice(None), slice(None), slice(0, W)) for a, s in zip(rows.cache.k, sub.cache.k)),
-                    v=tuple(put(a, s, slice(None), slice(0, W)) for a, s in zip(rows.cache.v, sub.cache.v)),
-                    valid=put(rows.cache.valid, sub.cache.valid, slice(0, W)))
-    return Rows(cache=cache, logits=put(rows.logits, sub.logits), pos=put(rows.pos, sub.pos),
-                offset=put(rows.offset, sub.offset), prefix=rows.prefix)
+    cache = KVCache(k=tuple(a.at[idx, :, :, :W].set(s) for a, s in zip(rows.cache.k, sub.cache.k)),
+                    v=tuple(a.at[idx, :, :W].set(s) for a, s in zip(rows.cache.v, sub.cache.v)),
+                    valid=rows.cache.valid.at[idx, :W].set(sub.cache.valid))
+    return Rows(cache=cache, logits=rows.logits.at[idx].set(sub.logits), pos=rows.pos.at[idx].set(sub.pos),
+                offset=rows.offset.at[idx].set(sub.offset), prefix=rows.prefix)
 
 
 @flax.struct.dataclass

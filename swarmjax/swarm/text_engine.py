@@ -53,7 +53,7 @@ from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RU
 from swarmjax.envs.widesearch_relay import RelayTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
-from swarmjax.swarm.text_device import Rows, choose, gather_rows, make_prefix, scatter_rows
+from swarmjax.swarm.text_device import Rows, choose, gather_rows, make_prefix
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
 from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
