@@ -132,23 +132,24 @@ def _compact_forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, count
             return (drop, tuple(new(k, 2) for k in out.cache.k),                              # [top, K, hd, width]
                     tuple(new(v, 1) for v in out.cache.v), pad(out.logits))              # [top, K, width, hd]
         return run
-    def idle(rows: Rows):              # no row fed: nothing computed, nothing written
-        z = lambda a, axis: jnp.zeros(a.shape[:1] + a.shape[1:axis] + (width,) + a.shape[axis + 1:], a.dtype)
-        return (jnp.full((top,), R, jnp.int32), tuple(jnp.zeros((top,) + z(k[0], 2).shape, k.dtype) for k in rows.cache.k),
-                tuple(jnp.zeros((top,) + z(v[0], 1).shape, v.dtype) for v in rows.cache.v),
-                jnp.zeros((top,) + rows.logits.shape[1:], rows.logits.dtype))
+    branches = [branch(nr, w) for nr in row_sizes for w in windows]
+    shapes = jax.eval_shape(branches[0], rows)
+
+    def idle(rows: Rows):              # no row fed: nothing computed, every entry dropped
+        return (jnp.full((top,), R, jnp.int32),) + jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[1:])
     n = jnp.sum(feed)
     index = jnp.where(n > 0, 1 + pick(row_sizes, n) * len(windows) + pick(windows, reach), 0)
-    idx, ks, vs, logits = lax.switch(index, [idle] + [branch(nr, w) for nr in row_sizes for w in windows], rows)
-    r = idx[:, None]                                                                     # [top, 1]; R: dropped
-    slot = rows.pos[jnp.minimum(idx, R - 1)][:, None] + jnp.arange(width)[None, :]        # [top, width]
-    cache = rows.cache
-    cache = cache.replace(k=tuple(a.at[r, :, :, slot].set(u.transpose(0, 3, 1, 2), mode="drop")
-                                  for a, u in zip(cache.k, ks)),
-                          v=tuple(a.at[r, :, slot].set(u.transpose(0, 2, 1, 3), mode="drop")
-                                  for a, u in zip(cache.v, vs)),
-                          valid=cache.valid.at[r, slot].set(jnp.arange(width)[None, :] < counts[jnp.minimum(
-                              idx, R - 1)][:, None], mode="drop"))
+    idx, ks, vs, logits = lax.switch(index, [idle] + branches, rows)
+    at = jnp.minimum(idx, R - 1)                                                         # entries at R: dropped
+    r = idx[:, None]                                                                     # [top, 1]
+    slot = rows.pos[at][:, None] + jnp.arange(width)[None, :]                            # [top, width]
+    written = jnp.arange(width)[None, :] < counts[at][:, None]                           # [top, width]
+    put = lambda a, u, *index: a.at[index].set(u, mode="drop")                          # updates [top, width, ...]
+    cache = rows.cache.replace(k=tuple(put(a, u.transpose(0, 3, 1, 2), r, slice(None), slice(None), slot)
+                                       for a, u in zip(rows.cache.k, ks)),
+                               v=tuple(put(a, u.transpose(0, 2, 1, 3), r, slice(None), slot)
+                                       for a, u in zip(rows.cache.v, vs)),
+                               valid=put(rows.cache.valid, written, r, slot))
     return rows.replace(cache=cache, logits=rows.logits.at[idx].set(logits, mode="drop"), pos=rows.pos + counts)
 
 
