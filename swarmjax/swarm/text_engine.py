@@ -53,7 +53,7 @@ from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RU
 from swarmjax.envs.widesearch_relay import RelayTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
-from swarmjax.swarm.text_device import Rows, choose, gather_rows, make_prefix
+from swarmjax.swarm.text_device import Rows, choose, gather_rows, make_prefix, scatter_rows
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
 from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
@@ -159,8 +159,9 @@ def _feed(params: Any, m: _Model, a: Agents, mask: Array, chunk: int, wide_rows:
     1-wide forward (a row that just sampled, or one id of a longer backlog), and one
     ``chunk``-wide forward over at most ``wide_rows`` rows with a backlog. Each is
     compacted to the rows it feeds and the slots they use (:func:`_compact_forward`,
-    ``buckets`` sizes of each; 1: every row over the whole cache) and skipped when no
-    row needs it."""
+    ``buckets`` sizes of each) and skipped when no row needs it; ``buckets`` = 1: the
+    1-wide forward runs every row over the whole cache, the wide one the ``wide_rows``
+    rows gathered whole."""
     rows, ids = a.rows, a.trace.ids
     pending = jnp.where(mask, a.trace.length - rows.offset - rows.pos, 0)                # [R]
     wide = pending > 1
@@ -168,9 +169,16 @@ def _feed(params: Any, m: _Model, a: Agents, mask: Array, chunk: int, wide_rows:
     idx = jnp.argsort(~wide, stable=True)[:wide_rows]                                    # [Rf] backlog rows first
     chosen = jnp.zeros((R,), bool).at[idx].set(wide[idx])
     narrow = jnp.where(chosen, 0, jnp.minimum(pending, 1))
+    counts = jnp.where(chosen, jnp.minimum(pending, chunk), 0)
+    if buckets == 1:           # every row over the whole cache (on a mesh: no gathers across shards)
+        rows = lax.cond(jnp.any(narrow > 0), lambda r: _forward(params, m, r, ids, narrow, 1), lambda r: r, rows)
+
+        def go_wide(rows: Rows) -> Rows:
+            sub = gather_rows(rows, idx, rows.cache.max_len)
+            return scatter_rows(rows, idx, _forward(params, m, sub, ids[idx], counts[idx], chunk))
+        return a.replace(rows=lax.cond(jnp.any(chosen), go_wide, lambda r: r, rows))
     windows = lambda width: sizes(X, buckets, least=min(X, width + 1), linear=True)
     rows = _compact_forward(params, m, rows, ids, narrow, 1, sizes(R, buckets), windows(1))
-    counts = jnp.where(chosen, jnp.minimum(pending, chunk), 0)
     rows = _compact_forward(params, m, rows, ids, counts, chunk, sizes(wide_rows, buckets), windows(chunk))
     return a.replace(rows=rows)
 
