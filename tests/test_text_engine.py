@@ -176,6 +176,8 @@ def test_bad_input_is_refused(setup, scripted):
         engine(params, params, [eps[0], Episode(table=eps[1].table, task=list(range(5)))], jax.random.key(0))
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
         TextSwarm(task, model.replace(vocab_size=64), SCRIPTED)
+    with pytest.raises(ValueError, match="buckets must be >= 1"):
+        TextSwarm(task, model, SCRIPTED, buckets=0)
 
 
 def test_played_demonstrations_match_the_rollouts(setup, scripted):
