@@ -219,12 +219,13 @@ def test_compacted_forward_equals_every_row_over_the_whole_cache():
     def start():                 # rows over a shared prefix, filled to random lengths
         rows = Rows(cache=init_cache(cfg, R, X), logits=jax.numpy.zeros((R, 64)), pos=jax.numpy.zeros((R,), int),
                     offset=jax.numpy.full((R,), P, int), prefix=make_prefix(params, cfg, jax.numpy.arange(P), P))
-        return te._forward(params, m, rows, trace, fill, 20)
+        return te._forward(params, m, rows, trace, fill, 20, rows.rope(cfg, X))
     rows = start()
+    rope = rows.rope(cfg, X)
     assert te.sizes(8, 3) == (2, 4, 8) and te.sizes(48, 3, least=2, linear=True) == (16, 32, 48)
-    plain = jax.jit(lambda rows, counts, width: te._forward(params, m, rows, trace, counts, width),
+    plain = jax.jit(lambda rows, counts, width: te._forward(params, m, rows, trace, counts, width, rope),
                     static_argnums=2)
-    compact = jax.jit(lambda rows, counts, *static: te._compact_forward(params, m, rows, trace, counts, *static),
+    compact = jax.jit(lambda rows, counts, *static: te._compact_forward(params, m, rows, trace, counts, *static, rope),
                       static_argnums=(2, 3, 4))
     for width, sizes, windows in [(1, (4, 8), (24, 48)), (4, (2, 4), (48,))]:
         for fed in (0.3, 0.9):

@@ -246,7 +246,8 @@ def test_shared_head_equals_the_whole_rows():
     optim = dataclasses.replace(UCFG.optim, learning_rate=1e-2, qk_clip_tau=2.5)
     loss = MICRO_LOSSES[1]                   # with a KL term: the reference's log-probs use the head too
     runs = []
-    for batch, h, mesh in ((whole, None, None), (rest, got_head, None), (rest, got_head, make_mesh(MeshConfig(2, 2, 2)))):
+    cube = make_mesh(MeshConfig(2, 2, 2))
+    for batch, h, mesh in ((whole, None, None), (rest, got_head, None), (rest, got_head, cube)):
         learner = Learner(CFG, dataclasses.replace(UCFG, loss=loss, optim=optim, logits_chunk=4), mesh=mesh)
         state = learner.init(_params(), frozen={"reference": _params(1)} if loss.kl_beta else None)
         runs.append(jax.device_get(learner.update(state, batch, head=h)))

@@ -74,13 +74,15 @@ class _Model:
     sampling: Any
 
 
-def _forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, counts: Array, width: int) -> Rows:
-    """Feed each row ``counts[r]`` (<= width) trace ids from its first unfed one."""
+def _forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, counts: Array, width: int, rope) -> Rows:
+    """Feed each row ``counts[r]`` (<= width) trace ids from its first unfed one; ``rope``:
+    the model's RoPE table over its whole cache (:meth:`Rows.rope`, built once outside the
+    tick loop: XLA evaluated it inside every forward of every tick otherwise)."""
     fed = rows.offset + rows.pos
     col = jnp.clip(fed[:, None] + jnp.arange(width)[None, :], 0, trace_ids.shape[1] - 1)
     ids = jnp.take_along_axis(trace_ids, col, axis=1)                                   # [R, width]
     out = rows.forward(params, m.cfg, ids, token_mask=jnp.arange(width)[None, :] < counts[:, None],
-                       rope=rows.rope(m.cfg, rows.cache.max_len), logits_at=jnp.maximum(counts - 1, 0))
+                       rope=rope, logits_at=jnp.maximum(counts - 1, 0))
     write = counts > 0
     return rows.replace(cache=out.cache, logits=jnp.where(write[:, None], out.logits[:, 0], rows.logits),
                         pos=rows.pos + counts)
@@ -96,7 +98,7 @@ def sizes(full: int, count: int, *, least: int = 1, linear: bool = False) -> tup
 
 
 def _compact_forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, counts: Array, width: int,
-                     row_sizes: tuple[int, ...], windows: tuple[int, ...]) -> Rows:
+                     row_sizes: tuple[int, ...], windows: tuple[int, ...], rope) -> Rows:
     """:func:`_forward` of only the rows with ``counts > 0`` over only the slots they use.
 
     A tick feeds few rows (most are waiting: for their sub-agents, for their turn's
@@ -124,7 +126,7 @@ def _compact_forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, count
             live = feed[idx]
             sub = gather_rows(rows, idx, w)
             sub = sub.replace(pos=jnp.where(live, sub.pos, 0))          # padding writes inside its window
-            out = _forward(params, m, sub, trace_ids[idx], jnp.where(live, counts[idx], 0), width)
+            out = _forward(params, m, sub, trace_ids[idx], jnp.where(live, counts[idx], 0), width, rope)
             pad = lambda a: jnp.pad(a, [(0, top - nr)] + [(0, 0)] * (a.ndim - 1))
             new = lambda buf, axis: pad(jax.vmap(lambda b, p: lax.dynamic_slice_in_dim(b, p, width, axis))(
                 buf, sub.pos))
@@ -154,7 +156,7 @@ def _compact_forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, count
 
 
 def _feed(params: Any, m: _Model, a: Agents, mask: Array, chunk: int, wide_rows: int,
-          buckets: int) -> Agents:
+          buckets: int, rope) -> Agents:
     """Feed every row in ``mask`` [R] what it has not yet fed of its trace: one
     1-wide forward (a row that just sampled, or one id of a longer backlog), and one
     ``chunk``-wide forward over at most ``wide_rows`` rows with a backlog. Each is
@@ -171,15 +173,17 @@ def _feed(params: Any, m: _Model, a: Agents, mask: Array, chunk: int, wide_rows:
     narrow = jnp.where(chosen, 0, jnp.minimum(pending, 1))
     counts = jnp.where(chosen, jnp.minimum(pending, chunk), 0)
     if buckets == 1:           # every row over the whole cache (on a mesh: no gathers across shards)
-        rows = lax.cond(jnp.any(narrow > 0), lambda r: _forward(params, m, r, ids, narrow, 1), lambda r: r, rows)
+        rows = lax.cond(jnp.any(narrow > 0), lambda r: _forward(params, m, r, ids, narrow, 1, rope), lambda r: r,
+                        rows)
 
         def go_wide(rows: Rows) -> Rows:
             sub = gather_rows(rows, idx, rows.cache.max_len)
-            return scatter_rows(rows, idx, _forward(params, m, sub, ids[idx], counts[idx], chunk))
+            return scatter_rows(rows, idx, _forward(params, m, sub, ids[idx], counts[idx], chunk, rope))
         return a.replace(rows=lax.cond(jnp.any(chosen), go_wide, lambda r: r, rows))
     windows = lambda width: sizes(X, buckets, least=min(X, width + 1), linear=True)
-    rows = _compact_forward(params, m, rows, ids, narrow, 1, sizes(R, buckets), windows(1))
-    rows = _compact_forward(params, m, rows, ids, counts, chunk, sizes(wide_rows, buckets), windows(chunk))
+    rows = _compact_forward(params, m, rows, ids, narrow, 1, sizes(R, buckets), windows(1), rope)
+    rows = _compact_forward(params, m, rows, ids, counts, chunk, sizes(wide_rows, buckets), windows(chunk),
+                            rope)
     return a.replace(rows=rows)
 
 
@@ -487,17 +491,18 @@ class TextSwarm:
                       stage_slot=jnp.where(over[:, None], -1, e.stage_slot))
         return self._orch_reply(c.replace(eps=e), over, script)
 
-    def _tick(self, params: tuple, scripts: tuple, c: Carry) -> Carry:
+    def _tick(self, params: tuple, scripts: tuple, ropes: tuple, c: Carry) -> Carry:
         orch_params, work_params = params
         o_script, w_script = scripts
+        o_rope, w_rope = ropes
         key, ko, kw = jax.random.split(c.key, 3)
         o, o_end, o_cut = self._sample(orch_params, self.orch, c.orch, c.eps.end == RUNNING, ko, o_script)
         w, w_end, w_cut = self._sample(work_params, self.work, c.work, c.eps.slot == RUNNING_SLOT, kw, w_script)
         wide = lambda rows: max(1, int(round(self.wide_rows * rows)))
         o = _feed(orch_params, self.orch, o, c.eps.end == RUNNING, self.chunk, wide(o.turning.shape[0]),
-                  self.buckets)
+                  self.buckets, o_rope)
         w = _feed(work_params, self.work, w, c.eps.slot == RUNNING_SLOT, self.chunk, wide(w.turning.shape[0]),
-                  self.buckets)
+                  self.buckets, w_rope)
         c = c.replace(tick=c.tick + 1, key=key, orch=o, work=w)
 
         def events(c: Carry) -> Carry:
@@ -517,9 +522,10 @@ class TextSwarm:
         orch = orch.replace(trace=orch.trace.hear(jnp.ones((B,), bool), ids, n, jnp.zeros_like(n)))
         orch = self._open(self.orch, orch, jnp.ones((B,), bool), o_script)
         c = Carry(tick=jnp.int32(0), key=key, orch=orch, work=work, eps=eps)
+        ropes = tuple(a.rows.rope(m.cfg, a.rows.cache.max_len) for a, m in ((orch, self.orch), (work, self.work)))
         max_ticks = self.rcfg.orch_context + K * self.rcfg.worker_context + 2
         c = lax.while_loop(lambda c: jnp.any(c.eps.end == RUNNING) & (c.tick < max_ticks),
-                           functools.partial(self._tick, (orch_params, work_params), (o_script, w_script)), c)
+                           functools.partial(self._tick, (orch_params, work_params), (o_script, w_script), ropes), c)
         return {"orch": c.orch.trace, "work": c.work.trace, "eps": c.eps, "orch_steps": c.orch.steps,
                 "work_steps": c.work.steps, "ticks": c.tick, "rewards": _rewards(c.eps)}
 
