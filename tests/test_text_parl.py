@@ -2,10 +2,13 @@
 end to end (tokenizer, played demonstrations, warm start, PARL on the jitted text swarm,
 evaluations, summary), its reward, and its bad-input errors."""
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import random
+import signal
 
 import jax
 import numpy as np
@@ -17,8 +20,10 @@ from swarmjax.envs.widesearch import Episode, WideSearchConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.train.checkpoint import Checkpointer
+from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 from swarmjax.train.text_parl import (RelayWarmStartConfig, TextPARLConfig, TextPARLJob, episode_rewards,
-                                      evaluate_text_checkpoint, sample_episodes)
+                                      sample_episodes)
+from swarmjax.train.text_parl_job import evaluate_text_checkpoint
 from swarmjax.train.warm_start import load_warm_start
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,12 +62,21 @@ def test_shipped_config_is_valid():
     assert job.chat == "qwen3" and max(job.eval_sizes) == job.env.max_task_size == 16
 
 
-def test_text_parl_job_runs_and_writes_its_summary(tmp_path, capsys):
-    config = tmp_path / "tiny.py"
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """The shrunk job, run once for the module: (config path, workdir, its stdout)."""
+    base = tmp_path_factory.mktemp("text_parl")
+    config = base / "tiny.py"
     config.write_text(TINY.format(config=CONFIG))
-    workdir = str(tmp_path / "run")
-    assert main(["train", "--config", str(config), "--workdir", workdir, "--no-progress"]) == 0
-    out = capsys.readouterr().out
+    workdir = str(base / "run")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["train", "--config", str(config), "--workdir", workdir, "--no-progress"]) == 0
+    return config, workdir, buf.getvalue()
+
+
+def test_text_parl_job_runs_and_writes_its_summary(tiny_run, tmp_path, capsys):
+    config, workdir, out = tiny_run
     assert "| 4 | warm start |" in out and "| 4 | final |" in out and "critical steps" in out
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert set(summary["headline"]) == {"n", "critical_reduction", "item_f1", "n1_no_spawn"}
@@ -149,3 +163,50 @@ def test_focus_tasks():
     eps = sample_episodes(env, random.Random(0), 400, focus_fraction=0.5, focus_min_n=12)
     big = np.mean([len(e.task) >= 12 for e in eps])
     assert 0.55 < big < 0.75          # half focused, plus the 5/16 of the rest that are >= 12 anyway
+
+
+def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch, capsys):
+    """A PARL stage over the tiny run's warm start, stopped by SIGTERM after its first
+    step (exit 143, a checkpoint at step 1) and continued with ``--resume auto``, writes
+    what the uninterrupted run wrote: the same PARL and evaluation lines, the same
+    summary and the same final parameters."""
+    import swarmjax.train.text_parl_job as text_parl_job
+
+    config, full, _ = tiny_run
+    cut = tmp_path / "cut"
+    args = ["train", "--config", str(config), "--workdir", str(cut), "--no-progress", "--set",
+            f"warm_start_from={full}"]
+    step = text_parl_job.parl_step
+
+    def preempted_step(*a, **k):                 # the notice arrives during PARL step 0
+        out = step(*a, **k)
+        if a[5] == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    monkeypatch.setattr(text_parl_job, "parl_step", preempted_step)
+    assert main(args) == PREEMPTED_EXIT_CODE
+    assert "checkpoint at PARL step 1 saved" in capsys.readouterr().err
+    assert main(args) == 2                       # --resume never: a workdir with checkpoints is refused
+    assert "pass --resume auto" in capsys.readouterr().err
+    assert main(args + ["--resume", "auto"]) == 0
+
+    def lines(run, name, drop):
+        rows = [json.loads(x) for x in open(os.path.join(run, name))]
+        return [{k: v for k, v in r.items() if k not in drop} for r in rows if r.get("stage") != "sft"]
+    timing = {"seconds", "rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        assert lines(cut, name, timing) == lines(full, name, timing), name
+
+    def summary(run):
+        s = json.load(open(os.path.join(run, "summary.json")))
+        return {k: {n: {m: x for m, x in r.items() if m not in timing} for n, r in v.items()}
+                if k in ("warm_start", "final") else v for k, v in s.items() if k not in timing}
+    assert summary(cut) == summary(full)
+    job = load_config(str(config))
+    cfg = job.model.replace(vocab_size=summary(full)["vocab_size"])
+    learner = text_parl_job.Learner(cfg, job.parl.update)
+    states = []
+    for run in (full, cut):
+        with Checkpointer(os.path.join(run, "checkpoints"), save_every=1, read_only=True) as ckpt:
+            states.append(text_parl_job._restore(cfg, learner, ckpt, 2)[0])
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, *states)))

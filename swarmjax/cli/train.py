@@ -55,7 +55,8 @@ def _jobs() -> dict[type, tuple]:
     from swarmjax.train.job import TrainJob, run_job
     from swarmjax.train.logs import summary_table
     from swarmjax.train.text_job import TextToolJob, run_text_job, text_summary_table
-    from swarmjax.train.text_parl import TextPARLJob, run_text_parl_job, text_parl_table
+    from swarmjax.train.text_parl import TextPARLJob
+    from swarmjax.train.text_parl_job import run_text_parl_job, text_parl_table
 
     return {TrainJob: (run_job, summary_table), TextToolJob: (run_text_job, text_summary_table),
             TextPARLJob: (run_text_parl_job, text_parl_table)}
@@ -118,7 +119,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from swarmjax.train.job import TrainJob, evaluate_checkpoint
     from swarmjax.train.logs import summary_table
-    from swarmjax.train.text_parl import TextPARLJob, evaluate_text_checkpoint, text_parl_table
+    from swarmjax.train.text_parl import TextPARLJob
+    from swarmjax.train.text_parl_job import evaluate_text_checkpoint, text_parl_table
 
     _start_distributed(args)
     sizes = None

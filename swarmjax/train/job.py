@@ -172,11 +172,16 @@ class TrainJob:
 
     def check_same_run(self, saved: dict[str, str], what: str) -> None:
         """Raise ValueError naming the fields that differ from the run's ``identity()``."""
-        mine = self.identity()
-        diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
-        if diff:
-            raise ValueError(f"{what}: the config differs from the run's in {', '.join(diff)} "
-                             "(only step counts, evaluation, checkpoint, mesh and data_dir may change)")
+        check_identity(self.identity(), saved, what, "step counts, evaluation, checkpoint, mesh and data_dir")
+
+
+def check_identity(mine: dict[str, str], saved: dict[str, str], what: str, may_change: str) -> None:
+    """Raise ValueError naming the fields where a job's identity (``mine``: field name ->
+    repr) differs from the one a run saved; ``may_change`` names what is left out of it."""
+    diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
+    if diff:
+        raise ValueError(f"{what}: the config differs from the run's in {', '.join(diff)} "
+                         f"(only {may_change} may change)")
 
 
 def eval_tasks(source, sizes: tuple[int, ...], episodes: int, split: str = "test") -> dict[int, wsj.Tasks]:

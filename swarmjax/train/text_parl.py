@@ -1,6 +1,7 @@
-"""``swarmjax train`` for the swarm in real text: a warm start, then PARL on the jitted text swarm.
-
-    swarmjax train --config configs/parl_widesearch_text_cpu.py --workdir runs/text
+"""PARL in real text, the pieces: the job's configs, its tasks, the warm start, one PARL
+step and the evaluation (the job that runs them, with checkpoints and resume:
+:mod:`swarmjax.train.text_parl_job`, ``swarmjax train --config
+configs/parl_widesearch_text_cpu.py --workdir runs/text``).
 
 The token world's recipe (:mod:`swarmjax.train.job`) on the canonical text wide-search
 (:mod:`swarmjax.envs.widesearch_relay`), with a byte-level BPE trained on the task's
@@ -28,20 +29,12 @@ text and the Qwen3 chat format:
    the no-spawn fraction, of the warm start, every ``eval_every`` PARL steps and of
    the final policy: ``eval.jsonl``, ``summary.json`` / ``summary.md``, ``curves.png``.
 
-Checkpoints (:class:`~swarmjax.train.checkpoint.Checkpointer`, ``workdir/checkpoints/``):
-the PARL :class:`~swarmjax.rl.update.TrainState` at every evaluation and at the end,
-scored by the item-F1 at the largest n (the last two and the best are kept). One
-process; no resume yet (``--resume auto`` starts afresh).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import random
-import shutil
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,27 +46,18 @@ import optax
 
 from swarmjax.envs.widesearch import Episode, WideSearchConfig
 from swarmjax.envs.widesearch_jax import END_ANSWER
-from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import init_params
 from swarmjax.optim import OptimConfig, make_optimizer
 from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
 from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig
-from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_types import TextRolloutConfig, TextRolloutResult
-from swarmjax.text.chat import CHAT_FORMATS, chat_format
-from swarmjax.text.tokenizer import TextTokenizer
-from swarmjax.train.checkpoint import Checkpointer, abstract_state
+from swarmjax.text.chat import CHAT_FORMATS
 from swarmjax.train.demos import Demos
-from swarmjax.train.logs import curves, progress_bar, summary_table
-from swarmjax.train.relay_demos import make_relay_demos
 from swarmjax.train.sft import length_buckets, prefix_role_stats, sample_bucketed
-from swarmjax.train.text_job import start_text_workdir, task_chat
-from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +155,16 @@ class TextPARLJob:
         return {"model": repr(self.model), "sft": repr(self.sft), "env": repr(self.env),
                 "tokenizer": repr((self.chat, self.tokenizer_vocab, self.max_calls, self.max_mentions,
                                    self.max_pairs)), "seed": repr(self.seed)}
+
+    def identity(self) -> dict[str, str]:
+        """What a run computes, as reprs: a run may be resumed with another PARL step
+        count, evaluation cadence or warm-start source (the same warm start, by its
+        identity check), not with another model, task, tokenizer, warm start, PARL
+        configuration, seed or held-out set."""
+        same = dataclasses.replace(self, parl=dataclasses.replace(self.parl, steps=0), eval_every=0,
+                                   parl_seed=self.seed if self.parl_seed is None else self.parl_seed,
+                                   warm_start_from=None, warm_start_match=())
+        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)}
 
     def validate(self) -> None:
         if self.chat not in CHAT_FORMATS:
@@ -330,187 +324,3 @@ def evaluate(swarm: TextSwarm, params: Any, worker_params: Any, tasks: dict[int,
                   "no_spawn_fraction": float(np.mean(r.spawned == 0)),
                   "answered": float(np.mean(r.end_reason == END_ANSWER)), "seconds": time.perf_counter() - t0}
     return out
-
-
-# ------------------------------------------------------------------------ the job
-
-
-def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTask:
-    """The task on the run's tokenizer: trained on the task's corpus and saved to
-    ``workdir/tokenizer``, or (``train=False``) loaded from there."""
-    if train:
-        chat = task_chat(relay_corpus(job.env, seed=job.seed), workdir, job.chat, job.tokenizer_vocab)
-    else:
-        tok_dir = os.path.join(workdir, "tokenizer")
-        if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
-            raise ValueError(f"{workdir} holds no tokenizer ({tok_dir}): not a text PARL run's workdir")
-        chat = chat_format(job.chat, TextTokenizer.from_dir(tok_dir))
-    return RelayTask(job.env, chat, max_calls=job.max_calls, max_mentions=job.max_mentions,
-                     max_pairs=job.max_pairs)
-
-
-def _warm_start_stage(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, key: jax.Array, progress: bool,
-                      log: Callable[[str, dict], None]) -> Any:
-    """Demonstrations, then :func:`warm_start` from fresh params (progress bars, SFT log lines)."""
-    pad = task.chat.tokenizer.token_id(task.chat.pad_token)
-    bar = progress_bar(job.sft.demos, "demonstrations", progress)
-    orch, work = make_relay_demos(task, job.sft.demos, job.seed, spawn_fraction=job.sft.spawn_fraction,
-                                  max_chunk=job.sft.max_chunk, pad=pad, on_episode=lambda: bar.update(1))
-    bar.close()
-    rc = job.parl.rollout
-    if orch.tokens.shape[1] > rc.orch_context or work.tokens.shape[1] > rc.worker_context:
-        raise ValueError(f"the demonstrations need orch_context >= {orch.tokens.shape[1]} and worker_context >= "
-                         f"{work.tokens.shape[1]} (have {rc.orch_context}, {rc.worker_context})")
-    bar = progress_bar(job.sft.steps, "warm start", progress)
-
-    def on_sft(i, m):
-        log("metrics.jsonl", {"stage": "sft", "step": i, **m})
-        bar.update(1)
-        bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.3f}")
-    params = warm_start(init_params(cfg, key), cfg, orch, work, job.sft, job.seed, on_sft)
-    bar.close()
-    return params
-
-
-def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, resume: bool | str = False
-                      ) -> dict:
-    """Tokenizer -> demonstrations -> warm start -> PARL -> summary (module docstring).
-    Returns the summary (``summary.json``)."""
-    job.validate()
-    start_text_workdir(workdir, resume)
-    t_start = time.perf_counter()
-    task = build_task(job, workdir)
-    cfg = job.model.replace(vocab_size=task.chat.tokenizer.vocab_size)
-    key = jax.random.key(job.seed)
-    files = {name: open(os.path.join(workdir, name), "w") for name in ("metrics.jsonl", "eval.jsonl")}
-
-    def log(name: str, rec: dict) -> None:
-        files[name].write(json.dumps(rec) + "\n")
-        files[name].flush()
-
-    rc = job.parl.rollout
-    if job.warm_start_from:
-        params, _ = load_warm_start(job, job.warm_start_from, jax.eval_shape(lambda: init_params(cfg, key)))
-    else:
-        params = _warm_start_stage(job, task, cfg, key, progress, log)
-        save_warm_start(job, workdir, params, {})
-    t_sft = time.perf_counter()
-
-    eval_swarm = greedy_swarm(job, task, cfg)
-    train_swarm = TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
-                            buckets=job.parl.buckets)
-    tests = eval_episodes(job)
-    eval_key = jax.random.fold_in(key, 1)
-
-    def run_eval(step: int, label: str, p) -> dict:
-        res = evaluate(eval_swarm, p, params, tests, eval_key)
-        for n, r in res.items():
-            log("eval.jsonl", {"step": step, "policy": label, "n": n, **r})
-        return res
-    before = run_eval(0, "warm_start", params)
-
-    learner = Learner(cfg, job.parl.update)
-    state = learner.init(jax.tree.map(jnp.copy, params), frozen={"workers": jax.tree.map(jnp.copy, params)})
-    parl_seed = job.seed if job.parl_seed is None else job.parl_seed
-    parl_key, rng = jax.random.key(parl_seed), random.Random(f"parl-{parl_seed}")
-    big = max(job.eval_sizes)
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    if os.path.isdir(ckpt_dir):     # an unfinished attempt's: this run starts afresh (no resume yet)
-        print(f"removing the checkpoints of an earlier unfinished attempt in {ckpt_dir}", file=sys.stderr)
-        shutil.rmtree(ckpt_dir)
-    ckpt = Checkpointer(ckpt_dir, save_every=1, keep_last=2, best_metric="item_f1")   # saved when evaluated
-
-    def save(step: int, evals: dict) -> None:
-        """The PARL state after ``step`` steps, scored by the item-F1 at the largest n."""
-        ckpt.save(step, state, {"parl_step": step, "parl_seed": parl_seed, "eval_n": big,
-                                "identity": job.warm_identity()},
-                  metrics={k: evals[big][k] for k in ("item_f1", "critical_steps")})
-    bar = progress_bar(job.parl.steps, "PARL", progress)
-    for step in range(job.parl.steps):
-        tasks = sample_episodes(job.env, rng, job.parl.tasks_per_step, focus_fraction=job.parl.focus_fraction,
-                                focus_min_n=job.parl.focus_min_n)
-        state, m = parl_step(learner, state, train_swarm, tasks, jax.random.fold_in(parl_key, 100 + step), step,
-                             job.parl)
-        log("metrics.jsonl", {"stage": "parl", "step": step, **m})
-        bar.update(1)
-        bar.set_postfix(f1=f"{m['item_f1']:.3f}", crit=f"{m['critical_steps']:.1f}", subs=f"{m['subagents']:.1f}")
-        if job.eval_every and (step + 1) % job.eval_every == 0 and step + 1 < job.parl.steps:
-            save(step + 1, run_eval(step + 1, "parl", state.params))
-    bar.close()
-    after = before
-    if job.parl.steps:
-        after = run_eval(job.parl.steps, "final", state.params)
-        save(job.parl.steps, after)
-    ckpt.close()
-    for f in files.values():
-        f.close()
-    curves(workdir)
-    summary = {"task": "widesearch_relay", "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size,
-               "eval_episodes": job.eval_episodes, "parl_steps": job.parl.steps, "seed": job.seed,
-               "parl_seed": parl_seed, "warm_start": before,
-               "final": after, "headline": headline(before, after, big), "wall_clock_s": time.perf_counter() - t_start,
-               "warm_start_s": t_sft - t_start, "device": f"{jax.default_backend()} x{jax.device_count()}"}
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    with open(os.path.join(workdir, "summary.md"), "w") as f:
-        f.write(text_parl_table(summary) + "\n")
-    return summary
-
-
-def greedy_swarm(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> TextSwarm:
-    """The evaluations' swarm: both roles greedy, the critical-step budget lifted."""
-    greedy = SamplingConfig(temperature=0.0)
-    rc = dataclasses.replace(job.parl.rollout, budget=None, orch_sampling=greedy, worker_sampling=greedy)
-    return TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
-                     buckets=job.parl.buckets)
-
-
-def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "latest") -> dict:
-    """Evaluate a PARL checkpoint of the text run in ``workdir`` (``which``: "latest",
-    "best" or a PARL step) and its frozen warm start, greedy with the budget lifted, on
-    ``job.eval_episodes`` held-out tasks per size of ``job.eval_sizes`` (the run's own
-    seed stream: the first ``eval_episodes`` of the run's are the same tasks). Opens the
-    checkpoints read-only. Returns ``{"step", "warm_start": {n: row}, "final": {n: row},
-    "headline"}`` (:func:`text_parl_table` prints it)."""
-    job.validate()
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
-        raise ValueError(f"no checkpoints in {workdir}")
-    task = build_task(job, workdir, train=False)
-    cfg = job.model.replace(vocab_size=task.chat.tokenizer.vocab_size)
-    learner = Learner(cfg, job.parl.update)
-    shapes = jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), {"workers": p}))
-    with Checkpointer(directory, save_every=1, read_only=True) as ckpt:
-        step = ckpt.step_of(which)
-        state, meta = ckpt.restore(step, abstract_state(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])))
-    made = meta.get("identity", {})
-    differ = [k for k in ("model", "env", "tokenizer", "seed") if made.get(k) != job.warm_identity()[k]]
-    if differ:
-        raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
-    swarm = greedy_swarm(job, task, cfg)
-    tests, key, warm = eval_episodes(job), jax.random.fold_in(jax.random.key(job.seed), 1), state.frozen["workers"]
-    out = {"step": step, "warm_start": evaluate(swarm, warm, warm, tests, key),
-           "final": evaluate(swarm, state.params, warm, tests, key)}
-    out["headline"] = headline(out["warm_start"], out["final"], max(job.eval_sizes))
-    return out
-
-
-def headline(before: dict, after: dict, n: int) -> dict[str, float]:
-    """The issue's targets at the largest size n: critical steps of the warm start over
-    the final policy's, the final item-F1, and the n = 1 no-spawn fraction (when
-    evaluated)."""
-    out = {"n": n, "critical_reduction": before[n]["critical_steps"] / max(after[n]["critical_steps"], 1e-9),
-           "item_f1": after[n]["item_f1"]}
-    if 1 in after:
-        out["n1_no_spawn"] = after[1]["no_spawn_fraction"]
-    return out
-
-
-def text_parl_table(summary: dict) -> str:
-    """:func:`swarmjax.train.logs.summary_table` plus the headline line."""
-    h = summary["headline"]
-    line = (f"\nat n = {h['n']}: critical steps {h['critical_reduction']:.2f}x below the warm start, "
-            f"item-F1 {h['item_f1']:.3f}")
-    if "n1_no_spawn" in h:
-        line += f"; n = 1 episodes without a sub-agent: {h['n1_no_spawn']:.2f}"
-    return summary_table(summary) + line
