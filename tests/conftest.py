@@ -36,6 +36,27 @@ def spread(params, scale=8.0):
     return jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, params)
 
 
+# The test files that take a minute or more on the 2-core CPU machine (a full run's
+# `--durations=0`, summed per file: 80-160 s each), heaviest first. `pytest -n 2 --dist
+# loadfile` hands whole files to the two workers in collection order, so these go first and
+# the short files fill in behind them (longest-processing-time-first). xdist's default order
+# (files with the most tests first) put the few-test, minute-long files (multihost, resume,
+# learning) last: one worker ran 997 s of tests, the other 775 s, then waited.
+HEAVY_FIRST = ("test_text_parl.py", "test_swarm.py", "test_learning.py", "test_update.py", "test_text_rollout.py",
+               "test_text_engine.py", "test_resume.py", "test_colab.py", "test_multihost.py", "test_sft.py",
+               "test_job.py", "test_plan.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):        # pytest-xdist: keep the order set below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))      # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Drop every compiled program after each test module. Each XLA:CPU executable keeps

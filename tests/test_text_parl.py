@@ -45,7 +45,7 @@ def get_config():
         job, env=env, tokenizer_vocab=600, max_calls=6, max_mentions=4, max_pairs=4,
         model=job.model.replace(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                                 intermediate_size=64),
-        sft=dataclasses.replace(job.sft, steps=3, batch=4, demos=24,
+        sft=dataclasses.replace(job.sft, steps=3, batch=4, demos=24, bucket=1280,
                                 optim=OptimConfig(learning_rate=3e-3, warmup_steps=1, decay_steps=3)),
         parl=dataclasses.replace(p, steps=2, tasks_per_step=2, group_size=2, focus_min_n=3, buckets=1,
                                  update=dataclasses.replace(p.update, num_minibatches=2),
