@@ -38,7 +38,8 @@ def launch(workdir, cache, *extra) -> list[subprocess.Popen]:
     """Both processes of one run, output to <workdir>.<i>.out."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_COMPILATION_CACHE_DIR=str(cache),
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+               JAX_COMPILATION_CACHE_DIR=str(cache),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")
     sets = [a for s in SMALL for a in ("--set", s)]
     return [subprocess.Popen([sys.executable, "-m", "swarmjax.cli", "train", "--config", CONFIG, "--workdir",
@@ -54,7 +55,8 @@ def launch_local(workdir, cache) -> list[str]:
     pod gives its workers (``--no-cli-flags``: the CLI starts the distributed runtime from
     that environment alone). Returns each process's output."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_COMPILATION_CACHE_DIR=str(cache),
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
+               JAX_COMPILATION_CACHE_DIR=str(cache),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")
     logs = Path(f"{workdir}.logs")
     sets = [a for s in SMALL for a in ("--set", s)]

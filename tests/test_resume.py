@@ -43,7 +43,8 @@ def env(tmp_path_factory):
     """Subprocess environment and overrides: one device, a shared task set and compilation cache."""
     base = tmp_path_factory.mktemp("resume")
     e = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    e.update(JAX_COMPILATION_CACHE_DIR=str(base / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    e.update(XLA_FLAGS="--xla_backend_optimization_level=0",         # as conftest: compiles dominate
+             JAX_COMPILATION_CACHE_DIR=str(base / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", PYTHONUNBUFFERED="1")
     return e, OVERRIDES + [f"data.data_dir='{base / 'tasks'}'"]
 
