@@ -266,6 +266,18 @@ def resume_mode(resume: bool | str | None) -> str:
     return resume
 
 
+def check_resume(mode: str, latest: int | None, workdir: Any, checkpoints: Any) -> None:
+    """Refuse what resume ``mode`` does not allow: "never" on a workdir whose
+    ``checkpoints`` directory holds a finished checkpoint (``latest``: its step),
+    "latest" on one that holds none."""
+    if latest is not None and mode == "never":
+        raise ValueError(f"{workdir} already holds checkpoints (newest: PARL step {latest}); "
+                         "pass --resume auto to continue that run, or use a new --workdir")
+    if mode == "latest" and latest is None:
+        raise ValueError(f"--resume: no finished checkpoint in {checkpoints} "
+                         "(--resume auto starts afresh when there is none)")
+
+
 def run_job(job: TrainJob, workdir: str | epath.PathLike, *, progress: bool = True,
             resume: bool | str = False, handle_sigterm: bool = True) -> dict[str, Any]:
     """Run the job, or continue it from its newest finished checkpoint (``resume``:
@@ -286,12 +298,7 @@ def run_job(job: TrainJob, workdir: str | epath.PathLike, *, progress: bool = Tr
                         async_save=job.checkpoint.async_save)
     try:
         latest = ckpt.latest_step()
-        if latest is not None and mode == "never":
-            raise ValueError(f"{workdir} already holds checkpoints (newest: PARL step {latest}); "
-                             "pass --resume auto to continue that run, or use a new --workdir")
-        if mode == "latest" and latest is None:
-            raise ValueError(f"--resume: no finished checkpoint in {wd / 'checkpoints'} "
-                             "(--resume auto starts afresh when there is none)")
+        check_resume(mode, latest, workdir, ckpt.directory)
         with PreemptionWatch(enabled=handle_sigterm) as watch:
             return _run(job, wd, ckpt, latest, watch, progress)
     finally:

@@ -55,7 +55,7 @@ from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.text.chat import chat_format
 from swarmjax.text.tokenizer import TextTokenizer
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
-from swarmjax.train.job import check_identity, resume_mode
+from swarmjax.train.job import check_identity, check_resume, resume_mode
 from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
@@ -150,12 +150,7 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, keep_last=2, best_metric="item_f1")
     try:
         latest = ckpt.latest_step()
-        if latest is not None and mode == "never":
-            raise ValueError(f"{workdir} already holds checkpoints (newest: PARL step {latest}); "
-                             "pass --resume auto to continue that run, or use a new --workdir")
-        if latest is None and mode == "latest":
-            raise ValueError(f"--resume: no finished checkpoint in {ckpt.directory} "
-                             "(--resume auto starts afresh when there is none)")
+        check_resume(mode, latest, workdir, ckpt.directory)
         with PreemptionWatch(enabled=handle_sigterm) as watch:
             return _run(job, workdir, ckpt, latest, watch, progress)
     finally:
