@@ -1,6 +1,6 @@
 """`swarmjax train --config configs/parl_widesearch_text_cpu.py`, shrunk: the text PARL job
 end to end (tokenizer, played demonstrations, warm start, PARL on the jitted text swarm,
-evaluations, summary), its reward, and its bad-input errors."""
+evaluations, summary), its preemption and exact resume, its reward, and its bad-input errors."""
 
 import contextlib
 import dataclasses
@@ -178,9 +178,9 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
             f"warm_start_from={full}"]
     step = text_parl_job.parl_step
 
-    def preempted_step(*a, **k):                 # the notice arrives during PARL step 0
-        out = step(*a, **k)
-        if a[5] == 0:
+    def preempted_step(learner, state, swarm, tasks, key, i, pcfg):
+        out = step(learner, state, swarm, tasks, key, i, pcfg)
+        if i == 0:                               # the notice arrives during PARL step 0
             os.kill(os.getpid(), signal.SIGTERM)
         return out
     monkeypatch.setattr(text_parl_job, "parl_step", preempted_step)
@@ -210,3 +210,7 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
         with Checkpointer(os.path.join(run, "checkpoints"), save_every=1, read_only=True) as ckpt:
             states.append(text_parl_job._restore(cfg, learner, ckpt, 2)[0])
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, *states)))
+    # a finished run resumed again: nothing recomputed, its lines stay as they are
+    logs = {name: (cut / name).read_text() for name in ("metrics.jsonl", "eval.jsonl")}
+    assert main(args + ["--resume", "auto"]) == 0
+    assert {name: (cut / name).read_text() for name in logs} == logs
