@@ -1,6 +1,7 @@
 """What the job tests share: the overrides that shrink ``configs/parl_widesearch_cpu.py``
-to a job of seconds (single-process tests and the two-process worker), and the
-metrics rows two runs are compared by."""
+to a job of seconds (single-process tests and the two-process worker), the metrics
+rows two runs are compared by, and the XLA flags of the jobs the tests start as
+subprocesses."""
 
 import json
 import os
@@ -20,3 +21,12 @@ def rows(path, stage="parl"):
     """The ``stage`` rows of a metrics.jsonl without their timing fields."""
     out = [json.loads(line) for line in open(path)]
     return [{k: v for k, v in r.items() if k not in TIMING} for r in out if r.get("stage", stage) == stage]
+
+
+def subprocess_xla_flags(devices: int | None = None) -> str:
+    """``XLA_FLAGS`` for a job the tests start as a subprocess: the suite's own
+    (tests/conftest.py: its compiler settings) with ``devices`` host devices instead of the
+    suite's 8 (None: the default, one)."""
+    device_count = "--xla_force_host_platform_device_count"
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(device_count)]
+    return " ".join(flags + ([f"{device_count}={devices}"] if devices else []))

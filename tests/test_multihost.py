@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from small_job import CONFIG, SMALL_JOB, rows
+from small_job import CONFIG, SMALL_JOB, rows, subprocess_xla_flags
 
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
@@ -34,13 +34,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def process_env(cache) -> dict[str, str]:
+    """Each process's environment: 2 devices, the suite's compiler flags, one shared compilation cache."""
+    return {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "JAX_COMPILATION_CACHE_DIR": str(cache),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "PYTHONUNBUFFERED": "1"}
+
+
 def launch(workdir, cache, *extra) -> list[subprocess.Popen]:
     """Both processes of one run, output to <workdir>.<i>.out."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
-               JAX_COMPILATION_CACHE_DIR=str(cache),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")
+    env = process_env(cache)
     sets = [a for s in SMALL for a in ("--set", s)]
     return [subprocess.Popen([sys.executable, "-m", "swarmjax.cli", "train", "--config", CONFIG, "--workdir",
                               str(workdir), "--no-progress", *sets, "--coordinator", f"127.0.0.1:{port}",
@@ -54,10 +57,7 @@ def launch_local(workdir, cache) -> list[str]:
     ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID`` environment a
     pod gives its workers (``--no-cli-flags``: the CLI starts the distributed runtime from
     that environment alone). Returns each process's output."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
-               JAX_COMPILATION_CACHE_DIR=str(cache),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")
+    env = process_env(cache)
     logs = Path(f"{workdir}.logs")
     sets = [a for s in SMALL for a in ("--set", s)]
     subprocess.run([sys.executable, str(ROOT / "launch" / "local.py"), "-n", "2", "--no-cli-flags", "--echo", "-1",

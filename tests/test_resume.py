@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 
-from small_job import CONFIG, SMALL_JOB, TIMING, rows
+from small_job import CONFIG, SMALL_JOB, TIMING, rows, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.checkpoint import Checkpointer
@@ -42,10 +42,10 @@ OVERRIDES = SMALL_JOB + ["sft.steps=80", "sft.bucket=160", "parl.tasks_per_step=
 def env(tmp_path_factory):
     """Subprocess environment and overrides: one device, a shared task set and compilation cache."""
     base = tmp_path_factory.mktemp("resume")
-    e = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    e.update(XLA_FLAGS="--xla_backend_optimization_level=0",         # as conftest: compiles dominate
-             JAX_COMPILATION_CACHE_DIR=str(base / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", PYTHONUNBUFFERED="1")
+    e = dict(os.environ)
+    e.update(XLA_FLAGS=subprocess_xla_flags(), JAX_COMPILATION_CACHE_DIR=str(base / "jax_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+             PYTHONUNBUFFERED="1")
     return e, OVERRIDES + [f"data.data_dir='{base / 'tasks'}'"]
 
 
