@@ -136,6 +136,7 @@ def main(argv=None):
     want = run_host()
     host_first = time.perf_counter() - t0
     host_s = time_best(run_host, args.repeats)
+    st = run_host().stats          # where the host's time goes (one more warm call)
     host.close()
 
     same = (np.array_equal(got.tokens, want.tokens) and np.array_equal(got.length, want.length)
@@ -156,6 +157,14 @@ def main(argv=None):
         "mean_subagents": float(got.spawned.mean()), "identical_episodes": same,
         "token_world_tokens_per_episode": tw["tokens"] / B, "token_world_episodes_s": B / tw["seconds"],
         "text_over_token_tokens": tokens / tw["tokens"], "text_over_token_time": jit_s / tw["seconds"],
+        # the host's round trips per batch, the time of its decode and prefill phases (their
+        # device work, dispatch and the chunks' packing) and the rest of its wall (tool calls
+        # parsed and answered, the rollout's bookkeeping in Python): the rest is all a rollout
+        # with no round trip could save while doing the host's device work, so total over
+        # host_device_s bounds its ratio
+        "host_segments": st["segments"], "host_prefill_calls": st["prefill_calls"],
+        "host_device_s": st["decode_s"] + st["prefill_s"], "host_other_s": st["total_s"] - st["decode_s"] - st["prefill_s"],
+        "ratio_bound_same_device_work": st["total_s"] / (st["decode_s"] + st["prefill_s"]),
     }
     if args.json:
         print(json.dumps(figures))
@@ -172,6 +181,9 @@ def main(argv=None):
           f"{figures['text_over_token_tokens']:.1f}x the token world's tokens per episode "
           f"({figures['tokens_per_episode']:.0f} vs {figures['token_world_tokens_per_episode']:.0f}) and "
           f"{figures['text_over_token_time']:.1f}x its time")
+    print(f"host: {st['segments']} decode segments and {st['prefill_calls']} prefill calls per batch; outside its "
+          f"decode and prefill phases (tool calls, bookkeeping) {figures['host_other_s']:.3f} s of {st['total_s']:.3f} s: with the host's "
+          f"device work and no round trip, a rollout reaches at most {figures['ratio_bound_same_device_work']:.2f}x")
 
 
 if __name__ == "__main__":
