@@ -1,16 +1,22 @@
 """`swarmjax train --config configs/arith_tools_cpu.py`, shrunk: the text job end to end
 (tokenizer, warm start on played demonstrations, RL on text rollouts, evaluations)."""
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
+import signal
 from types import SimpleNamespace
 
+import jax
 import numpy as np
 import pytest
 
 from swarmjax.cli import main
-from swarmjax.config_file import apply_overrides
+from swarmjax.config_file import apply_overrides, load_config
+from swarmjax.train.checkpoint import Checkpointer
+from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 from swarmjax.train.text_job import OverlongConfig, TextRLConfig, TextToolJob, episode_rewards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,11 +26,20 @@ SMALL = ["sft.steps=4", "sft.demos=64", "sft.batch=8", "rl.steps=2", "rl.tasks_p
          "rl.overlong.max_length=48", "rl.overlong.cache_length=16"]
 
 
-def test_text_job_runs_and_writes_its_summary(tmp_path, capsys):
-    workdir = str(tmp_path / "run")
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """The shrunk job run once: (its workdir, the CLI's arguments, what it printed)."""
+    workdir = str(tmp_path_factory.mktemp("text_job") / "run")
     argv = ["train", "--config", CONFIG, "--workdir", workdir, "--no-progress"]
-    assert main(argv + [a for s in SMALL for a in ("--set", s)]) == 0
-    out = capsys.readouterr().out
+    args = argv + [a for s in SMALL for a in ("--set", s)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(args) == 0
+    return workdir, args, out.getvalue()
+
+
+def test_text_job_runs_and_writes_its_summary(small_run, capsys):
+    workdir, args, out = small_run
     assert "| warm start |" in out and "| final |" in out
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     for policy in ("warm_start", "final"):
@@ -35,13 +50,61 @@ def test_text_job_runs_and_writes_its_summary(tmp_path, capsys):
     rl = [r for r in rows if r["stage"] == "rl"]
     assert len(rl) == 2 and all(r["segments"] >= 1 and "learner/loss" in r for r in rl)
     assert all(r["orch_sampled_tokens"] > 0 for r in rl)
-    assert [r["policy"] for r in rows if r["stage"] == "eval"] == ["warm_start", "rl", "final"]
+    evals = [json.loads(line) for line in open(os.path.join(workdir, "eval.jsonl"))]
+    assert [(r["policy"], r["step"]) for r in evals] == [("warm_start", 0), ("rl", 1), ("final", 2)]
+    assert evals[-1]["accuracy"] == summary["final"]["accuracy"]
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
-    # a finished workdir is refused, and the text tool job has no checkpoints to evaluate
-    assert main(argv) == 2
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) >= ["1", "2"]
+    # a finished workdir is refused; resumed, it recomputes nothing
+    assert main(args) == 2
     assert "already holds a finished run" in capsys.readouterr().err
-    assert main(["eval", "--config", CONFIG, "--workdir", workdir]) == 2
+    logs = {name: open(os.path.join(workdir, name)).read() for name in ("metrics.jsonl", "eval.jsonl")}
+    assert main(args + ["--resume", "auto"]) == 0
+    assert {name: open(os.path.join(workdir, name)).read() for name in logs} == logs
+    assert main(["eval", "--config", CONFIG, "--workdir", workdir]) == 2     # `swarmjax eval`: token world only
     assert "expected one of TrainJob" in capsys.readouterr().err
+
+
+def test_preempted_text_job_resumes_exactly(small_run, tmp_path, monkeypatch, capsys):
+    """The shrunk job stopped by SIGTERM during RL step 0 (exit 143, a checkpoint at step
+    1), refused under ``--resume never``, continued with ``--resume auto``: the same
+    log lines (timings aside), summary and final parameters as the uninterrupted run."""
+    import swarmjax.train.text_job as text_job
+
+    full, args, _ = small_run
+    cut = str(tmp_path / "cut")
+    args = [cut if a == full else a for a in args]
+    step = text_job.rl_step
+
+    def preempted_step(learner, state, rollout, task, problems, key, rcfg):
+        out = step(learner, state, rollout, task, problems, key, rcfg)
+        if len(open(os.path.join(cut, "eval.jsonl")).readlines()) == 1:     # RL step 0
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    monkeypatch.setattr(text_job, "rl_step", preempted_step)
+    assert main(args) == PREEMPTED_EXIT_CODE
+    assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
+    assert main(args) == 2
+    assert "pass --resume auto" in capsys.readouterr().err
+    monkeypatch.setattr(text_job, "rl_step", step)
+    assert main(args + ["--resume", "auto"]) == 0
+    timing = {"rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
+
+    def lines(run, name):
+        return [{k: v for k, v in json.loads(x).items() if k not in timing} for x in open(os.path.join(run, name))]
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        assert lines(cut, name) == lines(full, name), name
+    drop = lambda s: {k: v for k, v in s.items() if k not in timing}      # noqa: E731
+    assert drop(json.load(open(os.path.join(cut, "summary.json")))) == \
+        drop(json.load(open(os.path.join(full, "summary.json"))))
+    job = apply_overrides(load_config(CONFIG), SMALL)
+    cfg = job.model.replace(vocab_size=json.load(open(os.path.join(full, "summary.json")))["vocab_size"])
+    learner = text_job.Learner(cfg, job.rl.update)
+    states = []
+    for run in (full, cut):
+        with Checkpointer(os.path.join(run, "checkpoints"), save_every=1, read_only=True) as ckpt:
+            states.append(text_job._restore(cfg, learner, ckpt, 2)[0])
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, *states)))
 
 
 def _result(r_perf, orch_steps, sampled):

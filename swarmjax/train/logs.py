@@ -104,9 +104,10 @@ class JobLog:
         # TensorBoard: curves only (the final test evaluation is in summary.json; a
         # shorter run's final one, which a resume replaces, would otherwise stay drawn)
         if self.tb is not None and name != "traces.jsonl" and record.get("policy") != "final":
-            tag = record.get("stage") or f"eval/{record['split']}/{record['policy']}/n{record['n']}"
+            tag = record.get("stage") or "/".join(
+                ["eval", record["split"], record["policy"]] + ([f"n{record['n']}"] if "n" in record else []))
             writer = self.tb["sft" if tag == "sft" else "parl"]
-            step = record["step"] + (tag == "parl")
+            step = record["step"] + (tag in ("parl", "rl"))     # a training step's line: steps done
             for k, v in record.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
                     writer.add_scalar(f"{tag}/{k}", v, step)
@@ -127,6 +128,12 @@ class JobLog:
         for writer in (self.tb or {}).values():
             writer.close()
         self.tb = None
+
+
+class TextJobLog(JobLog):
+    """The text jobs' logs: ``metrics.jsonl`` and ``eval.jsonl`` (no traces)."""
+
+    NAMES = ("metrics.jsonl", "eval.jsonl")
 
 
 def keep_line(row: dict, step: int, *, keep_final: bool = False) -> bool:

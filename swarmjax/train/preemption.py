@@ -42,10 +42,10 @@ class Preempted(Exception):
     """Raised by a job that stopped for a preemption notice, after its checkpoint (if
     any: ``step`` is None when it stopped in the warm start) is on disk."""
 
-    def __init__(self, step: int | None, workdir: str):
+    def __init__(self, step: int | None, workdir: str, *, stage: str = "PARL"):
         self.step, self.workdir = step, workdir
         where = ("during the warm start: nothing to keep, the rerun starts the warm start again"
-                 if step is None else f"checkpoint at PARL step {step} saved")
+                 if step is None else f"checkpoint at {stage} step {step} saved")
         super().__init__(f"preempted (SIGTERM) {where}; continue with --resume auto on {workdir}")
 
 

@@ -16,7 +16,12 @@ host-driven text rollouts, evaluated before and after RL.
    :class:`~swarmjax.rl.update.Learner` update on the rollout's ids, loss mask and
    sampler log-probs (token-in-token-out).
 4. **Evaluation** (greedy, held-out problems): accuracy, mean tool calls and turns, of
-   the warm start and of the final policy, in ``summary.json`` / ``summary.md``.
+   the warm start and of the final policy, in ``summary.json`` / ``summary.md``;
+   every ``eval_every`` RL steps in ``eval.jsonl`` (each step's line in ``metrics.jsonl``).
+5. **Checkpoints, resume, preemption** (:func:`run_text_job`): as the text PARL job
+   (:mod:`swarmjax.train.text_parl_job`): a checkpoint after the warm start's
+   evaluation, at every evaluation, on SIGTERM and at the end; ``--resume auto`` /
+   ``latest`` continue bit for bit (the logs cut back, the task stream restored).
 """
 
 from __future__ import annotations
@@ -47,8 +52,11 @@ from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import CHAT_FORMATS, ChatFormat, chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.tokenizer import TextTokenizer
+from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.demos import pack_rows
-from swarmjax.train.logs import progress_bar
+from swarmjax.train.job import check_identity, check_resume, resume_mode
+from swarmjax.train.logs import TextJobLog, progress_bar
+from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.sft import role_stats
 
 
@@ -142,11 +150,18 @@ class TextToolJob:
     eval_every: int = 20
     seed: int = 0
 
+    def identity(self) -> dict[str, str]:
+        """What a run computes, as reprs: a run may be resumed with another RL step count
+        or evaluation cadence, not with another task, tokenizer, model, warm start, RL
+        configuration, seed or held-out set."""
+        same = dataclasses.replace(self, rl=dataclasses.replace(self.rl, steps=0), eval_every=0)
+        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)}
+
     def validate(self) -> None:
         if self.task not in TEXT_TASKS:
             raise ValueError(f"unknown text task {self.task!r}; known: {sorted(TEXT_TASKS)}")
-        if self.eval_episodes < 1 or self.tokenizer_vocab < 300:
-            raise ValueError("eval_episodes must be >= 1 and tokenizer_vocab >= 300 (bytes + merges)")
+        if self.eval_episodes < 1 or self.tokenizer_vocab < 300 or self.eval_every < 0:
+            raise ValueError("eval_episodes must be >= 1, tokenizer_vocab >= 300 (bytes + merges), eval_every >= 0")
 
 
 # name -> (corpus(job), task(job, chat, runner))
@@ -259,85 +274,171 @@ def task_chat(corpus: list[str], workdir: str, chat: str, vocab_size: int) -> Ch
     return chat_format(chat, TextTokenizer.from_dir(tok_dir))
 
 
-def start_text_workdir(workdir: str, resume: bool | str) -> None:
-    """Check a text job's ``workdir`` and ``resume`` (no resume yet: "latest" / True is
-    refused, "never" / False / "auto" start afresh; a local path; no finished run in
-    it) and create it."""
-    if resume is True or resume == "latest":
-        raise ValueError("--resume is not supported for text jobs yet: "
-                         "start a fresh workdir, or pass --resume auto to start afresh")
-    if resume not in (False, None, "never", "auto"):
-        raise ValueError(f"resume must be never, latest or auto, got {resume!r}")
+def check_text_workdir(workdir: str, mode: str) -> None:
+    """Check a text job's ``workdir`` for resume ``mode`` ("never", "latest" or "auto",
+    :func:`~swarmjax.train.job.resume_mode`): a local path (the tokenizer is written with
+    local file APIs), and under "never" no finished run in it; then create it."""
     if "://" in str(workdir):
         raise ValueError(f"text jobs need a local workdir (the tokenizer is saved with local file APIs), "
                          f"got {workdir!r}")
-    if os.path.exists(os.path.join(workdir, "summary.json")):
-        raise ValueError(f"workdir {workdir!r} already holds a finished run; choose another")
+    if mode == "never" and os.path.exists(os.path.join(workdir, "summary.json")):
+        raise ValueError(f"workdir {workdir!r} already holds a finished run; choose another "
+                         "(--resume auto reads its summary back)")
     os.makedirs(workdir, exist_ok=True)
 
 
-def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resume: bool | str = False) -> dict:
-    """Tokenizer -> warm start -> RL -> summary (module docstring). Returns the summary.
+def load_chat(workdir: str, chat: str) -> ChatFormat:
+    """The chat format over the tokenizer a run saved in ``workdir/tokenizer`` (a resumed
+    run keeps its tokenizer: :func:`task_chat` trained it)."""
+    tok_dir = os.path.join(workdir, "tokenizer")
+    if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
+        raise ValueError(f"{workdir} holds no tokenizer ({tok_dir}): not a text run's workdir")
+    return chat_format(chat, TextTokenizer.from_dir(tok_dir))
 
-    This job keeps no checkpoints yet: ``resume`` "never" / False and "auto" (no
-    checkpoint, so: start afresh, overwriting an unfinished attempt's files) run the
-    job; "latest" / True is refused. SIGTERM is not intercepted (its default action
-    ends the job). The workdir must be local (the tokenizer is written with local file
-    APIs)."""
+
+def run_checkpointed(ckpt: Checkpointer, mode: str, workdir: str, run: Callable[[int | None, PreemptionWatch], dict],
+                     *, handle_sigterm: bool) -> dict:
+    """``run(latest, watch)`` with ``ckpt``'s newest finished step (None: none) allowed by
+    resume ``mode`` (:func:`~swarmjax.train.job.check_resume`) and a SIGTERM watch;
+    closes ``ckpt`` after it (waiting for a save in flight). The text jobs' frame."""
+    try:
+        latest = ckpt.latest_step()
+        check_resume(mode, latest, workdir, ckpt.directory)
+        with PreemptionWatch(enabled=handle_sigterm) as watch:
+            return run(latest, watch)
+    finally:
+        ckpt.close()
+
+
+def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resume: bool | str = False,
+                 handle_sigterm: bool = True) -> dict:
+    """Tokenizer -> warm start -> RL -> summary (module docstring), or the continuation of
+    an unfinished run from its newest finished checkpoint. Returns the summary.
+
+    Checkpoints (``workdir/checkpoints``, the last two and the best by accuracy kept): the
+    RL :class:`~swarmjax.rl.update.TrainState` right after the warm start's evaluation
+    (step 0), at every evaluation, on SIGTERM and at the end, with the warm start's and
+    the final evaluations, the wall clock so far, the task stream's generator state and
+    the job's identity (:meth:`TextToolJob.identity`: only ``rl.steps`` and
+    ``eval_every`` may change between attempts). ``resume``: "never" / False (default:
+    refuses a workdir holding checkpoints or a finished run), "latest" / True (continue;
+    an error without a checkpoint) or "auto" (continue when there is one); a resumed run
+    cuts its logs back to the checkpoint and computes what an uninterrupted one does.
+    ``handle_sigterm``: on SIGTERM stop at the next safe point (the end of a warm-start
+    step: nothing kept; the step-0 checkpoint; the end of an RL step: a checkpoint there)
+    and raise :class:`~swarmjax.train.preemption.Preempted`. The workdir must be local."""
+    mode = resume_mode(resume)
     job.validate()
-    start_text_workdir(workdir, resume)
-    t_start = time.perf_counter()
+    check_text_workdir(workdir, mode)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, keep_last=2, best_metric="accuracy")
+    return run_checkpointed(ckpt, mode, workdir, lambda latest, watch: _run(job, workdir, ckpt, latest, watch,
+                                                                            progress),
+                            handle_sigterm=handle_sigterm)
+
+
+def _restore(cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
+    """(TrainState, meta) of checkpoint ``step``, on the first device."""
+    shapes = jax.eval_shape(lambda: learner.init(init_params(cfg, jax.random.key(0))))
+    return ckpt.restore(step, abstract_state(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])))
+
+
+def _run(job: TextToolJob, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
+         progress: bool) -> dict:
+    """:func:`run_text_job` once the checkpoints are open."""
+    clock = time.perf_counter()
     make_corpus, make_task = TEXT_TASKS[job.task]
-    chat = task_chat(make_corpus(job), workdir, job.chat, job.tokenizer_vocab)
+    chat = task_chat(make_corpus(job), workdir, job.chat, job.tokenizer_vocab) if latest is None else \
+        load_chat(workdir, job.chat)
     cfg = job.model.replace(vocab_size=chat.tokenizer.vocab_size)
-    runner = ToolRunner([], max_workers=16, timeout_s=10.0)
-    task = make_task(job, chat, runner)
-    rng = np.random.default_rng(job.seed)
-    test = task.sample(np.random.default_rng(job.seed + 1_000_003), job.eval_episodes)
     key = jax.random.key(job.seed)
-    params = init_params(cfg, key)
-    greedy = dataclasses.replace(job.rl.rollout, orch_sampling=SamplingConfig(temperature=0.0),
-                                 worker_sampling=SamplingConfig(temperature=0.0))
-    eval_rollout = TextRollout(cfg, greedy, stop_ids=chat.stop_ids, pad_id=chat.ids[chat.pad_token][0])
-    train_rollout = TextRollout(cfg, job.rl.rollout, stop_ids=chat.stop_ids, pad_id=chat.ids[chat.pad_token][0])
-    metrics_file = open(os.path.join(workdir, "metrics.jsonl"), "w")
-    log = lambda rec: (metrics_file.write(json.dumps(rec) + "\n"), metrics_file.flush())
-
-    data = demonstrations(task, task.sample(rng, job.sft.demos), rng)
-    bar = progress_bar(job.sft.steps, "warm start", progress)
-
-    def on_sft(i, m):
-        log({"stage": "sft", "step": i, **m})
-        bar.update(1)
-        bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['acc']:.3f}")
-    params = warm_start(params, cfg, data, job.sft, job.seed, on_sft)
-    bar.close()
-    t_sft = time.perf_counter()
-    before = evaluate(eval_rollout, params, task, test, jax.random.fold_in(key, 1))
-    log({"stage": "eval", "step": 0, "policy": "warm_start", **before})
-
     learner = Learner(cfg, job.rl.update)
-    state = learner.init(jax.tree.map(jnp.copy, params))
-    bar = progress_bar(job.rl.steps, "RL", progress)
-    for step in range(job.rl.steps):
-        problems = task.sample(rng, job.rl.tasks_per_step)
-        state, m = rl_step(learner, state, train_rollout, task, problems, jax.random.fold_in(key, 100 + step),
-                           job.rl)
-        log({"stage": "rl", "step": step, **m})
-        bar.update(1)
-        bar.set_postfix(reward=f"{m['reward']:.3f}", tools=f"{m['tool_calls']:.2f}")
-        if job.eval_every and (step + 1) % job.eval_every == 0 and step + 1 < job.rl.steps:
-            log({"stage": "eval", "step": step + 1, "policy": "rl",
-                 **evaluate(eval_rollout, state.params, task, test, jax.random.fold_in(key, 1))})
-    bar.close()
-    after = evaluate(eval_rollout, state.params, task, test, jax.random.fold_in(key, 1))
-    log({"stage": "eval", "step": job.rl.steps, "policy": "final", **after})
-    metrics_file.close()
-    runner.close()
+    steps = job.rl.steps
+    if latest is not None:
+        state, meta = _restore(cfg, learner, ckpt, latest)
+        check_identity(job.identity(), meta.get("job", {}), "--resume", "rl.steps and eval_every")
+        rng = np.random.default_rng()
+        rng.bit_generator.state = json.loads(meta["rng"])      # the task stream, where it stopped
+        log = TextJobLog(workdir, meta["rl_step"], keep_final="final" in meta and meta["rl_step"] >= steps)
+    else:
+        rng = np.random.default_rng(job.seed)
+        log = TextJobLog(workdir, None)
+    runner = ToolRunner([], max_workers=16, timeout_s=10.0)
+    try:
+        task = make_task(job, chat, runner)
+        test = task.sample(np.random.default_rng(job.seed + 1_000_003), job.eval_episodes)
+        greedy = dataclasses.replace(job.rl.rollout, orch_sampling=SamplingConfig(temperature=0.0),
+                                     worker_sampling=SamplingConfig(temperature=0.0))
+        pad = chat.ids[chat.pad_token][0]
+        eval_rollout = TextRollout(cfg, greedy, stop_ids=chat.stop_ids, pad_id=pad)
+        train_rollout = TextRollout(cfg, job.rl.rollout, stop_ids=chat.stop_ids, pad_id=pad)
+
+        def run_eval(step: int, label: str, params: Any) -> dict[str, float]:
+            res = evaluate(eval_rollout, params, task, test, jax.random.fold_in(key, 1))
+            log.write("eval.jsonl", {"step": step, "policy": label, "split": "test", **res})
+            return res
+
+        def save(step: int, state: Any, evals: dict | None) -> None:
+            """The state after ``step`` RL steps, its log lines first (scored by accuracy
+            when evaluated)."""
+            nonlocal clock
+            now = time.perf_counter()
+            meta.update(rl_step=step, wall_clock_s=meta["wall_clock_s"] + now - clock,
+                        rng=json.dumps(rng.bit_generator.state))
+            clock = now
+            log.sync()
+            ckpt.save(step, state, meta, metrics=None if evals is None else {"accuracy": evals["accuracy"]},
+                      force=True)
+
+        if latest is None:
+            data = demonstrations(task, task.sample(rng, job.sft.demos), rng)
+            bar = progress_bar(job.sft.steps, "warm start", progress)
+
+            def on_sft(i, m):
+                log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
+                bar.update(1)
+                bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['acc']:.3f}")
+                if watch.reached():
+                    bar.close()
+                    raise Preempted(None, workdir)
+            params = warm_start(init_params(cfg, key), cfg, data, job.sft, job.seed, on_sft)
+            bar.close()
+            meta = {"rl_step": 0, "job": job.identity(), "warm_start_s": time.perf_counter() - clock,
+                    "wall_clock_s": 0.0}
+            meta["warm_start"] = run_eval(0, "warm_start", params)
+            state = learner.init(jax.tree.map(jnp.copy, params))
+            save(0, state, None)                        # the warm start survives a crash in RL
+            if steps > 0 and watch.reached():           # safe point
+                raise Preempted(0, workdir, stage="RL")
+
+        start = meta["rl_step"]
+        bar = progress_bar(steps, "RL", progress, initial=min(start, steps))
+        for step in range(start, steps):
+            problems = task.sample(rng, job.rl.tasks_per_step)
+            state, m = rl_step(learner, state, train_rollout, task, problems, jax.random.fold_in(key, 100 + step),
+                               job.rl)
+            log.write("metrics.jsonl", {"stage": "rl", "step": step, **m})
+            bar.update(1)
+            bar.set_postfix(reward=f"{m['reward']:.3f}", tools=f"{m['tool_calls']:.2f}")
+            done, evals = step + 1, None
+            if done == steps:
+                evals = meta["final"] = run_eval(done, "final", state.params)
+            elif job.eval_every and done % job.eval_every == 0:
+                evals = run_eval(done, "rl", state.params)
+            stop = done < steps and watch.reached()     # safe point (the last step just finishes)
+            if evals is not None or stop:
+                save(done, state, evals)
+            if stop:
+                bar.close()
+                raise Preempted(done, workdir, stage="RL")
+        bar.close()
+    finally:
+        log.close()
+        runner.close()
     summary = {"task": job.task, "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size,
-               "eval_episodes": job.eval_episodes, "rl_steps": job.rl.steps, "warm_start": before,
-               "final": after, "wall_clock_s": time.perf_counter() - t_start,
-               "warm_start_s": t_sft - t_start, "backend": jax.default_backend()}
+               "eval_episodes": job.eval_episodes, "rl_steps": meta["rl_step"], "warm_start": meta["warm_start"],
+               "final": meta.get("final", meta["warm_start"]),
+               "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - clock,
+               "warm_start_s": meta["warm_start_s"], "backend": jax.default_backend()}
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     with open(os.path.join(workdir, "summary.md"), "w") as f:

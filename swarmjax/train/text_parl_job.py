@@ -52,14 +52,12 @@ from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
-from swarmjax.text.chat import chat_format
-from swarmjax.text.tokenizer import TextTokenizer
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
-from swarmjax.train.job import check_identity, check_resume, resume_mode
-from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table
+from swarmjax.train.job import check_identity, resume_mode
+from swarmjax.train.logs import TextJobLog, curves, progress_bar, summary_table
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.text_job import task_chat
+from swarmjax.train.text_job import check_text_workdir, load_chat, run_checkpointed, task_chat
 from swarmjax.train.text_parl import (TextPARLJob, eval_episodes, evaluate, parl_step, sample_episodes,
                                       warm_start)
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
@@ -68,22 +66,13 @@ __all__ = ["build_task", "evaluate_text_checkpoint", "greedy_swarm", "headline",
            "text_parl_table"]
 
 
-class TextJobLog(JobLog):
-    """The text PARL job's logs: ``metrics.jsonl`` and ``eval.jsonl`` (no traces)."""
-
-    NAMES = ("metrics.jsonl", "eval.jsonl")
-
-
 def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTask:
     """The task on the run's tokenizer: trained on the task's corpus and saved to
     ``workdir/tokenizer``, or (``train=False``) loaded from there."""
     if train:
         chat = task_chat(relay_corpus(job.env, seed=job.seed), workdir, job.chat, job.tokenizer_vocab)
     else:
-        tok_dir = os.path.join(workdir, "tokenizer")
-        if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
-            raise ValueError(f"{workdir} holds no tokenizer ({tok_dir}): not a text PARL run's workdir")
-        chat = chat_format(job.chat, TextTokenizer.from_dir(tok_dir))
+        chat = load_chat(workdir, job.chat)
     return RelayTask(job.env, chat, max_calls=job.max_calls, max_mentions=job.max_mentions,
                      max_pairs=job.max_pairs)
 
@@ -140,21 +129,11 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
     disk. The workdir must be local (the tokenizer is written with local file APIs)."""
     mode = resume_mode(resume)
     job.validate()
-    if "://" in str(workdir):
-        raise ValueError(f"text jobs need a local workdir (the tokenizer is saved with local file APIs), "
-                         f"got {workdir!r}")
-    if mode == "never" and os.path.exists(os.path.join(workdir, "summary.json")):
-        raise ValueError(f"workdir {workdir!r} already holds a finished run; choose another "
-                         "(--resume auto reads its summary back)")
-    os.makedirs(workdir, exist_ok=True)
+    check_text_workdir(workdir, mode)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, keep_last=2, best_metric="item_f1")
-    try:
-        latest = ckpt.latest_step()
-        check_resume(mode, latest, workdir, ckpt.directory)
-        with PreemptionWatch(enabled=handle_sigterm) as watch:
-            return _run(job, workdir, ckpt, latest, watch, progress)
-    finally:
-        ckpt.close()                                    # waits for a save in flight
+    return run_checkpointed(ckpt, mode, workdir, lambda latest, watch: _run(job, workdir, ckpt, latest, watch,
+                                                                            progress),
+                            handle_sigterm=handle_sigterm)
 
 
 def _rows(evals: dict) -> dict[int, dict[str, float]]:
