@@ -310,6 +310,25 @@ def run_checkpointed(ckpt: Checkpointer, mode: str, workdir: str, run: Callable[
         ckpt.close()
 
 
+def end_step(done: int, steps: int, eval_every: int, *, run_eval: Callable[[int, str], dict],
+             save: Callable[[int, dict | None], None], stop: Callable[[], bool], label: str,
+             preempted: Callable[[int], Exception]) -> None:
+    """After a training step (``done`` steps of ``steps``): the final evaluation after the
+    last one, a ``label`` evaluation every ``eval_every`` (0: none); a checkpoint when
+    evaluated or when ``stop()`` (a preemption notice; the last step just finishes),
+    then ``preempted(done)`` is raised. The text jobs' end of step."""
+    evals = None
+    if done == steps:
+        evals = run_eval(done, "final")
+    elif eval_every and done % eval_every == 0:
+        evals = run_eval(done, label)
+    halt = done < steps and stop()                  # safe point
+    if evals is not None or halt:
+        save(done, evals)
+    if halt:
+        raise preempted(done)
+
+
 def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resume: bool | str = False,
                  handle_sigterm: bool = True) -> dict:
     """Tokenizer -> warm start -> RL -> summary (module docstring), or the continuation of
@@ -375,6 +394,8 @@ def _run(job: TextToolJob, workdir: str, ckpt: Checkpointer, latest: int | None,
         def run_eval(step: int, label: str, params: Any) -> dict[str, float]:
             res = evaluate(eval_rollout, params, task, test, jax.random.fold_in(key, 1))
             log.write("eval.jsonl", {"step": step, "policy": label, "split": "test", **res})
+            if label == "final":
+                meta["final"] = res                     # in the last checkpoint: a finished run
             return res
 
         def save(step: int, state: Any, evals: dict | None) -> None:
@@ -412,25 +433,17 @@ def _run(job: TextToolJob, workdir: str, ckpt: Checkpointer, latest: int | None,
 
         start = meta["rl_step"]
         bar = progress_bar(steps, "RL", progress, initial=min(start, steps))
-        for step in range(start, steps):
-            problems = task.sample(rng, job.rl.tasks_per_step)
-            state, m = rl_step(learner, state, train_rollout, task, problems, jax.random.fold_in(key, 100 + step),
-                               job.rl)
-            log.write("metrics.jsonl", {"stage": "rl", "step": step, **m})
-            bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.3f}", tools=f"{m['tool_calls']:.2f}")
-            done, evals = step + 1, None
-            if done == steps:
-                evals = meta["final"] = run_eval(done, "final", state.params)
-            elif job.eval_every and done % job.eval_every == 0:
-                evals = run_eval(done, "rl", state.params)
-            stop = done < steps and watch.reached()     # safe point (the last step just finishes)
-            if evals is not None or stop:
-                save(done, state, evals)
-            if stop:
-                bar.close()
-                raise Preempted(done, workdir, stage="RL")
-        bar.close()
+        with bar:                                       # closed on a preemption too
+            for step in range(start, steps):
+                problems = task.sample(rng, job.rl.tasks_per_step)
+                state, m = rl_step(learner, state, train_rollout, task, problems, jax.random.fold_in(key, 100 + step),
+                                   job.rl)
+                log.write("metrics.jsonl", {"stage": "rl", "step": step, **m})
+                bar.update(1)
+                bar.set_postfix(reward=f"{m['reward']:.3f}", tools=f"{m['tool_calls']:.2f}")
+                end_step(step + 1, steps, job.eval_every, run_eval=lambda i, label: run_eval(i, label, state.params),
+                         save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="rl",
+                         preempted=lambda i: Preempted(i, workdir, stage="RL"))
     finally:
         log.close()
         runner.close()

@@ -57,7 +57,7 @@ from swarmjax.train.job import check_identity, resume_mode
 from swarmjax.train.logs import TextJobLog, curves, progress_bar, summary_table
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.text_job import check_text_workdir, load_chat, run_checkpointed, task_chat
+from swarmjax.train.text_job import check_text_workdir, end_step, load_chat, run_checkpointed, task_chat
 from swarmjax.train.text_parl import (TextPARLJob, eval_episodes, evaluate, parl_step, sample_episodes,
                                       warm_start)
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
@@ -179,7 +179,10 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
             res = evaluate(eval_swarm, params, warm, tests, eval_key)
             for n, r in res.items():
                 log.write("eval.jsonl", {"step": step, "policy": label, "split": "test", "n": n, **r})
-            return {str(n): r for n, r in res.items()}
+            res = {str(n): r for n, r in res.items()}
+            if label == "final":
+                meta["final_eval"] = res                # in the last checkpoint: a finished run
+            return res
 
         def save(step: int, state: Any, evals: dict | None) -> None:
             """The state after ``step`` PARL steps (scored by the item-F1 at the largest n
@@ -207,24 +210,17 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
         for _ in range(start):                          # the stream of training tasks, to where it stopped
             draw()
         bar = progress_bar(steps, "PARL", progress, initial=min(start, steps))
-        for step in range(start, steps):
-            state, m = parl_step(learner, state, train_swarm, draw(), jax.random.fold_in(parl_key, 100 + step),
-                                 step, job.parl)
-            log.write("metrics.jsonl", {"stage": "parl", "step": step, **m})
-            bar.update(1)
-            bar.set_postfix(f1=f"{m['item_f1']:.3f}", crit=f"{m['critical_steps']:.1f}", subs=f"{m['subagents']:.1f}")
-            done, evals = step + 1, None
-            if done == steps:
-                evals = meta["final_eval"] = run_eval(done, "final", state.params)
-            elif job.eval_every and done % job.eval_every == 0:
-                evals = run_eval(done, "parl", state.params)
-            stop = done < steps and watch.reached()     # safe point (the last step just finishes)
-            if evals is not None or stop:
-                save(done, state, evals)
-            if stop:
-                bar.close()
-                raise Preempted(done, workdir)
-        bar.close()
+        with bar:                                       # closed on a preemption too
+            for step in range(start, steps):
+                state, m = parl_step(learner, state, train_swarm, draw(), jax.random.fold_in(parl_key, 100 + step),
+                                     step, job.parl)
+                log.write("metrics.jsonl", {"stage": "parl", "step": step, **m})
+                bar.update(1)
+                bar.set_postfix(f1=f"{m['item_f1']:.3f}", crit=f"{m['critical_steps']:.1f}",
+                                subs=f"{m['subagents']:.1f}")
+                end_step(step + 1, steps, job.eval_every, run_eval=lambda i, label: run_eval(i, label, state.params),
+                         save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="parl",
+                         preempted=lambda i: Preempted(i, workdir))
     finally:
         log.close()
     curves(workdir)
