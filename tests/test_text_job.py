@@ -61,8 +61,15 @@ def test_text_job_runs_and_writes_its_summary(small_run, capsys):
     logs = {name: open(os.path.join(workdir, name)).read() for name in ("metrics.jsonl", "eval.jsonl")}
     assert main(args + ["--resume", "auto"]) == 0
     assert {name: open(os.path.join(workdir, name)).read() for name in logs} == logs
-    assert main(["eval", "--config", CONFIG, "--workdir", workdir]) == 2     # `swarmjax eval`: token world only
-    assert "expected one of TrainJob" in capsys.readouterr().err
+    # `swarmjax eval` of the last checkpoint: the run's final row again (the same problems, greedy)
+    assert main(["eval", "--config", CONFIG, "--workdir", workdir] + [a for s in SMALL for a in ("--set", s)]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint at RL step 2" in out
+    final = next(line for line in out.splitlines() if line.startswith("| final |"))
+    assert final == next(line for line in open(os.path.join(workdir, "summary.md")) if line.startswith("| final |")
+                         ).rstrip("\n")
+    assert main(["eval", "--config", CONFIG, "--workdir", workdir, "--sizes", "4"]) == 2
+    assert "no sizes or splits" in capsys.readouterr().err
 
 
 def test_preempted_text_job_resumes_exactly(small_run, tmp_path, monkeypatch, capsys):

@@ -110,7 +110,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     _job_arguments(p)
-    p.add_argument("--checkpoint", default="latest", help="'latest', 'best' (by eval item-F1) or a PARL step")
+    p.add_argument("--checkpoint", default="latest",
+                   help="'latest', 'best' (by eval item-F1; text tool jobs: accuracy) or a training step")
     p.add_argument("--sizes", help="task sizes to evaluate, e.g. 1,8,16 (default: the config's eval_sizes)")
     p.add_argument("--split", default="test", choices=("test", "validation"), help="held-out split (default test)")
     _distributed_arguments(p)
@@ -119,6 +120,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from swarmjax.train.job import TrainJob, evaluate_checkpoint
     from swarmjax.train.logs import summary_table
+    from swarmjax.train.text_job import TextToolJob, evaluate_text_job_checkpoint, text_summary_table
     from swarmjax.train.text_parl import TextPARLJob
     from swarmjax.train.text_parl_job import evaluate_text_checkpoint, text_parl_table
 
@@ -129,7 +131,14 @@ def run_eval(args: argparse.Namespace) -> int:
             sizes = tuple(int(x) for x in args.sizes.split(","))
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated integers, got {args.sizes!r}") from None
-    job = _load(args, (TrainJob, TextPARLJob))     # the text tool job keeps no checkpoints yet
+    job = _load(args, (TrainJob, TextPARLJob, TextToolJob))
+    if isinstance(job, TextToolJob):
+        if sizes or args.split != "test":
+            raise ValueError("a text tool job's held-out problems have no sizes or splits: drop --sizes and --split")
+        out = evaluate_text_job_checkpoint(job, args.workdir, which=args.checkpoint)
+        print(f"checkpoint at RL step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
+        print(text_summary_table(out))
+        return 0
     if sizes:
         import dataclasses
         job = dataclasses.replace(job, eval_sizes=sizes)

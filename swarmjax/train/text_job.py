@@ -355,6 +355,17 @@ def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resum
                             handle_sigterm=handle_sigterm)
 
 
+def held_out(job: TextToolJob, chat: ChatFormat, cfg: ModelConfig, runner: ToolRunner
+             ) -> tuple[Any, list, TextRollout]:
+    """The task (its tools on ``runner``), the run's ``eval_episodes`` held-out problems
+    (a seed stream training never draws from) and the greedy rollout that evaluates them."""
+    task = TEXT_TASKS[job.task][1](job, chat, runner)
+    test = task.sample(np.random.default_rng(job.seed + 1_000_003), job.eval_episodes)
+    greedy = dataclasses.replace(job.rl.rollout, orch_sampling=SamplingConfig(temperature=0.0),
+                                 worker_sampling=SamplingConfig(temperature=0.0))
+    return task, test, TextRollout(cfg, greedy, stop_ids=chat.stop_ids, pad_id=chat.ids[chat.pad_token][0])
+
+
 def _restore(cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
     """(TrainState, meta) of checkpoint ``step``, on the first device."""
     shapes = jax.eval_shape(lambda: learner.init(init_params(cfg, jax.random.key(0))))
@@ -365,8 +376,7 @@ def _run(job: TextToolJob, workdir: str, ckpt: Checkpointer, latest: int | None,
          progress: bool) -> dict:
     """:func:`run_text_job` once the checkpoints are open."""
     clock = time.perf_counter()
-    make_corpus, make_task = TEXT_TASKS[job.task]
-    chat = task_chat(make_corpus(job), workdir, job.chat, job.tokenizer_vocab) if latest is None else \
+    chat = task_chat(TEXT_TASKS[job.task][0](job), workdir, job.chat, job.tokenizer_vocab) if latest is None else \
         load_chat(workdir, job.chat)
     cfg = job.model.replace(vocab_size=chat.tokenizer.vocab_size)
     key = jax.random.key(job.seed)
@@ -383,13 +393,8 @@ def _run(job: TextToolJob, workdir: str, ckpt: Checkpointer, latest: int | None,
         log = TextJobLog(workdir, None)
     runner = ToolRunner([], max_workers=16, timeout_s=10.0)
     try:
-        task = make_task(job, chat, runner)
-        test = task.sample(np.random.default_rng(job.seed + 1_000_003), job.eval_episodes)
-        greedy = dataclasses.replace(job.rl.rollout, orch_sampling=SamplingConfig(temperature=0.0),
-                                     worker_sampling=SamplingConfig(temperature=0.0))
-        pad = chat.ids[chat.pad_token][0]
-        eval_rollout = TextRollout(cfg, greedy, stop_ids=chat.stop_ids, pad_id=pad)
-        train_rollout = TextRollout(cfg, job.rl.rollout, stop_ids=chat.stop_ids, pad_id=pad)
+        task, test, eval_rollout = held_out(job, chat, cfg, runner)
+        train_rollout = TextRollout(cfg, job.rl.rollout, stop_ids=chat.stop_ids, pad_id=chat.ids[chat.pad_token][0])
 
         def run_eval(step: int, label: str, params: Any) -> dict[str, float]:
             res = evaluate(eval_rollout, params, task, test, jax.random.fold_in(key, 1))
@@ -459,11 +464,46 @@ def _run(job: TextToolJob, workdir: str, ckpt: Checkpointer, latest: int | None,
     return summary
 
 
+def evaluate_text_job_checkpoint(job: TextToolJob, workdir: str, *, which: str = "latest") -> dict:
+    """Evaluate checkpoint ``which`` ("latest", "best" by accuracy, or an RL step) of the
+    text tool run in ``workdir``: greedy, on ``job.eval_episodes`` held-out problems of the
+    run's seed (the run's own are the first ones). The checkpoint holds the trained policy
+    only: the warm start's row is the run's own evaluation, given when ``eval_episodes``
+    is the run's. Returns what :func:`text_summary_table` prints, with ``step``."""
+    job.validate()
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        raise ValueError(f"no checkpoints in {workdir}")
+    chat = load_chat(workdir, job.chat)
+    cfg = job.model.replace(vocab_size=chat.tokenizer.vocab_size)
+    with Checkpointer(directory, save_every=1, read_only=True) as ckpt:
+        step = ckpt.step_of(which)
+        state, meta = _restore(cfg, Learner(cfg, job.rl.update), ckpt, step)
+    made, mine = meta.get("job", {}), job.identity()
+    differ = [k for k in ("task", "arith", "chat", "tokenizer_vocab", "model", "seed") if made.get(k) != mine[k]]
+    if differ:
+        raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
+    runner = ToolRunner([], max_workers=16, timeout_s=10.0)
+    t0 = time.perf_counter()
+    try:
+        task, test, rollout = held_out(job, chat, cfg, runner)
+        final = evaluate(rollout, state.params, task, test, jax.random.fold_in(jax.random.key(job.seed), 1))
+    finally:
+        runner.close()
+    out = {"step": step, "final": final, "eval_episodes": job.eval_episodes, "rl_steps": step,
+           "wall_clock_s": time.perf_counter() - t0, "backend": jax.default_backend()}
+    if made.get("eval_episodes") == mine["eval_episodes"]:
+        out["warm_start"] = meta["warm_start"]
+    return out
+
+
 def text_summary_table(summary: dict) -> str:
-    """The before/after table of a text job's summary (markdown)."""
+    """The before/after table of a text job's summary (markdown; the rows it has)."""
     keys = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated")
     rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name in ("warm_start", "final"):
+        if name not in summary:
+            continue
         rows.append(f"| {name.replace('_', ' ')} | " + " | ".join(f"{summary[name][k]:.3f}" for k in keys) + " |")
     rows.append(f"\n{summary['eval_episodes']} held-out problems, greedy; {summary['rl_steps']} RL steps; "
                 f"wall clock {summary['wall_clock_s']:.0f} s on {summary['backend']}")
