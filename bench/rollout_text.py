@@ -1,6 +1,8 @@
 """Text swarm rollout benchmark (``python bench/rollout.py --text [--json]``): the
 jitted text swarm vs the host-driven text rollout, on identical episodes, and what
-text costs against the token world.
+text costs against the token world, and where the host-driven rollout's time goes (its
+round trips, the share of its wall outside its decode and prefill phases: the most any
+rollout without round trips could gain while doing the host's device work).
 
 Workload: ``--batch`` (32) canonical text wide-search episodes
 (:mod:`swarmjax.envs.widesearch_relay`: E = V = 32, n = 1..8, K = 4, S_sub = 3) with a
@@ -163,7 +165,8 @@ def main(argv=None):
         # with no round trip could save while doing the host's device work, so total over
         # host_device_s bounds its ratio
         "host_segments": st["segments"], "host_prefill_calls": st["prefill_calls"],
-        "host_device_s": st["decode_s"] + st["prefill_s"], "host_other_s": st["total_s"] - st["decode_s"] - st["prefill_s"],
+        "host_device_s": st["decode_s"] + st["prefill_s"],
+        "host_other_s": st["total_s"] - st["decode_s"] - st["prefill_s"],
         "ratio_bound_same_device_work": st["total_s"] / (st["decode_s"] + st["prefill_s"]),
     }
     if args.json:
@@ -182,8 +185,9 @@ def main(argv=None):
           f"({figures['tokens_per_episode']:.0f} vs {figures['token_world_tokens_per_episode']:.0f}) and "
           f"{figures['text_over_token_time']:.1f}x its time")
     print(f"host: {st['segments']} decode segments and {st['prefill_calls']} prefill calls per batch; outside its "
-          f"decode and prefill phases (tool calls, bookkeeping) {figures['host_other_s']:.3f} s of {st['total_s']:.3f} s: with the host's "
-          f"device work and no round trip, a rollout reaches at most {figures['ratio_bound_same_device_work']:.2f}x")
+          f"decode and prefill phases (tool calls, bookkeeping) {figures['host_other_s']:.3f} s of "
+          f"{st['total_s']:.3f} s: with the host's device work and no round trip, a rollout reaches at most "
+          f"{figures['ratio_bound_same_device_work']:.2f}x")
 
 
 if __name__ == "__main__":
