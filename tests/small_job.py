@@ -1,6 +1,6 @@
 """What the job tests share: the overrides that shrink ``configs/parl_widesearch_cpu.py``
 to a job of seconds (single-process tests and the two-process worker), the metrics
-rows two runs are compared by, and the XLA flags of the jobs the tests start as
+rows two runs are compared by, the states of their checkpoints, and the XLA flags of the jobs the tests start as
 subprocesses."""
 
 import json
@@ -30,3 +30,15 @@ def subprocess_xla_flags(devices: int | None = None) -> str:
     device_count = "--xla_force_host_platform_device_count"
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(device_count)]
     return " ".join(flags + ([f"{device_count}={devices}"] if devices else []))
+
+
+def restored_states(runs, restore, step: int) -> list:
+    """The TrainState of checkpoint ``step`` of each run directory in ``runs``, read by
+    ``restore(ckpt, step)`` (a job's ``_restore`` with its model config and learner bound)."""
+    from swarmjax.train.checkpoint import Checkpointer
+
+    states = []
+    for run in runs:
+        with Checkpointer(os.path.join(run, "checkpoints"), save_every=1, read_only=True) as ckpt:
+            states.append(restore(ckpt, step)[0])
+    return states

@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 
+from small_job import restored_states
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
-from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 from swarmjax.train.text_job import OverlongConfig, TextRLConfig, TextToolJob, episode_rewards
 
@@ -107,10 +107,7 @@ def test_preempted_text_job_resumes_exactly(small_run, tmp_path, monkeypatch, ca
     job = apply_overrides(load_config(CONFIG), SMALL)
     cfg = job.model.replace(vocab_size=json.load(open(os.path.join(full, "summary.json")))["vocab_size"])
     learner = text_job.Learner(cfg, job.rl.update)
-    states = []
-    for run in (full, cut):
-        with Checkpointer(os.path.join(run, "checkpoints"), save_every=1, read_only=True) as ckpt:
-            states.append(text_job._restore(cfg, learner, ckpt, 2)[0])
+    states = restored_states((full, cut), lambda ckpt, step: text_job._restore(cfg, learner, ckpt, step), 2)
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, *states)))
 
 

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from small_job import restored_states
 from swarmjax.cli import main
 from swarmjax.config_file import load_config
 from swarmjax.envs.widesearch import Episode, WideSearchConfig
@@ -205,10 +206,7 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
     job = load_config(str(config))
     cfg = job.model.replace(vocab_size=summary(full)["vocab_size"])
     learner = text_parl_job.Learner(cfg, job.parl.update)
-    states = []
-    for run in (full, cut):
-        with Checkpointer(os.path.join(run, "checkpoints"), save_every=1, read_only=True) as ckpt:
-            states.append(text_parl_job._restore(cfg, learner, ckpt, 2)[0])
+    states = restored_states((full, cut), lambda ckpt, step: text_parl_job._restore(cfg, learner, ckpt, step), 2)
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, *states)))
     # a finished run resumed again: nothing recomputed, its lines stay as they are
     logs = {name: (cut / name).read_text() for name in ("metrics.jsonl", "eval.jsonl")}

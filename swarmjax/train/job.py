@@ -40,7 +40,6 @@ read and write object stores themselves).
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Any
 
@@ -55,7 +54,7 @@ from swarmjax.models.transformer import init_params
 from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
-from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table
+from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.sft import SFTConfig, train_sft
@@ -412,8 +411,7 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
         "parl_steps": meta["parl_step"], "device": jax.devices()[0].device_kind,
     }
     if primary:
-        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-        (workdir / "summary.md").write_text(summary_table(summary) + "\n")
+        write_summary(workdir, summary, summary_table)
         curves(workdir)
     return summary
 

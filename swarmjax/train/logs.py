@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from etils import epath
@@ -185,6 +186,13 @@ def _write_lines(path: epath.Path, lines: list[str]) -> None:
         tmp.replace(path)
     else:
         path.write_text("".join(lines))
+
+
+def write_summary(workdir: PathLike, summary: dict[str, Any], table: Callable[[dict[str, Any]], str]) -> None:
+    """A job's ``summary.json`` (indented) and ``summary.md`` (``table(summary)``) in ``workdir``."""
+    workdir = epath.Path(workdir)
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (workdir / "summary.md").write_text(table(summary) + "\n")
 
 
 def summary_table(summary: dict[str, Any]) -> str:

@@ -55,7 +55,7 @@ from swarmjax.text.tokenizer import TextTokenizer
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.demos import pack_rows
 from swarmjax.train.job import check_identity, check_resume, resume_mode
-from swarmjax.train.logs import TextJobLog, progress_bar
+from swarmjax.train.logs import TextJobLog, progress_bar, write_summary
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.sft import role_stats
 
@@ -457,10 +457,7 @@ def _run(job: TextToolJob, workdir: str, ckpt: Checkpointer, latest: int | None,
                "final": meta.get("final", meta["warm_start"]),
                "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - clock,
                "warm_start_s": meta["warm_start_s"], "backend": jax.default_backend()}
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    with open(os.path.join(workdir, "summary.md"), "w") as f:
-        f.write(text_summary_table(summary) + "\n")
+    write_summary(workdir, summary, text_summary_table)
     return summary
 
 

@@ -36,7 +36,6 @@ One process.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import time
@@ -54,7 +53,7 @@ from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.job import check_identity, resume_mode
-from swarmjax.train.logs import TextJobLog, curves, progress_bar, summary_table
+from swarmjax.train.logs import TextJobLog, curves, progress_bar, summary_table, write_summary
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
 from swarmjax.train.text_job import check_text_workdir, end_step, load_chat, run_checkpointed, task_chat
@@ -230,10 +229,7 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
                "parl_seed": parl_seed, "warm_start": before, "final": after, "headline": headline(before, after, big),
                "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - clock,
                "warm_start_s": meta["warm_start_s"], "device": f"{jax.default_backend()} x{jax.device_count()}"}
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    with open(os.path.join(workdir, "summary.md"), "w") as f:
-        f.write(text_parl_table(summary) + "\n")
+    write_summary(workdir, summary, text_parl_table)
     return summary
 
 
