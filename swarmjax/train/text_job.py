@@ -296,16 +296,24 @@ def load_chat(workdir: str, chat: str) -> ChatFormat:
     return chat_format(chat, TextTokenizer.from_dir(tok_dir))
 
 
-def run_checkpointed(ckpt: Checkpointer, mode: str, workdir: str, run: Callable[[int | None, PreemptionWatch], dict],
-                     *, handle_sigterm: bool) -> dict:
-    """``run(latest, watch)`` with ``ckpt``'s newest finished step (None: none) allowed by
-    resume ``mode`` (:func:`~swarmjax.train.job.check_resume`) and a SIGTERM watch;
-    closes ``ckpt`` after it (waiting for a save in flight). The text jobs' frame."""
+def run_checkpointed(job: Any, workdir: str, resume: bool | str,
+                     run: Callable[[Checkpointer, int | None, PreemptionWatch], dict], *, best_metric: str,
+                     handle_sigterm: bool) -> dict:
+    """A text job's frame: ``resume`` read (:func:`~swarmjax.train.job.resume_mode`), the
+    job validated, its workdir checked (:func:`check_text_workdir`), its checkpoints opened
+    (``workdir/checkpoints``: the last two and the best by ``best_metric`` kept), the
+    newest finished step (None: none) checked against the mode
+    (:func:`~swarmjax.train.job.check_resume`), then ``run(ckpt, latest, watch)`` under a
+    SIGTERM watch; the checkpoints are closed after it (waiting for a save in flight)."""
+    mode = resume_mode(resume)
+    job.validate()
+    check_text_workdir(workdir, mode)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, keep_last=2, best_metric=best_metric)
     try:
         latest = ckpt.latest_step()
         check_resume(mode, latest, workdir, ckpt.directory)
         with PreemptionWatch(enabled=handle_sigterm) as watch:
-            return run(latest, watch)
+            return run(ckpt, latest, watch)
     finally:
         ckpt.close()
 
@@ -346,13 +354,9 @@ def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resum
     ``handle_sigterm``: on SIGTERM stop at the next safe point (the end of a warm-start
     step: nothing kept; the step-0 checkpoint; the end of an RL step: a checkpoint there)
     and raise :class:`~swarmjax.train.preemption.Preempted`. The workdir must be local."""
-    mode = resume_mode(resume)
-    job.validate()
-    check_text_workdir(workdir, mode)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, keep_last=2, best_metric="accuracy")
-    return run_checkpointed(ckpt, mode, workdir, lambda latest, watch: _run(job, workdir, ckpt, latest, watch,
-                                                                            progress),
-                            handle_sigterm=handle_sigterm)
+    return run_checkpointed(job, workdir, resume,
+                            lambda ckpt, latest, watch: _run(job, workdir, ckpt, latest, watch, progress),
+                            best_metric="accuracy", handle_sigterm=handle_sigterm)
 
 
 def held_out(job: TextToolJob, chat: ChatFormat, cfg: ModelConfig, runner: ToolRunner

@@ -52,11 +52,11 @@ from swarmjax.rl.update import Learner
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
-from swarmjax.train.job import check_identity, resume_mode
+from swarmjax.train.job import check_identity
 from swarmjax.train.logs import TextJobLog, curves, progress_bar, summary_table, write_summary
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.text_job import check_text_workdir, end_step, load_chat, run_checkpointed, task_chat
+from swarmjax.train.text_job import end_step, load_chat, run_checkpointed, task_chat
 from swarmjax.train.text_parl import (TextPARLJob, eval_episodes, evaluate, parl_step, sample_episodes,
                                       warm_start)
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
@@ -126,13 +126,9 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
     ``handle_sigterm``: stop at the next safe point on SIGTERM and raise
     :class:`~swarmjax.train.preemption.Preempted` once its checkpoint (if any) is on
     disk. The workdir must be local (the tokenizer is written with local file APIs)."""
-    mode = resume_mode(resume)
-    job.validate()
-    check_text_workdir(workdir, mode)
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, keep_last=2, best_metric="item_f1")
-    return run_checkpointed(ckpt, mode, workdir, lambda latest, watch: _run(job, workdir, ckpt, latest, watch,
-                                                                            progress),
-                            handle_sigterm=handle_sigterm)
+    return run_checkpointed(job, workdir, resume,
+                            lambda ckpt, latest, watch: _run(job, workdir, ckpt, latest, watch, progress),
+                            best_metric="item_f1", handle_sigterm=handle_sigterm)
 
 
 def _rows(evals: dict) -> dict[int, dict[str, float]]:
