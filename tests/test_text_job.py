@@ -92,7 +92,7 @@ def test_preempted_text_job_resumes_exactly(small_run, tmp_path, monkeypatch, ca
     assert main(args) == PREEMPTED_EXIT_CODE
     assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
     assert main(args) == 2
-    assert "pass --resume auto" in capsys.readouterr().err
+    assert "newest: RL step 1); pass --resume auto" in capsys.readouterr().err
     monkeypatch.setattr(text_job, "rl_step", step)
     assert main(args + ["--resume", "auto"]) == 0
     timing = {"rollout_s", "update_s", "wall_clock_s", "warm_start_s"}

@@ -265,12 +265,12 @@ def resume_mode(resume: bool | str | None) -> str:
     return resume
 
 
-def check_resume(mode: str, latest: int | None, workdir: Any, checkpoints: Any) -> None:
+def check_resume(mode: str, latest: int | None, workdir: Any, checkpoints: Any, *, stage: str = "PARL") -> None:
     """Refuse what resume ``mode`` does not allow: "never" on a workdir whose
-    ``checkpoints`` directory holds a finished checkpoint (``latest``: its step),
-    "latest" on one that holds none."""
+    ``checkpoints`` directory holds a finished checkpoint (``latest``: its ``stage``
+    step), "latest" on one that holds none."""
     if latest is not None and mode == "never":
-        raise ValueError(f"{workdir} already holds checkpoints (newest: PARL step {latest}); "
+        raise ValueError(f"{workdir} already holds checkpoints (newest: {stage} step {latest}); "
                          "pass --resume auto to continue that run, or use a new --workdir")
     if mode == "latest" and latest is None:
         raise ValueError(f"--resume: no finished checkpoint in {checkpoints} "

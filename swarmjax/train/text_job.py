@@ -298,20 +298,21 @@ def load_chat(workdir: str, chat: str) -> ChatFormat:
 
 def run_checkpointed(job: Any, workdir: str, resume: bool | str,
                      run: Callable[[Checkpointer, int | None, PreemptionWatch], dict], *, best_metric: str,
-                     handle_sigterm: bool) -> dict:
+                     handle_sigterm: bool, stage: str = "PARL") -> dict:
     """A text job's frame: ``resume`` read (:func:`~swarmjax.train.job.resume_mode`), the
     job validated, its workdir checked (:func:`check_text_workdir`), its checkpoints opened
     (``workdir/checkpoints``: the last two and the best by ``best_metric`` kept), the
     newest finished step (None: none) checked against the mode
-    (:func:`~swarmjax.train.job.check_resume`), then ``run(ckpt, latest, watch)`` under a
-    SIGTERM watch; the checkpoints are closed after it (waiting for a save in flight)."""
+    (:func:`~swarmjax.train.job.check_resume`; ``stage`` names the training stage in its
+    errors), then ``run(ckpt, latest, watch)`` under a SIGTERM watch; the checkpoints are
+    closed after it (waiting for a save in flight)."""
     mode = resume_mode(resume)
     job.validate()
     check_text_workdir(workdir, mode)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, keep_last=2, best_metric=best_metric)
     try:
         latest = ckpt.latest_step()
-        check_resume(mode, latest, workdir, ckpt.directory)
+        check_resume(mode, latest, workdir, ckpt.directory, stage=stage)
         with PreemptionWatch(enabled=handle_sigterm) as watch:
             return run(ckpt, latest, watch)
     finally:
@@ -356,7 +357,7 @@ def run_text_job(job: TextToolJob, workdir: str, *, progress: bool = True, resum
     and raise :class:`~swarmjax.train.preemption.Preempted`. The workdir must be local."""
     return run_checkpointed(job, workdir, resume,
                             lambda ckpt, latest, watch: _run(job, workdir, ckpt, latest, watch, progress),
-                            best_metric="accuracy", handle_sigterm=handle_sigterm)
+                            best_metric="accuracy", handle_sigterm=handle_sigterm, stage="RL")
 
 
 def held_out(job: TextToolJob, chat: ChatFormat, cfg: ModelConfig, runner: ToolRunner
