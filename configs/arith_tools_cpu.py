@@ -1,26 +1,28 @@
 """`swarmjax train --config configs/arith_tools_cpu.py --workdir runs/arith`: tool-use RL in text.
 
-Multi-step arithmetic word problems with a `calculator` tool (swarmjax/envs/arith.py),
-in the Qwen3 chat format with a byte-level BPE trained locally on the task's text.
-A 0.7M-parameter Qwen3 is warm-started on demonstrations of which half use the
-calculator (one call per operation) and half answer directly; then GSPO on host-driven
-text rollouts (4 problems x 8 samples per step, 40 steps), reward 1 for the right final number.
-The summary compares accuracy and tool calls of the warm start and the final policy on
-128 held-out problems (greedy).
+Multi-step arithmetic word problems with a `calculator` tool (the built-in task
+`swarmjax.envs.arith.ArithTask`, a plug-in like any user's), in the Qwen3 chat format
+with a byte-level BPE trained locally on the task's text. A 0.7M-parameter Qwen3 is
+warm-started on demonstrations of which half use the calculator (one call per
+operation) and half answer directly; then GSPO on host-driven text rollouts (4 problems
+x 8 samples per step, 40 steps), reward 1 for the right final number. The summary
+compares accuracy and tool calls of the start and the final policy on 128 held-out test
+problems (greedy); the periodic evaluations use the validation split.
 """
 
-from swarmjax.envs.arith import ArithConfig
+from swarmjax.envs.arith import ArithConfig, ArithTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.update import UpdateConfig
 from swarmjax.swarm.text_rollout import TextRolloutConfig
-from swarmjax.train.text_job import TextRLConfig, TextSFTConfig, TextToolJob
+from swarmjax.train.agent import TextRLConfig, TextSFTConfig
+from swarmjax.train.agent_job import AgentJob
 
 
-def get_config() -> TextToolJob:
-    return TextToolJob(
-        task="arith", arith=ArithConfig(min_ops=2, max_ops=3, max_operand=99, tool_fraction=0.5),
+def get_config() -> AgentJob:
+    return AgentJob(
+        task=ArithTask(ArithConfig(min_ops=2, max_ops=3, max_operand=99, tool_fraction=0.5)),
         chat="qwen3", tokenizer_vocab=1024,
         model=ModelConfig(hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
                           intermediate_size=384),

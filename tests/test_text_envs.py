@@ -10,6 +10,7 @@ import pytest
 
 from swarmjax.envs.api import Step, SubAgentResult
 from swarmjax.envs.arith import ArithConfig, ArithTask, calculate, corpus, final_number, play, sample_problem
+from swarmjax.envs.task import EnvContext, make_env
 from swarmjax.envs.orchestration import Orchestration, result_text
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import chat_format
@@ -54,26 +55,26 @@ def test_problems_are_consistent():
 def test_demonstrations_played_through_the_environment_are_right(chat, runner):
     """Both demonstration kinds reach reward 1; the calculator path calls the tool once
     per operation, and the played ids hold the tool's results."""
-    task = ArithTask(ArithConfig(tool_fraction=1.0), chat, runner)
+    task = ArithTask(ArithConfig(tool_fraction=1.0))
     rng = np.random.default_rng(1)
     p = task.sample(rng, 1)[0]
-    turns = task.demonstration(p, rng)
+    turns = task.demonstration(p, chat, rng)
     assert len(turns) == len(p.ops) + 1
-    env = task.env(p)
+    env = make_env(task, p, EnvContext(chat, runner))
     ids, mask = play(env, p, turns)
     assert mask.sum() == sum(len(t) for t in turns)
     text = chat.tokenizer.decode(ids)
     assert f"<tool_response>\n{p.answer}\n</tool_response>" in text or len(p.ops) == 0
     final = env.step(np.asarray(turns[-1]))
     assert final.done and final.rewards["r_perf"] == 1.0 and final.rewards["tool_calls"] == len(p.ops)
-    direct = ArithTask(ArithConfig(tool_fraction=0.0), chat, runner)
-    assert len(direct.demonstration(p, rng)) == 1
+    direct = ArithTask(ArithConfig(tool_fraction=0.0))
+    assert len(direct.demonstration(p, chat, rng)) == 1
 
 
 def test_tool_env_errors_cost_a_step_and_are_replied(chat, runner):
-    task = ArithTask(ArithConfig(), chat, runner)
+    task = ArithTask(ArithConfig())
     p = task.sample(np.random.default_rng(2), 1)[0]
-    env = task.env(p)
+    env = make_env(task, p, EnvContext(chat, runner))
     env.reset(p)
     turn = chat.assistant_ids("", [{"name": "calculator", "arguments": {"expression": "2 ** 9"}},
                                    {"name": "calculator", "arguments": {"value": 3}},

@@ -1,5 +1,6 @@
-"""`swarmjax train --config configs/arith_tools_cpu.py`, shrunk: the text job end to end
-(tokenizer, warm start on played demonstrations, RL on text rollouts, evaluations)."""
+"""`swarmjax train --config configs/arith_tools_cpu.py`, shrunk: the agent job on the built-in
+arithmetic task end to end (tokenizer, warm start on played demonstrations, RL on text
+rollouts, evaluations on the validation and test splits), and its reward shaping."""
 
 import contextlib
 import dataclasses
@@ -17,7 +18,8 @@ from small_job import restored_states
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
-from swarmjax.train.text_job import OverlongConfig, TextRLConfig, TextToolJob, episode_rewards
+from swarmjax.train.agent import OverlongConfig, TextRLConfig, episode_rewards
+from swarmjax.train.agent_job import AgentJob
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
@@ -40,9 +42,10 @@ def small_run(tmp_path_factory):
 
 def test_text_job_runs_and_writes_its_summary(small_run, capsys):
     workdir, args, out = small_run
-    assert "| warm start |" in out and "| final |" in out
+    assert "| initial |" in out and "| final |" in out and "accuracy " in out
     summary = json.load(open(os.path.join(workdir, "summary.json")))
-    for policy in ("warm_start", "final"):
+    assert summary["held_out"] == {"validation": 4, "test": 4}
+    for policy in ("initial", "final"):
         assert set(summary[policy]) >= {"accuracy", "tool_calls", "turns", "answered"}
         assert 0.0 <= summary[policy]["accuracy"] <= 1.0
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
@@ -51,7 +54,9 @@ def test_text_job_runs_and_writes_its_summary(small_run, capsys):
     assert len(rl) == 2 and all(r["segments"] >= 1 and "learner/loss" in r for r in rl)
     assert all(r["orch_sampled_tokens"] > 0 for r in rl)
     evals = [json.loads(line) for line in open(os.path.join(workdir, "eval.jsonl"))]
-    assert [(r["policy"], r["step"]) for r in evals] == [("warm_start", 0), ("rl", 1), ("final", 2)]
+    assert [(r["policy"], r["step"], r["split"]) for r in evals] == [
+        ("initial", 0, "validation"), ("initial", 0, "test"), ("rl", 1, "validation"),
+        ("final", 2, "validation"), ("final", 2, "test")]
     assert evals[-1]["accuracy"] == summary["final"]["accuracy"]
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) >= ["1", "2"]
@@ -69,31 +74,31 @@ def test_text_job_runs_and_writes_its_summary(small_run, capsys):
     assert final == next(line for line in open(os.path.join(workdir, "summary.md")) if line.startswith("| final |")
                          ).rstrip("\n")
     assert main(["eval", "--config", CONFIG, "--workdir", workdir, "--sizes", "4"]) == 2
-    assert "no sizes or splits" in capsys.readouterr().err
+    assert "no sizes" in capsys.readouterr().err
 
 
 def test_preempted_text_job_resumes_exactly(small_run, tmp_path, monkeypatch, capsys):
     """The shrunk job stopped by SIGTERM during RL step 0 (exit 143, a checkpoint at step
     1), refused under ``--resume never``, continued with ``--resume auto``: the same
     log lines (timings aside), summary and final parameters as the uninterrupted run."""
-    import swarmjax.train.text_job as text_job
+    import swarmjax.train.agent_job as agent_job
 
     full, args, _ = small_run
     cut = str(tmp_path / "cut")
     args = [cut if a == full else a for a in args]
-    step = text_job.rl_step
+    step = agent_job.rl_step
 
-    def preempted_step(learner, state, rollout, task, problems, key, rcfg):
-        out = step(learner, state, rollout, task, problems, key, rcfg)
-        if len(open(os.path.join(cut, "eval.jsonl")).readlines()) == 1:     # RL step 0
+    def preempted_step(*args, **kwargs):
+        out = step(*args, **kwargs)
+        if len(open(os.path.join(cut, "eval.jsonl")).readlines()) == 2:     # RL step 0
             os.kill(os.getpid(), signal.SIGTERM)
         return out
-    monkeypatch.setattr(text_job, "rl_step", preempted_step)
+    monkeypatch.setattr(agent_job, "rl_step", preempted_step)
     assert main(args) == PREEMPTED_EXIT_CODE
     assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
     assert main(args) == 2
     assert "newest: RL step 1); pass --resume auto" in capsys.readouterr().err
-    monkeypatch.setattr(text_job, "rl_step", step)
+    monkeypatch.setattr(agent_job, "rl_step", step)
     assert main(args + ["--resume", "auto"]) == 0
     timing = {"rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
 
@@ -106,8 +111,8 @@ def test_preempted_text_job_resumes_exactly(small_run, tmp_path, monkeypatch, ca
         drop(json.load(open(os.path.join(full, "summary.json"))))
     job = apply_overrides(load_config(CONFIG), SMALL)
     cfg = job.model.replace(vocab_size=json.load(open(os.path.join(full, "summary.json")))["vocab_size"])
-    learner = text_job.Learner(cfg, job.rl.update)
-    states = restored_states((full, cut), lambda ckpt, step: text_job._restore(cfg, learner, ckpt, step), 2)
+    learner = agent_job.Learner(cfg, job.rl.update)
+    states = restored_states((full, cut), lambda ckpt, step: agent_job._restore(job, cfg, learner, ckpt, step), 2)
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, *states)))
 
 
@@ -118,7 +123,7 @@ def _result(r_perf, orch_steps, sampled):
     loss_mask = np.zeros((len(sampled), C), bool)
     for b, n in enumerate(sampled):
         loss_mask[b, 1:2 * n + 1:2] = True
-    return SimpleNamespace(rewards={"r_perf": np.asarray(r_perf, np.float32)},
+    return SimpleNamespace(rewards={"r_perf": np.asarray(r_perf, np.float32)}, length=np.asarray(sampled),
                            orch_steps=np.asarray(orch_steps, np.int32), loss_mask=loss_mask)
 
 
@@ -129,14 +134,14 @@ def test_overlong_penalty_shapes_the_rewards():
     plain = np.asarray([1.0, 1.0, 1.0, 0.0, 1.0]) - 0.1 * np.asarray([1, 2, 3, 1, 2])
     rcfg = TextRLConfig(turn_cost=0.1)
     assert rcfg.overlong is None
-    np.testing.assert_array_equal(episode_rewards(res, rcfg), res.rewards["r_perf"] - 0.1 * res.orch_steps)
-    np.testing.assert_allclose(episode_rewards(res, rcfg), plain, atol=1e-6)
-    shaped = episode_rewards(res, dataclasses.replace(rcfg, overlong=OverlongConfig(max_length=20, cache_length=4)))
+    np.testing.assert_array_equal(episode_rewards(res, rcfg)[0], res.rewards["r_perf"] - 0.1 * res.orch_steps)
+    np.testing.assert_allclose(episode_rewards(res, rcfg)[0], plain, atol=1e-6)
+    shaped = episode_rewards(res, dataclasses.replace(rcfg, overlong=OverlongConfig(max_length=20, cache_length=4)))[0]
     np.testing.assert_allclose(shaped, plain + [0.0, 0.0, -0.5, -1.0, -1.0], atol=1e-6)
 
 
 def test_overlong_config_from_overrides():
-    job = apply_overrides(TextToolJob(), ["rl.overlong.max_length=128"])
+    job = apply_overrides(AgentJob(), ["rl.overlong.max_length=128"])
     assert job.rl.overlong == OverlongConfig(max_length=128, cache_length=64)
     assert apply_overrides(job, ["rl.overlong=None"]).rl.overlong is None
     with pytest.raises(ValueError, match=r"cache_length \(0\) <= max_length"):

@@ -26,7 +26,7 @@ from swarmjax.cli import register
 
 def _job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True,
-                   help="Python file whose get_config() returns a TrainJob, a TextToolJob or a TextPARLJob")
+                   help="Python file whose get_config() returns an AgentJob, a TrainJob or a TextPARLJob")
     p.add_argument("--workdir", required=True, help="where metrics, traces, checkpoints and the summary go")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. parl.group_size=4 (repeatable)")
@@ -54,11 +54,11 @@ def _jobs() -> dict[type, tuple]:
     """Job config type -> (run, summary table): the registry ``swarmjax train`` dispatches on."""
     from swarmjax.train.job import TrainJob, run_job
     from swarmjax.train.logs import summary_table
-    from swarmjax.train.text_job import TextToolJob, run_text_job, text_summary_table
+    from swarmjax.train.agent_job import AgentJob, agent_summary_table, run_agent_job
     from swarmjax.train.text_parl import TextPARLJob
     from swarmjax.train.text_parl_job import run_text_parl_job, text_parl_table
 
-    return {TrainJob: (run_job, summary_table), TextToolJob: (run_text_job, text_summary_table),
+    return {TrainJob: (run_job, summary_table), AgentJob: (run_agent_job, agent_summary_table),
             TextPARLJob: (run_text_parl_job, text_parl_table)}
 
 
@@ -111,7 +111,7 @@ def run_train(args: argparse.Namespace) -> int:
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     _job_arguments(p)
     p.add_argument("--checkpoint", default="latest",
-                   help="'latest', 'best' (by eval item-F1; text tool jobs: accuracy) or a training step")
+                   help="'latest', 'best' (by validation item-F1; agent jobs: accuracy) or a training step")
     p.add_argument("--sizes", help="task sizes to evaluate, e.g. 1,8,16 (default: the config's eval_sizes)")
     p.add_argument("--split", default="test", choices=("test", "validation"), help="held-out split (default test)")
     _distributed_arguments(p)
@@ -120,7 +120,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     from swarmjax.train.job import TrainJob, evaluate_checkpoint
     from swarmjax.train.logs import summary_table
-    from swarmjax.train.text_job import TextToolJob, evaluate_text_job_checkpoint, text_summary_table
+    from swarmjax.train.agent_job import AgentJob, agent_summary_table, evaluate_agent_checkpoint
     from swarmjax.train.text_parl import TextPARLJob
     from swarmjax.train.text_parl_job import evaluate_text_checkpoint, text_parl_table
 
@@ -131,13 +131,13 @@ def run_eval(args: argparse.Namespace) -> int:
             sizes = tuple(int(x) for x in args.sizes.split(","))
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated integers, got {args.sizes!r}") from None
-    job = _load(args, (TrainJob, TextPARLJob, TextToolJob))
-    if isinstance(job, TextToolJob):
-        if sizes or args.split != "test":
-            raise ValueError("a text tool job's held-out problems have no sizes or splits: drop --sizes and --split")
-        out = evaluate_text_job_checkpoint(job, args.workdir, which=args.checkpoint)
+    job = _load(args, (TrainJob, TextPARLJob, AgentJob))
+    if isinstance(job, AgentJob):
+        if sizes:
+            raise ValueError("an agent job's held-out problems have no sizes: drop --sizes")
+        out = evaluate_agent_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split)
         print(f"checkpoint at RL step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
-        print(text_summary_table(out))
+        print(agent_summary_table(out))
         return 0
     if sizes:
         import dataclasses

@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 
 from swarmjax.envs.api import play as api_play
-from swarmjax.envs.tool_env import ToolAgentEnv
+from swarmjax.envs.task import Task
 from swarmjax.text.chat import ChatFormat
-from swarmjax.text.runner import ToolRunner
 from swarmjax.text.tools import Tool
 
 SYSTEM = ("Solve the word problem. You can call calculator(expression) for arithmetic. "
@@ -134,44 +133,51 @@ def final_number(text: str) -> int | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class ArithTask:
-    """The arithmetic task on a chat format: problems, environments, demonstrations.
+class ArithTask(Task):
+    """The arithmetic task as a plug-in (:mod:`swarmjax.envs.task`): a generator of
+    problems, the calculator, the prompt, the verifier and demonstrations.
 
-    >>> task = ArithTask(ArithConfig(), chat, runner)
-    >>> env = task.env(problem); prompt = env.reset(problem)
+    >>> task = ArithTask(ArithConfig(max_ops=4))
+    >>> env = make_env(task, problem, EnvContext(chat, runner)); prompt = env.reset(problem)
     """
 
-    cfg: ArithConfig
-    chat: ChatFormat
-    runner: ToolRunner
+    cfg: ArithConfig = ArithConfig()
 
-    def sample(self, rng: np.random.Generator, count: int) -> list[Problem]:
+    def sample(self, rng: np.random.Generator, count: int, *, split: str = "train") -> list[Problem]:
+        """``count`` problems (every split draws from the same distribution; the job
+        gives each split a stream of its own)."""
         return [sample_problem(self.cfg, rng) for _ in range(count)]
 
-    def env(self, problem: Problem) -> ToolAgentEnv:
-        """A fresh environment for one episode (``reset(problem)`` starts it)."""
-        return ToolAgentEnv(self.chat, [CALCULATOR], runner=self.runner,
-                            messages=lambda p: [{"role": "system", "content": SYSTEM},
-                                                {"role": "user", "content": p.text}],
-                            verify=self.verify)
+    def tools(self) -> list[Tool]:
+        return [CALCULATOR]
+
+    def messages(self, problem: Problem) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem.text}]
 
     @staticmethod
     def verify(problem: Problem, answer: str) -> dict[str, float]:
         got = final_number(answer)
         return {"r_perf": float(got == problem.answer), "correct": float(got == problem.answer)}
 
-    def demonstration(self, problem: Problem, rng: np.random.Generator) -> list[list[int]]:
+    def demonstration(self, problem: Problem, chat: ChatFormat, rng: np.random.Generator, *,
+                      role: str = "single") -> list[list[int]] | None:
         """Scripted turns (ids as sampled): the calculator path with probability
-        ``tool_fraction``, else a direct answer."""
-        final = self.chat.assistant_ids(f"The answer is {problem.answer}.").tolist()
+        ``tool_fraction``, else a direct answer. Single agents only (None otherwise)."""
+        if role != "single":
+            return None
+        final = chat.assistant_ids(f"The answer is {problem.answer}.").tolist()
         if rng.random() >= self.cfg.tool_fraction:
             return [final]
         turns, value = [], problem.start
         for op, x in problem.ops:
             call = {"name": "calculator", "arguments": {"expression": f"{value} {op} {x}"}}
-            turns.append(self.chat.assistant_ids("", [call]).tolist())
+            turns.append(chat.assistant_ids("", [call]).tolist())
             value = calculate(f"{value} {op} {x}")
         return turns + [final]
+
+    def corpus(self, *, seed: int = 0) -> list[str]:
+        """Text for a local tokenizer (:func:`corpus`)."""
+        return corpus(self.cfg, seed=seed)
 
 
 def corpus(cfg: ArithConfig, *, count: int = 2000, seed: int = 0) -> list[str]:

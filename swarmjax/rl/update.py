@@ -157,7 +157,15 @@ class Learner:
         """Initial state; with a mesh every leaf is placed with its sharding.
 
         :meth:`update` donates the state's buffers, and without a mesh the state
-        holds ``params`` itself: copy them first if you need the originals later."""
+        holds ``params`` itself: copy them first if you need the originals later.
+        Raises ValueError when a ``frozen`` tree holds an array of ``params`` (the
+        update would donate it while the frozen copy still reads it: pass a copy,
+        ``jax.tree.map(jnp.copy, params)``)."""
+        mine = {id(x) for x in jax.tree.leaves(params)}
+        for name, tree in (frozen or {}).items():
+            if any(id(x) in mine for x in jax.tree.leaves(tree)):
+                raise ValueError(f"frozen[{name!r}] shares arrays with the params being trained; freeze a copy "
+                                 "(jax.tree.map(jnp.copy, params)): the update donates the trained ones")
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
                            opt_state=self.optimizer.init(params), frozen=frozen)
         if self.mesh is None:

@@ -363,3 +363,27 @@ def chat_format(name: str, tokenizer: TextTokenizer, *, thinking: bool = False) 
     if name not in CHAT_FORMATS:
         raise ValueError(f"unknown chat format {name!r}; known: {sorted(CHAT_FORMATS)}")
     return CHAT_FORMATS[name](tokenizer, thinking=thinking)
+
+
+# (format, marks its template holds): the first whose marks are all in a tokenizer's template
+_TEMPLATE_MARKS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("qwen3", ("<|im_start|>", "<tool_call>", "<think>")),
+    ("llama3", ("<|start_header_id|>", "<|eot_id|>")),
+)
+
+
+def detect_chat_format(tokenizer: TextTokenizer) -> str:
+    """The key of :data:`CHAT_FORMATS` a tokenizer's chat template is written in: Qwen3
+    (ChatML with ``<tool_call>`` and ``<think>``) or Llama 3.x (header ids). Raises
+    ValueError when the tokenizer has no template or one of another family (pass the
+    format by name then)."""
+    template = tokenizer.chat_template
+    if template is None:
+        raise ValueError(f"the tokenizer in {tokenizer.path} has no chat template: name the chat format "
+                         f"(chat=..., one of {sorted(CHAT_FORMATS)})")
+    for name, marks in _TEMPLATE_MARKS:
+        if all(m in template for m in marks):
+            return name
+    raise ValueError(f"the chat template of {tokenizer.path} is none of {sorted(CHAT_FORMATS)} (Qwen3: "
+                     f"<|im_start|> with <tool_call> and <think>; Llama 3.x: <|start_header_id|>); name "
+                     "the format (chat=...) if its turns are laid out as one of them")

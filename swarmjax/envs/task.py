@@ -1,0 +1,265 @@
+"""Tasks as plug-ins: what a task provides to ``swarmjax train``, and how a config names one.
+
+A *task* is one object. ``swarmjax train`` reaches it through a config field
+``task=``, which holds either
+
+* the object itself (``task=UnitsTask(max_value=50)`` in the config file),
+* an import path ``"package.module:Name"`` (``Name`` is a class or a factory taking no
+  arguments, or an instance), or
+* the name of a built-in task (:data:`TASKS`: ``"arith"``).
+
+Adding a task edits no file of swarmjax. The task object provides (duck-typed; the
+:class:`Task` base class only supplies the defaults of the optional methods):
+
+Required:
+
+* the **stream**, one of
+
+  - ``sample(rng, count, *, split) -> list[problem]``: a seeded generator
+    (``rng``: ``np.random.Generator``; its state goes into the job's checkpoints), or
+  - ``records(split) -> Sequence[problem]``: a dataset (a list, :func:`jsonl_records`
+    of a JSON-lines file, a grain ``RandomAccessDataSource`` or a TFDS
+    ``tfds.data_source``: anything with ``len`` and ``[i]``);
+
+  with ``split`` one of :data:`SPLITS` (``"train"`` for training, ``"validation"``
+  for the periodic evaluations and the choice of the best checkpoint, ``"test"`` for
+  the final table);
+* the **environment**: either ``env(problem, ctx) -> HostEnv``, or the three pieces the
+  generic tool agent (:class:`~swarmjax.envs.tool_env.ToolAgentEnv`) is built from:
+  ``tools() -> list[Tool]``, ``messages(problem) -> list[dict]`` (the first prompt's
+  system / user turns) and ``verify(problem, answer_text) -> dict[str, float]``
+  (reward terms; ``"r_perf"`` is the task reward, the rest are logged).
+
+Optional:
+
+* ``demonstration(problem, chat, rng, *, role) -> Demo | list[turns] | None``: scripted
+  turns (ids as a model would sample them) for a warm start; ``role`` is ``"single"``
+  or ``"orchestrator"`` (sub-agents' scripts in :attr:`Demo.workers`);
+* ``corpus() -> list[str]``: text to train a local tokenizer on (jobs with no
+  tokenizer of their own);
+* ``subagent_messages(system_prompt, prompt) -> list[dict]``: a sub-agent's first turns
+  (default: the orchestrator's ``system_prompt`` and its ``prompt`` as the user turn).
+
+Roles: a job runs the task as a single agent, or as an orchestrator that may
+``create_subagent`` / ``assign_task`` (:mod:`swarmjax.envs.orchestration`); its
+sub-agents have the task's own tools (:func:`make_env`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from swarmjax.envs.api import HostEnv
+from swarmjax.envs.orchestration import Orchestration
+from swarmjax.envs.tool_env import ToolAgentEnv
+from swarmjax.text.chat import ChatFormat
+from swarmjax.text.runner import ToolRunner
+
+SPLITS = ("train", "validation", "test")
+ROLES = ("single", "orchestrator")
+Messages = list[dict[str, Any]]
+
+# built-in tasks: name -> import path (imported when asked for, so this module stays light)
+TASKS: dict[str, str] = {"arith": "swarmjax.envs.arith:ArithTask"}
+
+ORCHESTRATOR_NOTE = ("You may create sub-agents with create_subagent and give each a self-contained task "
+                     "with assign_task; the assign_task calls of one turn run in parallel and their "
+                     "answers come back together. Sub-agents have your tools.")
+
+
+class TaskError(ValueError):
+    """A task that cannot be used: the message names the task and what is wrong."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Demo:
+    """A scripted episode for the warm start: the agent's ``turns`` (each a list of ids
+    ending with its stop id) and, for an orchestrator, one script per sub-agent it
+    starts (in spawn order over its stages)."""
+
+    turns: Sequence[Sequence[int]]
+    workers: Sequence[Sequence[Sequence[int]]] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvContext:
+    """What the job gives a task's environments: the chat format (tokenizer inside), the
+    shared tool runner (thread pool, timeout), the role and, for an orchestrator, the
+    most sub-agent assignments per episode."""
+
+    chat: ChatFormat
+    runner: ToolRunner
+    role: str = "single"
+    max_subagents: int = 4
+
+
+class Task:
+    """Optional base class of a task plug-in: the optional methods' defaults (see the
+    module docstring for the whole protocol)."""
+
+    def demonstration(self, problem: Any, chat: ChatFormat, rng: np.random.Generator, *,
+                      role: str = "single") -> Demo | None:
+        return None
+
+    def subagent_messages(self, system_prompt: str, prompt: str) -> Messages:
+        return [{"role": "system", "content": system_prompt}, {"role": "user", "content": prompt}]
+
+
+def task_name(task: Any) -> str:
+    """A stable name of a task object (its class; a dataclass's repr holds its settings):
+    what a checkpoint records to refuse a resume with another task."""
+    kind = f"{type(task).__module__}.{type(task).__qualname__}"
+    return repr(task) if dataclasses.is_dataclass(task) else kind
+
+
+def check_task(task: Any, *, name: str | None = None) -> Any:
+    """``task`` if it provides the protocol (module docstring), else one
+    :class:`TaskError` naming every missing method."""
+    label = name or type(task).__name__
+    missing = []
+    if not (callable(getattr(task, "sample", None)) or callable(getattr(task, "records", None))):
+        missing.append("a stream: sample(rng, count, *, split) or records(split)")
+    if not callable(getattr(task, "env", None)):
+        missing += [m for m in ("tools", "messages", "verify") if not callable(getattr(task, m, None))]
+    if missing:
+        raise TaskError(f"task {label!r} lacks {', '.join(missing)} (see swarmjax.envs.task)")
+    return task
+
+
+def resolve_task(spec: Any) -> Any:
+    """The task object a config's ``task=`` names: an object (checked), a built-in name
+    (:data:`TASKS`) or an import path ``"module:Name"``. Raises :class:`TaskError` with
+    one line for a name that does not resolve or an object that lacks a method."""
+    if not isinstance(spec, str):
+        return check_task(spec)
+    path = TASKS.get(spec, spec)
+    if ":" not in path:
+        raise TaskError(f"unknown task {spec!r}: give a built-in name ({', '.join(sorted(TASKS))}) or an "
+                        f"import path 'package.module:Name'")
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise TaskError(f"task {spec!r}: cannot import {module_name!r} ({e}); is its directory on "
+                        f"PYTHONPATH or beside the config file?") from None
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise TaskError(f"task {spec!r}: module {module_name!r} has no {attr!r}") from None
+    if isinstance(obj, type) or (callable(obj) and not _is_task_like(obj)):
+        try:
+            obj = obj()
+        except TypeError as e:
+            raise TaskError(f"task {spec!r}: {attr}() needs arguments ({e}); construct it in the config "
+                            "file instead (task=...)") from None
+    return check_task(obj, name=spec)
+
+
+def _is_task_like(obj: Any) -> bool:
+    return any(callable(getattr(obj, m, None)) for m in ("sample", "records"))
+
+
+def make_env(task: Any, problem: Any, ctx: EnvContext) -> HostEnv:
+    """A fresh environment for one episode of ``problem`` in ``ctx.role``: the task's own
+    ``env`` when it has one, else the generic tool agent over its ``tools``,
+    ``messages`` and ``verify``; an orchestrator's gets the orchestration tools (a note
+    on them appended to its system turn) and sub-agents with the task's tools."""
+    if callable(getattr(task, "env", None)):
+        return task.env(problem, ctx)
+    tools = list(task.tools())
+    orchestration = None
+    messages: Callable[[Any], Messages] = task.messages
+    if ctx.role == "orchestrator":
+        sub_messages = getattr(task, "subagent_messages", None) or Task.subagent_messages.__get__(task)
+
+        def make_subagent(system_prompt: str) -> HostEnv:
+            return ToolAgentEnv(ctx.chat, tools, runner=ctx.runner,
+                                messages=lambda prompt: sub_messages(system_prompt, prompt))
+        orchestration = Orchestration(make_subagent, max_subagents=ctx.max_subagents)
+        messages = lambda p: _with_note(task.messages(p), ORCHESTRATOR_NOTE)      # noqa: E731
+    elif ctx.role != "single":
+        raise TaskError(f"unknown role {ctx.role!r}; known: {', '.join(ROLES)}")
+    return ToolAgentEnv(ctx.chat, tools, runner=ctx.runner, messages=messages, verify=task.verify,
+                        orchestration=orchestration)
+
+
+def _with_note(messages: Messages, note: str) -> Messages:
+    """``messages`` with ``note`` appended to the system turn (one added in front when
+    there is none)."""
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0]['content']}\n\n{note}"
+        return out
+    return [{"role": "system", "content": note}, *out]
+
+
+def demonstration(task: Any, problem: Any, chat: ChatFormat, rng: np.random.Generator, role: str) -> Demo | None:
+    """The task's demonstration of ``problem`` for ``role`` as a :class:`Demo` (None: it
+    has none)."""
+    fn = getattr(task, "demonstration", None)
+    if not callable(fn):
+        return None
+    demo = fn(problem, chat, rng, role=role)
+    if demo is None or isinstance(demo, Demo):
+        return demo
+    return Demo(turns=demo)
+
+
+# ------------------------------------------------------------------------ datasets
+
+
+def jsonl_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (one JSON object a line; blank lines skipped).
+    Raises :class:`TaskError` naming the file and line of a bad one."""
+    from etils import epath
+
+    out = []
+    with epath.Path(path).open() as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise TaskError(f"{path}:{i}: not a JSON line ({e})") from None
+    return out
+
+
+def split_seed(seed: int, split: str) -> int:
+    """The seed of ``split``'s generator stream: the job's seed for "train", streams of
+    their own for "validation" and "test" (so no held-out problem comes from the
+    training stream's draws)."""
+    offsets = {"train": 0, "test": 1_000_003, "validation": 2_000_003}
+    if split not in offsets:
+        raise TaskError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
+    return seed + offsets[split]
+
+
+def held_out(task: Any, split: str, seed: int, count: int) -> list[Any]:
+    """The first ``count`` problems of ``split``: a generator task's stream from
+    :func:`split_seed`, a dataset's records in order (all of them when it has fewer;
+    the caller reports the count it got)."""
+    if callable(getattr(task, "sample", None)):
+        return list(task.sample(np.random.default_rng(split_seed(seed, split)), count, split=split))
+    records = task.records(split)
+    if len(records) == 0:
+        raise TaskError(f"task {task_name(task)}: split {split!r} has no records")
+    return [records[i] for i in range(min(count, len(records)))]
+
+
+def reward_terms(rewards: Mapping[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
+    """A rollout's summed reward terms with the ones no episode earned as zeros [B]
+    (an episode that ended by its context or budget never reached its verifier)."""
+    out = {k: np.asarray(v, np.float32) for k, v in rewards.items()}
+    for k in ("r_perf", "tool_calls", "tool_errors", "truncated"):
+        out.setdefault(k, np.zeros((count,), np.float32))
+    return out

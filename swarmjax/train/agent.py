@@ -1,0 +1,311 @@
+"""The stages of a text agent job, for any task plug-in (:mod:`swarmjax.envs.task`): the
+warm start on played demonstrations, one RL step on host-driven text rollouts, the
+reward, and the greedy evaluation. The job that runs them with checkpoints and resume
+is :mod:`swarmjax.train.agent_job`.
+
+Roles: a single agent, or an orchestrator whose sub-agents are **frozen** (a copy of
+the params taken when RL starts, carried in ``TrainState.frozen["subagents"]`` and never
+updated) or **shared** (the params being trained: their sampled ids join the loss as
+rows of their own, with per-role advantages).
+
+Reward of an episode (:func:`episode_rewards`), with ``r_perf`` the verifier's term
+(0 for an episode that never answered: ended by its context or budget)::
+
+    r = r_perf - turn_cost * orchestrator turns (+ DAPO's overlong penalty)
+    orchestrator with ``parl``: r_perf is replaced by the PARL reward
+        (swarmjax.rl.parl.parl_reward: r_parallel, r_finish, step and critical costs)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from swarmjax.envs.api import play
+from swarmjax.envs.task import EnvContext, demonstration, make_env, reward_terms
+from swarmjax.models.config import ModelConfig
+from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
+from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, overlong_penalty, uniform_groups
+from swarmjax.rl.losses import loss_preset
+from swarmjax.rl.parl import PARLConfig, parl_reward
+from swarmjax.rl.trajectory import TrajectoryBatch
+from swarmjax.rl.update import Learner, TrainState, UpdateConfig
+from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRollout, TextRolloutConfig, TextRolloutResult
+from swarmjax.train.demos import Demos, pack_rows
+from swarmjax.train.sft import _role_stats
+
+SUBAGENTS = ("frozen", "shared")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextSFTConfig:
+    """The warm start: ``steps`` batches of ``batch`` rows from ``demos`` played
+    episodes (every agent's conversation a row), cut to a multiple of ``bucket``."""
+
+    steps: int = 600
+    batch: int = 32
+    demos: int = 4096
+    bucket: int = 64
+    optim: OptimConfig = OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=600)
+
+    def __post_init__(self):
+        if min(self.steps, self.batch, self.demos, self.bucket) < 1:
+            raise ValueError("sft steps, batch, demos and bucket must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class OverlongConfig:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, section 3.4).
+
+    With ``L`` the tokens the policy sampled in an episode (all its orchestrator turns:
+    the ones the loss trains on), ``L_max = max_length`` and ``L_cache = cache_length``::
+
+        0                                  if L <= L_max - L_cache
+        ((L_max - L_cache) - L) / L_cache  if L_max - L_cache < L <= L_max   (0 -> -1)
+        -1                                 if L > L_max
+    """
+
+    max_length: int = 256
+    cache_length: int = 64
+
+    def __post_init__(self):
+        if not 0 < self.cache_length <= self.max_length:
+            raise ValueError(f"overlong: need 0 < cache_length ({self.cache_length}) <= "
+                             f"max_length ({self.max_length})")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextRLConfig:
+    """The RL stage.
+
+    steps, tasks_per_step, group_size: RL steps; problems per step; rollouts per problem
+      (one advantage group).
+    advantage: estimator, a key of :data:`swarmjax.rl.advantages.ADVANTAGES`.
+    dynamic_sampling: groups whose rewards are all equal get no loss tokens (DAPO).
+    turn_cost: reward -= turn_cost * orchestrator turns.
+    overlong: DAPO's soft overlong penalty on each episode's sampled-token count (None: off).
+    parl: the PARL reward for orchestrators (None: ``r_perf`` alone); its
+      ``r_parallel`` form must be one whose counts the task's verifier reports
+      (``"spawned"`` needs none).
+    update, rollout: the learner's and the rollout's settings.
+    """
+
+    steps: int = 60
+    tasks_per_step: int = 8
+    group_size: int = 8
+    advantage: str = "grpo"
+    dynamic_sampling: bool = True
+    turn_cost: float = 0.0
+    overlong: OverlongConfig | None = None
+    parl: PARLConfig | None = None
+    update: UpdateConfig = UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
+                                        optim=OptimConfig(learning_rate=3e-4))
+    rollout: TextRolloutConfig = TextRolloutConfig(orch_context=512, worker_context=256, max_turn_tokens=48,
+                                                   worker_lanes=8, subagent_turns=3)
+
+    def __post_init__(self):
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
+        B, per = self.tasks_per_step * self.group_size, self.update.num_minibatches * self.update.num_microbatches
+        if min(self.steps, self.tasks_per_step, self.group_size) < 0 or B % per:
+            raise ValueError(f"tasks_per_step x group_size = {B} must be divisible by "
+                             f"num_minibatches x num_microbatches = {per}")
+
+
+# ------------------------------------------------------------------------ warm start
+
+
+def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Generator) -> Demos | None:
+    """Every agent's conversation of the task's demonstrations of ``problems`` in
+    ``ctx.role``, played through fresh environments (:func:`swarmjax.envs.api.play`:
+    the ids a rollout that sampled those turns builds), as rows [N, T] right-padded with
+    the pad id; None when the task has no demonstrations for the role."""
+    rows = []
+    for p in problems:
+        demo = demonstration(task, p, ctx.chat, rng, ctx.role)
+        if demo is None:
+            continue
+        played = play(make_env(task, p, ctx), p, demo.turns, workers=demo.workers)
+        stack = [played]
+        while stack:
+            agent = stack.pop()
+            rows.append((agent.ids, agent.mask))
+            stack.extend(agent.subagents)
+    if not rows:
+        return None
+    pad = int(ctx.chat.ids[ctx.chat.pad_token][0])
+    return pack_rows(rows, max(len(ids) for ids, _ in rows), pad=pad)
+
+
+def warm_start(params: Any, cfg: ModelConfig, data: Demos, scfg: TextSFTConfig, seed: int,
+               on_step: Callable[[int, dict], None] | None = None) -> Any:
+    """Masked next-token training on ``data`` (the agent's own ids), batches of one
+    length bucket (a multiple of ``bucket``). With ``optim.qk_clip_tau > 0`` QK-Clip
+    follows every step, as in RL (``max_attn_logit``, ``qk_clip_heads`` logged)."""
+    opt = make_optimizer(scfg.optim)
+    opt_state = opt.init(params)
+    tau = scfg.optim.qk_clip_tau
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        def loss(p):
+            (nll, count, right), max_logits = _role_stats(p, cfg, *batch, want_max=tau > 0)
+            return nll / jnp.maximum(count, 1.0), (right / jnp.maximum(count, 1.0), max_logits)
+        (value, (acc, max_logits)), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": value, "acc": acc}
+        if tau > 0:
+            params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=scfg.optim.qk_clip_alpha)
+            metrics.update(max_attn_logit=clip["max_attn_logit"], qk_clip_heads=clip["qk_clip_heads"])
+        return params, opt_state, metrics
+
+    lengths = data.token_mask.sum(1)
+    rounded = np.minimum(-(-lengths // scfg.bucket) * scfg.bucket, data.tokens.shape[1])
+    rng = np.random.default_rng(seed)
+    for i in range(scfg.steps):
+        idx = rng.integers(0, len(data.tokens), scfg.batch)
+        L = int(rounded[idx].max())
+        batch = tuple(jnp.asarray(x[idx, :L]) for x in (data.tokens, data.token_mask, data.loss_mask))
+        params, opt_state, metrics = step(params, opt_state, batch)
+        if on_step is not None:
+            on_step(i, {k: float(v) for k, v in metrics.items()})
+    return params
+
+
+# ------------------------------------------------------------------------ RL
+
+
+def subagent_params(state: TrainState) -> Any:
+    """The params the sub-agents decode with: the frozen copy ``state.frozen["subagents"]``
+    when the state has one, else the trained ones (co-trained sub-agents; a single agent
+    has none)."""
+    return state.frozen["subagents"] if state.frozen and "subagents" in state.frozen else state.params
+
+
+def episode_rewards(res: TextRolloutResult, rcfg: TextRLConfig, step: int = 0
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Reward [B] of each episode of ``res`` and its channels [B] (module docstring).
+    ``L`` of the overlong penalty is ``res.loss_mask.sum(1)``, the ids the policy sampled."""
+    B = len(res.length)
+    terms = reward_terms(res.rewards, B)
+    channels: dict[str, np.ndarray] = {"r_perf": terms["r_perf"]}
+    base = terms["r_perf"]
+    if rcfg.parl is not None:
+        counts = {k: terms[k] for k in ("novel", "returned", "parallel", "n") if k in terms}
+        base, parl = parl_reward(jnp.asarray(terms["r_perf"]), jnp.asarray(res.spawned), jnp.asarray(res.finished),
+                                 jnp.asarray(res.total_steps), jnp.asarray(step, jnp.int32), rcfg.parl, counts,
+                                 critical_steps=jnp.asarray(res.critical_steps))
+        base = np.asarray(base)
+        channels.update({k: np.asarray(v) for k, v in parl.items() if k != "r_perf"})
+    reward = base - rcfg.turn_cost * res.orch_steps
+    if rcfg.overlong is not None:
+        sampled = np.asarray(res.loss_mask).sum(axis=1)
+        reward = reward + np.asarray(overlong_penalty(sampled, rcfg.overlong.max_length, rcfg.overlong.cache_length))
+    return np.asarray(reward), channels
+
+
+def _subagent_rows(res: TextRolloutResult, reward: np.ndarray, groups: np.ndarray, keep: np.ndarray, rcfg: TextRLConfig,
+                   multiple: int) -> dict[str, np.ndarray] | None:
+    """The sub-agents' conversations as training rows (co-trained sub-agents): ids,
+    their own sampled ids as the loss mask, the sampler's log-probs, and per-role
+    advantages (the episode rewards normalised over the sub-agent rows of each group).
+    Padded with empty rows to a multiple of ``multiple``; None without sub-agents."""
+    traces = [(b, t.arrays()) for b, subs in enumerate(res.subagents) for t in subs]
+    if not traces:
+        return None
+    S = -(-len(traces) // multiple) * multiple
+    W = max(len(a["ids"]) for _, a in traces)
+    out = {"tokens": np.zeros((S, W), np.int32), "token_mask": np.zeros((S, W), bool),
+           "loss_mask": np.zeros((S, W), bool), "logprobs": np.zeros((S, W), np.float32),
+           "reward": np.zeros((S,), np.float32), "group": np.full((S,), -1, np.int32)}
+    for i, (b, a) in enumerate(traces):
+        n = len(a["ids"])
+        out["tokens"][i, :n], out["token_mask"][i, :n] = a["ids"], True
+        out["loss_mask"][i, :n] = a["sampled"] & bool(keep[b])
+        out["logprobs"][i, :n] = a["logprobs"]
+        out["reward"][i], out["group"][i] = reward[b], groups[b]
+    real = out["group"] >= 0
+    adv = np.zeros((S,), np.float32)
+    adv[real] = np.asarray(compute_advantages(rcfg.advantage, jnp.asarray(out["reward"][real]),
+                                              jnp.asarray(out["group"][real])))
+    out["advantages"] = adv
+    out["group"] = np.where(real, out["group"], groups.max() + 1 + np.arange(S))
+    return out
+
+
+def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Callable[[Any], Any],
+            problems: list, key: jax.Array, rcfg: TextRLConfig, *, step: int = 0,
+            subagents: str = "frozen") -> tuple[TrainState, dict[str, float]]:
+    """One RL step on ``problems`` (each rolled out ``group_size`` times; ``make(problem)``
+    builds an episode's environment): rollout, reward, group advantages, one learner
+    update on exactly the rollout's ids, loss mask and sampler log-probs. Returns the new
+    state and the step's metrics."""
+    G = rcfg.group_size
+    episodes = [p for p in problems for _ in range(G)]
+    t0 = time.perf_counter()
+    res = rollout(state.params, subagent_params(state), [make(p) for p in episodes], episodes, key)
+    t1 = time.perf_counter()
+    reward, channels = episode_rewards(res, rcfg, step)
+    groups = np.repeat(np.arange(len(problems)), G)
+    adv = np.asarray(compute_advantages(rcfg.advantage, jnp.asarray(reward), jnp.asarray(groups)))
+    keep = ~np.asarray(uniform_groups(jnp.asarray(reward), jnp.asarray(groups))) if rcfg.dynamic_sampling \
+        else np.ones(len(episodes), bool)
+    L = int(res.length.max())
+    rows = {"tokens": res.tokens[:, :L], "token_mask": np.arange(L)[None] < res.length[:, None],
+            "loss_mask": res.loss_mask[:, :L] & keep[:, None], "logprobs": res.logprobs[:, :L],
+            "advantages": adv, "group": groups, "reward": reward}
+    per = rcfg.update.num_minibatches * rcfg.update.num_microbatches
+    subs = _subagent_rows(res, reward, groups, keep, rcfg, per) if subagents == "shared" else None
+    if subs is not None:
+        rows = _stack_rows(rows, subs)
+    W = -(-rows["tokens"].shape[1] // 64) * 64                          # few distinct lengths to compile
+    rows = {k: _pad_to(v, W) if v.ndim == 2 else v for k, v in rows.items()}
+    batch = TrajectoryBatch.create(rows["tokens"], rows["loss_mask"], rows["advantages"],
+                                   token_mask=rows["token_mask"], sampler_logprobs=rows["logprobs"],
+                                   group_ids=rows["group"], rewards=rows["reward"])
+    state, learn = learner.update(state, batch)
+    learn = jax.device_get(learn)
+    terms = reward_terms(res.rewards, len(episodes))
+    metrics = {"reward": float(np.mean(reward)), "accuracy": float(np.mean(terms["r_perf"])),
+               "tool_calls": float(np.mean(terms["tool_calls"])), "turns": float(np.mean(res.orch_steps)),
+               "context_ended": float(np.mean(res.end_reason == END_CONTEXT)),
+               "subagents": float(np.mean(res.spawned)), "critical_steps": float(np.mean(res.critical_steps)),
+               "kept_groups": float(np.mean(keep)), "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
+               "segments": res.stats["segments"], "sampled_tokens": res.stats["sampled_tokens"],
+               "orch_sampled_tokens": float(np.mean(res.loss_mask.sum(axis=1))),
+               "subagent_rows": 0 if subs is None else int((subs["group"] < len(problems)).sum())}
+    metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in channels.items() if k != "r_perf"})
+    metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
+    return state, metrics
+
+
+def _pad_to(x: np.ndarray, width: int) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, width - x.shape[1]))) if x.shape[1] < width else x[:, :width]
+
+
+def _stack_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    W = max(a["tokens"].shape[1], b["tokens"].shape[1])
+    return {k: np.concatenate([_pad_to(a[k], W), _pad_to(b[k], W)]) if a[k].ndim == 2
+            else np.concatenate([a[k], b[k]]) for k in a}
+
+
+def evaluate(rollout: TextRollout, params: Any, worker_params: Any, make: Callable[[Any], Any], problems: list,
+             key: jax.Array) -> dict[str, float]:
+    """Greedy episodes on ``problems``: accuracy (mean ``r_perf``), tool calls and
+    errors, orchestrator turns, the fractions that answered, whose answer was cut by the
+    turn limit, and that ran out of context; sub-agents and critical steps."""
+    res = rollout(params, worker_params, [make(p) for p in problems], problems, key)
+    r = reward_terms(res.rewards, len(problems))
+    return {"accuracy": float(np.mean(r["r_perf"])), "tool_calls": float(np.mean(r["tool_calls"])),
+            "tool_errors": float(np.mean(r["tool_errors"])), "turns": float(np.mean(res.orch_steps)),
+            "answered": float(np.mean(res.end_reason == END_ANSWER)), "truncated": float(np.mean(r["truncated"])),
+            "context_ended": float(np.mean(res.end_reason == END_CONTEXT)),
+            "subagents": float(np.mean(res.spawned)), "critical_steps": float(np.mean(res.critical_steps))}

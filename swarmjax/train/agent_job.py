@@ -1,0 +1,338 @@
+"""``swarmjax train`` for any text task: a task plug-in, a policy from a Hugging Face
+checkpoint or a small random model, an optional warm start, then GRPO/GSPO on
+host-driven text rollouts (single agent, or an orchestrator with sub-agents).
+
+    swarmjax train --config configs/arith_tools_cpu.py --workdir runs/arith
+    swarmjax train --config examples/units/config.py --workdir runs/units --set role=orchestrator
+
+1. **Task** (:mod:`swarmjax.envs.task`): a built-in name, an import path or an object.
+2. **Policy** (:mod:`swarmjax.train.frame`): ``hf_path`` (weights and tokenizer),
+   ``tokenizer_path``, or the CPU default (a BPE trained on the task's corpus and a random
+   model); the chat format from the tokenizer's template or ``chat``.
+3. **Warm start** (``sft``, optional): the task's demonstrations played through its
+   environments, masked next-token loss on every agent's own ids
+   (:func:`swarmjax.train.agent.warm_start`).
+4. **RL** (:func:`swarmjax.train.agent.rl_step`): ``tasks_per_step`` problems of the
+   task's train stream x ``group_size`` rollouts per step; sub-agents frozen (a copy of
+   the policy RL starts from, in the checkpoints) or shared (co-trained).
+5. **Evaluation** (greedy): on the **validation** split at the start, every
+   ``eval_every`` steps and at the end (the best checkpoint is chosen by its accuracy);
+   on the **test** split at the start and the end (the summary's table).
+   ``metrics.jsonl``, ``eval.jsonl``, ``summary.json`` / ``summary.md``, TensorBoard
+   events; a log line every ``log_every`` steps when progress bars are off.
+6. **Checkpoints, resume, preemption**: a checkpoint at RL step 0, at every evaluation,
+   on SIGTERM and at the end, with the task stream's state; ``--resume auto`` /
+   ``latest`` continue exactly (the logs cut back, the stream restored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from swarmjax.envs.task import ROLES, EnvContext, held_out, make_env, resolve_task, task_name
+from swarmjax.models.config import ModelConfig
+from swarmjax.models.transformer import init_params
+from swarmjax.rl.update import Learner
+from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.swarm.text_rollout import TextRollout
+from swarmjax.text.runner import ToolRunner
+from swarmjax.train.agent import (SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, evaluate, rl_step,
+                                  subagent_params, warm_start)
+from swarmjax.train.checkpoint import Checkpointer, abstract_state
+from swarmjax.train.frame import PolicySource, end_step, prepare_policy, read_policy, run_checkpointed
+from swarmjax.train.job import check_identity
+from swarmjax.train.logs import TextJobLog, progress_bar, write_summary
+from swarmjax.train.preemption import Preempted, PreemptionWatch
+from swarmjax.train.streams import TaskStream
+
+__all__ = ["AgentJob", "agent_summary_table", "evaluate_agent_checkpoint", "run_agent_job"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentJob:
+    """A text agent job (module docstring).
+
+    task: a built-in task name, ``"package.module:Name"`` or a task object.
+    hf_path, tokenizer_path, chat, tokenizer_vocab, model: the policy
+      (:class:`~swarmjax.train.frame.PolicySource`).
+    role: "single" or "orchestrator" (``create_subagent`` / ``assign_task``, at most
+      ``max_subagents`` assignments an episode; sub-agents have the task's tools).
+    subagents: "frozen" (a copy of the policy RL starts from) or "shared" (co-trained).
+    sft: the warm start (None: RL starts from the policy as loaded).
+    eval_episodes: problems of each held-out split (fewer when a dataset has fewer).
+    log_every: RL steps between log lines when progress bars are off.
+    tool_timeout_s: a tool call running longer gets an error reply.
+    """
+
+    task: Any = "arith"
+    hf_path: str | None = None
+    tokenizer_path: str | None = None
+    chat: str | None = None
+    tokenizer_vocab: int = 1024
+    model: ModelConfig = ModelConfig(hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
+                                     intermediate_size=384)
+    role: str = "single"
+    subagents: str = "frozen"
+    max_subagents: int = 4
+    sft: TextSFTConfig | None = TextSFTConfig()
+    rl: TextRLConfig = TextRLConfig()
+    eval_episodes: int = 128
+    eval_every: int = 20
+    log_every: int = 10
+    tool_timeout_s: float = 10.0
+    seed: int = 0
+
+    def policy(self) -> PolicySource:
+        return PolicySource(hf_path=self.hf_path, tokenizer_path=self.tokenizer_path, chat=self.chat,
+                            tokenizer_vocab=self.tokenizer_vocab, model=self.model)
+
+    def identity(self) -> dict[str, str]:
+        """What a run computes, as reprs: a run may be resumed with another RL step count,
+        evaluation or log cadence, not with another task, policy, warm start, RL
+        configuration, seed or held-out set."""
+        same = dataclasses.replace(self, rl=dataclasses.replace(self.rl, steps=0), eval_every=0, log_every=0,
+                                   task=task_name(resolve_task(self.task)))
+        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)}
+
+    def validate(self) -> None:
+        resolve_task(self.task)
+        self.policy()
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}; known: {', '.join(ROLES)}")
+        if self.subagents not in SUBAGENTS:
+            raise ValueError(f"unknown subagents {self.subagents!r}; known: {', '.join(SUBAGENTS)}")
+        if self.eval_episodes < 1 or self.eval_every < 0 or self.log_every < 0 or self.max_subagents < 1:
+            raise ValueError("eval_episodes and max_subagents must be >= 1, eval_every and log_every >= 0")
+        if self.tool_timeout_s <= 0:
+            raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+
+
+def run_agent_job(job: AgentJob, workdir: str, *, progress: bool = True, resume: bool | str = False,
+                  handle_sigterm: bool = True) -> dict:
+    """Policy -> warm start -> RL -> summary (module docstring), or the continuation of an
+    unfinished run from its newest finished checkpoint. Returns the summary.
+
+    ``resume``: "never" / False (default: refuses a workdir holding checkpoints or a
+    finished run), "latest" / True (continue; an error without a checkpoint) or "auto"
+    (continue when there is one). Only ``rl.steps``, ``eval_every`` and ``log_every``
+    may change between attempts. ``handle_sigterm``: on SIGTERM stop at the next safe
+    point and raise :class:`~swarmjax.train.preemption.Preempted`."""
+    return run_checkpointed(job, workdir, resume,
+                            lambda ckpt, latest, watch: _run(job, workdir, ckpt, latest, watch, progress),
+                            best_metric="accuracy", handle_sigterm=handle_sigterm, stage="RL")
+
+
+def _frozen(job: AgentJob, params: Any) -> dict | None:
+    """The frozen trees of the RL state: a copy of ``params`` for frozen sub-agents."""
+    if job.role == "orchestrator" and job.subagents == "frozen":
+        return {"subagents": jax.tree.map(jnp.copy, params)}
+    return None
+
+
+def _restore(job: AgentJob, cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
+    """(TrainState, meta) of checkpoint ``step``, on the first device."""
+    shapes = jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), _frozen(job, p)))
+    return ckpt.restore(step, abstract_state(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])))
+
+
+def _rollouts(job: AgentJob, cfg: ModelConfig, chat) -> tuple[TextRollout, TextRollout]:
+    """(the training rollout, the greedy evaluation rollout)."""
+    greedy = dataclasses.replace(job.rl.rollout, orch_sampling=SamplingConfig(temperature=0.0),
+                                 worker_sampling=SamplingConfig(temperature=0.0))
+    pad = int(chat.ids[chat.pad_token][0])
+    return (TextRollout(cfg, job.rl.rollout, stop_ids=chat.stop_ids, pad_id=pad),
+            TextRollout(cfg, greedy, stop_ids=chat.stop_ids, pad_id=pad))
+
+
+def _say(progress: bool, every: int, i: int, total: int, what: str, m: dict, keys: tuple[str, ...]) -> None:
+    """A log line every ``every`` steps (and at the last) when progress bars are off."""
+    if progress or not every or ((i + 1) % every and i + 1 != total):
+        return
+    figures = ", ".join(f"{k} {m[k]:.3f}" for k in keys if k in m)
+    print(f"{what} step {i + 1}/{total}: {figures}", file=sys.stderr, flush=True)
+
+
+def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
+         progress: bool) -> dict:
+    """:func:`run_agent_job` once the checkpoints are open."""
+    clock = time.perf_counter()
+    task = resolve_task(job.task)
+    cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None,
+                                       corpus=getattr(task, "corpus", None))
+    key = jax.random.key(job.seed)
+    learner = Learner(cfg, job.rl.update)
+    steps = job.rl.steps
+    stream = TaskStream(task, "train", job.seed)
+    if latest is not None:
+        state, meta = _restore(job, cfg, learner, ckpt, latest)
+        check_identity(job.identity(), meta.get("job", {}), "--resume", "rl.steps, eval_every and log_every")
+        stream.restore(meta["stream"])
+        log = TextJobLog(workdir, meta["rl_step"], keep_final="final" in meta and meta["rl_step"] >= steps)
+    else:
+        log = TextJobLog(workdir, None)
+    runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
+    train_rollout, eval_rollout = _rollouts(job, cfg, chat)
+    ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents)
+    make = lambda p: make_env(task, p, ctx)                                     # noqa: E731
+    splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
+    try:
+        def run_eval(step: int, label: str, state: Any, split: str) -> dict[str, float]:
+            res = evaluate(eval_rollout, state.params, subagent_params(state), make, splits[split],
+                           jax.random.fold_in(key, 1))
+            log.write("eval.jsonl", {"step": step, "policy": label, "split": split, **res})
+            return res
+
+        def run_evals(step: int, label: str, state: Any) -> dict[str, float]:
+            """Validation (the checkpoint's score); at the start and the end the test split too."""
+            res = run_eval(step, label, state, "validation")
+            if label in ("initial", "final"):
+                meta[label] = run_eval(step, label, state, "test")
+            return res
+
+        def save(step: int, state: Any, evals: dict | None) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            meta.update(rl_step=step, wall_clock_s=meta["wall_clock_s"] + now - clock, stream=stream.state())
+            clock = now
+            log.sync()
+            ckpt.save(step, state, meta, metrics=None if evals is None else {"accuracy": evals["accuracy"]},
+                      force=True)
+
+        if latest is None:
+            if params is None:
+                params = init_params(cfg, key)
+            meta = {"rl_step": 0, "job": job.identity(), "wall_clock_s": 0.0, "warm_start_s": 0.0,
+                    "held_out": {s: len(p) for s, p in splits.items()}}
+            if job.sft is not None:
+                params = _warm_start_stage(job, task, ctx, cfg, params, stream, log, watch, workdir, progress)
+                meta["warm_start_s"] = time.perf_counter() - clock
+            state = learner.init(params, _frozen(job, params))
+            run_evals(0, "initial", state)
+            save(0, state, None)                        # RL's start survives a crash in RL
+            if steps > 0 and watch.reached():           # safe point
+                raise Preempted(0, workdir, stage="RL")
+
+        start = meta["rl_step"]
+        bar = progress_bar(steps, "RL", progress, initial=min(start, steps))
+        with bar:                                       # closed on a preemption too
+            for step in range(start, steps):
+                problems = stream.take(job.rl.tasks_per_step)
+                state, m = rl_step(learner, state, train_rollout, make, problems, jax.random.fold_in(key, 100 + step),
+                                   job.rl, step=step, subagents=job.subagents)
+                log.write("metrics.jsonl", {"stage": "rl", "step": step, **m})
+                bar.update(1)
+                bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.3f}")
+                _say(progress, job.log_every, step, steps, "RL", m, ("reward", "accuracy", "tool_calls", "subagents"))
+                end_step(step + 1, steps, job.eval_every,
+                         run_eval=lambda i, label: run_evals(i, label, state),
+                         save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="rl",
+                         preempted=lambda i: Preempted(i, workdir, stage="RL"))
+    finally:
+        log.close()
+        runner.close()
+        train_rollout.close()
+        eval_rollout.close()
+    summary = {"task": task_name(task), "role": job.role, "subagents": job.subagents if job.role != "single" else None,
+               "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size, "chat": chat.name,
+               "held_out": meta["held_out"], "rl_steps": meta["rl_step"], "warm_start_steps": 0 if job.sft is None
+               else job.sft.steps, "initial": meta["initial"], "final": meta.get("final", meta["initial"]),
+               "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - clock,
+               "warm_start_s": meta["warm_start_s"], "backend": jax.default_backend()}
+    write_summary(workdir, summary, agent_summary_table)
+    return summary
+
+
+def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, params: Any, stream: TaskStream,
+                      log: TextJobLog, watch: PreemptionWatch, workdir: str, progress: bool) -> Any:
+    """The task's demonstrations for the job's role (drawn from the train stream), then
+    :func:`warm_start`; raises :class:`Preempted` at the end of the SFT step where a
+    SIGTERM arrived."""
+    rng = np.random.default_rng(job.seed)
+    data = demonstrations(task, stream.take(job.sft.demos), ctx, rng)
+    if data is None:
+        raise ValueError(f"the warm start needs demonstrations: task {task_name(task)} gives none for role "
+                         f"{job.role!r}; set sft=None to start RL from the policy as loaded")
+    context = job.rl.rollout.orch_context
+    if data.tokens.shape[1] > context:
+        raise ValueError(f"a demonstration holds {data.tokens.shape[1]} ids, more than rl.rollout.orch_context="
+                         f"{context}: raise it (nothing is cut)")
+    bar = progress_bar(job.sft.steps, "warm start", progress)
+
+    def on_sft(i, m):
+        log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
+        bar.update(1)
+        bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['acc']:.3f}")
+        _say(progress, job.log_every * 10, i, job.sft.steps, "warm start", m, ("loss", "acc"))
+        if watch.reached():
+            bar.close()
+            raise Preempted(None, workdir)
+    params = warm_start(params, cfg, data, job.sft, job.seed, on_sft)
+    bar.close()
+    return params
+
+
+def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
+    """Evaluate checkpoint ``which`` ("latest", "best" by validation accuracy, or an RL
+    step) of the run in ``workdir`` on ``split`` (greedy, the run's held-out problems).
+    Returns what :func:`agent_summary_table` prints (``final``: that checkpoint), with
+    ``step``; ``initial`` is the run's own evaluation of its start on the test split."""
+    job.validate()
+    cfg, chat = read_policy(workdir)
+    task = resolve_task(job.task)
+    with Checkpointer(f"{workdir}/checkpoints", save_every=1, read_only=True) as ckpt:
+        step = ckpt.step_of(which)
+        state, meta = _restore(job, cfg, Learner(cfg, job.rl.update), ckpt, step)
+    made, mine = meta.get("job", {}), job.identity()
+    differ = [k for k in ("task", "hf_path", "tokenizer_path", "chat", "tokenizer_vocab", "model", "role", "seed")
+              if made.get(k) != mine[k]]
+    if differ:
+        raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
+    runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
+    ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents)
+    _, rollout = _rollouts(job, cfg, chat)
+    t0 = time.perf_counter()
+    problems = held_out(task, split, job.seed, job.eval_episodes)
+    try:
+        final = evaluate(rollout, state.params, subagent_params(state),
+                         lambda p: make_env(task, p, ctx), problems, jax.random.fold_in(jax.random.key(job.seed), 1))
+    finally:
+        runner.close()
+        rollout.close()
+    out = {"step": step, "final": final, "held_out": {split: len(problems)}, "rl_steps": step,
+           "wall_clock_s": time.perf_counter() - t0, "backend": jax.default_backend()}
+    if split == "test" and meta.get("held_out", {}).get("test") == len(problems):
+        out["initial"] = meta["initial"]
+    return out
+
+
+_HIGHER_IS_BETTER = {"accuracy": True, "answered": True, "tool_errors": False, "truncated": False,
+                     "context_ended": False}
+
+
+def agent_summary_table(summary: dict) -> str:
+    """The start/end table of an agent job's summary (markdown; the rows it has), with a
+    verdict per figure that has a better direction ("better", "worse", "same")."""
+    keys = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
+            "subagents", "critical_steps")
+    rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    names = [n for n in ("initial", "final") if n in summary]
+    for name in names:
+        rows.append(f"| {name} | " + " | ".join(f"{summary[name].get(k, 0.0):.3f}" for k in keys) + " |")
+    if len(names) == 2:
+        verdicts = []
+        for k, up in _HIGHER_IS_BETTER.items():
+            a, b = summary["initial"].get(k, 0.0), summary["final"].get(k, 0.0)
+            word = "same" if abs(b - a) < 1e-9 else ("better" if (b > a) == up else "worse")
+            verdicts.append(f"{k} {a:.3f} -> {b:.3f} ({word})")
+        rows.append("\n" + "; ".join(verdicts))
+    held = ", ".join(f"{n} {s}" for s, n in summary.get("held_out", {}).items())
+    rows.append(f"\nheld-out problems: {held}; greedy; {summary['rl_steps']} RL steps; "
+                f"wall clock {summary['wall_clock_s']:.0f} s on {summary['backend']}")
+    return "\n".join(rows)

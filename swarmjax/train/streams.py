@@ -1,0 +1,70 @@
+"""One checkpointable stream of training problems for any task plug-in.
+
+A generator task (``sample``) draws from a ``np.random.Generator`` seeded by the job;
+a dataset task (``records``) is read in a seeded shuffled order, epoch after epoch
+(every record once per epoch). Either way :meth:`TaskStream.state` is a JSON-able dict
+a checkpoint keeps and :meth:`TaskStream.restore` continues from: a resumed job draws
+exactly the problems an uninterrupted one does, with nothing skipped or repeated.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from swarmjax.envs.task import TaskError, split_seed, task_name
+
+
+class TaskStream:
+    """The ``split`` problems of ``task``, in order, from ``seed``.
+
+    >>> stream = TaskStream(task, "train", seed=0)
+    >>> problems = stream.take(8); saved = stream.state()
+    >>> stream.restore(saved)        # later, in a resumed job
+    """
+
+    def __init__(self, task: Any, split: str, seed: int):
+        self.task, self.split = task, split
+        self.rng = np.random.default_rng(split_seed(seed, split))
+        self.records = None if callable(getattr(task, "sample", None)) else task.records(split)
+        if self.records is not None and len(self.records) == 0:
+            raise TaskError(f"task {task_name(task)}: split {split!r} has no records")
+        self.epoch, self.position = 0, 0
+        self.order = self._shuffle()
+
+    def _shuffle(self) -> np.ndarray | None:
+        if self.records is None:
+            return None
+        self.shuffled_from = json.dumps(self.rng.bit_generator.state)     # to redo this epoch's order
+        return self.rng.permutation(len(self.records))
+
+    def take(self, count: int) -> list[Any]:
+        """The next ``count`` problems (a dataset wraps into a fresh shuffled epoch)."""
+        if self.records is None:
+            return list(self.task.sample(self.rng, count, split=self.split))
+        out = []
+        while len(out) < count:
+            if self.position == len(self.order):
+                self.epoch, self.position, self.order = self.epoch + 1, 0, self._shuffle()
+            out.append(self.records[int(self.order[self.position])])
+            self.position += 1
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """Where the stream is: the generator's state, the epoch and the position in it."""
+        return {"rng": json.dumps(self.rng.bit_generator.state), "epoch": self.epoch, "position": self.position,
+                "shuffled_from": getattr(self, "shuffled_from", None),
+                "records": None if self.records is None else len(self.records)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state` (raises ``TaskError`` when the dataset's size changed)."""
+        if self.records is not None:
+            if state["records"] != len(self.records):
+                raise TaskError(f"the checkpoint's stream of {state['records']} records does not match the "
+                                f"task's {len(self.records)} {self.split} records")
+            self.rng.bit_generator.state = json.loads(state["shuffled_from"])
+            self.order = self._shuffle()
+        self.rng.bit_generator.state = json.loads(state["rng"])
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
