@@ -10,14 +10,19 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import sys
 from typing import Any
 
 
 def load_config(path: str, expected_type: type | None = None) -> Any:
     """Import ``path`` and return ``get_config()``; raises ValueError with the file
-    name when the file is missing, lacks ``get_config`` or returns the wrong type."""
+    name when the file is missing, lacks ``get_config`` or returns the wrong type. The
+    file's directory goes on ``sys.path``, so it may import modules beside it."""
     if not os.path.isfile(path):
         raise ValueError(f"config file {path!r} does not exist")
+    here = os.path.dirname(os.path.abspath(path))
+    if here not in sys.path:             # the config's own modules (a task beside it) import as top-level modules
+        sys.path.insert(0, here)
     name = "_swarmjax_config_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)

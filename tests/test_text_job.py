@@ -7,17 +7,13 @@ import dataclasses
 import io
 import json
 import os
-import signal
 from types import SimpleNamespace
 
-import jax
 import numpy as np
 import pytest
 
-from small_job import restored_states
 from swarmjax.cli import main
-from swarmjax.config_file import apply_overrides, load_config
-from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
+from swarmjax.config_file import apply_overrides
 from swarmjax.train.agent import OverlongConfig, TextRLConfig, episode_rewards
 from swarmjax.train.agent_job import AgentJob
 
@@ -75,45 +71,6 @@ def test_text_job_runs_and_writes_its_summary(small_run, capsys):
                          ).rstrip("\n")
     assert main(["eval", "--config", CONFIG, "--workdir", workdir, "--sizes", "4"]) == 2
     assert "no sizes" in capsys.readouterr().err
-
-
-def test_preempted_text_job_resumes_exactly(small_run, tmp_path, monkeypatch, capsys):
-    """The shrunk job stopped by SIGTERM during RL step 0 (exit 143, a checkpoint at step
-    1), refused under ``--resume never``, continued with ``--resume auto``: the same
-    log lines (timings aside), summary and final parameters as the uninterrupted run."""
-    import swarmjax.train.agent_job as agent_job
-
-    full, args, _ = small_run
-    cut = str(tmp_path / "cut")
-    args = [cut if a == full else a for a in args]
-    step = agent_job.rl_step
-
-    def preempted_step(*args, **kwargs):
-        out = step(*args, **kwargs)
-        if len(open(os.path.join(cut, "eval.jsonl")).readlines()) == 2:     # RL step 0
-            os.kill(os.getpid(), signal.SIGTERM)
-        return out
-    monkeypatch.setattr(agent_job, "rl_step", preempted_step)
-    assert main(args) == PREEMPTED_EXIT_CODE
-    assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
-    assert main(args) == 2
-    assert "newest: RL step 1); pass --resume auto" in capsys.readouterr().err
-    monkeypatch.setattr(agent_job, "rl_step", step)
-    assert main(args + ["--resume", "auto"]) == 0
-    timing = {"rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
-
-    def lines(run, name):
-        return [{k: v for k, v in json.loads(x).items() if k not in timing} for x in open(os.path.join(run, name))]
-    for name in ("metrics.jsonl", "eval.jsonl"):
-        assert lines(cut, name) == lines(full, name), name
-    drop = lambda s: {k: v for k, v in s.items() if k not in timing}      # noqa: E731
-    assert drop(json.load(open(os.path.join(cut, "summary.json")))) == \
-        drop(json.load(open(os.path.join(full, "summary.json"))))
-    job = apply_overrides(load_config(CONFIG), SMALL)
-    cfg = job.model.replace(vocab_size=json.load(open(os.path.join(full, "summary.json")))["vocab_size"])
-    learner = agent_job.Learner(cfg, job.rl.update)
-    states = restored_states((full, cut), lambda ckpt, step: agent_job._restore(job, cfg, learner, ckpt, step), 2)
-    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, *states)))
 
 
 def _result(r_perf, orch_steps, sampled):

@@ -279,6 +279,19 @@ class Checkpointer:
                              f"{' '.join(str(e).split())}") from e
         return restored[_STATE], restored[_META]
 
+    def read(self, step: int) -> tuple[Any, dict]:
+        """Checkpoint ``step`` as saved, with no target tree: ``(state, meta)`` with the
+        state's arrays on the default device (what a reader that does not know the
+        optimizer's state, e.g. an export of the params, uses). Raises ValueError if
+        there is no such finalised checkpoint."""
+        self.wait()
+        if not self._is_complete(int(step)):
+            raise ValueError(f"no finalised checkpoint for step {step} in {self.directory} "
+                             f"(finalised steps: {self.all_steps()})")
+        restored = self._mngr.restore(int(step), args=ocp.args.Composite(
+            **{_STATE: ocp.args.StandardRestore(), _META: ocp.args.JsonRestore()}))
+        return restored[_STATE], restored[_META]
+
     def _check_matches(self, step: int, abstract: Any) -> None:
         """Compare the saved array names and shapes with ``abstract`` before reading, so
         a mismatch gives one line naming the leaves (orbax reports structure differences

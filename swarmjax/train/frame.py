@@ -113,9 +113,9 @@ def _local_copy(directory: str) -> str:
     return local
 
 
-def copy_tokenizer(source: str, workdir: str) -> None:
-    """Copy a tokenizer directory's files to ``workdir/tokenizer``."""
-    out = epath.Path(workdir) / TOKENIZER_DIR
+def copy_tokenizer(source: str, dest: str) -> None:
+    """Copy a tokenizer directory's files into the directory ``dest``."""
+    out = epath.Path(dest)
     out.mkdir(parents=True, exist_ok=True)
     for name in _TOKENIZER_FILES:
         if (epath.Path(source) / name).exists():
@@ -145,7 +145,7 @@ def train_tokenizer(corpus: list[str], workdir: str, chat: str, vocab_size: int)
     fixed = [v for k, v in vars(CHAT_FORMATS[chat]).items() if k.isupper() and isinstance(v, str)]
     with tempfile.TemporaryDirectory(prefix="swarmjax-bpe-") as tmp:
         train_bpe_tokenizer(corpus + fixed * 50, tmp, vocab_size=vocab_size, chat_format=chat)
-        copy_tokenizer(tmp, workdir)
+        copy_tokenizer(tmp, str(epath.Path(workdir) / TOKENIZER_DIR))
 
 
 def task_chat(corpus: list[str], workdir: str, chat: str, vocab_size: int) -> ChatFormat:
@@ -214,7 +214,7 @@ def prepare_policy(src: PolicySource, workdir: str, *, fresh: bool,
         source = src.tokenizer_path or src.hf_path
         if source is not None:
             read_tokenizer(source, what="tokenizer_path" if src.tokenizer_path else "hf_path")   # checked first
-            copy_tokenizer(source, workdir)
+            copy_tokenizer(source, str(epath.Path(workdir) / TOKENIZER_DIR))
         else:
             if corpus is None:
                 raise ValueError("the task has no corpus() to train a tokenizer on: give hf_path or tokenizer_path")

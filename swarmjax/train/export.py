@@ -1,0 +1,65 @@
+"""A training run's policy as a Hugging Face checkpoint directory (``swarmjax export``).
+
+    swarmjax export --workdir runs/units --checkpoint best --out exported/ [--dtype bfloat16]
+
+writes, from the run's ``policy.json``, ``tokenizer/`` and the chosen checkpoint's params:
+
+* ``config.json`` and ``model.safetensors`` (:func:`swarmjax.models.hf.to_hf`), with the
+  chat format's stop ids as ``eos_token_id``;
+* the tokenizer files (``tokenizer.json``, ``tokenizer_config.json`` with the chat
+  template and its ``eos_token``);
+* ``generation_config.json``: ``eos_token_id`` (every stop id of the chat format, e.g.
+  Qwen3's ``<|im_end|>`` and ``<|endoftext|>``) and ``pad_token_id``, so
+  ``transformers``' ``generate`` stops where a swarmjax rollout stops.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from etils import epath
+
+from swarmjax.models.config import DTYPES
+from swarmjax.models.hf import CONFIG_FILE, to_hf
+from swarmjax.train.checkpoint import Checkpointer
+from swarmjax.train.frame import TOKENIZER_DIR, copy_tokenizer, read_policy
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | None = None) -> dict[str, Any]:
+    """Write checkpoint ``which`` ("latest", "best" or a step) of the text run in
+    ``workdir`` to ``out`` as a Hugging Face checkpoint (module docstring), the params cast
+    to ``dtype`` ("float32", "bfloat16"; None: as trained). Returns what was written:
+    ``step``, ``eos_token_id``, ``dtype``, ``files``."""
+    cfg, chat = read_policy(workdir)
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPES)}")
+    directory = epath.Path(workdir) / "checkpoints"
+    if not directory.exists():
+        raise ValueError(f"no checkpoints in {workdir}")
+    with Checkpointer(str(directory), save_every=1, read_only=True) as ckpt:
+        step = ckpt.step_of(which)
+        state, _ = ckpt.read(step)
+    params = state["params"]
+    if dtype is not None:
+        cfg = cfg.replace(param_dtype=dtype)
+        params = jax.tree.map(lambda x: jnp.asarray(x, DTYPES[dtype]), params)
+    epath.Path(out).mkdir(parents=True, exist_ok=True)
+    to_hf(cfg, params, str(out))
+    copy_tokenizer(str(epath.Path(workdir) / TOKENIZER_DIR), str(out))
+    eos = [int(i) for i in chat.stop_ids]
+    pad = int(chat.ids[chat.pad_token][0])
+    config_file = epath.Path(out) / CONFIG_FILE
+    config = json.loads(config_file.read_text())
+    config.update(eos_token_id=eos[0] if len(eos) == 1 else eos, pad_token_id=pad)
+    config_file.write_text(json.dumps(config, indent=2))
+    generation = {"eos_token_id": eos, "pad_token_id": pad}
+    if chat.bos_token is not None:
+        generation["bos_token_id"] = chat.tokenizer.token_id(chat.bos_token)
+    (epath.Path(out) / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2))
+    return {"step": step, "eos_token_id": eos, "dtype": cfg.param_dtype,
+            "files": sorted(p.name for p in epath.Path(out).iterdir())}

@@ -1,0 +1,117 @@
+"""The worked example as a user runs it: a task module outside the package
+(examples/units), a tiny Hugging Face Qwen3 checkpoint and tokenizer built in a temporary
+directory, `swarmjax train` as a single agent (stopped by SIGTERM, resumed with
+--resume auto: the uninterrupted run's logs and parameters) and as an orchestrator with
+frozen sub-agents, then `swarmjax export` loaded by transformers, generating until
+<|im_end|>."""
+
+import json
+import os
+import signal
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from small_job import restored_states
+from swarmjax.cli import main
+from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "units")
+CONFIG = os.path.join(EXAMPLE, "config.py")
+SMALL = ["sft.steps=40", "sft.demos=64", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2",
+         "eval_episodes=2", "eval_every=1"]
+TIMING = {"rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    sys.path.insert(0, EXAMPLE)
+    try:
+        from make_checkpoint import make_checkpoint
+    finally:
+        sys.path.remove(EXAMPLE)
+    return make_checkpoint(str(tmp_path_factory.mktemp("units") / "tiny-qwen3"))
+
+
+def _args(workdir, checkpoint, *more):
+    sets = SMALL + [f"hf_path={checkpoint}", *more]
+    return ["train", "--config", CONFIG, "--workdir", workdir, "--no-progress"] + [a for s in sets for a in ("--set", s)]
+
+
+def _lines(run, name):
+    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in open(os.path.join(run, name))]
+
+
+def test_single_agent_resumes_exactly_and_exports_to_transformers(checkpoint, tmp_path, monkeypatch, capsys):
+    import swarmjax.train.agent_job as agent_job
+
+    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
+    assert main(_args(full, checkpoint)) == 0
+    summary = json.load(open(os.path.join(full, "summary.json")))
+    assert summary["chat"] == "qwen3" and summary["role"] == "single" and summary["warm_start_steps"] == 40
+    assert json.load(open(os.path.join(full, "policy.json")))["model"]["model_type"] == "qwen3"
+    step = agent_job.rl_step
+
+    def preempted_step(*args, **kwargs):
+        out = step(*args, **kwargs)
+        if len(open(os.path.join(cut, "eval.jsonl")).readlines()) == 2:     # RL step 0
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    monkeypatch.setattr(agent_job, "rl_step", preempted_step)
+    assert main(_args(cut, checkpoint)) == PREEMPTED_EXIT_CODE
+    assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
+    monkeypatch.setattr(agent_job, "rl_step", step)
+    assert main(_args(cut, checkpoint) + ["--resume", "auto"]) == 0
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        assert _lines(cut, name) == _lines(full, name), name
+    states = restored_states((full, cut), lambda ckpt, s: ckpt.read(s), 2)
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, states[0]["params"], states[1]["params"])))
+
+    # export: transformers loads it, and generate stops at <|im_end|> (generation_config's eos)
+    out = str(tmp_path / "exported")
+    assert main(["export", "--workdir", full, "--out", out]) == 0
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.eos_token == "<|im_end|>" and im_end in model.generation_config.eos_token_id
+    sys.path.insert(0, EXAMPLE)
+    try:
+        from units_task import UnitsTask, Question
+    finally:
+        sys.path.remove(EXAMPLE)
+    task, q = UnitsTask(), Question(7, "m", "cm")
+    call = {"name": "convert", "arguments": {"value": 7, "from_unit": "m", "to_unit": "cm"}}
+    # the warm start's last turn, its text given: what follows "The answer is 700." is the turn's end
+    chat = task.messages(q) + [{"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                                      "function": call}]},
+                               {"role": "tool", "content": "700"}, {"role": "assistant", "content": "The answer is 700."}]
+    enc = tok.apply_chat_template(chat, tools=[t.schema() for t in task.tools()], continue_final_message=True,
+                                  enable_thinking=False, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        gen = model.generate(**enc, max_new_tokens=40, do_sample=False)[0, enc["input_ids"].shape[1]:].tolist()
+    assert gen[-1] == im_end and len(gen) < 40, tok.decode(gen)
+
+
+def test_orchestrator_keeps_its_subagents_frozen(checkpoint, tmp_path):
+    """role=orchestrator: the warm start trains on the orchestrator's and the sub-agent's
+    demonstrations; in RL the sub-agents decode with a copy of the policy RL started from,
+    which an update leaves bit for bit as it was, while the policy moves."""
+    run = str(tmp_path / "orch")
+    # rewards that differ within a group (a length penalty), so the updates move the policy
+    assert main(_args(run, checkpoint, "role=orchestrator", "sft.steps=4", "rl.overlong.max_length=400",
+                      "rl.overlong.cache_length=400", "rl.dynamic_sampling=False")) == 0
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    assert summary["role"] == "orchestrator" and summary["subagents"] == "frozen"
+    rows = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
+    assert [r["step"] for r in rows if r["stage"] == "rl"] == [0, 1]
+    (before,), (after,) = (restored_states((run,), lambda ckpt, s: ckpt.read(s), step) for step in (1, 2))
+    equal = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))     # noqa: E731
+    assert equal(before["frozen"]["subagents"], after["frozen"]["subagents"])
+    assert not equal(before["params"], after["params"])
+    assert not equal(after["params"], after["frozen"]["subagents"])
