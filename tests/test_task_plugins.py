@@ -1,0 +1,155 @@
+"""Task plug-ins and the policy a text job starts from: names and import paths, the
+checkpointable task streams, and bad input answered with one clear line each."""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from swarmjax.cli import main
+from swarmjax.envs.arith import ArithTask
+from swarmjax.envs.task import TaskError, check_task, held_out, jsonl_records, resolve_task, reward_terms
+from swarmjax.models.config import ModelConfig
+from swarmjax.models.hf import to_hf
+from swarmjax.models.transformer import init_params
+from swarmjax.rl.update import Learner, UpdateConfig
+from swarmjax.text.bpe import train_bpe_tokenizer
+from swarmjax.text.tokenizer import TextTokenizer
+from swarmjax.train.frame import PolicySource, prepare_policy
+from swarmjax.train.streams import TaskStream
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Records:
+    """A dataset task: its problems are the records of JSON-lines files."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def records(self, split):
+        return jsonl_records(self.path)
+
+    def tools(self):
+        return []
+
+    def messages(self, record):
+        return [{"role": "user", "content": record["q"]}]
+
+    def verify(self, record, answer):
+        return {"r_perf": float(record["a"] in answer)}
+
+
+def test_tasks_resolve_by_name_path_or_object_and_bad_ones_say_why():
+    assert isinstance(resolve_task("arith"), ArithTask)
+    assert isinstance(resolve_task("swarmjax.envs.arith:ArithTask"), ArithTask)
+    task = ArithTask()
+    assert resolve_task(task) is task
+    with pytest.raises(TaskError, match="cannot import 'no_such_module'"):
+        resolve_task("no_such_module:Task")
+    with pytest.raises(TaskError, match="has no 'Missing'"):
+        resolve_task("swarmjax.envs.arith:Missing")
+    with pytest.raises(TaskError, match="unknown task 'mytask'"):
+        resolve_task("mytask")
+
+    class Half:
+        def tools(self):
+            return []
+    with pytest.raises(TaskError, match=r"lacks a stream: .*, messages, verify"):
+        check_task(Half())
+
+
+def test_cli_refuses_a_task_path_that_does_not_resolve(capsys):
+    config = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
+    assert main(["train", "--config", config, "--workdir", "unused", "--set", "task=my_tasks.units:UnitsTask"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot import 'my_tasks.units'" in err[0]
+
+
+def test_streams_resume_where_they_stopped(tmp_path):
+    """A generator stream and a dataset stream (shuffled epochs) restored from their state
+    draw exactly what the uninterrupted stream draws; held-out splits are their own."""
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(json.dumps({"q": f"q{i}", "a": str(i)}) for i in range(5)) + "\n\n")
+    for task in (ArithTask(), Records(str(path))):
+        whole = TaskStream(task, "train", seed=3)
+        first, rest = whole.take(4), whole.take(7)
+        cut = TaskStream(task, "train", seed=3)
+        assert cut.take(4) == first
+        again = TaskStream(task, "train", seed=3)
+        again.restore(json.loads(json.dumps(cut.state())))
+        assert again.take(7) == rest
+    records = Records(str(path))
+    seen = TaskStream(records, "train", seed=0).take(10)
+    assert sorted(r["q"] for r in seen[:5]) == sorted(r["q"] for r in seen[5:]) == [f"q{i}" for i in range(5)]
+    assert held_out(records, "test", 0, 3) == jsonl_records(path)[:3]
+    assert len(held_out(records, "test", 0, 50)) == 5                   # all it has; the job reports the count
+    assert held_out(ArithTask(), "test", 0, 4) != held_out(ArithTask(), "validation", 0, 4)
+    path.write_text('{"q": 1}\nnot json\n')
+    with pytest.raises(TaskError, match=r"data.jsonl:2: not a JSON line"):
+        jsonl_records(path)
+
+
+def _checkpoint(tmp_path, *, spare=0, template=True):
+    """A tiny HF checkpoint directory with a BPE tokenizer beside it; the model has
+    ``spare`` more ids than the tokenizer (fewer when negative)."""
+    out = str(tmp_path / "ckpt")
+    train_bpe_tokenizer(["The answer is 42."] * 20, out, vocab_size=300, chat_format="qwen3")
+    if not template:
+        cfg_file = os.path.join(out, "tokenizer_config.json")
+        config = json.load(open(cfg_file))
+        del config["chat_template"]
+        json.dump(config, open(cfg_file, "w"))
+    vocab = TextTokenizer.from_dir(out).vocab_size
+    cfg = ModelConfig(vocab_size=vocab + spare, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                      head_dim=16, intermediate_size=64)
+    to_hf(cfg, init_params(cfg, jax.random.key(0)), out)
+    return out
+
+
+def test_policy_from_a_checkpoint_and_its_bad_inputs(tmp_path):
+    ckpt = _checkpoint(tmp_path, spare=3)
+    cfg, params, chat = prepare_policy(PolicySource(hf_path=ckpt), str(tmp_path / "run"), fresh=True, corpus=None)
+    V = chat.tokenizer.vocab_size + 3
+    assert chat.name == "qwen3" and cfg.vocab_size == V and params["embed"].shape == (V, 32)
+    assert sorted(os.listdir(tmp_path / "run")) == ["policy.json", "tokenizer"]
+    # the resumed run reads the same policy back, without the weights (the checkpoint has them)
+    cfg2, params2, _ = prepare_policy(PolicySource(hf_path=ckpt), str(tmp_path / "run"), fresh=False, corpus=None)
+    assert cfg2 == cfg and params2 is None
+
+    bare = tmp_path / "bare"
+    shutil.copytree(ckpt, bare, ignore=shutil.ignore_patterns("tokenizer*"))
+    with pytest.raises(ValueError, match="holds no tokenizer .*pass tokenizer_path="):
+        prepare_policy(PolicySource(hf_path=str(bare)), str(tmp_path / "r1"), fresh=True, corpus=None)
+    plain = _checkpoint(tmp_path / "plain", template=False)
+    with pytest.raises(ValueError, match="has no chat template: name the chat format"):
+        prepare_policy(PolicySource(hf_path=plain), str(tmp_path / "r2"), fresh=True, corpus=None)
+    assert prepare_policy(PolicySource(hf_path=plain, chat="qwen3"), str(tmp_path / "r3"), fresh=True,
+                          corpus=None)[2].name == "qwen3"
+    small = _checkpoint(tmp_path / "small", spare=-1)
+    with pytest.raises(ValueError, match=rf"vocabulary \({V - 4} ids.*smaller than its tokenizer's \({V - 3} ids\)"):
+        prepare_policy(PolicySource(hf_path=small), str(tmp_path / "r4"), fresh=True, corpus=None)
+
+
+def test_frozen_params_sharing_the_trained_ones_are_refused():
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                      intermediate_size=64)
+    params = init_params(cfg, jax.random.key(0))
+    learner = Learner(cfg, UpdateConfig())
+    with pytest.raises(ValueError, match=r"frozen\['subagents'\] shares arrays with the params being trained"):
+        learner.init(params, {"subagents": params})
+    learner.init(params, {"subagents": jax.tree.map(jnp.copy, params)})
+
+
+def test_episodes_that_never_answered_score_zero_not_nothing():
+    """An episode ended by its context never reached its verifier: its terms are zeros
+    (the job counts it as ``context_ended``), and a batch where no episode answered
+    still has every term."""
+    terms = reward_terms({}, 3)
+    assert set(terms) >= {"r_perf", "tool_calls", "truncated"} and np.all(terms["r_perf"] == 0)
+    kept = reward_terms({"r_perf": np.asarray([1.0, 0.0])}, 2)
+    assert kept["r_perf"].tolist() == [1.0, 0.0]
