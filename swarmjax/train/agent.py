@@ -122,22 +122,35 @@ class TextRLConfig:
 # ------------------------------------------------------------------------ warm start
 
 
-def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Generator) -> Demos | None:
+def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Generator,
+                   limits: TextRolloutConfig | None = None) -> Demos | None:
     """Every agent's conversation of the task's demonstrations of ``problems`` in
     ``ctx.role``, played through fresh environments (:func:`swarmjax.envs.api.play`:
     the ids a rollout that sampled those turns builds), as rows [N, T] right-padded with
-    the pad id; None when the task has no demonstrations for the role."""
+    the pad id; None when the task has no demonstrations for the role. With ``limits``
+    (the RL rollout's config) a turn longer than ``max_turn_tokens`` or a conversation
+    longer than its role's context is an error: the rollout could never produce it."""
     rows = []
     for p in problems:
         demo = demonstration(task, p, ctx.chat, rng, ctx.role)
         if demo is None:
             continue
+        if limits is not None:
+            longest = max(len(t) for t in [*demo.turns, *(t for w in demo.workers for t in w)])
+            if longest > limits.max_turn_tokens:
+                raise ValueError(f"a demonstration turn holds {longest} ids, more than rl.rollout.max_turn_tokens="
+                                 f"{limits.max_turn_tokens}: the rollout would cut it; raise the limit")
         played = play(make_env(task, p, ctx), p, demo.turns, workers=demo.workers)
-        stack = [played]
+        stack = [(played, True)]
         while stack:
-            agent = stack.pop()
+            agent, orch = stack.pop()
+            context = None if limits is None else limits.orch_context if orch else limits.worker_context
+            if context is not None and len(agent.ids) > context:
+                raise ValueError(f"a demonstration's {'orchestrator' if orch else 'sub-agent'} conversation holds "
+                                 f"{len(agent.ids)} ids, more than its context ({context}, rl.rollout."
+                                 f"{'orch' if orch else 'worker'}_context): raise it (nothing is cut)")
             rows.append((agent.ids, agent.mask))
-            stack.extend(agent.subagents)
+            stack.extend((sub, False) for sub in agent.subagents)
     if not rows:
         return None
     pad = int(ctx.chat.ids[ctx.chat.pad_token][0])

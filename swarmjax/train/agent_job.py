@@ -255,14 +255,10 @@ def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfi
     :func:`warm_start`; raises :class:`Preempted` at the end of the SFT step where a
     SIGTERM arrived."""
     rng = np.random.default_rng(job.seed)
-    data = demonstrations(task, stream.take(job.sft.demos), ctx, rng)
+    data = demonstrations(task, stream.take(job.sft.demos), ctx, rng, job.rl.rollout)
     if data is None:
         raise ValueError(f"the warm start needs demonstrations: task {task_name(task)} gives none for role "
                          f"{job.role!r}; set sft=None to start RL from the policy as loaded")
-    context = job.rl.rollout.orch_context
-    if data.tokens.shape[1] > context:
-        raise ValueError(f"a demonstration holds {data.tokens.shape[1]} ids, more than rl.rollout.orch_context="
-                         f"{context}: raise it (nothing is cut)")
     bar = progress_bar(job.sft.steps, "warm start", progress)
 
     def on_sft(i, m):
