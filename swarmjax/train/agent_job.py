@@ -76,8 +76,7 @@ class AgentJob:
     tokenizer_path: str | None = None
     chat: str | None = None
     tokenizer_vocab: int = 1024
-    model: ModelConfig = ModelConfig(hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
-                                     intermediate_size=384)
+    model: ModelConfig = PolicySource.model          # the random model's shape (without hf_path)
     role: str = "single"
     subagents: str = "frozen"
     max_subagents: int = 4
