@@ -161,9 +161,11 @@ class Learner:
         Raises ValueError when a ``frozen`` tree holds an array of ``params`` (the
         update would donate it while the frozen copy still reads it: pass a copy,
         ``jax.tree.map(jnp.copy, params)``)."""
-        mine = {id(x) for x in jax.tree.leaves(params)}
+        concrete = lambda tree: [x for x in jax.tree.leaves(tree)        # noqa: E731  (tracers: nothing donated)
+                                 if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)]
+        mine = {id(x) for x in concrete(params)}
         for name, tree in (frozen or {}).items():
-            if any(id(x) in mine for x in jax.tree.leaves(tree)):
+            if any(id(x) in mine for x in concrete(tree)):
                 raise ValueError(f"frozen[{name!r}] shares arrays with the params being trained; freeze a copy "
                                  "(jax.tree.map(jnp.copy, params)): the update donates the trained ones")
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
