@@ -12,7 +12,7 @@ import pytest
 
 from swarmjax.cli import main
 from swarmjax.envs.arith import ArithTask
-from swarmjax.envs.task import TaskError, check_task, held_out, jsonl_records, resolve_task, reward_terms
+from swarmjax.envs.task import TaskError, check_task, jsonl_records, resolve_task, reward_terms
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.hf import to_hf
 from swarmjax.models.transformer import init_params
@@ -20,7 +20,7 @@ from swarmjax.rl.update import Learner, UpdateConfig
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.tokenizer import TextTokenizer
 from swarmjax.train.frame import PolicySource, prepare_policy
-from swarmjax.train.streams import TaskStream
+from swarmjax.train.streams import TaskStream, held_out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

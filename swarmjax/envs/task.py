@@ -124,7 +124,7 @@ def check_task(task: Any, *, name: str | None = None) -> Any:
     :class:`TaskError` naming every missing method."""
     label = name or type(task).__name__
     missing = []
-    if not (callable(getattr(task, "sample", None)) or callable(getattr(task, "records", None))):
+    if not has_stream(task):
         missing.append("a stream: sample(rng, count, *, split) or records(split)")
     if not callable(getattr(task, "env", None)):
         missing += [m for m in ("tools", "messages", "verify") if not callable(getattr(task, m, None))]
@@ -155,7 +155,7 @@ def resolve_task(spec: Any) -> Any:
             obj = getattr(obj, part)
     except AttributeError:
         raise TaskError(f"task {spec!r}: module {module_name!r} has no {attr!r}") from None
-    if isinstance(obj, type) or (callable(obj) and not _is_task_like(obj)):
+    if isinstance(obj, type) or (callable(obj) and not has_stream(obj)):
         try:
             obj = obj()
         except TypeError as e:
@@ -164,8 +164,14 @@ def resolve_task(spec: Any) -> Any:
     return check_task(obj, name=spec)
 
 
-def _is_task_like(obj: Any) -> bool:
-    return any(callable(getattr(obj, m, None)) for m in ("sample", "records"))
+def has_generator(task: Any) -> bool:
+    """Whether ``task`` draws its problems (``sample``) rather than reading records."""
+    return callable(getattr(task, "sample", None))
+
+
+def has_stream(obj: Any) -> bool:
+    """Whether ``obj`` has a stream of problems: ``sample`` or ``records``."""
+    return has_generator(obj) or callable(getattr(obj, "records", None))
 
 
 def make_env(task: Any, problem: Any, ctx: EnvContext) -> HostEnv:
@@ -244,16 +250,15 @@ def split_seed(seed: int, split: str) -> int:
     return seed + offsets[split]
 
 
-def held_out(task: Any, split: str, seed: int, count: int) -> list[Any]:
-    """The first ``count`` problems of ``split``: a generator task's stream from
-    :func:`split_seed`, a dataset's records in order (all of them when it has fewer;
-    the caller reports the count it got)."""
-    if callable(getattr(task, "sample", None)):
-        return list(task.sample(np.random.default_rng(split_seed(seed, split)), count, split=split))
+def records_of(task: Any, split: str) -> Sequence[Any] | None:
+    """A dataset task's records of ``split`` (None for a generator task). Raises
+    :class:`TaskError` when the split has none."""
+    if has_generator(task):
+        return None
     records = task.records(split)
     if len(records) == 0:
         raise TaskError(f"task {task_name(task)}: split {split!r} has no records")
-    return [records[i] for i in range(min(count, len(records)))]
+    return records
 
 
 def reward_terms(rewards: Mapping[str, np.ndarray], count: int) -> dict[str, np.ndarray]:

@@ -45,6 +45,7 @@ from swarmjax.models.transformer import (forward, forward_after_head, output_hea
                                          remat_policy)
 from swarmjax.optim.muon import OptimConfig, make_optimizer
 from swarmjax.optim.qk_clip import qk_clip
+from swarmjax.rl.advantages import ADVANTAGES
 from swarmjax.rl.losses import (LossConfig, MetricSums, batch_totals, chunked_token_logprobs,
                                 metrics_from_sums, policy_loss_sums, token_logprobs)
 from swarmjax.rl.trajectory import TrajectoryBatch
@@ -82,6 +83,22 @@ class UpdateConfig:
         remat_policy(self.remat)          # a clear error for an unknown name, at config time
         if self.logits_chunk < 0:
             raise ValueError(f"logits_chunk must be >= 0, got {self.logits_chunk}")
+
+    @property
+    def splits(self) -> int:
+        """``num_minibatches * num_microbatches``: a batch's row count must be a multiple."""
+        return self.num_minibatches * self.num_microbatches
+
+
+def check_group_batch(advantage: str, tasks_per_step: int, group_size: int, update: UpdateConfig) -> None:
+    """An RL stage's config checks: ``advantage`` a key of
+    :data:`~swarmjax.rl.advantages.ADVANTAGES`, and its rollout batch of
+    ``tasks_per_step x group_size`` rows a multiple of ``update.splits``."""
+    if advantage not in ADVANTAGES:
+        raise ValueError(f"unknown advantage {advantage!r}; known: {sorted(ADVANTAGES)}")
+    if (tasks_per_step * group_size) % update.splits:
+        raise ValueError(f"tasks_per_step x group_size = {tasks_per_step * group_size} is not divisible by "
+                         f"num_minibatches x num_microbatches = {update.splits}")
 
 
 class _StepCarry(NamedTuple):
@@ -340,10 +357,9 @@ class Learner:
         once per row; values and gradients are the same as for the rows
         ``[head, tokens_b]`` (tested), and one step is compiled per (B, P)."""
         B = batch.batch_size
-        per = self.cfg.num_minibatches * self.cfg.num_microbatches
-        if B % per:
+        if B % self.cfg.splits:
             raise ValueError(f"batch size {B} is not divisible by num_minibatches x "
-                             f"num_microbatches = {per}")
+                             f"num_microbatches = {self.cfg.splits}")
         key = (B, None if head is None else int(head.shape[0]))
         if key not in self._update:
             if self.mesh is None:

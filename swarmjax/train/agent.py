@@ -32,11 +32,11 @@ from swarmjax.envs.api import play
 from swarmjax.envs.task import EnvContext, demonstration, make_env, reward_terms
 from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
-from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, overlong_penalty, uniform_groups
+from swarmjax.rl.advantages import compute_advantages, overlong_penalty, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
 from swarmjax.rl.trajectory import TrajectoryBatch
-from swarmjax.rl.update import Learner, TrainState, UpdateConfig
+from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRollout, TextRolloutConfig, TextRolloutResult
 from swarmjax.train.demos import Demos, pack_rows
 from swarmjax.train.sft import _role_stats
@@ -111,12 +111,9 @@ class TextRLConfig:
                                                    worker_lanes=8, subagent_turns=3)
 
     def __post_init__(self):
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
-        B, per = self.tasks_per_step * self.group_size, self.update.num_minibatches * self.update.num_microbatches
-        if min(self.steps, self.tasks_per_step, self.group_size) < 0 or B % per:
-            raise ValueError(f"tasks_per_step x group_size = {B} must be divisible by "
-                             f"num_minibatches x num_microbatches = {per}")
+        if min(self.steps, self.tasks_per_step, self.group_size) < 0:
+            raise ValueError("rl steps, tasks_per_step and group_size must be >= 0")
+        check_group_batch(self.advantage, self.tasks_per_step, self.group_size, self.update)
 
 
 # ------------------------------------------------------------------------ warm start
@@ -275,8 +272,7 @@ def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Cal
     rows = {"tokens": res.tokens[:, :L], "token_mask": np.arange(L)[None] < res.length[:, None],
             "loss_mask": res.loss_mask[:, :L] & keep[:, None], "logprobs": res.logprobs[:, :L],
             "advantages": adv, "group": groups, "reward": reward}
-    per = rcfg.update.num_minibatches * rcfg.update.num_microbatches
-    subs = _subagent_rows(res, reward, groups, keep, rcfg, per) if subagents == "shared" else None
+    subs = _subagent_rows(res, reward, groups, keep, rcfg, rcfg.update.splits) if subagents == "shared" else None
     if subs is not None:
         rows = _stack_rows(rows, subs)
     W = -(-rows["tokens"].shape[1] // 64) * 64                          # few distinct lengths to compile
@@ -286,12 +282,8 @@ def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Cal
                                    group_ids=rows["group"], rewards=rows["reward"])
     state, learn = learner.update(state, batch)
     learn = jax.device_get(learn)
-    terms = reward_terms(res.rewards, len(episodes))
-    metrics = {"reward": float(np.mean(reward)), "accuracy": float(np.mean(terms["r_perf"])),
-               "tool_calls": float(np.mean(terms["tool_calls"])), "turns": float(np.mean(res.orch_steps)),
-               "context_ended": float(np.mean(res.end_reason == END_CONTEXT)),
-               "subagents": float(np.mean(res.spawned)), "critical_steps": float(np.mean(res.critical_steps)),
-               "kept_groups": float(np.mean(keep)), "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
+    metrics = {"reward": float(np.mean(reward)), **rollout_figures(res), "kept_groups": float(np.mean(keep)),
+               "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
                "segments": res.stats["segments"], "sampled_tokens": res.stats["sampled_tokens"],
                "orch_sampled_tokens": float(np.mean(res.loss_mask.sum(axis=1))),
                "subagent_rows": 0 if subs is None else int((subs["group"] < len(problems)).sum())}
@@ -312,11 +304,15 @@ def _stack_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
 
 def evaluate(rollout: TextRollout, params: Any, worker_params: Any, make: Callable[[Any], Any], problems: list,
              key: jax.Array) -> dict[str, float]:
-    """Greedy episodes on ``problems``: accuracy (mean ``r_perf``), tool calls and
-    errors, orchestrator turns, the fractions that answered, whose answer was cut by the
-    turn limit, and that ran out of context; sub-agents and critical steps."""
-    res = rollout(params, worker_params, [make(p) for p in problems], problems, key)
-    r = reward_terms(res.rewards, len(problems))
+    """:func:`rollout_figures` of greedy episodes on ``problems``."""
+    return rollout_figures(rollout(params, worker_params, [make(p) for p in problems], problems, key))
+
+
+def rollout_figures(res: TextRolloutResult) -> dict[str, float]:
+    """Means over a rollout's episodes: accuracy (``r_perf``), tool calls and errors,
+    orchestrator turns, the fractions that answered, whose answer was cut by the turn
+    limit and that ran out of context; sub-agents and critical steps."""
+    r = reward_terms(res.rewards, len(res.length))
     return {"accuracy": float(np.mean(r["r_perf"])), "tool_calls": float(np.mean(r["tool_calls"])),
             "tool_errors": float(np.mean(r["tool_errors"])), "turns": float(np.mean(res.orch_steps)),
             "answered": float(np.mean(res.end_reason == END_ANSWER)), "truncated": float(np.mean(r["truncated"])),

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swarmjax.envs.task import ROLES, EnvContext, held_out, make_env, resolve_task, task_name
+from swarmjax.envs.task import ROLES, EnvContext, make_env, resolve_task, task_name
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
@@ -50,7 +50,7 @@ from swarmjax.train.frame import PolicySource, end_step, prepare_policy, read_po
 from swarmjax.train.job import check_identity
 from swarmjax.train.logs import TextJobLog, progress_bar, write_summary
 from swarmjax.train.preemption import Preempted, PreemptionWatch
-from swarmjax.train.streams import TaskStream
+from swarmjax.train.streams import TaskStream, held_out
 
 __all__ = ["AgentJob", "agent_summary_table", "evaluate_agent_checkpoint", "run_agent_job"]
 
@@ -141,13 +141,13 @@ def _restore(job: AgentJob, cfg: ModelConfig, learner: Learner, ckpt: Checkpoint
     return ckpt.restore(step, abstract_state(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])))
 
 
-def _rollouts(job: AgentJob, cfg: ModelConfig, chat) -> tuple[TextRollout, TextRollout]:
-    """(the training rollout, the greedy evaluation rollout)."""
-    greedy = dataclasses.replace(job.rl.rollout, orch_sampling=SamplingConfig(temperature=0.0),
-                                 worker_sampling=SamplingConfig(temperature=0.0))
-    pad = int(chat.ids[chat.pad_token][0])
-    return (TextRollout(cfg, job.rl.rollout, stop_ids=chat.stop_ids, pad_id=pad),
-            TextRollout(cfg, greedy, stop_ids=chat.stop_ids, pad_id=pad))
+def _rollout(job: AgentJob, cfg: ModelConfig, chat, *, greedy: bool) -> TextRollout:
+    """The training rollout, or (``greedy``) the evaluations' one: both roles at temperature 0."""
+    rcfg = job.rl.rollout
+    if greedy:
+        rcfg = dataclasses.replace(rcfg, orch_sampling=SamplingConfig(temperature=0.0),
+                                   worker_sampling=SamplingConfig(temperature=0.0))
+    return TextRollout(cfg, rcfg, stop_ids=chat.stop_ids, pad_id=int(chat.ids[chat.pad_token][0]))
 
 
 def _say(progress: bool, every: int, i: int, total: int, what: str, m: dict, keys: tuple[str, ...]) -> None:
@@ -177,7 +177,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     else:
         log = TextJobLog(workdir, None)
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
-    train_rollout, eval_rollout = _rollouts(job, cfg, chat)
+    train_rollout, eval_rollout = _rollout(job, cfg, chat, greedy=False), _rollout(job, cfg, chat, greedy=True)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents)
     make = lambda p: make_env(task, p, ctx)                                     # noqa: E731
     splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
@@ -291,7 +291,7 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
         raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents)
-    _, rollout = _rollouts(job, cfg, chat)
+    rollout = _rollout(job, cfg, chat, greedy=True)
     t0 = time.perf_counter()
     problems = held_out(task, split, job.seed, job.eval_episodes)
     try:

@@ -260,15 +260,7 @@ class Checkpointer:
         ``.sharding``, see :func:`abstract_state`); returns ``(state, meta)``. Waits for a
         save in flight first. Raises ValueError if there is no such finalised checkpoint,
         a leaf has no sharding, or the checkpoint's tree structure or shapes do not match."""
-        self.wait()
-        if step is None:
-            step = self.latest_step()
-            if step is None:
-                raise ValueError(f"no finalised checkpoint in {self.directory}")
-        elif not self._is_complete(int(step)):
-            raise ValueError(f"no finalised checkpoint for step {step} in {self.directory} "
-                             f"(finalised steps: {self.all_steps()})")
-        step = int(step)
+        step = self._finalised(step)
         _require_shardings(abstract_state)
         self._check_matches(step, abstract_state)
         try:
@@ -284,13 +276,22 @@ class Checkpointer:
         state's arrays on the default device (what a reader that does not know the
         optimizer's state, e.g. an export of the params, uses). Raises ValueError if
         there is no such finalised checkpoint."""
-        self.wait()
-        if not self._is_complete(int(step)):
-            raise ValueError(f"no finalised checkpoint for step {step} in {self.directory} "
-                             f"(finalised steps: {self.all_steps()})")
-        restored = self._mngr.restore(int(step), args=ocp.args.Composite(
+        restored = self._mngr.restore(self._finalised(step), args=ocp.args.Composite(
             **{_STATE: ocp.args.StandardRestore(), _META: ocp.args.JsonRestore()}))
         return restored[_STATE], restored[_META]
+
+    def _finalised(self, step: int | None) -> int:
+        """``step`` (None: the latest) once a save in flight is done; ValueError when it
+        is not a finalised checkpoint."""
+        self.wait()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise ValueError(f"no finalised checkpoint in {self.directory}")
+        elif not self._is_complete(int(step)):
+            raise ValueError(f"no finalised checkpoint for step {step} in {self.directory} "
+                             f"(finalised steps: {self.all_steps()})")
+        return int(step)
 
     def _check_matches(self, step: int, abstract: Any) -> None:
         """Compare the saved array names and shapes with ``abstract`` before reading, so

@@ -224,10 +224,11 @@ def prepare_policy(src: PolicySource, workdir: str, *, fresh: bool,
                         detect_chat_format(tokenizer))
     chat = chat_format(name, tokenizer)
     if src.hf_path is not None:
-        cfg = _hf_config(src.hf_path)
-        if fresh:
-            if "://" in src.hf_path:
-                raise ValueError(f"hf_path {src.hf_path}: the weights are read from a local directory")
+        if not fresh:
+            cfg = _hf_config(src.hf_path)         # the weights are the run's checkpoint's
+        elif "://" in src.hf_path:
+            raise ValueError(f"hf_path {src.hf_path}: the weights are read from a local directory")
+        else:
             cfg, params = from_hf(src.hf_path)
         if cfg.vocab_size < tokenizer.vocab_size:
             raise ValueError(f"the model's vocabulary ({cfg.vocab_size} ids, {src.hf_path}) is smaller than its "

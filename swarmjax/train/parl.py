@@ -32,11 +32,11 @@ from jax.sharding import Mesh
 
 from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.models.config import ModelConfig
-from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, uniform_groups
+from swarmjax.rl.advantages import compute_advantages, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, item_f1
 from swarmjax.rl.trajectory import TrajectoryBatch
-from swarmjax.rl.update import Learner, TrainState, UpdateConfig
+from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import batch_sharding
 from swarmjax.swarm.engine import RolloutConfig, RolloutResult, SwarmRollout
@@ -56,14 +56,9 @@ class PARLTrainConfig:
     dynamic_sampling: bool = False     # drop (mask) groups whose rewards are all equal
 
     def __post_init__(self):
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
         if self.tasks_per_step < 1 or self.group_size < 1:
             raise ValueError("tasks_per_step and group_size must be >= 1")
-        per = self.update.num_minibatches * self.update.num_microbatches
-        if (self.tasks_per_step * self.group_size) % per:
-            raise ValueError(f"tasks_per_step x group_size = {self.tasks_per_step * self.group_size} "
-                             f"is not divisible by num_minibatches x num_microbatches = {per}")
+        check_group_batch(self.advantage, self.tasks_per_step, self.group_size, self.update)
 
     @property
     def batch(self) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from swarmjax.envs.task import TaskError, split_seed, task_name
+from swarmjax.envs.task import TaskError, records_of, split_seed
 
 
 class TaskStream:
@@ -28,10 +28,9 @@ class TaskStream:
     def __init__(self, task: Any, split: str, seed: int):
         self.task, self.split = task, split
         self.rng = np.random.default_rng(split_seed(seed, split))
-        self.records = None if callable(getattr(task, "sample", None)) else task.records(split)
-        if self.records is not None and len(self.records) == 0:
-            raise TaskError(f"task {task_name(task)}: split {split!r} has no records")
+        self.records = records_of(task, split)
         self.epoch, self.position = 0, 0
+        self.shuffled_from: str | None = None     # the generator's state before this epoch's shuffle
         self.order = self._shuffle()
 
     def _shuffle(self) -> np.ndarray | None:
@@ -55,7 +54,7 @@ class TaskStream:
     def state(self) -> dict[str, Any]:
         """Where the stream is: the generator's state, the epoch and the position in it."""
         return {"rng": json.dumps(self.rng.bit_generator.state), "epoch": self.epoch, "position": self.position,
-                "shuffled_from": getattr(self, "shuffled_from", None),
+                "shuffled_from": self.shuffled_from,
                 "records": None if self.records is None else len(self.records)}
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -68,3 +67,13 @@ class TaskStream:
             self.order = self._shuffle()
         self.rng.bit_generator.state = json.loads(state["rng"])
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def held_out(task: Any, split: str, seed: int, count: int) -> list[Any]:
+    """The first ``count`` problems of ``split``: a generator task's :class:`TaskStream`,
+    a dataset's records in order, not shuffled (all of them when it has fewer; the
+    caller reports the count it got)."""
+    records = records_of(task, split)
+    if records is None:
+        return TaskStream(task, split, seed).take(count)
+    return [records[i] for i in range(min(count, len(records)))]

@@ -48,11 +48,11 @@ from swarmjax.envs.widesearch import Episode, WideSearchConfig
 from swarmjax.envs.widesearch_jax import END_ANSWER
 from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig, make_optimizer
-from swarmjax.rl.advantages import ADVANTAGES, compute_advantages, uniform_groups
+from swarmjax.rl.advantages import compute_advantages, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
 from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
-from swarmjax.rl.update import Learner, TrainState, UpdateConfig
+from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_types import TextRolloutConfig, TextRolloutResult
 from swarmjax.text.chat import CHAT_FORMATS
@@ -112,16 +112,11 @@ class TextPARLConfig:
     def __post_init__(self):
         if self.head_multiple < 0:
             raise ValueError(f"head_multiple must be >= 0, got {self.head_multiple}")
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"unknown advantage {self.advantage!r}; known: {sorted(ADVANTAGES)}")
         if min(self.tasks_per_step, self.group_size, self.bucket, self.buckets) < 1 or self.steps < 0:
             raise ValueError("parl tasks_per_step, group_size, bucket and buckets must be >= 1, steps >= 0")
         if not 0.0 <= self.focus_fraction <= 1.0:
             raise ValueError(f"focus_fraction must be in [0, 1], got {self.focus_fraction}")
-        per = self.update.num_minibatches * self.update.num_microbatches
-        if (self.tasks_per_step * self.group_size) % per:
-            raise ValueError(f"tasks_per_step x group_size = {self.tasks_per_step * self.group_size} is not "
-                             f"divisible by num_minibatches x num_microbatches = {per}")
+        check_group_batch(self.advantage, self.tasks_per_step, self.group_size, self.update)
 
 
 @dataclasses.dataclass(frozen=True)
