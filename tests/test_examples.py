@@ -97,6 +97,20 @@ def test_single_agent_resumes_exactly_and_exports_to_transformers(checkpoint, tm
         gen = model.generate(**enc, max_new_tokens=40, do_sample=False)[0, enc["input_ids"].shape[1]:].tolist()
     assert gen[-1] == im_end and len(gen) < 40, tok.decode(gen)
 
+    # `swarmjax sample --chat` on the export: the template's prompt, transformers' greedy
+    # reply, and the stop at generation_config's eos
+    text = task.messages(q)[-1]["content"]
+    capsys.readouterr()
+    assert main(["sample", "--hf", out, "--chat", text, "--temperature", "0", "--max-new-tokens", "40"]) == 0
+    printed = capsys.readouterr().out
+    enc = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                  enable_thinking=False, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        gen = model.generate(**enc, max_new_tokens=40, do_sample=False)[0, enc["input_ids"].shape[1]:].tolist()
+    reply = tok.decode([i for i in gen if i != im_end])
+    assert f"-> {reply!r}  (ended: {'stop id %d' % im_end if gen[-1] == im_end else '40 tokens'}" in printed, \
+        (printed, reply, gen)
+
 
 def test_orchestrator_keeps_its_subagents_frozen(checkpoint, tmp_path):
     """role=orchestrator: the warm start trains on the orchestrator's and the sub-agent's

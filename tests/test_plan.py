@@ -14,6 +14,7 @@ import pytest
 
 from swarmjax.models import ModelConfig, forward, init_params
 from swarmjax.models.config import PRESETS
+from swarmjax.models.hf import config_to_hf
 from swarmjax.models.transformer import remat_policy
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, UpdateConfig
@@ -85,17 +86,22 @@ def test_qwen3_presets_have_the_published_sizes():
 
 
 def test_plan_command_prints_json_per_device(tmp_path):
-    """The command in its own process (it asks JAX for as many CPU devices as the mesh has)."""
+    """The command in its own process (it asks JAX for as many CPU devices as the mesh has),
+    on a checkpoint directory's config.json (a preset's shape: 4 bytes a param, a quarter
+    per device)."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    cmd = [sys.executable, "-m", "swarmjax.cli", "plan", "--model", "1m", "--mesh", "1,4,1", "--batch", "8",
-           "--seq", "64", "--remat", "block", "--json"]
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(PRESETS["1m"])))
+    tail = ["--mesh", "1,4,1", "--batch", "8", "--seq", "64", "--remat", "block", "--json"]
+    cmd = [sys.executable, "-m", "swarmjax.cli", "plan", "--hf", str(tmp_path), *tail]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     plan = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"params", "opt_state", "temp", "total", "kv_cache", "fits"} <= set(plan)
-    assert plan["mesh"] == [1, 4, 1] and plan["devices"] == 4
+    assert plan["mesh"] == [1, 4, 1] and plan["devices"] == 4 and plan["model"] == str(tmp_path)
     assert 0 < plan["params"] < plan["total"]
-    bad = subprocess.run(cmd[:-3] + ["--remat", "blocks"], env=env, capture_output=True, text=True, timeout=300)
+    assert abs(plan["params"] - PRESETS["1m"].num_params() * 4 / 4) < 0.05 * plan["params"]
+    bad = subprocess.run(cmd[:4] + ["--model", "1m", *tail[:-3], "--remat", "blocks"], env=env,
+                         capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown remat policy" in bad.stderr
 
 

@@ -2,6 +2,7 @@
 
     swarmjax plan --model qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --remat block
     swarmjax plan --model qwen3-1.7b --mesh 1,8,1 --batch 32 --seq 2048 --json
+    swarmjax plan --hf ~/ckpt/Qwen3-0.6B --mesh 1,4,1 --batch 16 --seq 2048   # its config.json
 
 Compiles the learner update and the rollout ahead of time from abstract shapes on
 simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
@@ -29,7 +30,10 @@ def _mesh(text: str) -> tuple[int, int, int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a model preset (swarmjax.models.config.PRESETS), e.g. qwen3-8b")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="a model preset (swarmjax.models.config.PRESETS), e.g. qwen3-8b")
+    which.add_argument("--hf", dest="hf_path",
+                       help="a Hugging Face checkpoint directory: the shape of its config.json (no weights read)")
     p.add_argument("--mesh", type=_mesh, required=True, help="data,fsdp,tensor sizes, e.g. 1,64,1")
     p.add_argument("--batch", type=int, required=True, help="trajectories per learner update")
     p.add_argument("--seq", type=int, required=True, help="tokens per trajectory (and KV slots per rollout row)")
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     from swarmjax.models.config import preset
+    from swarmjax.models.hf import hf_config
     from swarmjax.optim import OptimConfig
     from swarmjax.rl.losses import loss_preset
     from swarmjax.rl.update import UpdateConfig
@@ -72,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
     if len(jax.devices()) < devices:
         raise ValueError(f"the mesh needs {devices} devices but JAX has {len(jax.devices())}")
-    cfg = preset(args.model)
+    if args.hf_path:
+        cfg = hf_config(args.hf_path)
+        name = args.hf_path
+    else:
+        cfg, name = preset(args.model), args.model
     if args.dtype:
         cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
     update = UpdateConfig(loss=loss_preset(args.loss), optim=OptimConfig(name=args.optimizer),
@@ -85,10 +94,10 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
                        rollout_batch=args.rollout_batch, prompt=args.prompt)
     if args.json:
-        print(json.dumps({"model": args.model, "batch": args.batch, "seq": args.seq, "remat": args.remat,
+        print(json.dumps({"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
                           "dtype": cfg.dtype, **plan.as_dict()}))
     else:
-        print(format_plan(plan, title=f"{args.model} ({cfg.num_params() / 1e9:.2f}B params, {cfg.dtype}), "
+        print(format_plan(plan, title=f"{name} ({cfg.num_params() / 1e9:.2f}B params, {cfg.dtype}), "
                                       f"batch {args.batch} x {args.seq} tokens, remat {args.remat}"))
     return 0
 

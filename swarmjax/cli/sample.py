@@ -1,10 +1,20 @@
-"""``swarmjax sample``: generate from token-id prompts with a HF checkpoint or a random model."""
+"""``swarmjax sample``: generate with a Hugging Face checkpoint or a random model.
+
+    swarmjax sample --hf DIR --chat "How many legs has a spider?" --temperature 0
+    swarmjax sample --prompt "1 2 3" --prompt "4 5"        # token ids, a random model
+
+With ``--chat`` the texts are rendered as user turns with the checkpoint's chat template
+(:mod:`swarmjax.text.chat`, the format read from the template or named by
+``--chat-format``), generation stops at the checkpoint's eos ids (``generation_config.json``,
+else ``config.json``; ``--stop`` adds more), and the replies are decoded.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import time
+from typing import Any
 
 from swarmjax.cli import register
 from swarmjax.models.config import PRESETS, ModelConfig
@@ -14,7 +24,13 @@ from swarmjax.sharding.mesh import MeshConfig
 
 @dataclasses.dataclass(frozen=True)
 class SampleJob:
-    """What ``swarmjax sample`` runs. ``hf_path=None`` builds a random model from ``model``."""
+    """What ``swarmjax sample`` runs. ``hf_path=None`` builds a random model from ``model``.
+
+    chat: user texts rendered with the chat template of ``tokenizer_path`` (default:
+      ``hf_path``'s tokenizer) in place of ``prompts``; ``system`` an optional system turn;
+      ``chat_format`` a key of ``CHAT_FORMATS`` (None: read from the template);
+      ``thinking``: Qwen3's ``enable_thinking``.
+    """
 
     model: ModelConfig = PRESETS["1m"]
     sampling: SamplingConfig = SamplingConfig(temperature=0.8, top_k=50, top_p=0.95,
@@ -24,6 +40,11 @@ class SampleJob:
     prompts: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4), (5, 6), (7,), (8, 9, 10))
     stop_tokens: tuple[int, ...] = ()
     seed: int = 0
+    chat: tuple[str, ...] = ()
+    system: str | None = None
+    tokenizer_path: str | None = None
+    chat_format: str | None = None
+    thinking: bool = False
 
 
 def _parse_ids(text: str) -> tuple[int, ...]:
@@ -42,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), help="random model size when no --hf")
     p.add_argument("--prompt", action="append", type=_parse_ids,
                    help="token ids, e.g. '1 2 3' (repeat for a batch)")
+    p.add_argument("--chat", action="append", metavar="TEXT",
+                   help="a user message, rendered with the chat template (repeat for a batch)")
+    p.add_argument("--system", help="a system message before each --chat text")
+    p.add_argument("--tokenizer", dest="tokenizer_path", help="tokenizer directory (default: the --hf one)")
+    p.add_argument("--chat-format", help="the chat format by name (default: read from the template)")
+    p.add_argument("--thinking", action="store_true", help="Qwen3: enable_thinking=True")
     p.add_argument("--batch", type=int, help="repeat the prompts to this many rows")
     p.add_argument("--max-new-tokens", type=int)
     p.add_argument("--temperature", type=float, help="0 = greedy")
@@ -67,6 +94,11 @@ def job_from_args(args: argparse.Namespace) -> SampleJob:
         changes["model"] = PRESETS[args.preset]
     if args.prompt:
         changes["prompts"] = tuple(args.prompt)
+    for name in ("chat", "system", "tokenizer_path", "chat_format"):
+        if getattr(args, name):
+            changes[name] = tuple(args.chat) if name == "chat" else getattr(args, name)
+    if args.thinking:
+        changes["thinking"] = True
     if args.stop:
         changes["stop_tokens"] = tuple(args.stop)
     if args.seed is not None:
@@ -78,12 +110,36 @@ def job_from_args(args: argparse.Namespace) -> SampleJob:
             raise ValueError(f"--mesh takes three integers 'data,fsdp,tensor', got {args.mesh!r}")
         changes["mesh"] = MeshConfig(data, fsdp, tensor)
     job = dataclasses.replace(job, **changes)
+    if job.chat and args.prompt:
+        raise ValueError("give --chat texts or --prompt ids, not both")
+    if job.chat and not (job.tokenizer_path or job.hf_path):
+        raise ValueError("--chat needs a tokenizer: --hf DIR (its tokenizer) or --tokenizer DIR")
     if args.batch:
         if args.batch < 1:
             raise ValueError("--batch must be >= 1")
-        job = dataclasses.replace(job, prompts=tuple(
-            job.prompts[i % len(job.prompts)] for i in range(args.batch)))
+        field = "chat" if job.chat else "prompts"
+        rows = getattr(job, field)
+        job = dataclasses.replace(job, **{field: tuple(rows[i % len(rows)] for i in range(args.batch))})
     return job
+
+
+def chat_prompts(job: SampleJob) -> tuple[Any, tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """(chat format, the ``chat`` texts rendered as prompts, the stop ids): the
+    checkpoint's eos ids, the chat format's stop ids when it names none, and
+    ``stop_tokens``."""
+    from swarmjax.models.hf import eos_ids
+    from swarmjax.text.chat import chat_format, detect_chat_format
+    from swarmjax.train.frame import read_tokenizer
+
+    source = job.tokenizer_path or job.hf_path
+    tokenizer = read_tokenizer(source, what="--tokenizer" if job.tokenizer_path else "--hf")
+    chat = chat_format(job.chat_format or detect_chat_format(tokenizer), tokenizer, thinking=job.thinking)
+    system = [] if job.system is None else [{"role": "system", "content": job.system}]
+    prompts = tuple(tuple(int(i) for i in chat.prompt_ids([*system, {"role": "user", "content": text}]))
+                    for text in job.chat)
+    eos = eos_ids(job.hf_path) if job.hf_path else ()
+    stops = eos or tuple(int(i) for i in chat.stop_ids)
+    return chat, prompts, tuple(dict.fromkeys(stops + job.stop_tokens))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +152,11 @@ def run(args: argparse.Namespace) -> int:
     from swarmjax.sharding.mesh import make_mesh, shard_tree
 
     job = job_from_args(args)
+    chat, stop_tokens = None, job.stop_tokens
+    if job.chat:
+        chat, prompts, stop_tokens = chat_prompts(job)
+        job = dataclasses.replace(job, prompts=prompts)
+        print(f"chat format {chat.name}, stops at ids {list(stop_tokens)}")
     mesh = make_mesh(job.mesh)
     if job.hf_path:
         cfg, params = from_hf(job.hf_path)
@@ -110,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
     params = shard_tree(params, sampler.param_shardings(params))
     tokens, mask = pad_prompts(job.prompts)
     stops = None
-    if job.stop_tokens:
-        stops = np.tile(np.asarray(job.stop_tokens, np.int32), (len(job.prompts), 1))
+    if stop_tokens:
+        stops = np.tile(np.asarray(stop_tokens, np.int32), (len(job.prompts), 1))
     key = jax.random.key(job.seed)
 
     t0 = time.perf_counter()
@@ -125,11 +186,16 @@ def run(args: argparse.Namespace) -> int:
     out = jax.device_get(out)
     for b, prompt in enumerate(job.prompts):
         gen = out.tokens[b, :out.lengths[b]].tolist()
-        print(f"[{b}] prompt {list(prompt)} -> {gen}  (logprob {out.logprobs[b].sum():.2f})")
+        if chat is None:
+            print(f"[{b}] prompt {list(prompt)} -> {gen}  (logprob {out.logprobs[b].sum():.2f})")
+            continue
+        ended = "stop id %d" % gen[-1] if gen and gen[-1] in stop_tokens else f"{len(gen)} tokens (the limit)"
+        reply = chat.tokenizer.decode([i for i in gen if i not in stop_tokens])
+        print(f"[{b}] {job.chat[b]!r}\n -> {reply!r}  (ended: {ended}; logprob {out.logprobs[b].sum():.2f})")
     n = int(out.lengths.sum())
     print(f"generated {n} tokens in {steady:.3f}s: {n / steady:.1f} tokens/s "
           f"(first call incl. compile {first:.2f}s)")
     return 0
 
 
-register("sample", "generate tokens from token-id prompts")((add_arguments, run))
+register("sample", "generate from chat texts or token-id prompts")((add_arguments, run))

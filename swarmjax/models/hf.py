@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
@@ -29,6 +30,7 @@ from swarmjax.models.transformer import abstract_params
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+GENERATION_CONFIG = "generation_config.json"
 
 
 class CheckpointError(ValueError):
@@ -347,6 +349,20 @@ def _get(tree: dict, path: tuple[str, ...]):
     return tree
 
 
+def hf_config(path: str, *, param_dtype: str = "float32", dtype: str | None = None) -> ModelConfig:
+    """The :class:`ModelConfig` of checkpoint directory ``path`` (its ``config.json``; no
+    weights read; local or an object store). Raises CheckpointError when the file is
+    missing, not JSON or lacks a field."""
+    cfg_file = epath.Path(path) / CONFIG_FILE
+    if not cfg_file.exists():
+        raise CheckpointError(f"{path}: no {CONFIG_FILE} (not a Hugging Face checkpoint directory)")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
+    return config_from_hf(raw, param_dtype=param_dtype, dtype=dtype, source=str(cfg_file))[0]
+
+
 def from_hf(path: str, *, param_dtype: str = "float32", dtype: str | None = None,
             shardings: Any = None) -> tuple[ModelConfig, dict[str, Any]]:
     """Load a Qwen3, Qwen2 / Qwen2.5 or Llama HF checkpoint directory.
@@ -366,15 +382,7 @@ def from_hf(path: str, *, param_dtype: str = "float32", dtype: str | None = None
         missing/unexpected tensor, wrong shape, unreadable file -- the message names
         the field or tensor and the file.
     """
-    cfg_file = os.path.join(path, CONFIG_FILE)
-    if not os.path.exists(cfg_file):
-        raise CheckpointError(f"{path}: no {CONFIG_FILE}")
-    with open(cfg_file) as f:
-        try:
-            hf_config = json.load(f)
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
-    cfg, _ = config_from_hf(hf_config, param_dtype=param_dtype, dtype=dtype, source=cfg_file)
+    cfg = hf_config(path, param_dtype=param_dtype, dtype=dtype)
     target = abstract_params(cfg)
     np_dtype = np.dtype(DTYPES[param_dtype])
     reader = _Reader(_tensor_files(path))
@@ -407,6 +415,29 @@ def from_hf(path: str, *, param_dtype: str = "float32", dtype: str | None = None
     else:
         params = jax.tree.map(jax.device_put, params, shardings)
     return cfg, params
+
+
+def eos_ids(path: str) -> tuple[int, ...]:
+    """The ids generation stops at in checkpoint directory ``path``: ``eos_token_id`` (an
+    int or a list) of ``generation_config.json``, else of ``config.json``; () when
+    neither names one. Raises CheckpointError for a file that is not JSON or an id that
+    is not an integer."""
+    for name in (GENERATION_CONFIG, CONFIG_FILE):
+        file = os.path.join(path, name)
+        if not os.path.exists(file):
+            continue
+        with open(file) as f:
+            try:
+                value = json.load(f).get("eos_token_id")
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise CheckpointError(f"{file}: eos_token_id must be a non-negative int or a list of them, got {value!r}")
+        return tuple(ids)
+    return ()
 
 
 # ----------------------------------------------------------------------------- writing

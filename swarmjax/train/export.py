@@ -23,11 +23,9 @@ import jax.numpy as jnp
 from etils import epath
 
 from swarmjax.models.config import DTYPES
-from swarmjax.models.hf import CONFIG_FILE, to_hf
+from swarmjax.models.hf import CONFIG_FILE, GENERATION_CONFIG, to_hf
 from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.frame import TOKENIZER_DIR, copy_tokenizer, read_policy
-
-GENERATION_CONFIG = "generation_config.json"
 
 
 def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | None = None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 from etils import epath
 
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.hf import CONFIG_FILE, config_from_hf, config_to_hf, from_hf
+from swarmjax.models.hf import config_from_hf, config_to_hf, from_hf, hf_config
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import CHAT_FORMATS, ChatFormat, chat_format, detect_chat_format
 from swarmjax.text.tokenizer import CONFIG_FILE as TOKENIZER_CONFIG
@@ -192,13 +192,6 @@ class PolicySource:
             raise ValueError("tokenizer_vocab must be >= 300 (bytes + merges)")
 
 
-def _hf_config(hf_path: str) -> ModelConfig:
-    file = epath.Path(hf_path) / CONFIG_FILE
-    if not file.exists():
-        raise ValueError(f"hf_path {hf_path}: no {CONFIG_FILE} (not a Hugging Face checkpoint directory)")
-    return config_from_hf(json.loads(file.read_text()), source=str(file))[0]
-
-
 def prepare_policy(src: PolicySource, workdir: str, *, fresh: bool,
                    corpus: Callable[[], list[str]] | None) -> tuple[ModelConfig, Any, ChatFormat]:
     """(model config, initial params or None, chat format) of a run (module docstring).
@@ -225,7 +218,7 @@ def prepare_policy(src: PolicySource, workdir: str, *, fresh: bool,
     chat = chat_format(name, tokenizer)
     if src.hf_path is not None:
         if not fresh:
-            cfg = _hf_config(src.hf_path)         # the weights are the run's checkpoint's
+            cfg = hf_config(src.hf_path)         # the weights are the run's checkpoint's
         elif "://" in src.hf_path:
             raise ValueError(f"hf_path {src.hf_path}: the weights are read from a local directory")
         else:
