@@ -3,18 +3,21 @@
 directory, `swarmjax train` as a single agent (stopped by SIGTERM, resumed with
 --resume auto: the uninterrupted run's logs and parameters) and as an orchestrator with
 frozen sub-agents, then `swarmjax export` loaded by transformers, generating until
-<|im_end|>."""
+<|im_end|>; and the same job on 8 simulated devices and over two local processes, with the
+metrics of one device."""
 
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
-from small_job import restored_states
+from small_job import restored_states, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
@@ -129,3 +132,44 @@ def test_orchestrator_keeps_its_subagents_frozen(checkpoint, tmp_path):
     assert equal(before["frozen"]["subagents"], after["frozen"]["subagents"])
     assert not equal(before["params"], after["params"])
     assert not equal(after["params"], after["frozen"]["subagents"])
+
+
+def _close(a, b, where):
+    """Two runs' log lines agree: the same keys, integers and strings equal, floats to
+    float32 rounding (a sharded reduction may round its last bit differently)."""
+    assert len(a) == len(b), where
+    for x, y in zip(a, b):
+        x, y = ({k: v for k, v in r.items() if k != "segments"} for r in (x, y))   # each process decodes its own
+        assert x.keys() == y.keys(), where
+        for k in x:
+            same = np.isclose(x[k], y[k], rtol=1e-5, atol=1e-6) if isinstance(x[k], float) else x[k] == y[k]
+            assert same, (where, x.get("step"), k, x[k], y[k])
+
+
+def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path):
+    """The single-agent job with updates that move the policy (a length penalty, every
+    group kept): on one device, on a 2x2x2 (data, fsdp, tensor) mesh of 8 simulated
+    devices, and over two processes of 2 devices each (jax.distributed on 127.0.0.1, a
+    4-way data mesh: each process rolls out one of the two problems' groups and runs its
+    tools; process 0 writes the logs). The three write the same metrics and evaluations."""
+    more = ["sft.steps=4", "rl.overlong.max_length=200", "rl.overlong.cache_length=200", "rl.dynamic_sampling=False",
+            "eval_every=0"]
+    one, mesh, two = (str(tmp_path / n) for n in ("one", "mesh", "two"))
+    assert main(_args(one, checkpoint, *more)) == 0
+    assert main(_args(mesh, checkpoint, *more, "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")) == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "swarmjax.cli", *_args(two, checkpoint, *more, "mesh.data=-1"),
+           "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env) for i in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert f"written to {two}" in outs[0] and f"written to {two}" not in outs[1]
+    moved = [r["learner/grad_norm"] for r in _lines(one, "metrics.jsonl") if r["stage"] == "rl"]
+    assert max(moved) > 0, moved                                            # an update moved the policy
+    for run in (mesh, two):
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            _close(_lines(one, name), _lines(run, name), f"{run} {name}")

@@ -76,7 +76,8 @@ def select_tokens(logits: Array, key: Array, cfg: SamplingConfig) -> tuple[Array
 
     Args:
       logits: [B, V] raw model logits.
-      key: PRNG key (unused when greedy).
+      key: PRNG key (unused when greedy), or one key per row ([B] typed keys): then each
+        row's draw depends on its own key alone, not on the other rows of the batch.
 
     Returns:
       tokens [B] int32;
@@ -92,7 +93,10 @@ def select_tokens(logits: Array, key: Array, cfg: SamplingConfig) -> tuple[Array
         model_logprob = -jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
         return tokens, logprob, model_logprob
     filtered = filter_logits(logits, cfg)
-    tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+    if jnp.ndim(key) == 1:                              # one key per row
+        tokens = jax.vmap(lambda k, row: jax.random.categorical(k, row))(key, filtered).astype(jnp.int32)
+    else:
+        tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
     logprob = _gather(jax.nn.log_softmax(filtered, axis=-1), tokens)
     # logit[token] - logsumexp(logits): two reductions, no [B, V] log-softmax written out
     model_logprob = _gather(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)

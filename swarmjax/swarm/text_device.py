@@ -179,9 +179,21 @@ def _start(rows: Rows, active: Array, steps: int) -> _Decoding:
     return _Decoding(rows=rows, turns=turns, done=~active)
 
 
+def row_keys(key: Array, agents: Array, positions: Array) -> Array:
+    """One PRNG key per row [R] from the rollout's ``key``: folded with the row's agent
+    (``agents`` int32 [R, 2]: episode, agent within it) and the position in its
+    conversation of the token it samples (``positions`` int32 [R]). A token's draw then
+    depends on what was sampled before it in its own conversation only: not on the batch,
+    its compaction, the segments or the process that decodes it."""
+    def one(agent, position):
+        return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, agent[0]), agent[1]), position)
+    return jax.vmap(one)(agents, positions)
+
+
 def _advance(params, cfg: ModelConfig, scfg: SamplingConfig, d: _Decoding, i: Array, key: Array,
              limit: Array, stops: Array, forced: Array | None, rope) -> _Decoding:
-    """One step of one model: choose, record, feed, and mark rows that stop."""
+    """One step of one model: choose, record, feed, and mark rows that stop. ``key``: one
+    key, or one per row [R]."""
     f = None if forced is None else lax.dynamic_index_in_dim(forced, i, axis=1, keepdims=False)
     tok, lp, mlp = choose(d.rows.logits, key, scfg, f)
     emit = ~d.done
@@ -201,7 +213,9 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
                    orch_limit: Array, work_limit: Array, stop_ids: Array, steps: int,
                    orch_window: int, work_window: int,
                    orch_forced: Array | None = None, work_forced: Array | None = None,
-                   min_done: Array | None = None) -> tuple[Rows, Rows, Turns, Turns]:
+                   min_done: Array | None = None, orch_agents: Array | None = None,
+                   work_agents: Array | None = None, orch_start: Array | None = None,
+                   work_start: Array | None = None) -> tuple[Rows, Rows, Turns, Turns]:
     """Decode the given rows of both models until each samples a stop id or its limit,
     or (``min_done``) until enough of them have.
 
@@ -222,6 +236,10 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
         batch decoding: continuous batching at segment granularity. A row cut this way
         resumes where it was in a later call (every sampled token is already in its
         cache and its logits are current); its :class:`Turns` entry is not ``stopped``.
+      orch_agents [Bo, 2], work_agents [Bw, 2] int32 with orch_start [Bo], work_start [Bw]
+        int32: optional (all four or none) per-row keys: the row's (episode, agent) and
+        the conversation position of its first token now; step ``i`` draws with
+        :func:`row_keys` at ``start + i``. Without them one key is split per step.
 
     Returns:
       both models' rows (the turns written into their caches) and the :class:`Turns`
@@ -232,9 +250,15 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
                    orch=_start(gather_rows(orch, orch_idx, orch_window), orch_limit > 0, steps),
                    work=_start(gather_rows(work, work_idx, work_window), work_limit > 0, steps))
 
+    per_row = orch_agents is not None
+
     def body(c: _Carry) -> _Carry:
         with jax.named_scope("text_decode_step"):
-            key, ko, kw = jax.random.split(c.key, 3)
+            if per_row:
+                key = c.key
+                ko, kw = row_keys(key, orch_agents, orch_start + c.i), row_keys(key, work_agents, work_start + c.i)
+            else:
+                key, ko, kw = jax.random.split(c.key, 3)
             o = _advance(orch_params, orch_cfg, orch_sampling, c.orch, c.i, ko, orch_limit, stop_ids,
                          orch_forced, o_rope)
             w = _advance(work_params, work_cfg, work_sampling, c.work, c.i, kw, work_limit, stop_ids,

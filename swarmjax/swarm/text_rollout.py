@@ -285,12 +285,22 @@ class TextRollout:
             sub.turning = True
 
     def __call__(self, orch_params: Any, worker_params: Any, envs: Sequence[HostEnv], tasks: Sequence[Any],
-                 key: jax.Array, *, scripts: TextScripts | None = None) -> TextRolloutResult:
-        """Run ``len(envs)`` episodes to their end; see the module docstring."""
+                 key: jax.Array, *, scripts: TextScripts | None = None,
+                 episode_ids: Sequence[int] | None = None) -> TextRolloutResult:
+        """Run ``len(envs)`` episodes to their end; see the module docstring.
+
+        Every token is drawn with a key of its own: ``key`` folded with its episode's id
+        (``episode_ids``, default 0..B-1), its agent and its position in the conversation
+        (:func:`~swarmjax.swarm.text_device.row_keys`). An episode samples the same ids
+        whichever batch, segments or process run it: a process that runs episodes 8-15
+        of a step passes ``episode_ids=range(8, 16)``."""
         rcfg, T = self.rcfg, self.rcfg.max_turn_tokens
         B, L = len(envs), rcfg.worker_lanes
         if len(tasks) != B:
             raise ValueError(f"{B} environments but {len(tasks)} tasks")
+        episode_ids = np.arange(B) if episode_ids is None else np.asarray(list(episode_ids), np.int64)
+        if episode_ids.shape != (B,):
+            raise ValueError(f"{B} environments but {episode_ids.size} episode ids")
         stats = dict(segments=0, prefill_calls=0, decode_s=0.0, prefill_s=0.0, env_s=0.0,
                      sampled_tokens=0, appended_tokens=0, prefill_computed=0, decode_row_steps=0,
                      prefix_shared=0)
@@ -389,19 +399,23 @@ class TextRollout:
                         fbuf[j, :min(len(script), T)] = script[:T]
                 pos = np.asarray([len(a.trace) - a.offset + sum(len(p[0]) for p in a.partial) for a in agents]
                                  + [0] * (len(idx) - len(agents)), np.int64)      # each row's next free slot
+                who = np.zeros((len(idx), 2), np.int32)                           # (episode, agent): the keys
+                for j, a in enumerate(agents):
+                    who[j] = episode_ids[a.episode], 0 if a.is_orch else 1 + a.index
                 need = int(max((pos + limit + 1)[:len(agents)], default=1))
                 if rcfg.decode_slack is not None and agents:
                     need = min(need, int(pos[:len(agents)].max()) + rcfg.decode_slack + 1)
                 window = self._window(need, rows.cache.max_len)
                 limit = np.minimum(limit, np.maximum(window - pos - 1, 0)).astype(np.int32)  # cut at the window
                 args.update({f"{name}_idx": idx, f"{name}_limit": limit, f"{name}_window": window,
-                             f"{name}_forced": fbuf if scripts is not None else None})
+                             f"{name}_forced": fbuf if scripts is not None else None, f"{name}_agents": who,
+                             f"{name}_start": (pos + np.asarray([a.offset for a in agents] + [0] * (
+                                 len(idx) - len(agents)), np.int64)).astype(np.int32)})
             min_done = np.int32(max(1, int(np.ceil(rcfg.segment_exit * (len(rows_o) + len(rows_w))))))
             t0 = time.perf_counter()
-            key, sub_key = jax.random.split(key)
             orch_rows, work_rows, turns_o, turns_w = decode_segment_jit(
                 orch_params, worker_params, self.orch_cfg, self.worker_cfg, rcfg.orch_sampling,
-                rcfg.worker_sampling, orch_rows, work_rows, sub_key, stop_ids=stop_ids, steps=T,
+                rcfg.worker_sampling, orch_rows, work_rows, key, stop_ids=stop_ids, steps=T,
                 min_done=min_done, **args)
             turns_o, turns_w = jax.device_get((turns_o, turns_w))
             stats["decode_row_steps"] += (len(args["orch_idx"]) + len(args["work_idx"])) * int(

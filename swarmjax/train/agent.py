@@ -37,8 +37,10 @@ from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
+from swarmjax.sharding.mesh import batch_sharding
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRollout, TextRolloutConfig, TextRolloutResult
 from swarmjax.train.demos import Demos, pack_rows
+from swarmjax.train.distributed import allgather, local_replica, share
 from swarmjax.train.sft import _role_stats
 
 SUBAGENTS = ("frozen", "shared")
@@ -257,18 +259,29 @@ def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Cal
     """One RL step on ``problems`` (each rolled out ``group_size`` times; ``make(problem)``
     builds an episode's environment): rollout, reward, group advantages, one learner
     update on exactly the rollout's ids, loss mask and sampler log-probs. Returns the new
-    state and the step's metrics."""
-    G = rcfg.group_size
-    episodes = [p for p in problems for _ in range(G)]
+    state and the step's metrics.
+
+    With several processes every one passes the same ``problems``, rolls out its share
+    (whole groups; its tools run locally) with a local copy of the params, and the
+    learner updates on the global batch. Episode ``e`` of the step draws the same
+    tokens whichever process runs it, so the metrics are those of one process (the
+    ``segments`` count aside: each process decodes its own)."""
+    G, mesh = rcfg.group_size, learner.mesh
+    start, stop = share(len(problems))
+    mine = problems[start:stop]
+    episodes = [p for p in mine for _ in range(G)]
     t0 = time.perf_counter()
-    res = rollout(state.params, subagent_params(state), [make(p) for p in episodes], episodes, key)
+    orch, workers = (local_replica(t, mesh) for t in (state.params, subagent_params(state)))
+    res = rollout(orch, workers, [make(p) for p in episodes], episodes, key,
+                  episode_ids=range(start * G, stop * G))
     t1 = time.perf_counter()
     reward, channels = episode_rewards(res, rcfg, step)
-    groups = np.repeat(np.arange(len(problems)), G)
-    adv = np.asarray(compute_advantages(rcfg.advantage, jnp.asarray(reward), jnp.asarray(groups)))
-    keep = ~np.asarray(uniform_groups(jnp.asarray(reward), jnp.asarray(groups))) if rcfg.dynamic_sampling \
+    local = np.repeat(np.arange(len(mine)), G)
+    groups = local + start
+    adv = np.asarray(compute_advantages(rcfg.advantage, jnp.asarray(reward), jnp.asarray(local)))
+    keep = ~np.asarray(uniform_groups(jnp.asarray(reward), jnp.asarray(local))) if rcfg.dynamic_sampling \
         else np.ones(len(episodes), bool)
-    L = int(res.length.max())
+    L = int(allgather(res.length.max(initial=1)[None]).max())           # one width on every process
     rows = {"tokens": res.tokens[:, :L], "token_mask": np.arange(L)[None] < res.length[:, None],
             "loss_mask": res.loss_mask[:, :L] & keep[:, None], "logprobs": res.logprobs[:, :L],
             "advantages": adv, "group": groups, "reward": reward}
@@ -280,16 +293,31 @@ def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Cal
     batch = TrajectoryBatch.create(rows["tokens"], rows["loss_mask"], rows["advantages"],
                                    token_mask=rows["token_mask"], sampler_logprobs=rows["logprobs"],
                                    group_ids=rows["group"], rewards=rows["reward"])
-    state, learn = learner.update(state, batch)
+    state, learn = learner.update(state, global_batch(batch, mesh))
     learn = jax.device_get(learn)
-    metrics = {"reward": float(np.mean(reward)), **rollout_figures(res), "kept_groups": float(np.mean(keep)),
-               "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
-               "segments": res.stats["segments"], "sampled_tokens": res.stats["sampled_tokens"],
-               "orch_sampled_tokens": float(np.mean(res.loss_mask.sum(axis=1))),
-               "subagent_rows": 0 if subs is None else int((subs["group"] < len(problems)).sum())}
-    metrics.update({f"reward/{k}": float(np.mean(v)) for k, v in channels.items() if k != "r_perf"})
+    per_episode = allgather({"reward": reward.astype(np.float32), "kept_groups": keep.astype(np.float32),
+                             "orch_sampled_tokens": res.loss_mask.sum(axis=1).astype(np.float32),
+                             **episode_figures(res), **{f"reward/{k}": np.asarray(v, np.float32)
+                                                        for k, v in channels.items() if k != "r_perf"}})
+    counts = allgather(np.asarray([[res.stats["segments"], res.stats["sampled_tokens"]]], np.int64))
+    metrics = {**mean_figures(per_episode), "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
+               "segments": int(counts[:, 0].max()), "sampled_tokens": int(counts[:, 1].sum()),
+               "subagent_rows": 0 if subs is None else int((subs["group"] < stop).sum())}
     metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
     return state, metrics
+
+
+def global_batch(batch: TrajectoryBatch, mesh: Any) -> TrajectoryBatch:
+    """``batch`` (this process's rows) as global arrays over ``mesh``'s data axes, the
+    processes' rows concatenated in process order; with one process, unchanged."""
+    if jax.process_count() == 1:
+        return batch
+
+    def one(x):
+        x = np.asarray(x)
+        B = x.shape[0] * jax.process_count()
+        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, batch_size=B), x)
+    return jax.tree.map(one, batch)
 
 
 def _pad_to(x: np.ndarray, width: int) -> np.ndarray:
@@ -303,18 +331,45 @@ def _stack_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
 
 
 def evaluate(rollout: TextRollout, params: Any, worker_params: Any, make: Callable[[Any], Any], problems: list,
-             key: jax.Array) -> dict[str, float]:
-    """:func:`rollout_figures` of greedy episodes on ``problems``."""
-    return rollout_figures(rollout(params, worker_params, [make(p) for p in problems], problems, key))
+             key: jax.Array, *, mesh: Any = None) -> dict[str, float]:
+    """:func:`rollout_figures` of greedy episodes on ``problems``. With several processes
+    each runs a share (episode ``e`` keyed as on one process) and the figures are the
+    means over all of them (``params`` global arrays over ``mesh``)."""
+    procs, n = jax.process_count(), len(problems)
+    per = -(-n // procs)
+    start = min(jax.process_index() * per, n)
+    mine = problems[start:start + per]
+    figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
+    if mine:
+        res = rollout(local_replica(params, mesh), local_replica(worker_params, mesh), [make(p) for p in mine],
+                      mine, key, episode_ids=range(start, start + len(mine)))
+        for k, v in episode_figures(res).items():
+            figures[k][:len(mine)] = v
+    figures = allgather(figures)
+    return mean_figures({k: v[~np.isnan(v)] for k, v in figures.items()})
+
+
+FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
+           "subagents", "critical_steps")
+
+
+def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
+    """Each episode's figures [B] float32 (:data:`FIGURES`): accuracy (``r_perf``), tool
+    calls and errors, orchestrator turns, whether it answered, whether its answer was
+    cut by the turn limit, whether it ran out of context; sub-agents and critical steps."""
+    r = reward_terms(res.rewards, len(res.length))
+    out = {"accuracy": r["r_perf"], "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
+           "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
+           "context_ended": res.end_reason == END_CONTEXT, "subagents": res.spawned,
+           "critical_steps": res.critical_steps}
+    return {k: np.asarray(out[k], np.float32) for k in FIGURES}
+
+
+def mean_figures(per_episode: dict[str, np.ndarray]) -> dict[str, float]:
+    """The mean over episodes of each figure."""
+    return {k: float(np.mean(v)) for k, v in per_episode.items()}
 
 
 def rollout_figures(res: TextRolloutResult) -> dict[str, float]:
-    """Means over a rollout's episodes: accuracy (``r_perf``), tool calls and errors,
-    orchestrator turns, the fractions that answered, whose answer was cut by the turn
-    limit and that ran out of context; sub-agents and critical steps."""
-    r = reward_terms(res.rewards, len(res.length))
-    return {"accuracy": float(np.mean(r["r_perf"])), "tool_calls": float(np.mean(r["tool_calls"])),
-            "tool_errors": float(np.mean(r["tool_errors"])), "turns": float(np.mean(res.orch_steps)),
-            "answered": float(np.mean(res.end_reason == END_ANSWER)), "truncated": float(np.mean(r["truncated"])),
-            "context_ended": float(np.mean(res.end_reason == END_CONTEXT)),
-            "subagents": float(np.mean(res.spawned)), "critical_steps": float(np.mean(res.critical_steps))}
+    """Means over a rollout's episodes of :func:`episode_figures`."""
+    return mean_figures(episode_figures(res))

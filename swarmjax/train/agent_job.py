@@ -20,7 +20,13 @@ host-driven text rollouts (single agent, or an orchestrator with sub-agents).
    on the **test** split at the start and the end (the summary's table).
    ``metrics.jsonl``, ``eval.jsonl``, ``summary.json`` / ``summary.md``, TensorBoard
    events; a log line every ``log_every`` steps when progress bars are off.
-6. **Checkpoints, resume, preemption**: a checkpoint at RL step 0, at every evaluation,
+6. **Meshes and processes** (``mesh``): the learner's state sharded over a
+   ``(data, fsdp, tensor)`` mesh; with several processes (``swarmjax train
+   --coordinator ...``) each rolls out its share of a step's problems (whole groups,
+   its tools run locally) with a copy of the params, the learner updates on the global
+   batch, and process 0 writes the logs. Each episode's tokens are keyed by its index
+   in the step, so the metrics are those of one process.
+7. **Checkpoints, resume, preemption**: a checkpoint at RL step 0, at every evaluation,
    on SIGTERM and at the end, with the task stream's state; ``--resume auto`` /
    ``latest`` continue exactly (the logs cut back, the stream restored).
 """
@@ -40,12 +46,14 @@ from swarmjax.envs.task import ROLES, EnvContext, make_env, resolve_task, task_n
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
+from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.runner import ToolRunner
-from swarmjax.train.agent import (SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, evaluate, rl_step,
-                                  subagent_params, warm_start)
+from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, evaluate,
+                                  rl_step, subagent_params, warm_start)
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
+from swarmjax.train.distributed import barrier
 from swarmjax.train.frame import PolicySource, end_step, prepare_policy, read_policy, run_checkpointed
 from swarmjax.train.job import check_identity
 from swarmjax.train.logs import TextJobLog, progress_bar, write_summary
@@ -69,6 +77,8 @@ class AgentJob:
     eval_episodes: problems of each held-out split (fewer when a dataset has fewer).
     log_every: RL steps between log lines when progress bars are off.
     tool_timeout_s: a tool call running longer gets an error reply.
+    mesh: the learner's ``(data, fsdp, tensor)`` mesh (None: one device; needed with
+      several processes).
     """
 
     task: Any = "arith"
@@ -86,6 +96,7 @@ class AgentJob:
     eval_every: int = 20
     log_every: int = 10
     tool_timeout_s: float = 10.0
+    mesh: MeshConfig | None = None
     seed: int = 0
 
     def policy(self) -> PolicySource:
@@ -94,10 +105,10 @@ class AgentJob:
 
     def identity(self) -> dict[str, str]:
         """What a run computes, as reprs: a run may be resumed with another RL step count,
-        evaluation or log cadence, not with another task, policy, warm start, RL
+        evaluation or log cadence or mesh, not with another task, policy, warm start, RL
         configuration, seed or held-out set."""
         same = dataclasses.replace(self, rl=dataclasses.replace(self.rl, steps=0), eval_every=0, log_every=0,
-                                   task=task_name(resolve_task(self.task)))
+                                   task=task_name(resolve_task(self.task)), mesh=None)
         return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)}
 
     def validate(self) -> None:
@@ -111,6 +122,15 @@ class AgentJob:
             raise ValueError("eval_episodes and max_subagents must be >= 1, eval_every and log_every >= 0")
         if self.tool_timeout_s <= 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+        procs = jax.process_count()
+        if procs > 1:
+            if self.mesh is None:
+                raise ValueError(f"{procs} processes: set mesh= (e.g. --set mesh.data=-1) so the learner spans them")
+            if self.rl.tasks_per_step % procs:
+                raise ValueError(f"rl.tasks_per_step={self.rl.tasks_per_step} does not split over {procs} processes")
+            if self.role == "orchestrator" and self.subagents == "shared":
+                raise ValueError("subagents='shared' runs in one process (its sub-agent rows differ in number "
+                                 "between processes); use subagents='frozen' or one process")
 
 
 def run_agent_job(job: AgentJob, workdir: str, *, progress: bool = True, resume: bool | str = False,
@@ -136,9 +156,11 @@ def _frozen(job: AgentJob, params: Any) -> dict | None:
 
 
 def _restore(job: AgentJob, cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
-    """(TrainState, meta) of checkpoint ``step``, on the first device."""
+    """(TrainState, meta) of checkpoint ``step``: on the learner's mesh, else the first device."""
     shapes = jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), _frozen(job, p)))
-    return ckpt.restore(step, abstract_state(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])))
+    shardings = jax.sharding.SingleDeviceSharding(jax.devices()[0]) if learner.mesh is None else \
+        learner.state_shardings(shapes)
+    return ckpt.restore(step, abstract_state(shapes, shardings))
 
 
 def _rollout(job: AgentJob, cfg: ModelConfig, chat, *, greedy: bool) -> TextRollout:
@@ -162,20 +184,27 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
          progress: bool) -> dict:
     """:func:`run_agent_job` once the checkpoints are open."""
     clock = time.perf_counter()
+    primary = jax.process_index() == 0
+    progress = progress and primary
     task = resolve_task(job.task)
-    cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None,
-                                       corpus=getattr(task, "corpus", None))
+    corpus = getattr(task, "corpus", None)
+    if primary:                                 # process 0 writes the tokenizer and policy.json first
+        cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None, corpus=corpus)
+    barrier("swarmjax-agent-policy")
+    if not primary:
+        cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None, corpus=corpus, write=False)
     key = jax.random.key(job.seed)
-    learner = Learner(cfg, job.rl.update)
+    mesh = None if job.mesh is None else make_mesh(job.mesh)
+    learner = Learner(cfg, job.rl.update, mesh=mesh)
     steps = job.rl.steps
     stream = TaskStream(task, "train", job.seed)
     if latest is not None:
         state, meta = _restore(job, cfg, learner, ckpt, latest)
         check_identity(job.identity(), meta.get("job", {}), "--resume", "rl.steps, eval_every and log_every")
         stream.restore(meta["stream"])
-        log = TextJobLog(workdir, meta["rl_step"], keep_final="final" in meta and meta["rl_step"] >= steps)
+        log = TextJobLog(workdir, meta["rl_step"], primary, keep_final="final" in meta and meta["rl_step"] >= steps)
     else:
-        log = TextJobLog(workdir, None)
+        log = TextJobLog(workdir, None, primary)
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
     train_rollout, eval_rollout = _rollout(job, cfg, chat, greedy=False), _rollout(job, cfg, chat, greedy=True)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents)
@@ -184,7 +213,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     try:
         def run_eval(step: int, label: str, state: Any, split: str) -> dict[str, float]:
             res = evaluate(eval_rollout, state.params, subagent_params(state), make, splits[split],
-                           jax.random.fold_in(key, 1))
+                           jax.random.fold_in(key, 1), mesh=mesh)
             log.write("eval.jsonl", {"step": step, "policy": label, "split": split, **res})
             return res
 
@@ -244,7 +273,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                else job.sft.steps, "initial": meta["initial"], "final": meta.get("final", meta["initial"]),
                "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - clock,
                "warm_start_s": meta["warm_start_s"], "backend": jax.default_backend()}
-    write_summary(workdir, summary, agent_summary_table)
+    if primary:
+        write_summary(workdir, summary, agent_summary_table)
     return summary
 
 
@@ -314,8 +344,7 @@ _HIGHER_IS_BETTER = {"accuracy": True, "answered": True, "tool_errors": False, "
 def agent_summary_table(summary: dict) -> str:
     """The start/end table of an agent job's summary (markdown; the rows it has), with a
     verdict per figure that has a better direction ("better", "worse", "same")."""
-    keys = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
-            "subagents", "critical_steps")
+    keys = FIGURES
     rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     names = [n for n in ("initial", "final") if n in summary]
     for name in names:

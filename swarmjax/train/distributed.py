@@ -31,7 +31,8 @@ import os
 import warnings
 from collections.abc import Mapping
 
-__all__ = ["DistributedSpec", "detect_cluster", "resolve", "maybe_initialize"]
+__all__ = ["DistributedSpec", "allgather", "barrier", "detect_cluster", "local_replica", "maybe_initialize", "resolve",
+           "share"]
 
 log = logging.getLogger(__name__)
 
@@ -183,3 +184,52 @@ def maybe_initialize(*, coordinator: str | None = None, num_processes: int | Non
     jax.distributed.initialize(coordinator_address=spec.coordinator, num_processes=spec.num_processes,
                                process_id=spec.process_id, initialization_timeout=initialization_timeout)
     return spec
+
+
+# ------------------------------------------------------------------ a job's processes
+
+
+def share(count: int) -> tuple[int, int]:
+    """``[start, stop)`` of this process's contiguous share of ``count`` items (episodes,
+    problems): ``count / process_count`` each (ValueError unless it divides). (0, count)
+    with one process."""
+    import jax
+
+    procs = jax.process_count()
+    if count % procs:
+        raise ValueError(f"{count} items do not split evenly over {procs} processes")
+    n = count // procs
+    return jax.process_index() * n, (jax.process_index() + 1) * n
+
+
+def allgather(tree):
+    """``tree``'s arrays whole on every process, the processes' leading axes concatenated
+    in process order (a collective with several processes: all must call it); with one
+    process, unchanged."""
+    import jax
+
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def barrier(name: str) -> None:
+    """Every process waits here until all have arrived (no-op with one process)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+def local_replica(tree, mesh):
+    """``tree`` (global arrays over ``mesh``) as a whole copy on this process's first
+    device: what a process-local rollout decodes with. With one process, unchanged."""
+    import jax
+
+    if jax.process_count() == 1:
+        return tree
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    whole = jax.jit(lambda t: t, out_shardings=replicated)(tree)
+    return jax.tree.map(lambda x: x.addressable_data(0), whole)

@@ -193,17 +193,18 @@ class PolicySource:
 
 
 def prepare_policy(src: PolicySource, workdir: str, *, fresh: bool,
-                   corpus: Callable[[], list[str]] | None) -> tuple[ModelConfig, Any, ChatFormat]:
+                   corpus: Callable[[], list[str]] | None, write: bool = True) -> tuple[ModelConfig, Any, ChatFormat]:
     """(model config, initial params or None, chat format) of a run (module docstring).
 
     ``fresh``: a new run: the tokenizer is copied (or trained on ``corpus()``) to
-    ``workdir/tokenizer`` and ``workdir/policy.json`` written; else both are read back.
+    ``workdir/tokenizer`` and ``workdir/policy.json`` written (unless ``write`` is False:
+    the processes of a job but the first read what it wrote); else both are read back.
     Params are the checkpoint's when ``hf_path`` is set on a fresh run, else None (a
     random init from the job's key, or the run's checkpoint). Raises ValueError for a
     checkpoint without a tokenizer, a tokenizer without a chat template and no ``chat``,
     and a model vocabulary smaller than the tokenizer's."""
     params = None
-    if fresh:
+    if fresh and write:
         source = src.tokenizer_path or src.hf_path
         if source is not None:
             read_tokenizer(source, what="tokenizer_path" if src.tokenizer_path else "hf_path")   # checked first
@@ -228,7 +229,7 @@ def prepare_policy(src: PolicySource, workdir: str, *, fresh: bool,
                              f"tokenizer's ({tokenizer.vocab_size} ids): not a matching pair")
     else:
         cfg = src.model.replace(vocab_size=tokenizer.vocab_size)
-    if fresh:
+    if fresh and write:
         (epath.Path(workdir) / POLICY_FILE).write_text(json.dumps({"chat": name, "model": config_to_hf(cfg)},
                                                                   indent=2))
     return cfg, params, chat

@@ -54,6 +54,7 @@ from swarmjax.models.transformer import init_params
 from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
+from swarmjax.train.distributed import allgather
 from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
@@ -221,15 +222,6 @@ def _global(tasks: wsj.Tasks, mesh, local_slice: bool) -> wsj.Tasks:
     return jax.tree.map(one, tasks)
 
 
-def _host(tree):
-    """``tree``'s arrays whole on every process (a collective with several processes:
-    all must call it); with one process, unchanged."""
-    if jax.process_count() == 1:
-        return tree
-    from jax.experimental import multihost_utils
-    return multihost_utils.process_allgather(tree, tiled=True)
-
-
 def _mean_f1(res: dict[int, dict[str, float]]) -> float:
     return float(np.mean([row["item_f1"] for row in res.values()]))
 
@@ -352,7 +344,7 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
                 log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
                 if split == "test":
                     tasks, result, seconds = kept[n]
-                    tasks, result = _host((tasks, result))        # every process joins the gather
+                    tasks, result = allgather((tasks, result))        # every process joins the gather
                     if primary:
                         # the reward channels as PARL step `step` would weigh them (budget lifted)
                         for tr in rollout_traces(eval_engine.rcfg.env, tasks, result,
