@@ -50,6 +50,7 @@ from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
 from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, TaskNames, text_corpus
+from swarmjax.rl.parl import item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.byte_tries import token_byte_table
 from swarmjax.text.device_answers import host_answer_pairs
@@ -229,8 +230,7 @@ def verify(ep: Episode, pairs: Sequence[tuple[int, int]], assigned: Sequence[Seq
     ``assigned`` the entities of every assignment that ran, ``returned`` the pairs
     relayed back."""
     correct, answered, truth = score(ep, pairs)
-    precision, recall = correct / max(answered, 1), correct / max(truth, 1)
-    f1 = 2 * precision * recall / (precision + recall) if correct else 0.0
+    f1 = float(item_f1(correct, answered, truth, True))
     asked, seen, novel = set(ep.task), set(), 0
     for ents in assigned:
         novel += bool((set(ents) & asked) - seen)

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from swarmjax.envs.orchestration import ASSIGN, CREATE, Orchestration
 from swarmjax.envs.tool_env import ToolAgentEnv
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
+from swarmjax.rl.parl import item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.tools import Tool
@@ -162,8 +163,7 @@ class WideSearchText(TaskNames):
     def verify(self, ep: Episode, answer: str, orch: Orchestration) -> dict[str, float]:
         """Item-F1 of the answer and the counts PARL's channels need (module docstring)."""
         correct, answered, truth = score(ep, self.parse_pairs(answer))
-        precision, recall = correct / max(answered, 1), correct / max(truth, 1)
-        f1 = 2 * precision * recall / (precision + recall) if correct else 0.0
+        f1 = float(item_f1(correct, answered, truth, True))
         asked, seen, novel = set(ep.task), set(), 0
         for _, prompt in orch.history:
             ents = set(self.mentioned(prompt))

@@ -60,6 +60,7 @@ import numpy as np
 from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.widesearch import (PROTOCOL, Agent, Episode, Outcome, Stage, Vocab, WideSearchConfig, _say,
                                       episode_process, score)
+from swarmjax.rl.parl import item_f1
 
 STOP_IDS = (PROTOCOL.index("<eos>"),)     # any id will do: every turn is one token long
 
@@ -199,14 +200,13 @@ class WideSearchTokenEnv:
     def _end(self, reply: list[int]) -> Step:
         out, ep = self._p.value, self.ep
         correct, answered, truth = score(ep, out.answer)
-        precision, recall = correct / max(answered, 1), correct / max(truth, 1)
         asked, seen, novel = set(ep.task), set(), 0
         for toks in out.worker_tokens:
             block = {t - self.vocab.entity_base for t in toks[2:toks.index(self.vocab["</task>"])]}
             novel += bool((block & asked) - seen)
             seen |= block
         returned = {e for st in out.stages for pairs in st["results"] if pairs for e, _ in pairs if e in asked}
-        rewards = {"r_perf": 2 * precision * recall / (precision + recall) if correct else 0.0,
+        rewards = {"r_perf": float(item_f1(correct, answered, truth, True)),
                    "correct": correct, "answered": answered, "truth": truth, "novel": novel,
                    "returned": len(returned)}
         if out.end_reason == "answer":

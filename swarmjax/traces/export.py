@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from swarmjax.envs.widesearch import Episode, Outcome, Vocab, WideSearchConfig, score
+from swarmjax.rl.parl import item_f1
 
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schema.json")
 
@@ -231,14 +232,6 @@ def orchestrator_turn(cfg: WideSearchConfig, vocab: Vocab, out: Outcome, stage: 
 # ----------------------------------------------------------------------------- metrics, costs
 
 
-def item_f1(correct: int, answered: int, truth: int, has_answer: bool) -> float:
-    """Item-level F1 (as :func:`swarmjax.rl.parl.item_f1`, on host integers)."""
-    if not has_answer or correct == 0:
-        return 0.0
-    precision, recall = correct / max(answered, 1), correct / max(truth, 1)
-    return 2 * precision * recall / (precision + recall)
-
-
 def episode_metrics(ep: Episode, out: Outcome) -> dict[str, float]:
     """Numbers only: step counts, sub-agents, task size and the answer's item counts."""
     correct, answered, truth = score(ep, out.answer)
@@ -247,7 +240,7 @@ def episode_metrics(ep: Episode, out: Outcome) -> dict[str, float]:
             "orchestrator_steps": out.orch_steps, "subagents": out.spawned,
             "subagents_finished": out.finished, "task_size": len(ep.task), "answered": int(has),
             "items_correct": correct, "items_answered": answered,
-            "item_f1": item_f1(correct, answered, truth, has)}
+            "item_f1": float(item_f1(correct, answered, truth, has))}
 
 
 def episode_costs(events: list[Event], out: Outcome, wall_clock_s: float) -> dict[str, float]:
