@@ -103,3 +103,34 @@ def test_overlong_config_from_overrides():
     assert apply_overrides(job, ["rl.overlong=None"]).rl.overlong is None
     with pytest.raises(ValueError, match=r"cache_length \(0\) <= max_length"):
         apply_overrides(job, ["rl.overlong.cache_length=0"])
+
+
+def test_shared_subagent_rows_have_their_own_role_advantages():
+    """subagents="shared": every sub-agent conversation becomes a training row (its own
+    sampled ids in the loss, none in a dropped group), with the episode's reward
+    normalised over the sub-agent rows of its group (GRPO per role), padded with empty
+    rows (groups of their own) to a multiple of the learner's splits."""
+    from swarmjax.swarm.text_types import AgentTrace
+    from swarmjax.train.agent import _subagent_rows
+
+    def trace(n_prompt, n_sampled):
+        t = AgentTrace(name="w")
+        t.append(np.arange(n_prompt, dtype=np.int32), sampled=False)
+        t.append(np.arange(n_sampled, dtype=np.int32) + 100, sampled=True, logprobs=np.full(n_sampled, -0.5),
+                 model_logprobs=np.full(n_sampled, -0.5), turn=1)
+        return t
+    # 4 episodes in 2 groups; episode 1 has no sub-agent, episode 2 two; group 1 is dropped
+    res = SimpleNamespace(subagents=[[trace(3, 2)], [], [trace(2, 4), trace(5, 1)], [trace(1, 1)]])
+    reward = np.asarray([1.0, 0.0, 0.5, 0.5], np.float32)
+    groups, keep = np.asarray([0, 0, 1, 1]), np.asarray([True, True, False, False])
+    rows = _subagent_rows(res, reward, groups, keep, TextRLConfig(), multiple=8)
+    assert rows["tokens"].shape == (8, 6) and rows["token_mask"].sum(1).tolist() == [5, 6, 6, 2, 0, 0, 0, 0]
+    assert rows["loss_mask"].sum(1).tolist() == [2, 0, 0, 0, 0, 0, 0, 0]       # group 1 dropped, prompts never
+    assert rows["group"][:4].tolist() == [0, 1, 1, 1] and len(set(rows["group"][4:]) - {0, 1}) == 4
+    # GRPO over the sub-agent rows of each group: group 0 has one row (advantage 0), group 1's are equal
+    np.testing.assert_allclose(rows["advantages"], 0.0, atol=1e-6)
+    rows = _subagent_rows(res, np.asarray([1.0, 0.0, 1.0, 0.0], np.float32), groups, np.ones(4, bool),
+                          TextRLConfig(), multiple=4)
+    adv = rows["advantages"]
+    assert adv.shape == (4,) and adv[1] == adv[2] > 0 > adv[3] and adv[0] == 0.0
+    assert rows["loss_mask"].sum(1).tolist() == [2, 4, 1, 1]
