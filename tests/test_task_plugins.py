@@ -153,3 +153,35 @@ def test_episodes_that_never_answered_score_zero_not_nothing():
     assert set(terms) >= {"r_perf", "tool_calls", "truncated"} and np.all(terms["r_perf"] == 0)
     kept = reward_terms({"r_perf": np.asarray([1.0, 0.0])}, 2)
     assert kept["r_perf"].tolist() == [1.0, 0.0]
+
+
+def test_widesearch_is_a_builtin_task_in_both_roles(tmp_path):
+    """task="widesearch": its demonstrations, played through the environments the agent job
+    builds for each role, answer every pair right; the orchestrator's delegating ones
+    spawn sub-agents that look their chunks up, and its verifier reports the counts the
+    PARL channels read."""
+    from swarmjax.envs.api import play
+    from swarmjax.envs.task import EnvContext, demonstration, make_env
+    from swarmjax.text.chat import chat_format
+    from swarmjax.text.runner import ToolRunner
+
+    task = resolve_task("widesearch")
+    check_task(task)
+    chat = chat_format("qwen3", TextTokenizer.from_dir(train_bpe_tokenizer(task.corpus(), str(tmp_path / "bpe"),
+                                                                            vocab_size=600, chat_format="qwen3")))
+    problems = task.sample(np.random.default_rng(0), 12)
+    rng, runner, spawned = np.random.default_rng(1), ToolRunner([]), 0
+    try:
+        for role in ("single", "orchestrator"):
+            ctx = EnvContext(chat, runner, role=role, max_subagents=4)
+            for p in problems:
+                demo = demonstration(task, p, chat, rng, role)
+                played = play(make_env(task, p, ctx), p, demo.turns, workers=demo.workers)
+                assert played.last.done and played.last.rewards["r_perf"] == 1.0, (role, p)
+                spawned += len(played.subagents)
+                if played.subagents:
+                    assert role == "orchestrator" and played.last.rewards["returned"] == len(p.task)
+                    assert all(s.last.done for s in played.subagents)
+    finally:
+        runner.close()
+    assert spawned > 0

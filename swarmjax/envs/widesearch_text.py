@@ -30,7 +30,10 @@ import random
 import re
 from collections.abc import Sequence
 
+import numpy as np
+
 from swarmjax.envs.orchestration import ASSIGN, CREATE, Orchestration
+from swarmjax.envs.task import Demo, EnvContext, Task
 from swarmjax.envs.tool_env import ToolAgentEnv
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
 from swarmjax.rl.parl import item_f1
@@ -201,6 +204,72 @@ class WideSearchText(TaskNames):
                  for k in range(parts)]
         calls += [(ASSIGN, {"agent": f"worker{k}", "prompt": self.task_text(c)}) for k, c in enumerate(chunks)]
         return [self.turn_ids(calls=calls), self.answer_turn(ep)], [self.worker_script(ep, c) for c in chunks]
+
+
+@dataclasses.dataclass(frozen=True)
+class WideSearchTask(Task):
+    """Text wide-search as a task plug-in (:mod:`swarmjax.envs.task`; the built-in
+    ``task="widesearch"``): the agent job's roles on the token world's rules.
+
+    * ``role="orchestrator"``: the environment above (``lookup``, ``create_subagent``,
+      ``assign_task``; sub-agents with ``lookup``), at most ``cfg.max_subagents``
+      assignments an episode (the task's K, which its demonstrations respect, not the
+      job's ``max_subagents``); its verifier reports the counts every PARL channel needs
+      (``TextRLConfig.parl``);
+    * ``role="single"``: a serial agent with ``lookup`` alone (item-F1 as ``r_perf``).
+
+    Sub-agent turns and the critical-step budget are the rollout's
+    (``TextRolloutConfig.subagent_turns`` / ``budget``). Demonstrations: the serial
+    script, or (orchestrators, tasks of 2 or more entities, with probability
+    ``split_fraction``) one turn delegating random chunks of 1..``max_chunk`` entities.
+
+    cfg: the task sizes (E, V, N range); names_seed: the generated names' seed.
+    """
+
+    cfg: WideSearchConfig = WideSearchConfig(num_entities=32, num_values=32, max_task_size=8, max_subagents=4)
+    names_seed: int = 0
+    split_fraction: float = 0.5
+    max_chunk: int = 2
+
+    def __post_init__(self):
+        if not 0.0 <= self.split_fraction <= 1.0 or self.max_chunk < 1:
+            raise ValueError("split_fraction must be in [0, 1] and max_chunk >= 1")
+
+    def _world(self, ctx: EnvContext) -> WideSearchText:
+        return WideSearchText(self.cfg, ctx.chat, ctx.runner, seed=self.names_seed)
+
+    def sample(self, rng: np.random.Generator, count: int, *, split: str = "train") -> list[Episode]:
+        """``count`` episodes: a random table and task of ``min..max_task_size`` entities."""
+        py = random.Random(int(rng.integers(2 ** 63)))
+        return [Episode.sample(self.cfg, py) for _ in range(count)]
+
+    def env(self, problem: Episode, ctx: EnvContext) -> ToolAgentEnv:
+        world = self._world(ctx)
+        if ctx.role == "orchestrator":
+            return world.orchestrator(problem)
+
+        def verify(ep: Episode, answer: str) -> dict[str, float]:
+            correct, answered, truth = score(ep, world.parse_pairs(answer))
+            return {"r_perf": float(item_f1(correct, answered, truth, True)), "correct": correct,
+                    "answered": answered, "truth": truth}
+        return ToolAgentEnv(ctx.chat, [world.lookup_tool(problem)], runner=ctx.runner,
+                            messages=lambda ep: [{"role": "system", "content": WORKER_SYSTEM},
+                                                 {"role": "user", "content": world.task_text(ep.task)}],
+                            verify=verify, per_turn={"lookup": 1})
+
+    def demonstration(self, problem: Episode, chat: ChatFormat, rng: np.random.Generator, *,
+                      role: str = "single") -> Demo:
+        world = WideSearchText(self.cfg, chat, None, seed=self.names_seed)      # scripts run no tool
+        n = len(problem.task)
+        if role == "orchestrator" and n > 1 and rng.random() < self.split_fraction:
+            chunk = int(rng.integers(1, self.max_chunk + 1))
+            parts = min(-(-n // chunk), self.cfg.max_subagents)
+            turns, workers = world.split_script(problem, parts)
+            return Demo(turns, workers)
+        return Demo(world.serial_script(problem))
+
+    def corpus(self, *, seed: int = 0) -> list[str]:
+        return text_corpus(self.cfg, seed=self.names_seed)
 
 
 def text_corpus(cfg: WideSearchConfig, *, seed: int = 0, episodes: int = 200) -> list[str]:
