@@ -4,8 +4,9 @@
     python bench/sampler.py --json     # one JSON object
 
 The same random Qwen3 weights (written with ``to_hf`` and loaded by
-``transformers`` in float32 on the CPU) at two sizes (presets ``1m``, ``30m``);
-batch 32, prompt 64, 128 new tokens, greedy, no early stop, so both sides
+``transformers`` in float32 on the CPU; both sides in float32) at two sizes (presets
+``1m``, ``30m``; ``--sizes qwen3-0.6b`` for the real model's shape: 28 layers, d 1024,
+151,936 logits); batch 32, prompt 64, 128 new tokens, greedy, no early stop, so both sides
 generate exactly ``batch x new_tokens`` tokens; swarmjax's decode runs in
 ``--decode-segments`` segments (default: ``SamplingConfig``'s), each attending
 over the cache up to its last slot, as HF's growing cache attends over the
@@ -124,7 +125,7 @@ def decode_matmul_floor(cfg, batch: int, steps: int, repeats: int) -> tuple[floa
 
 
 def bench_size(name: str, args, peak: float) -> dict:
-    cfg = preset(name)
+    cfg = preset(name).replace(param_dtype="float32", dtype="float32")   # as HF runs it on the CPU here
     params = init_params(cfg, jax.random.key(0))
     prompts = np.random.RandomState(0).randint(0, cfg.vocab_size, (args.batch, args.prompt_len))
     compile_s, jax_s, jax_tokens = bench_swarmjax(cfg, params, prompts, args.new_tokens, args.repeats,

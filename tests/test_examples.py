@@ -24,8 +24,10 @@ from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "units")
 CONFIG = os.path.join(EXAMPLE, "config.py")
+# every group kept and a length penalty: the updates move the policy even where all rewards tie
 SMALL = ["sft.steps=40", "sft.demos=64", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2",
-         "eval_episodes=2", "eval_every=1"]
+         "eval_episodes=2", "eval_every=1", "rl.dynamic_sampling=False", "rl.overlong.max_length=200",
+         "rl.overlong.cache_length=200"]
 TIMING = {"rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
 
 
@@ -39,6 +41,14 @@ def checkpoint(tmp_path_factory):
     return make_checkpoint(str(tmp_path_factory.mktemp("units") / "tiny-qwen3"))
 
 
+@pytest.fixture(scope="module")
+def one_device(checkpoint, tmp_path_factory):
+    """The single-agent job run once on one device, uninterrupted: its workdir."""
+    full = str(tmp_path_factory.mktemp("one") / "full")
+    assert main(_args(full, checkpoint)) == 0
+    return full
+
+
 def _args(workdir, checkpoint, *more):
     sets = SMALL + [f"hf_path={checkpoint}", *more]
     return ["train", "--config", CONFIG, "--workdir", workdir, "--no-progress"] + [a for s in sets for a in ("--set", s)]
@@ -48,11 +58,11 @@ def _lines(run, name):
     return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in open(os.path.join(run, name))]
 
 
-def test_single_agent_resumes_exactly_and_exports_to_transformers(checkpoint, tmp_path, monkeypatch, capsys):
+def test_single_agent_resumes_exactly_and_exports_to_transformers(checkpoint, one_device, tmp_path, monkeypatch,
+                                                                   capsys):
     import swarmjax.train.agent_job as agent_job
 
-    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
-    assert main(_args(full, checkpoint)) == 0
+    full, cut = one_device, str(tmp_path / "cut")
     summary = json.load(open(os.path.join(full, "summary.json")))
     assert summary["chat"] == "qwen3" and summary["role"] == "single" and summary["warm_start_steps"] == 40
     assert json.load(open(os.path.join(full, "policy.json")))["model"]["model_type"] == "qwen3"
@@ -122,7 +132,7 @@ def test_orchestrator_keeps_its_subagents_frozen(checkpoint, tmp_path):
     run = str(tmp_path / "orch")
     # rewards that differ within a group (a length penalty), so the updates move the policy
     assert main(_args(run, checkpoint, "role=orchestrator", "sft.steps=4", "rl.overlong.max_length=400",
-                      "rl.overlong.cache_length=400", "rl.dynamic_sampling=False")) == 0
+                      "rl.overlong.cache_length=400")) == 0
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert summary["role"] == "orchestrator" and summary["subagents"] == "frozen"
     rows = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
@@ -146,30 +156,27 @@ def _close(a, b, where):
             assert same, (where, x.get("step"), k, x[k], y[k])
 
 
-def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path):
-    """The single-agent job with updates that move the policy (a length penalty, every
-    group kept): on one device, on a 2x2x2 (data, fsdp, tensor) mesh of 8 simulated
-    devices, and over two processes of 2 devices each (jax.distributed on 127.0.0.1, a
-    4-way data mesh: each process rolls out one of the two problems' groups and runs its
-    tools; process 0 writes the logs). The three write the same metrics and evaluations."""
-    more = ["sft.steps=4", "rl.overlong.max_length=200", "rl.overlong.cache_length=200", "rl.dynamic_sampling=False",
-            "eval_every=0"]
-    one, mesh, two = (str(tmp_path / n) for n in ("one", "mesh", "two"))
-    assert main(_args(one, checkpoint, *more)) == 0
-    assert main(_args(mesh, checkpoint, *more, "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")) == 0
+def test_mesh_and_two_processes_match_one_device(checkpoint, one_device, tmp_path):
+    """The single-agent job (updates that move the policy) on a 2x2x2 (data, fsdp, tensor)
+    mesh of 8 simulated devices, and over two processes of 2 devices each
+    (jax.distributed on 127.0.0.1, a 4-way data mesh: each process rolls out one of the
+    two problems' groups and runs its tools; process 0 writes the logs): both write the
+    metrics and evaluations of the one-device run."""
+    mesh, two = str(tmp_path / "mesh"), str(tmp_path / "two")
+    assert main(_args(mesh, checkpoint, "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")) == 0
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "swarmjax.cli", *_args(two, checkpoint, *more, "mesh.data=-1"),
+    cmd = [sys.executable, "-m", "swarmjax.cli", *_args(two, checkpoint, "mesh.data=-1"),
            "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
     procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=env) for i in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert f"written to {two}" in outs[0] and f"written to {two}" not in outs[1]
-    moved = [r["learner/grad_norm"] for r in _lines(one, "metrics.jsonl") if r["stage"] == "rl"]
+    moved = [r["learner/grad_norm"] for r in _lines(one_device, "metrics.jsonl") if r["stage"] == "rl"]
     assert max(moved) > 0, moved                                            # an update moved the policy
     for run in (mesh, two):
         for name in ("metrics.jsonl", "eval.jsonl"):
-            _close(_lines(one, name), _lines(run, name), f"{run} {name}")
+            _close(_lines(one_device, name), _lines(run, name), f"{run} {name}")
