@@ -50,8 +50,8 @@ def spread(params, scale=8.0):
 # the short files fill in behind them (longest-processing-time-first). xdist's default order
 # (files with the most tests first) put the few-test, minute-long files (multihost, resume,
 # learning) last: one worker ran 997 s of tests, the other 775 s, then waited.
-HEAVY_FIRST = ("test_learning.py", "test_multihost.py", "test_text_parl.py", "test_colab.py", "test_resume.py",
-               "test_text_engine.py", "test_swarm.py", "test_update.py", "test_job.py", "test_text_rollout.py",
+HEAVY_FIRST = ("test_examples.py", "test_learning.py", "test_multihost.py", "test_text_parl.py", "test_colab.py",
+               "test_resume.py", "test_text_engine.py", "test_swarm.py", "test_update.py", "test_job.py", "test_text_rollout.py",
                "test_plan.py")
 
 
