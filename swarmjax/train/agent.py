@@ -19,6 +19,7 @@ Reward of an episode (:func:`episode_rewards`), with ``r_perf`` the verifier's t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +38,8 @@ from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
-from swarmjax.sharding.mesh import batch_sharding
+from swarmjax.models.transformer import param_logical_axes
+from swarmjax.sharding.mesh import batch_sharding, state_shardings_like, tree_shardings
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRollout, TextRolloutConfig, TextRolloutResult
 from swarmjax.train.demos import Demos, pack_rows
 from swarmjax.train.distributed import allgather, local_replica, share
@@ -157,15 +159,27 @@ def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Ge
 
 
 def warm_start(params: Any, cfg: ModelConfig, data: Demos, scfg: TextSFTConfig, seed: int,
-               on_step: Callable[[int, dict], None] | None = None) -> Any:
+               on_step: Callable[[int, dict], None] | None = None, *, mesh: Any = None) -> Any:
     """Masked next-token training on ``data`` (the agent's own ids), batches of one
     length bucket (a multiple of ``bucket``). With ``optim.qk_clip_tau > 0`` QK-Clip
-    follows every step, as in RL (``max_attn_logit``, ``qk_clip_heads`` logged)."""
-    opt = make_optimizer(scfg.optim)
-    opt_state = opt.init(params)
-    tau = scfg.optim.qk_clip_tau
+    follows every step, as in RL (``max_attn_logit``, ``qk_clip_heads`` logged).
 
-    @jax.jit
+    ``mesh``: params and optimizer state sharded as the learner shards them, batch rows
+    over the data axes (every process passes the same ``params`` and ``data``, and they
+    step together). Returns the params (sharded over ``mesh`` when given)."""
+    opt = make_optimizer(scfg.optim)
+    tau = scfg.optim.qk_clip_tau
+    shardings = None
+    if mesh is not None:
+        shardings = tree_shardings(param_logical_axes(cfg), params, mesh)
+        params = _place(params, shardings)
+        opt_shapes = jax.eval_shape(opt.init, params)
+        opt_shardings = state_shardings_like(opt_shapes, params, shardings, mesh)
+        opt_state = jax.jit(opt.init, out_shardings=opt_shardings)(params)
+    else:
+        opt_state = opt.init(params)
+
+    @functools.partial(jax.jit, **({} if mesh is None else {"out_shardings": (shardings, opt_shardings, None)}))
     def step(params, opt_state, batch):
         def loss(p):
             (nll, count, right), max_logits = _role_stats(p, cfg, *batch, want_max=tau > 0)
@@ -185,11 +199,22 @@ def warm_start(params: Any, cfg: ModelConfig, data: Demos, scfg: TextSFTConfig, 
     for i in range(scfg.steps):
         idx = rng.integers(0, len(data.tokens), scfg.batch)
         L = int(rounded[idx].max())
-        batch = tuple(jnp.asarray(x[idx, :L]) for x in (data.tokens, data.token_mask, data.loss_mask))
+        batch = tuple(x[idx, :L] for x in (data.tokens, data.token_mask, data.loss_mask))
+        batch = tuple(jnp.asarray(x) for x in batch) if mesh is None else \
+            _place(batch, tuple(batch_sharding(mesh, 2, batch_size=len(idx)) for _ in batch))
         params, opt_state, metrics = step(params, opt_state, batch)
         if on_step is not None:
             on_step(i, {k: float(v) for k, v in metrics.items()})
     return params
+
+
+def _place(tree: Any, shardings: Any) -> Any:
+    """``tree`` (the same values on every process) as global arrays with ``shardings``:
+    each process supplies its own shards."""
+    def one(x, sharding):
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.tree.map(one, tree, shardings)
 
 
 # ------------------------------------------------------------------------ RL

@@ -20,8 +20,8 @@ host-driven text rollouts (single agent, or an orchestrator with sub-agents).
    on the **test** split at the start and the end (the summary's table).
    ``metrics.jsonl``, ``eval.jsonl``, ``summary.json`` / ``summary.md``, TensorBoard
    events; a log line every ``log_every`` steps when progress bars are off.
-6. **Meshes and processes** (``mesh``): the learner's state sharded over a
-   ``(data, fsdp, tensor)`` mesh; with several processes (``swarmjax train
+6. **Meshes and processes** (``mesh``): the warm start and the learner's state sharded
+   over a ``(data, fsdp, tensor)`` mesh; with several processes (``swarmjax train
    --coordinator ...``) each rolls out its share of a step's problems (whole groups,
    its tools run locally) with a copy of the params, the learner updates on the global
    batch, and process 0 writes the logs. Each episode's tokens are keyed by its index
@@ -239,7 +239,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
             meta = {"rl_step": 0, "job": job.identity(), "wall_clock_s": 0.0, "warm_start_s": 0.0,
                     "held_out": {s: len(p) for s, p in splits.items()}}
             if job.sft is not None:
-                params = _warm_start_stage(job, task, ctx, cfg, params, stream, log, watch, workdir, progress)
+                params = _warm_start_stage(job, task, ctx, cfg, params, stream, log, watch, workdir, progress, mesh)
                 meta["warm_start_s"] = time.perf_counter() - clock
             state = learner.init(params, _frozen(job, params))
             run_evals(0, "initial", state)
@@ -279,7 +279,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
 
 
 def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, params: Any, stream: TaskStream,
-                      log: TextJobLog, watch: PreemptionWatch, workdir: str, progress: bool) -> Any:
+                      log: TextJobLog, watch: PreemptionWatch, workdir: str, progress: bool, mesh: Any) -> Any:
     """The task's demonstrations for the job's role (drawn from the train stream), then
     :func:`warm_start`; raises :class:`Preempted` at the end of the SFT step where a
     SIGTERM arrived."""
@@ -298,7 +298,7 @@ def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfi
         if watch.reached():
             bar.close()
             raise Preempted(None, workdir)
-    params = warm_start(params, cfg, data, job.sft, job.seed, on_sft)
+    params = warm_start(params, cfg, data, job.sft, job.seed, on_sft, mesh=mesh)
     bar.close()
     return params
 
