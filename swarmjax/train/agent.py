@@ -32,13 +32,13 @@ import optax
 from swarmjax.envs.api import play
 from swarmjax.envs.task import EnvContext, demonstration, make_env, reward_terms
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.transformer import param_logical_axes
 from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
 from swarmjax.rl.advantages import compute_advantages, overlong_penalty, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
-from swarmjax.models.transformer import param_logical_axes
 from swarmjax.sharding.mesh import batch_sharding, state_shardings_like, tree_shardings
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRollout, TextRolloutConfig, TextRolloutResult
 from swarmjax.train.demos import Demos, pack_rows
@@ -355,6 +355,11 @@ def _stack_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
             else np.concatenate([a[k], b[k]]) for k in a}
 
 
+# the figures of an evaluation and of every RL step
+FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
+           "subagents", "critical_steps")
+
+
 def evaluate(rollout: TextRollout, params: Any, worker_params: Any, make: Callable[[Any], Any], problems: list,
              key: jax.Array, *, mesh: Any = None) -> dict[str, float]:
     """:func:`rollout_figures` of greedy episodes on ``problems``. With several processes
@@ -372,10 +377,6 @@ def evaluate(rollout: TextRollout, params: Any, worker_params: Any, make: Callab
             figures[k][:len(mine)] = v
     figures = allgather(figures)
     return mean_figures({k: v[~np.isnan(v)] for k, v in figures.items()})
-
-
-FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
-           "subagents", "critical_steps")
 
 
 def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:

@@ -46,8 +46,8 @@ from swarmjax.envs.task import ROLES, EnvContext, make_env, resolve_task, task_n
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
-from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.runner import ToolRunner
 from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, evaluate,
