@@ -396,3 +396,24 @@ def test_real_qwen3_vocabulary_agrees_with_host(parse):
     got = dc.device_summaries(g, parse(g, jnp.asarray(ids), jnp.asarray(lengths)))
     bad = [(t, a, b) for t, a, b in zip(texts, got, want) if a != b]
     assert sum(w.count for w in want) > 40 and not bad, bad[:1]
+
+
+def test_long_tokens_take_the_bounded_path(tok, grammar):
+    """With a byte cap of 1 or 3 nearly every token finishes its bytes on the long-token
+    path (4 rows at a time): the verdicts are the host's, as with the plain loop."""
+    r, rows, want = random.Random(11), [], []
+    while len(rows) < 24:
+        s, _ = turn(r)
+        ids = tok.encode(s).tolist()
+        host = parse_turn(s, TOOLS)
+        if len(ids) > 160 or lone_high_surrogate(host):
+            continue
+        rows.append(ids), want.append(dc.host_summary(grammar, host))
+    ids, lengths = np.zeros([24, 160], np.int32), np.zeros([24], np.int32)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], lengths[i] = row, len(row)
+    assert max(len(tok.decode([i]).encode()) for row in rows for i in row) > 3
+    for cap in (1, 3):
+        parse = jax.jit(functools.partial(dc.parse_tokens, byte_cap=cap))
+        got = dc.device_summaries(grammar, parse(grammar, jnp.asarray(ids), jnp.asarray(lengths)))
+        assert got == want, cap
