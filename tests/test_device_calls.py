@@ -226,6 +226,22 @@ def run(grammar, parse, rows):
     return dc.device_summaries(grammar, parse(grammar, jnp.asarray(ids), jnp.asarray(lengths)))[:len(rows)]
 
 
+def turn_batch(tokenizer, grammar, *, seed, count, width):
+    """``count`` generated turns of at most ``width`` ids (canonical tokenisation), inside
+    the fuzz domain: (ids [count, width], lengths [count], the host's summaries, texts)."""
+    r, rows, want, texts = random.Random(seed), [], [], []
+    while len(rows) < count:
+        s, _ = turn(r)
+        row, host = tokenizer.encode(s).tolist(), parse_turn(s, TOOLS)
+        if len(row) > width or lone_high_surrogate(host):
+            continue
+        rows.append(row), want.append(dc.host_summary(grammar, host)), texts.append(s)
+    ids, lengths = np.zeros([count, width], np.int32), np.zeros([count], np.int32)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], lengths[i] = row, len(row)
+    return ids, lengths, want, texts
+
+
 def lone_high_surrogate(turn_):
     """Documented difference 1: a lone high surrogate in a reported string (its hash differs)."""
     shown = (E.NONE, E.MISSING_ARGUMENT, E.BAD_ARGUMENT)
@@ -382,17 +398,7 @@ def test_real_qwen3_vocabulary_agrees_with_host(parse):
     real = TextTokenizer.from_dir(os.path.join(spec.submodule_search_locations[0], "tokenizer_files"))
     assert real.vocab_size == 151_669
     g = dc.CallGrammar.build(real, TOOLS, max_calls=3, max_mentions=3, mention_phrases=PHRASES)
-    r, rows, want, texts = random.Random(7), [], [], []
-    while len(rows) < 64:
-        s, _ = turn(r)
-        ids = real.encode(s).tolist()
-        host = parse_turn(s, TOOLS)
-        if len(ids) > 192 or lone_high_surrogate(host):
-            continue
-        rows.append(ids), want.append(dc.host_summary(g, host)), texts.append(s)
-    ids, lengths = np.zeros([64, 192], np.int32), np.zeros([64], np.int32)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)], lengths[i] = row, len(row)
+    ids, lengths, want, texts = turn_batch(real, g, seed=7, count=64, width=192)
     got = dc.device_summaries(g, parse(g, jnp.asarray(ids), jnp.asarray(lengths)))
     bad = [(t, a, b) for t, a, b in zip(texts, got, want) if a != b]
     assert sum(w.count for w in want) > 40 and not bad, bad[:1]
@@ -401,18 +407,8 @@ def test_real_qwen3_vocabulary_agrees_with_host(parse):
 def test_long_tokens_take_the_bounded_path(tok, grammar):
     """With a byte cap of 1 or 3 nearly every token finishes its bytes on the long-token
     path (4 rows at a time): the verdicts are the host's, as with the plain loop."""
-    r, rows, want = random.Random(11), [], []
-    while len(rows) < 24:
-        s, _ = turn(r)
-        ids = tok.encode(s).tolist()
-        host = parse_turn(s, TOOLS)
-        if len(ids) > 160 or lone_high_surrogate(host):
-            continue
-        rows.append(ids), want.append(dc.host_summary(grammar, host))
-    ids, lengths = np.zeros([24, 160], np.int32), np.zeros([24], np.int32)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)], lengths[i] = row, len(row)
-    assert max(len(tok.decode([i]).encode()) for row in rows for i in row) > 3
+    ids, lengths, want, _ = turn_batch(tok, grammar, seed=11, count=24, width=160)
+    assert max(len(tok.decode([i]).encode()) for row, n in zip(ids, lengths) for i in row[:n]) > 3
     for cap in (1, 3):
         parse = jax.jit(functools.partial(dc.parse_tokens, byte_cap=cap))
         got = dc.device_summaries(grammar, parse(grammar, jnp.asarray(ids), jnp.asarray(lengths)))

@@ -163,18 +163,29 @@ class WideSearchText(TaskNames):
                                                      {"role": "user", "content": prompt}],
                             per_turn={"lookup": 1})
 
-    def verify(self, ep: Episode, answer: str, orch: Orchestration) -> dict[str, float]:
-        """Item-F1 of the answer and the counts PARL's channels need (module docstring)."""
+    def single(self, ep: Episode) -> ToolAgentEnv:
+        """A serial agent for one episode: ``lookup`` alone, no sub-agents; its verifier
+        reports :meth:`answer_terms`."""
+        return ToolAgentEnv(self.chat, [self.lookup_tool(ep)], runner=self.runner,
+                            messages=lambda ep: [{"role": "system", "content": WORKER_SYSTEM},
+                                                 {"role": "user", "content": self.task_text(ep.task)}],
+                            verify=self.answer_terms, per_turn={"lookup": 1})
+
+    def answer_terms(self, ep: Episode, answer: str) -> dict[str, float]:
+        """Item-F1 of the answer (``r_perf``) and its pair counts."""
         correct, answered, truth = score(ep, self.parse_pairs(answer))
-        f1 = float(item_f1(correct, answered, truth, True))
+        return {"r_perf": float(item_f1(correct, answered, truth, True)), "correct": correct,
+                "answered": answered, "truth": truth}
+
+    def verify(self, ep: Episode, answer: str, orch: Orchestration) -> dict[str, float]:
+        """:meth:`answer_terms` and the counts PARL's channels need (module docstring)."""
         asked, seen, novel = set(ep.task), set(), 0
         for _, prompt in orch.history:
             ents = set(self.mentioned(prompt))
             novel += bool((ents & asked) - seen)
             seen |= ents
         returned = {e for text in orch.answers for e, _ in self.parse_pairs(text) if e in asked}
-        return {"r_perf": f1, "correct": correct, "answered": answered, "truth": truth,
-                "novel": novel, "returned": len(returned)}
+        return {**self.answer_terms(ep, answer), "novel": novel, "returned": len(returned)}
 
     # ---------------------------------------------------------------- scripted policies
 
@@ -235,27 +246,14 @@ class WideSearchTask(Task):
         if not 0.0 <= self.split_fraction <= 1.0 or self.max_chunk < 1:
             raise ValueError("split_fraction must be in [0, 1] and max_chunk >= 1")
 
-    def _world(self, ctx: EnvContext) -> WideSearchText:
-        return WideSearchText(self.cfg, ctx.chat, ctx.runner, seed=self.names_seed)
-
     def sample(self, rng: np.random.Generator, count: int, *, split: str = "train") -> list[Episode]:
         """``count`` episodes: a random table and task of ``min..max_task_size`` entities."""
         py = random.Random(int(rng.integers(2 ** 63)))
         return [Episode.sample(self.cfg, py) for _ in range(count)]
 
     def env(self, problem: Episode, ctx: EnvContext) -> ToolAgentEnv:
-        world = self._world(ctx)
-        if ctx.role == "orchestrator":
-            return world.orchestrator(problem)
-
-        def verify(ep: Episode, answer: str) -> dict[str, float]:
-            correct, answered, truth = score(ep, world.parse_pairs(answer))
-            return {"r_perf": float(item_f1(correct, answered, truth, True)), "correct": correct,
-                    "answered": answered, "truth": truth}
-        return ToolAgentEnv(ctx.chat, [world.lookup_tool(problem)], runner=ctx.runner,
-                            messages=lambda ep: [{"role": "system", "content": WORKER_SYSTEM},
-                                                 {"role": "user", "content": world.task_text(ep.task)}],
-                            verify=verify, per_turn={"lookup": 1})
+        world = WideSearchText(self.cfg, ctx.chat, ctx.runner, seed=self.names_seed)
+        return world.orchestrator(problem) if ctx.role == "orchestrator" else world.single(problem)
 
     def demonstration(self, problem: Episode, chat: ChatFormat, rng: np.random.Generator, *,
                       role: str = "single") -> Demo:

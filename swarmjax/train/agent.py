@@ -296,7 +296,7 @@ def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Cal
     mine = problems[start:stop]
     episodes = [p for p in mine for _ in range(G)]
     t0 = time.perf_counter()
-    orch, workers = (local_replica(t, mesh) for t in (state.params, subagent_params(state)))
+    orch, workers = _rollout_params(state.params, subagent_params(state), mesh)
     res = rollout(orch, workers, [make(p) for p in episodes], episodes, key,
                   episode_ids=range(start * G, stop * G))
     t1 = time.perf_counter()
@@ -330,6 +330,14 @@ def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Cal
                "subagent_rows": 0 if subs is None else int((subs["group"] < stop).sum())}
     metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
     return state, metrics
+
+
+def _rollout_params(params: Any, worker_params: Any, mesh: Any) -> tuple[Any, Any]:
+    """The local replicas a process's rollout decodes with (:func:`local_replica`); the
+    sub-agents' are the orchestrator's when they decode with the trained params (one
+    gather, not two)."""
+    orch = local_replica(params, mesh)
+    return orch, orch if worker_params is params else local_replica(worker_params, mesh)
 
 
 def global_batch(batch: TrajectoryBatch, mesh: Any) -> TrajectoryBatch:
@@ -371,8 +379,8 @@ def evaluate(rollout: TextRollout, params: Any, worker_params: Any, make: Callab
     mine = problems[start:start + per]
     figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
     if mine:
-        res = rollout(local_replica(params, mesh), local_replica(worker_params, mesh), [make(p) for p in mine],
-                      mine, key, episode_ids=range(start, start + len(mine)))
+        res = rollout(*_rollout_params(params, worker_params, mesh), [make(p) for p in mine], mine, key,
+                      episode_ids=range(start, start + len(mine)))
         for k, v in episode_figures(res).items():
             figures[k][:len(mine)] = v
     figures = allgather(figures)
