@@ -353,14 +353,23 @@ def hf_config(path: str, *, param_dtype: str = "float32", dtype: str | None = No
     """The :class:`ModelConfig` of checkpoint directory ``path`` (its ``config.json``; no
     weights read; local or an object store). Raises CheckpointError when the file is
     missing, not JSON or lacks a field."""
-    cfg_file = epath.Path(path) / CONFIG_FILE
-    if not cfg_file.exists():
+    raw = _json_file(path, CONFIG_FILE)
+    if raw is None:
         raise CheckpointError(f"{path}: no {CONFIG_FILE} (not a Hugging Face checkpoint directory)")
+    return config_from_hf(raw, param_dtype=param_dtype, dtype=dtype,
+                          source=str(epath.Path(path) / CONFIG_FILE))[0]
+
+
+def _json_file(path: str, name: str) -> dict[str, Any] | None:
+    """The JSON object in file ``name`` of checkpoint directory ``path`` (None when there
+    is no such file); CheckpointError when it is not valid JSON."""
+    file = epath.Path(path) / name
+    if not file.exists():
+        return None
     try:
-        raw = json.loads(cfg_file.read_text())
+        return json.loads(file.read_text())
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
-    return config_from_hf(raw, param_dtype=param_dtype, dtype=dtype, source=str(cfg_file))[0]
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
 
 
 def from_hf(path: str, *, param_dtype: str = "float32", dtype: str | None = None,
@@ -423,19 +432,13 @@ def eos_ids(path: str) -> tuple[int, ...]:
     neither names one. Raises CheckpointError for a file that is not JSON or an id that
     is not an integer."""
     for name in (GENERATION_CONFIG, CONFIG_FILE):
-        file = os.path.join(path, name)
-        if not os.path.exists(file):
-            continue
-        with open(file) as f:
-            try:
-                value = json.load(f).get("eos_token_id")
-            except json.JSONDecodeError as e:
-                raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+        value = (_json_file(path, name) or {}).get("eos_token_id")
         if value is None:
             continue
         ids = value if isinstance(value, list) else [value]
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-            raise CheckpointError(f"{file}: eos_token_id must be a non-negative int or a list of them, got {value!r}")
+            raise CheckpointError(f"{epath.Path(path) / name}: eos_token_id must be a non-negative int or a list "
+                                  f"of them, got {value!r}")
         return tuple(ids)
     return ()
 
