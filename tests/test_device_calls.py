@@ -15,6 +15,7 @@ import pytest
 
 from swarmjax.envs.orchestration import ASSIGN_PARAMETERS, CREATE_PARAMETERS
 from swarmjax.envs.widesearch_text import generate_names
+from swarmjax.text import device_call_views as dv
 from swarmjax.text import device_calls as dc
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.byte_tries import token_byte_table
@@ -223,7 +224,7 @@ def run(grammar, parse, rows):
     ids, lengths = np.zeros([B, T_MAX], np.int32), np.zeros([B], np.int32)
     for i, row in enumerate(rows):
         ids[i, :len(row)], lengths[i] = row, len(row)
-    return dc.device_summaries(grammar, parse(grammar, jnp.asarray(ids), jnp.asarray(lengths)))[:len(rows)]
+    return dv.device_summaries(grammar, parse(grammar, jnp.asarray(ids), jnp.asarray(lengths)))[:len(rows)]
 
 
 def turn_batch(tokenizer, grammar, *, seed, count, width):
@@ -235,7 +236,7 @@ def turn_batch(tokenizer, grammar, *, seed, count, width):
         row, host = tokenizer.encode(s).tolist(), parse_turn(s, TOOLS)
         if len(row) > width or lone_high_surrogate(host):
             continue
-        rows.append(row), want.append(dc.host_summary(grammar, host)), texts.append(s)
+        rows.append(row), want.append(dv.host_summary(grammar, host)), texts.append(s)
     ids, lengths = np.zeros([count, width], np.int32), np.zeros([count], np.int32)
     for i, row in enumerate(rows):
         ids[i, :len(row)], lengths[i] = row, len(row)
@@ -273,7 +274,7 @@ def test_fuzz_agrees_with_host(tok, grammar, parse):
             continue
         for ids in variants:
             assert tok.decode(ids) == s  # same text, another id sequence
-            cases.append((s, ids, dc.host_summary(grammar, host)))
+            cases.append((s, ids, dv.host_summary(grammar, host)))
     bad, codes, calls = [], np.zeros(6, int), 0
     for start in range(0, len(cases), B):
         batch = cases[start:start + B]
@@ -312,7 +313,7 @@ def test_each_error_code(tok, grammar, parse):
     got = run(grammar, parse, [tok.encode(s).tolist() for s, _ in cases])
     for (s, codes), summary in zip(cases, got):
         assert [c.error for c in summary.calls] == codes, s
-        assert summary == dc.host_summary(grammar, parse_turn(s, TOOLS)), s
+        assert summary == dv.host_summary(grammar, parse_turn(s, TOOLS)), s
     assert got[0].calls[0].args[0].enum == 0 and got[1].calls[0].args[1].int == 3
 
 
@@ -328,7 +329,7 @@ def test_spelled_tags_and_byte_tokens_parse_like_added_tokens(tok, grammar, pars
     rows = [tok.encode(s).tolist(), split(s, random.Random(0), spell=1.0), byte_ids]
     assert all(tok.decode(ids) == s for ids in rows) and len(set(map(tuple, rows))) == 3
     got = run(grammar, parse, rows)
-    want = dc.host_summary(grammar, parse_turn(s, TOOLS))
+    want = dv.host_summary(grammar, parse_turn(s, TOOLS))
     assert got == [want] * 3
     assert [c.error for c in want.calls] == [E.NONE, E.BAD_JSON, E.INCOMPLETE]
 
@@ -372,8 +373,8 @@ def test_jit_batch_with_active_masking(tok, grammar, jit_step):
         assert np.asarray(rows_equal(state, same)).all()
         pos += active
     state = dc.finish(grammar, state, jnp.ones(len(turns), bool))
-    assert len(turns) == 8 and sum(dc.host_summary(grammar, parse_turn(s, TOOLS)).count for s in turns) >= 4
-    assert dc.device_summaries(grammar, state) == [dc.host_summary(grammar, parse_turn(s, TOOLS)) for s in turns]
+    assert len(turns) == 8 and sum(dv.host_summary(grammar, parse_turn(s, TOOLS)).count for s in turns) >= 4
+    assert dv.device_summaries(grammar, state) == [dv.host_summary(grammar, parse_turn(s, TOOLS)) for s in turns]
 
 
 def test_reset_turn_and_unsupported_schema(tok, grammar, jit_step):
@@ -399,7 +400,7 @@ def test_real_qwen3_vocabulary_agrees_with_host(parse):
     assert real.vocab_size == 151_669
     g = dc.CallGrammar.build(real, TOOLS, max_calls=3, max_mentions=3, mention_phrases=PHRASES)
     ids, lengths, want, texts = turn_batch(real, g, seed=7, count=64, width=192)
-    got = dc.device_summaries(g, parse(g, jnp.asarray(ids), jnp.asarray(lengths)))
+    got = dv.device_summaries(g, parse(g, jnp.asarray(ids), jnp.asarray(lengths)))
     bad = [(t, a, b) for t, a, b in zip(texts, got, want) if a != b]
     assert sum(w.count for w in want) > 40 and not bad, bad[:1]
 
@@ -411,5 +412,5 @@ def test_long_tokens_take_the_bounded_path(tok, grammar):
     assert max(len(tok.decode([i]).encode()) for row, n in zip(ids, lengths) for i in row[:n]) > 3
     for cap in (1, 3):
         parse = jax.jit(functools.partial(dc.parse_tokens, byte_cap=cap))
-        got = dc.device_summaries(grammar, parse(grammar, jnp.asarray(ids), jnp.asarray(lengths)))
+        got = dv.device_summaries(grammar, parse(grammar, jnp.asarray(ids), jnp.asarray(lengths)))
         assert got == want, cap

@@ -14,8 +14,9 @@ Build once on the host, then step on the device::
     state = finish(grammar, state, active)               # the turn hit the length limit
     record = call_record(grammar, state)                 # CallRecord [B, C, ...]; state.count [B]
 
-and on the host, for tests and logs: :func:`device_summaries` (every row's calls as
-Python values) and :func:`host_summary` (the same from :func:`parse_turn`'s output).
+and on the host, for tests and logs, :mod:`swarmjax.text.device_call_views`:
+``device_summaries`` (every row's calls as Python values) and ``host_summary`` (the same
+from :func:`parse_turn`'s output).
 
 The state (:mod:`device_calls_state`, one row; shapes there): the mode, the tag
 automaton's state, the call count, the open call's registers (the body's JSON parser,
@@ -78,7 +79,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -92,15 +93,14 @@ from swarmjax.text.device_calls_state import (
     TAG_THINK_CLOSE, TAG_THINK_OPEN, TAGS, CallRecord, CallRegs, CallValues, ParserState, TextState, regs_init,
     text_init, values_init, where_rows)
 from swarmjax.text.device_json import (
-    J_DONE, K_ARR, K_FALSE, K_INT, K_NONE, K_NULL, K_NUM, K_OBJ, K_STR, K_TRUE, JsonEvents, JsonState, json_byte,
+    J_DONE, K_FALSE, K_INT, K_NONE, K_NULL, K_NUM, K_OBJ, K_STR, K_TRUE, JsonEvents, JsonState, json_byte,
     json_table)
 from swarmjax.text.tokenizer import TextTokenizer
-from swarmjax.text.toolcalls import CallError, ParsedTurn
+from swarmjax.text.toolcalls import CallError
 from swarmjax.text.tools import Tool
 
 __all__ = ["CallGrammar", "GrammarSpec", "ParserState", "CallRecord", "init", "reset_turn", "step", "finish",
-           "call_record", "parse_tokens", "ArgValue", "CallSummary", "TurnSummary", "device_summaries", "host_summary",
-           "fnv1a"]
+           "call_record", "parse_tokens", "fnv1a"]
 
 FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
 TYPE_NONE, TYPE_STRING, TYPE_INTEGER, TYPE_NUMBER, TYPE_BOOLEAN = range(5)
@@ -116,7 +116,6 @@ _TYPE_OK[TYPE_NUMBER, [K_INT, K_NUM]] = True
 _TYPE_OK[TYPE_BOOLEAN, [K_TRUE, K_FALSE]] = True
 _ARGS_KIND = np.full(9, AK_BAD, np.int32)  # the arguments value's kind -> AK_*
 _ARGS_KIND[[K_OBJ, K_STR, K_NULL]] = [AK_OBJ, AK_STR, AK_NULL]
-_SHOWN = (CallError.NONE, CallError.MISSING_ARGUMENT, CallError.BAD_ARGUMENT)  # calls whose slots are reported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -548,88 +547,9 @@ def parse_tokens(g: CallGrammar, ids: jax.Array, lengths: jax.Array, *, skip_idl
     return finish(g, state, jnp.ones(ids.shape[0], bool))
 
 
-# --------------------------------------------------------------------------- host views
-
-class ArgValue(NamedTuple):
-    """One present argument: K_* kind, enum index (-1), integer value (wrapped to int32;
-    booleans 1/0), FNV-1a of the string's UTF-8 bytes (0), mention ids in order."""
-
-    kind: int
-    enum: int
-    int: int
-    hash: int
-    mentions: tuple[int, ...]
-
-
-class CallSummary(NamedTuple):
-    """tool id (-1: unknown or unread), CallError, per slot an ArgValue or None (absent);
-    ``args`` is () unless the call's arguments were read (NONE, MISSING_ARGUMENT, BAD_ARGUMENT)."""
-
-    tool: int
-    error: CallError
-    args: tuple[ArgValue | None, ...]
-
-
-class TurnSummary(NamedTuple):
-    count: int                       # calls in the turn (may exceed max_calls)
-    calls: tuple[CallSummary, ...]   # the first max_calls
-
-
 def fnv1a(data: bytes) -> int:
-    """32-bit FNV-1a."""
+    """32-bit FNV-1a: the host twin of the hash the parser keeps of each string."""
     h = FNV_OFFSET
     for b in data:
         h = ((h ^ b) * FNV_PRIME) & 0xFFFFFFFF
     return h
-
-
-_call_record_jit = jax.jit(lambda g, state: call_record(g, state))
-
-
-def device_summaries(g: CallGrammar, state: ParserState) -> list[TurnSummary]:
-    """Every row of a batched state as Python values (:func:`call_record` on the device,
-    then one transfer)."""
-    rec, count = jax.device_get((_call_record_jit(g, state), state.count))
-    out = []
-    for row, n in enumerate(count.tolist()):
-        calls = []
-        for c in range(min(n, g.spec.max_calls)):
-            tool, err = int(rec.tool[row, c]), CallError(int(rec.error[row, c]))
-            args: tuple[ArgValue | None, ...] = ()
-            if tool >= 0 and err in _SHOWN:
-                args = tuple(ArgValue(int(rec.kind[row, c, a]), int(rec.enum[row, c, a]), int(rec.ival[row, c, a]),
-                                      int(rec.hash[row, c, a]),
-                                      tuple(int(m) for m in rec.mentions[row, c, a] if m >= 0))
-                             if rec.present[row, c, a] else None for a in range(len(g.spec.args[tool])))
-            calls.append(CallSummary(tool, err, args))
-        out.append(TurnSummary(n, tuple(calls)))
-    return out
-
-
-def _value(g: CallGrammar, tool: int, slot: int, v: Any) -> ArgValue:
-    kind = (K_STR if isinstance(v, str) else K_TRUE if v is True else K_FALSE if v is False else
-            K_INT if isinstance(v, int) or (isinstance(v, float) and v.is_integer()) else
-            K_NUM if isinstance(v, float) else K_NULL if v is None else K_OBJ if isinstance(v, dict) else K_ARR)
-    enum = g.spec.enums[tool][slot]
-    number = 1 if v is True else int(v) if kind == K_INT else 0
-    mentions: tuple[int, ...] = ()
-    if kind == K_STR and g.spec.mention_slots[tool][slot]:
-        hits = sorted((v.find(p), i) for i, p in enumerate(g.spec.phrases) if p in v)
-        mentions = tuple(i for _, i in hits)[:g.spec.max_mentions]
-    return ArgValue(kind, enum.index(v) if kind == K_STR and enum and v in enum else -1,
-                    (number + 2 ** 31) % 2 ** 32 - 2 ** 31,
-                    fnv1a(v.encode("utf-8", "surrogatepass")) if kind == K_STR else 0, mentions)
-
-
-def host_summary(g: CallGrammar, turn: ParsedTurn) -> TurnSummary:
-    """The same summary from the host parser's reading of the turn (the reference)."""
-    calls = []
-    for call in turn.calls[:g.spec.max_calls]:
-        known = call.error != CallError.INCOMPLETE and call.name in g.spec.tools
-        tool = g.spec.tools.index(call.name) if known else -1
-        args: tuple[ArgValue | None, ...] = ()
-        if tool >= 0 and call.error in _SHOWN:
-            args = tuple(_value(g, tool, a, call.arguments[n]) if n in call.arguments else None
-                         for a, n in enumerate(g.spec.args[tool]))
-        calls.append(CallSummary(tool, CallError(call.error), args))
-    return TurnSummary(len(turn.calls), tuple(calls))
