@@ -42,7 +42,7 @@ from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_ba
 from swarmjax.sharding.mesh import batch_sharding, state_shardings_like, tree_shardings
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRollout, TextRolloutConfig, TextRolloutResult
 from swarmjax.train.demos import Demos, pack_rows
-from swarmjax.train.distributed import allgather, local_replica, share
+from swarmjax.train.distributed import allgather, global_rows, global_whole, local_replica, share
 from swarmjax.train.sft import _role_stats
 
 SUBAGENTS = ("frozen", "shared")
@@ -172,7 +172,7 @@ def warm_start(params: Any, cfg: ModelConfig, data: Demos, scfg: TextSFTConfig, 
     shardings = None
     if mesh is not None:
         shardings = tree_shardings(param_logical_axes(cfg), params, mesh)
-        params = _place(params, shardings)
+        params = global_whole(params, shardings)
         opt_shapes = jax.eval_shape(opt.init, params)
         opt_shardings = state_shardings_like(opt_shapes, params, shardings, mesh)
         opt_state = jax.jit(opt.init, out_shardings=opt_shardings)(params)
@@ -201,20 +201,11 @@ def warm_start(params: Any, cfg: ModelConfig, data: Demos, scfg: TextSFTConfig, 
         L = int(rounded[idx].max())
         batch = tuple(x[idx, :L] for x in (data.tokens, data.token_mask, data.loss_mask))
         batch = tuple(jnp.asarray(x) for x in batch) if mesh is None else \
-            _place(batch, tuple(batch_sharding(mesh, 2, batch_size=len(idx)) for _ in batch))
+            global_whole(batch, tuple(batch_sharding(mesh, 2, batch_size=len(idx)) for _ in batch))
         params, opt_state, metrics = step(params, opt_state, batch)
         if on_step is not None:
             on_step(i, {k: float(v) for k, v in metrics.items()})
     return params
-
-
-def _place(tree: Any, shardings: Any) -> Any:
-    """``tree`` (the same values on every process) as global arrays with ``shardings``:
-    each process supplies its own shards."""
-    def one(x, sharding):
-        host = np.asarray(x)
-        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-    return jax.tree.map(one, tree, shardings)
 
 
 # ------------------------------------------------------------------------ RL
@@ -318,7 +309,7 @@ def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Cal
     batch = TrajectoryBatch.create(rows["tokens"], rows["loss_mask"], rows["advantages"],
                                    token_mask=rows["token_mask"], sampler_logprobs=rows["logprobs"],
                                    group_ids=rows["group"], rewards=rows["reward"])
-    state, learn = learner.update(state, global_batch(batch, mesh))
+    state, learn = learner.update(state, batch if jax.process_count() == 1 else global_rows(batch, mesh))
     learn = jax.device_get(learn)
     per_episode = allgather({"reward": reward.astype(np.float32), "kept_groups": keep.astype(np.float32),
                              "orch_sampled_tokens": res.loss_mask.sum(axis=1).astype(np.float32),
@@ -338,19 +329,6 @@ def _rollout_params(params: Any, worker_params: Any, mesh: Any) -> tuple[Any, An
     gather, not two)."""
     orch = local_replica(params, mesh)
     return orch, orch if worker_params is params else local_replica(worker_params, mesh)
-
-
-def global_batch(batch: TrajectoryBatch, mesh: Any) -> TrajectoryBatch:
-    """``batch`` (this process's rows) as global arrays over ``mesh``'s data axes, the
-    processes' rows concatenated in process order; with one process, unchanged."""
-    if jax.process_count() == 1:
-        return batch
-
-    def one(x):
-        x = np.asarray(x)
-        B = x.shape[0] * jax.process_count()
-        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, batch_size=B), x)
-    return jax.tree.map(one, batch)
 
 
 def _pad_to(x: np.ndarray, width: int) -> np.ndarray:

@@ -31,8 +31,8 @@ import os
 import warnings
 from collections.abc import Mapping
 
-__all__ = ["DistributedSpec", "allgather", "barrier", "detect_cluster", "local_replica", "maybe_initialize", "resolve",
-           "share"]
+__all__ = ["DistributedSpec", "allgather", "barrier", "detect_cluster", "global_rows", "global_whole", "local_replica",
+           "maybe_initialize", "resolve", "share"]
 
 log = logging.getLogger(__name__)
 
@@ -233,3 +233,30 @@ def local_replica(tree, mesh):
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     whole = jax.jit(lambda t: t, out_shardings=replicated)(tree)
     return jax.tree.map(lambda x: x.addressable_data(0), whole)
+
+
+def global_rows(tree, mesh):
+    """``tree``'s arrays holding this process's rows as global arrays split over ``mesh``'s
+    batch axes, the processes' rows concatenated in process order."""
+    import jax
+    import numpy as np
+
+    from swarmjax.sharding.mesh import batch_sharding
+
+    def one(x):
+        x = np.asarray(x)
+        B = x.shape[0] * jax.process_count()
+        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, batch_size=B), x)
+    return jax.tree.map(one, tree)
+
+
+def global_whole(tree, shardings):
+    """``tree``'s arrays, the same values on every process, as global arrays with
+    ``shardings`` (a matching tree): each process supplies its own shards."""
+    import jax
+    import numpy as np
+
+    def one(x, sharding):
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.tree.map(one, tree, shardings)

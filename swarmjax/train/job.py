@@ -54,7 +54,7 @@ from swarmjax.models.transformer import init_params
 from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
-from swarmjax.train.distributed import allgather
+from swarmjax.train.distributed import allgather, global_rows, global_whole
 from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
@@ -211,15 +211,9 @@ def _global(tasks: wsj.Tasks, mesh, local_slice: bool) -> wsj.Tasks:
     process holds whole. With one process (or no mesh) a plain device put."""
     if jax.process_count() == 1 or mesh is None:
         return jax.tree.map(jax.numpy.asarray, tasks)
-
-    def one(x):
-        x = np.asarray(x)
-        if local_slice:
-            B = x.shape[0] * jax.process_count()
-            return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim, batch_size=B), x)
-        sharding = batch_sharding(mesh, x.ndim, batch_size=x.shape[0])
-        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
-    return jax.tree.map(one, tasks)
+    if local_slice:
+        return global_rows(tasks, mesh)
+    return global_whole(tasks, jax.tree.map(lambda x: batch_sharding(mesh, np.ndim(x), batch_size=len(x)), tasks))
 
 
 def _mean_f1(res: dict[int, dict[str, float]]) -> float:
