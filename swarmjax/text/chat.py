@@ -25,9 +25,12 @@ prefix of the later full render. Ours renders every assistant turn with the
 think block it was generated with: ``reasoning_content`` (possibly empty), the
 block inside its content, or, with ``enable_thinking=false``, the empty block.
 
-Llama 3 follows the 3.1 layout; several tool calls (3.1 allows one) are joined
-by ``"; "``, content (3.1 drops it) follows the calls on a new line, and the turn
-ends with ``<|eom_id|>`` when it calls tools.
+Llama 3 follows Meta's Llama 3.1 Instruct template (custom tools in the first
+user message, results as JSON strings in ``ipython`` turns; ``tests/data`` holds
+its renders): a conversation with one call per turn is id-exact. Two extensions
+it has no room for: several calls in one turn, joined by ``"; "``, and content
+after the calls (3.1 drops it). Assistant text is kept as sampled, where 3.1
+trims it on re-render.
 """
 
 from __future__ import annotations
@@ -132,14 +135,11 @@ class ChatFormat:
         generation prompt; ``tools`` (JSON schemas) go in the system turn. -> int32 [T]."""
         messages = list(messages)
         system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else None
-        pieces: list[Piece] = list(self._begin_pieces())
-        if system is not None or tools:
-            pieces += self._system_pieces(system, list(tools or []))
         for m in messages:
             if m["role"] != "user":
                 raise ValueError(f"prompt_ids takes a leading system message then user messages, got {m['role']!r}")
-            pieces += self._turn_pieces("user", m["content"])
-        return self.assemble([*pieces, self._generation_prompt])
+        opening = self._opening_pieces(system, [m["content"] for m in messages], list(tools or []))
+        return self.assemble([*self._begin_pieces(), *opening, self._generation_prompt])
 
     def generation_prompt_ids(self) -> np.ndarray:
         """The assistant header the model continues from. -> int32 [T] (read-only)."""
@@ -188,12 +188,9 @@ class ChatFormat:
         """A turn as a model that follows the format samples it (demonstrations, scripted
         tests): ``encode(assistant_text(...))`` + its end-of-turn id. -> int32 [T]."""
         text = self.assistant_text(content, tool_calls, reasoning=reasoning)
-        return self.assemble([text, self.ids[self._end_token(bool(tool_calls))]])
+        return self.assemble([text, self.ids[self.stop_tokens[0]]])
 
     # ---- family hooks -------------------------------------------------------------------------
-
-    def _end_token(self, calls: bool) -> str:
-        return self.stop_tokens[0]
 
     def _begin_pieces(self) -> list[Piece]:
         return []
@@ -211,6 +208,12 @@ class ChatFormat:
 
     def _turn_pieces(self, role: str, text: str) -> list[Piece]:
         raise NotImplementedError
+
+    def _opening_pieces(self, system: str | None, users: list[str], tools: list[Mapping]) -> list[Piece]:
+        """The turns before the first generation prompt: the system turn (with the tools) when
+        there is a system message or tools, then the user turns."""
+        pieces = self._system_pieces(system, tools) if system is not None or tools else []
+        return pieces + [p for u in users for p in self._turn_pieces("user", u)]
 
     def _system_pieces(self, system: str | None, tools: list[Mapping]) -> list[Piece]:
         raise NotImplementedError
@@ -294,9 +297,14 @@ class Qwen3Format(ChatFormat):
 
 
 class Llama3Format(ChatFormat):
-    """Llama 3.1 style: header turns, tools as JSON in the system turn, tool calls as
-    ``{"name": N, "parameters": ARGS}`` objects ending with ``<|eom_id|>``, results as
-    ``ipython`` turns. No reasoning block (``thinking=True`` is refused)."""
+    """Llama 3.1: header turns; a system turn that always opens with the knowledge-cutoff and
+    date lines (``Environment: ipython`` first when there are tools); the tool schemas
+    (``tojson(indent=4)``) and their instructions in the FIRST user message; a tool call as
+    ``{"name": N, "parameters": ARGS}`` ending with ``<|eot_id|>``; each result as an
+    ``ipython`` turn holding the result as a JSON string. System and user text is trimmed, as
+    the 3.1 template does. Extensions the 3.1 template refuses or drops: several calls in one
+    turn, joined by ``"; "``, and content after the calls, on a new line. No reasoning block
+    (``thinking=True`` is refused)."""
 
     name = "llama3"
     call_syntax = "llama3_json"
@@ -308,15 +316,23 @@ class Llama3Format(ChatFormat):
     pad_token = "<|end_of_text|>"
     bos_token = "<|begin_of_text|>"
 
-    TOOLS_HEAD = ("Environment: ipython\n\nYou can call the functions below. To call one, answer with a JSON "
-                  'object {"name": function name, "parameters": object of argument values}; separate '
-                  'several calls with "; ".\n\nFunctions:')
+    DATE = "26 Jul 2024"  # the 3.1 template's date_string when none is given
+    SYSTEM_HEAD = "Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n"
+    # The text the 3.1 template puts before the tool schemas in the first user message.
+    TOOLS_HEAD = ("Given the following functions, please respond with a JSON for a function call with its "
+                  "proper arguments that best answers the given prompt.\n\nRespond in the format "
+                  '{"name": function name, "parameters": dictionary of argument name and its value}.'
+                  "Do not use variables.\n\n")
 
     def __init__(self, tokenizer: TextTokenizer, *, thinking: bool = False):
         if thinking:
             raise ValueError("llama3 has no thinking mode")
         super().__init__(tokenizer, thinking=False)
         self._eot = self.ids["<|eot_id|>"]
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        return {"date_string": self.DATE}
 
     def tool_call_text(self, name: str, arguments: Any) -> str:
         return f'{{"name": "{name}", "parameters": {_arguments_text(arguments)}}}'
@@ -325,9 +341,6 @@ class Llama3Format(ChatFormat):
         # Calls first, "; "-separated (vLLM's llama3_json convention, toolcalls.py parses it);
         # any content follows them on a new line.
         return "; ".join(calls) + ("\n" if calls and content else "") + content
-
-    def _end_token(self, calls: bool) -> str:
-        return "<|eom_id|>" if calls else "<|eot_id|>"  # 3.1: a turn that calls tools waits for ipython
 
     def _header(self, role: str) -> list[Piece]:
         return [self.ids["<|start_header_id|>"], role, self.ids["<|end_header_id|>"], "\n\n"]
@@ -339,17 +352,22 @@ class Llama3Format(ChatFormat):
         return self._header("assistant")
 
     def _turn_pieces(self, role: str, text: str) -> list[Piece]:
-        return [*self._header(role), text, self._eot]
+        return [*self._header(role), text.strip() if role in ("system", "user") else text, self._eot]
 
-    def _system_pieces(self, system: str | None, tools: list[Mapping]) -> list[Piece]:
-        text = system or ""
+    def _opening_pieces(self, system: str | None, users: list[str], tools: list[Mapping]) -> list[Piece]:
+        head = ("Environment: ipython\n" if tools else "") + self.SYSTEM_HEAD.format(date=self.DATE)
+        pieces = [*self._header("system"), head + (system or "").strip(), self._eot]
         if tools:
-            schemas = "".join("\n\n" + json.dumps(t, ensure_ascii=False) for t in tools)  # = tool|tojson
-            text = self.TOOLS_HEAD + schemas + ("" if system is None else "\n\n" + system)
-        return self._turn_pieces("system", text)
+            if not users:
+                raise ValueError("llama3 puts the tool schemas in the first user message: give one")
+            schemas = "".join(json.dumps(t, ensure_ascii=False, indent=4) + "\n\n" for t in tools)  # tojson(indent=4)
+            pieces += self._turn_pieces("user", self.TOOLS_HEAD + schemas + users[0].strip())
+            users = users[1:]
+        return pieces + [p for u in users for p in self._turn_pieces("user", u)]
 
     def _tool_pieces(self, contents: list[str]) -> list[Piece]:
-        return [p for c in contents for p in self._turn_pieces("ipython", c)]
+        # The 3.1 template writes a string result with ``tojson`` (a string is iterable in Jinja).
+        return [p for c in contents for p in self._turn_pieces("ipython", json.dumps(c, ensure_ascii=False))]
 
     def _after_turn_pieces(self, ended: bool) -> list[Piece]:
         return [] if ended else [self._eot]
