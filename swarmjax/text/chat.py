@@ -250,7 +250,7 @@ class Qwen3Format(ChatFormat):
         ids = self.ids
         self._im_start, self._im_end = ids["<|im_start|>"], ids["<|im_end|>"]
         self._end_nl = _const(self.assemble([self._im_end, "\n"]))  # "\n" always precedes <|im_start|>
-        self._response_open, self._response_close = ids["<tool_response>"], ids["</tool_response>"]
+        self._response_open, self._response_close = ids.get("<tool_response>"), ids.get("</tool_response>")
 
     def tool_call_text(self, name: str, arguments: Any) -> str:
         return f'<tool_call>\n{{"name": "{name}", "arguments": {_arguments_text(arguments)}}}\n</tool_call>'
@@ -294,6 +294,42 @@ class Qwen3Format(ChatFormat):
 
     def _after_turn_pieces(self, ended: bool) -> list[Piece]:
         return ["\n"] if ended else [self._end_nl]
+
+
+class Qwen25Format(Qwen3Format):
+    """Qwen2.5: Qwen3's ChatML turns and Hermes-style calls, with a default system message
+    when none is given and no reasoning block (``thinking=True`` is refused).
+    ``<tool_response>`` is text in its vocabulary, not an added token."""
+
+    name = "qwen2.5"
+    tokens = (TokenSpec("<|endoftext|>"), TokenSpec("<|im_start|>"), TokenSpec("<|im_end|>"),
+              TokenSpec("<tool_call>", False), TokenSpec("</tool_call>", False))
+    DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+    def __init__(self, tokenizer: TextTokenizer, *, thinking: bool = False):
+        if thinking:
+            raise ValueError("qwen2.5 has no thinking mode")
+        super().__init__(tokenizer, thinking=False)
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def _think_text(self, reasoning: str | None) -> str:
+        return ChatFormat._think_text(self, reasoning)
+
+    def _generation_prompt_pieces(self) -> list[Piece]:
+        return [self.ids["<|im_start|>"], "assistant\n"]
+
+    def _opening_pieces(self, system: str | None, users: list[str], tools: list[Mapping]) -> list[Piece]:
+        return super()._opening_pieces(self.DEFAULT_SYSTEM if system is None else system, users, tools)
+
+    def tool_response_frame(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, str]:
+        return ChatFormat.tool_response_frame(self)  # the frame's tags are not single ids here
+
+    def _tool_pieces(self, contents: list[str]) -> list[Piece]:
+        text = "".join(f"\n<tool_response>\n{c}\n</tool_response>" for c in contents)
+        return [self._im_start, "user" + text, self._end_nl]
 
 
 class Llama3Format(ChatFormat):
@@ -373,7 +409,7 @@ class Llama3Format(ChatFormat):
         return [] if ended else [self._eot]
 
 
-CHAT_FORMATS: dict[str, type[ChatFormat]] = {"qwen3": Qwen3Format, "llama3": Llama3Format}
+CHAT_FORMATS: dict[str, type[ChatFormat]] = {"qwen3": Qwen3Format, "qwen2.5": Qwen25Format, "llama3": Llama3Format}
 
 
 def chat_format(name: str, tokenizer: TextTokenizer, *, thinking: bool = False) -> ChatFormat:
@@ -386,13 +422,15 @@ def chat_format(name: str, tokenizer: TextTokenizer, *, thinking: bool = False) 
 # (format, marks its template holds): the first whose marks are all in a tokenizer's template
 _TEMPLATE_MARKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qwen3", ("<|im_start|>", "<tool_call>", "<think>")),
+    ("qwen2.5", ("<|im_start|>", "<tool_call>")),
     ("llama3", ("<|start_header_id|>", "<|eot_id|>")),
 )
 
 
 def detect_chat_format(tokenizer: TextTokenizer) -> str:
     """The key of :data:`CHAT_FORMATS` a tokenizer's chat template is written in: Qwen3
-    (ChatML with ``<tool_call>`` and ``<think>``) or Llama 3.x (header ids). Raises
+    (ChatML with ``<tool_call>`` and ``<think>``), Qwen2.5 (ChatML with ``<tool_call>``) or
+    Llama 3.x (header ids). Raises
     ValueError when the tokenizer has no template or one of another family (pass the
     format by name then)."""
     template = tokenizer.chat_template
@@ -403,5 +441,6 @@ def detect_chat_format(tokenizer: TextTokenizer) -> str:
         if all(m in template for m in marks):
             return name
     raise ValueError(f"the chat template of {tokenizer.path} is none of {sorted(CHAT_FORMATS)} (Qwen3: "
-                     f"<|im_start|> with <tool_call> and <think>; Llama 3.x: <|start_header_id|>); name "
+                     f"<|im_start|> with <tool_call> and <think>; Qwen2.5: without <think>; Llama 3.x: "
+                     "<|start_header_id|>); name "
                      "the format (chat=...) if its turns are laid out as one of them")
