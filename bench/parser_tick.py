@@ -24,7 +24,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp

@@ -19,7 +19,7 @@ from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner, UpdateConfig
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.tokenizer import TextTokenizer
-from swarmjax.train.frame import PolicySource, prepare_policy
+from swarmjax.train.policy import PolicySource, prepare_policy
 from swarmjax.train.streams import TaskStream, held_out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,24 +155,25 @@ def test_episodes_that_never_answered_score_zero_not_nothing():
     assert kept["r_perf"].tolist() == [1.0, 0.0]
 
 
-def test_widesearch_is_a_builtin_task_in_both_roles(tmp_path):
-    """task="widesearch": its demonstrations, played through the environments the agent job
-    builds for each role, answer every pair right; the orchestrator's delegating ones
-    spawn sub-agents that look their chunks up, and its verifier reports the counts the
-    PARL channels read."""
+@pytest.mark.parametrize("name,roles", [("widesearch", ("single", "orchestrator")), ("relay", ("orchestrator",))])
+def test_wide_search_tasks_are_builtin(tmp_path, name, roles):
+    """task="widesearch" / "relay": their demonstrations, played through the environments
+    the agent job builds for each role, answer every pair right; the orchestrator's
+    delegating ones spawn sub-agents that look their chunks up, and its verifier reports
+    the counts the PARL channels read. The relay task refuses the single role."""
     from swarmjax.envs.api import play
-    from swarmjax.envs.task import EnvContext, demonstration, make_env
+    from swarmjax.envs.task import EnvContext, TaskError, demonstration, make_env
     from swarmjax.text.chat import chat_format
     from swarmjax.text.runner import ToolRunner
 
-    task = resolve_task("widesearch")
+    task = resolve_task(name)
     check_task(task)
     chat = chat_format("qwen3", TextTokenizer.from_dir(train_bpe_tokenizer(task.corpus(), str(tmp_path / "bpe"),
                                                                             vocab_size=600, chat_format="qwen3")))
     problems = task.sample(np.random.default_rng(0), 12)
     rng, runner, spawned = np.random.default_rng(1), ToolRunner([]), 0
     try:
-        for role in ("single", "orchestrator"):
+        for role in roles:
             ctx = EnvContext(chat, runner, role=role, max_subagents=4)
             for p in problems:
                 demo = demonstration(task, p, chat, rng, role)
@@ -182,6 +183,9 @@ def test_widesearch_is_a_builtin_task_in_both_roles(tmp_path):
                 if played.subagents:
                     assert role == "orchestrator" and played.last.rewards["returned"] == len(p.task)
                     assert all(s.last.done for s in played.subagents)
+        if "single" not in roles:
+            with pytest.raises(TaskError, match="orchestrator only"):
+                make_env(task, problems[0], EnvContext(chat, runner, role="single"))
     finally:
         runner.close()
     assert spawned > 0

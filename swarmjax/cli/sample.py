@@ -129,7 +129,7 @@ def chat_prompts(job: SampleJob) -> tuple[Any, tuple[tuple[int, ...], ...], tupl
     ``stop_tokens``."""
     from swarmjax.models.hf import eos_ids
     from swarmjax.text.chat import chat_format, detect_chat_format
-    from swarmjax.train.frame import read_tokenizer
+    from swarmjax.train.policy import read_tokenizer
 
     source = job.tokenizer_path or job.hf_path
     tokenizer = read_tokenizer(source, what="--tokenizer" if job.tokenizer_path else "--hf")

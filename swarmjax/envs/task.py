@@ -6,7 +6,7 @@ A *task* is one object. ``swarmjax train`` reaches it through a config field
 * the object itself (``task=UnitsTask(max_value=50)`` in the config file),
 * an import path ``"package.module:Name"`` (``Name`` is a class or a factory taking no
   arguments, or an instance), or
-* the name of a built-in task (:data:`TASKS`: ``"arith"``, ``"widesearch"``).
+* the name of a built-in task (:data:`TASKS`: ``"arith"``, ``"widesearch"``, ``"relay"``).
 
 Adding a task edits no file of swarmjax. The task object provides (duck-typed; the
 :class:`Task` base class only supplies the defaults of the optional methods):
@@ -68,7 +68,8 @@ Messages = list[dict[str, Any]]
 
 # built-in tasks: name -> import path (imported when asked for, so this module stays light)
 TASKS: dict[str, str] = {"arith": "swarmjax.envs.arith:ArithTask",
-                         "widesearch": "swarmjax.envs.widesearch_text:WideSearchTask"}
+                         "widesearch": "swarmjax.envs.widesearch_text:WideSearchTask",
+                         "relay": "swarmjax.envs.widesearch_relay:RelayWideSearchTask"}
 
 ORCHESTRATOR_NOTE = ("You may create sub-agents with create_subagent and give each a self-contained task "
                      "with assign_task; the assign_task calls of one turn run in parallel and their "

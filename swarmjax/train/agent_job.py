@@ -6,7 +6,7 @@ host-driven text rollouts (single agent, or an orchestrator with sub-agents).
     swarmjax train --config examples/units/config.py --workdir runs/units --set role=orchestrator
 
 1. **Task** (:mod:`swarmjax.envs.task`): a built-in name, an import path or an object.
-2. **Policy** (:mod:`swarmjax.train.frame`): ``hf_path`` (weights and tokenizer),
+2. **Policy** (:mod:`swarmjax.train.policy`): ``hf_path`` (weights and tokenizer),
    ``tokenizer_path``, or the CPU default (a BPE trained on the task's corpus and a random
    model); the chat format from the tokenizer's template or ``chat``.
 3. **Warm start** (``sft``, optional): the task's demonstrations played through its
@@ -54,8 +54,8 @@ from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfi
                                   rl_step, subagent_params, warm_start)
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier
-from swarmjax.train.frame import PolicySource, end_step, prepare_policy, read_policy, run_checkpointed
-from swarmjax.train.job import check_identity
+from swarmjax.train.frame import check_identity, end_step, run_checkpointed
+from swarmjax.train.policy import PolicySource, prepare_policy, read_policy
 from swarmjax.train.logs import TextJobLog, progress_bar, write_summary
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.streams import TaskStream, held_out
@@ -69,7 +69,7 @@ class AgentJob:
 
     task: a built-in task name, ``"package.module:Name"`` or a task object.
     hf_path, tokenizer_path, chat, tokenizer_vocab, model: the policy
-      (:class:`~swarmjax.train.frame.PolicySource`).
+      (:class:`~swarmjax.train.policy.PolicySource`).
     role: "single" or "orchestrator" (``create_subagent`` / ``assign_task``, at most
       ``max_subagents`` assignments an episode; sub-agents have the task's tools).
     subagents: "frozen" (a copy of the policy RL starts from) or "shared" (co-trained).

@@ -25,7 +25,7 @@ from etils import epath
 from swarmjax.models.config import DTYPES
 from swarmjax.models.hf import CONFIG_FILE, GENERATION_CONFIG, to_hf
 from swarmjax.train.checkpoint import Checkpointer
-from swarmjax.train.frame import TOKENIZER_DIR, copy_tokenizer, read_policy
+from swarmjax.train.policy import TOKENIZER_DIR, copy_tokenizer, read_policy
 
 
 def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | None = None) -> dict[str, Any]:

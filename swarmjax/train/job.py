@@ -57,11 +57,11 @@ from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.distributed import allgather, global_rows, global_whole
 from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
+from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpointed
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.sft import SFTConfig, train_sft
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
-RESUME_MODES = ("never", "latest", "auto")
 EVAL_KEYS = ("item_f1", "critical_steps", "total_steps", "subagents", "finished_subagents", "no_spawn_fraction")
 
 
@@ -86,18 +86,6 @@ class DataConfig:
             raise ValueError(f"data.focus_fraction must be in [0, 1), got {self.focus_fraction}")
         if self.focus_fraction > 0 and self.focus_min_n is None:
             raise ValueError("data.focus_fraction > 0 needs data.focus_min_n")
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-    every: int = 50                # PARL steps between checkpoints (also after the warm start,
-                                   # at every evaluation and at the last step)
-    keep_last: int = 2             # plus the best one by mean validation item-F1
-    async_save: bool = True
-
-    def __post_init__(self):
-        if self.every < 1 or self.keep_last < 1:
-            raise ValueError("checkpoint.every and checkpoint.keep_last must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,15 +163,6 @@ class TrainJob:
         check_identity(self.identity(), saved, what, "step counts, evaluation, checkpoint, mesh and data_dir")
 
 
-def check_identity(mine: dict[str, str], saved: dict[str, str], what: str, may_change: str) -> None:
-    """Raise ValueError naming the fields where a job's identity (``mine``: field name ->
-    repr) differs from the one a run saved; ``may_change`` names what is left out of it."""
-    diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
-    if diff:
-        raise ValueError(f"{what}: the config differs from the run's in {', '.join(diff)} "
-                         f"(only {may_change} may change)")
-
-
 def eval_tasks(source, sizes: tuple[int, ...], episodes: int, split: str = "test") -> dict[int, wsj.Tasks]:
     """The first ``episodes`` tasks of each size n in ``sizes`` from a data source of task
     records (a held-out split), as host arrays. Raises ValueError if a size is short."""
@@ -239,30 +218,6 @@ def _prepare(job: TrainJob, workdir: str, progress: bool):
     return sources if jax.process_index() == 0 else prepare(**args)
 
 
-def resume_mode(resume: bool | str | None) -> str:
-    """One of :data:`RESUME_MODES` for ``run_job``'s ``resume`` (True: "latest", False
-    or None: "never", as before there were modes); ValueError for anything else."""
-    if resume is True:
-        return "latest"
-    if resume is False or resume is None:
-        return "never"
-    if resume not in RESUME_MODES:
-        raise ValueError(f"resume must be one of {', '.join(RESUME_MODES)} (or a bool), got {resume!r}")
-    return resume
-
-
-def check_resume(mode: str, latest: int | None, workdir: Any, checkpoints: Any, *, stage: str = "PARL") -> None:
-    """Refuse what resume ``mode`` does not allow: "never" on a workdir whose
-    ``checkpoints`` directory holds a finished checkpoint (``latest``: its ``stage``
-    step), "latest" on one that holds none."""
-    if latest is not None and mode == "never":
-        raise ValueError(f"{workdir} already holds checkpoints (newest: {stage} step {latest}); "
-                         "pass --resume auto to continue that run, or use a new --workdir")
-    if mode == "latest" and latest is None:
-        raise ValueError(f"--resume: no finished checkpoint in {checkpoints} "
-                         "(--resume auto starts afresh when there is none)")
-
-
 def run_job(job: TrainJob, workdir: str | epath.PathLike, *, progress: bool = True,
             resume: bool | str = False, handle_sigterm: bool = True) -> dict[str, Any]:
     """Run the job, or continue it from its newest finished checkpoint (``resume``:
@@ -272,22 +227,9 @@ def run_job(job: TrainJob, workdir: str | epath.PathLike, *, progress: bool = Tr
     ``handle_sigterm``: stop at the next safe point on SIGTERM and raise
     :class:`~swarmjax.train.preemption.Preempted` once its checkpoint is written (the
     previous SIGTERM handler is restored on return)."""
-    from swarmjax.train.checkpoint import Checkpointer
-
-    mode = resume_mode(resume)
-    job.validate()
-    wd = epath.Path(workdir)
-    wd.mkdir(parents=True, exist_ok=True)
-    ckpt = Checkpointer(str(wd / "checkpoints"), save_every=job.checkpoint.every,
-                        keep_last=job.checkpoint.keep_last, best_metric="item_f1",
-                        async_save=job.checkpoint.async_save)
-    try:
-        latest = ckpt.latest_step()
-        check_resume(mode, latest, workdir, ckpt.directory)
-        with PreemptionWatch(enabled=handle_sigterm) as watch:
-            return _run(job, wd, ckpt, latest, watch, progress)
-    finally:
-        ckpt.close()                                  # waits for a save in flight
+    return run_checkpointed(job, str(workdir), resume,
+                            lambda ckpt, latest, watch: _run(job, epath.Path(workdir), ckpt, latest, watch, progress),
+                            best_metric="item_f1", handle_sigterm=handle_sigterm, checkpoint=job.checkpoint)
 
 
 def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: PreemptionWatch,

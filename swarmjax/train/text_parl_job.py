@@ -52,11 +52,11 @@ from swarmjax.rl.update import Learner
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
-from swarmjax.train.job import check_identity
 from swarmjax.train.logs import TextJobLog, curves, progress_bar, summary_table, write_summary
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.frame import end_step, load_chat, run_checkpointed, task_chat
+from swarmjax.train.frame import check_identity, end_step, run_checkpointed
+from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.text_parl import (TextPARLJob, eval_episodes, evaluate, parl_step, sample_episodes,
                                       warm_start)
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
