@@ -156,27 +156,29 @@ def _close(a, b, where):
             assert same, (where, x.get("step"), k, x[k], y[k])
 
 
-def test_mesh_and_two_processes_match_one_device(checkpoint, one_device, tmp_path):
-    """The single-agent job (updates that move the policy) on a 2x2x2 (data, fsdp, tensor)
-    mesh of 8 simulated devices, and over two processes of 2 devices each
-    (jax.distributed on 127.0.0.1, a 4-way data mesh: each process rolls out one of the
-    two problems' groups and runs its tools; process 0 writes the logs): both write the
-    metrics and evaluations of the one-device run."""
-    mesh, two = str(tmp_path / "mesh"), str(tmp_path / "two")
-    assert main(_args(mesh, checkpoint, "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")) == 0
+def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path):
+    """The single-agent job (a short warm start, then updates that move the policy) on one
+    device, on a 2x2x2 (data, fsdp, tensor) mesh of 8 simulated devices, and over two
+    processes of 2 devices each (jax.distributed on 127.0.0.1, a 4-way data mesh: each
+    process rolls out one of the two problems' groups and runs its tools; process 0
+    writes the logs): all three write the same metrics and evaluations."""
+    one, mesh, two = str(tmp_path / "one"), str(tmp_path / "mesh"), str(tmp_path / "two")
+    short = "sft.steps=4"                       # the sharded warm start's steps compared, not its result
+    assert main(_args(one, checkpoint, short)) == 0
+    assert main(_args(mesh, checkpoint, short, "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")) == 0
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "swarmjax.cli", *_args(two, checkpoint, "mesh.data=-1"),
+    cmd = [sys.executable, "-m", "swarmjax.cli", *_args(two, checkpoint, short, "mesh.data=-1"),
            "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
     procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=env) for i in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert f"written to {two}" in outs[0] and f"written to {two}" not in outs[1]
-    moved = [r["learner/grad_norm"] for r in _lines(one_device, "metrics.jsonl") if r["stage"] == "rl"]
+    moved = [r["learner/grad_norm"] for r in _lines(one, "metrics.jsonl") if r["stage"] == "rl"]
     assert max(moved) > 0, moved                                            # an update moved the policy
     for run in (mesh, two):
         for name in ("metrics.jsonl", "eval.jsonl"):
-            _close(_lines(one_device, name), _lines(run, name), f"{run} {name}")
+            _close(_lines(one, name), _lines(run, name), f"{run} {name}")
