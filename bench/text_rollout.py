@@ -4,6 +4,9 @@
     python bench/text_rollout.py --json     # one JSON object
     python bench/text_rollout.py --quick    # smaller run
 
+(At a real model's size, Qwen3-0.6B with the real tokenizer, against transformers:
+``bench/text_rollout_real.py``.)
+
 Workload: wide-search in text (:class:`~swarmjax.envs.widesearch_text.WideSearchText`,
 Qwen3 chat format, a byte-level BPE trained here on the task's text: names, prompts,
 tool schemas, scripted turns), ``--episodes`` episodes (default 32) of task sizes

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from small_job import subprocess_xla_flags
 
 jupytext = pytest.importorskip("jupytext", reason="the notebook tests need jupytext (pip install -e '.[test]')")
 nbformat = pytest.importorskip("nbformat", reason="the notebook tests need nbformat")
@@ -86,8 +87,8 @@ def test_install_cells_match_pyproject():
 
 def run_notebook(name, cwd, tmp_path, monkeypatch):
     """Execute colab/NAME.ipynb in a fresh kernel of this interpreter, working directory
-    ``cwd``, with SWARMJAX_SMOKE=1 and no inherited XLA_FLAGS (a plain CPU runtime: the
-    pieces notebook sets its own). Returns (executed notebook, seconds, all text output)."""
+    ``cwd``, with SWARMJAX_SMOKE=1 and the suite's compiler flags but its default device
+    count (a plain CPU runtime: the pieces notebook asks for 8 devices itself). Returns (executed notebook, seconds, all text output)."""
     spec_dir = tmp_path / "jupyter" / "kernels" / "swarmjax-test"
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
@@ -96,7 +97,7 @@ def run_notebook(name, cwd, tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MPLBACKEND")}
-    env.update(SWARMJAX_SMOKE="1", PYTHONUNBUFFERED="1")
+    env.update(SWARMJAX_SMOKE="1", PYTHONUNBUFFERED="1", XLA_FLAGS=subprocess_xla_flags())   # the suite's compiler flags
     nb = nbformat.read(COLAB / f"{name}.ipynb", as_version=4)
     client = nbclient.NotebookClient(nb, kernel_name="swarmjax-test", timeout=300,
                                      resources={"metadata": {"path": str(cwd)}})

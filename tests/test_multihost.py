@@ -2,9 +2,9 @@
 ``launch/local.py`` (each process gets the JAX_* environment a pod gives, and the CLI
 starts the distributed runtime from it), the others through the CLI's own flags
 (``--coordinator 127.0.0.1:PORT --num-processes 2 --process-id I``). jax.distributed on
-127.0.0.1, gloo CPU collectives, 2 devices each, one 4-way data mesh: each process
-reads its own slice of the task set, process 0 alone writes the logs, both report the
-same summary; a SIGTERM to one process stops both at the same step with a checkpoint
+127.0.0.1, gloo CPU collectives, 2 devices each, one 4-way data mesh: every process
+reads the same batches and rolls out its share, process 0 alone writes the logs, both
+report the same summary, and one process on one device writes the same figures; a SIGTERM to one process stops both at the same step with a checkpoint
 (exit 143), and ``--resume auto`` over two processes continues exactly."""
 
 import json
@@ -16,8 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from small_job import CONFIG, SMALL_JOB, rows, subprocess_xla_flags
 
+from swarmjax.cli import main
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,6 +98,14 @@ def test_two_processes_through_the_cli_preempt_and_resume(tmp_path):
     assert all(procs_ok) and table(outs[0]) and table(outs[0]) == table(outs[1]), outs[0][-3000:] + outs[1][-3000:]
     parl = rows(full / "metrics.jsonl")
     assert [r["step"] for r in parl] == [0, 1, 2, 3]                    # written once, by process 0
+
+    # one process on one device draws the same tasks and writes the same figures (float rounding apart)
+    one = tmp_path / "one"
+    sets = [a for s in SMALL[:-3] + ["mesh=None", "parl_steps=4", "eval_every=0"] for a in ("--set", s)]
+    assert main(["train", "--config", CONFIG, "--workdir", str(one), "--no-progress", *sets]) == 0
+    for a, b in zip(rows(one / "metrics.jsonl"), parl, strict=True):
+        assert a.keys() == b.keys() and all(a[k] == b[k] if isinstance(a[k], str) else
+                                            np.isclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a), (a, b)
     assert summary(full)["parl_steps"] == 4 and set(summary(full)["final"]) == {"1", "16"}
     assert len((full / "traces.jsonl").read_text().splitlines()) == 4  # warm + final, 2 sizes, 1 each
 

@@ -14,9 +14,10 @@ periodic evaluations (and so the choice of the best checkpoint), the test split 
 the warm-start / final comparison of the summary.
 
 Multi-host: every process runs this function; process 0 prepares the data first and
-alone writes files; each process reads its own slice of the train split
-(``tasks_per_step / process_count`` tasks per step) and the slices form one global
-batch over the mesh (a mesh is required with several processes).
+alone writes files; every process reads the same batches of the train split (the one
+process's order) and puts its contiguous share of each (``tasks_per_step /
+process_count`` tasks) into the global batch over the mesh (a mesh is required with
+several processes), so the run draws the tasks one process would.
 
 Resume (``resume=``, ``swarmjax train --resume MODE``): "latest" continues from the
 newest finished checkpoint (an error if there is none), "auto" does that when there is
@@ -54,7 +55,7 @@ from swarmjax.models.transformer import init_params
 from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
-from swarmjax.train.distributed import allgather, global_rows, global_whole
+from swarmjax.train.distributed import allgather, global_rows, global_whole, share
 from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpointed
@@ -248,9 +249,10 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
     sources = _prepare(job, workdir, progress)
     test = _global(eval_tasks(sources["test"], job.eval_sizes, job.eval_episodes, "test"), mesh, False)
     valid = _global(eval_tasks(sources["validation"], job.eval_sizes, job.eval_episodes, "validation"), mesh, False)
-    local_tasks = job.parl.tasks_per_step // jax.process_count()
-    train_iter = task_iterator(sources["train"], local_tasks, seed=job.seed, env=env,
+    train_iter = task_iterator(sources["train"], job.parl.tasks_per_step, seed=job.seed, env=env,
+                               process_index=0, process_count=1,     # every process: the whole batch
                                focus_min_n=job.data.focus_min_n, focus_fraction=job.data.focus_fraction)
+    own = slice(*share(job.parl.tasks_per_step))
 
     trainer = PARLTrainer(job.model, job.parl, mesh=mesh)
     eval_engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=mesh)
@@ -304,7 +306,7 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
         start = meta["parl_step"]
         bar = progress_bar(job.parl_steps, "PARL", progress, initial=min(start, job.parl_steps))
         for i in range(start, job.parl_steps):
-            tasks = _global(to_tasks(next(train_iter)), mesh, True)
+            tasks = _global(jax.tree.map(lambda x: x[own], to_tasks(next(train_iter))), mesh, True)
             state, m = trainer.step(state, jax.random.fold_in(jax.random.fold_in(key, 3), i), step=i, tasks=tasks)
             m["tok_s"] = m["sampled_tokens"] / max(m["rollout_s"], 1e-9)
             log.write("metrics.jsonl", {"stage": "parl", "step": i, **m})
