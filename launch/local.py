@@ -2,7 +2,8 @@
 """Run N local processes with the environment a TPU pod gives each worker.
 
     python launch/local.py -n 2 -- swarmjax train --config configs/parl_widesearch_cpu.py --workdir runs/mh
-    python launch/local.py -n 2 -- python tests/multihost_worker.py {process_id} {port} runs/mh 4
+    python launch/local.py -n 2 -- python -m swarmjax.cli train --config configs/parl_widesearch_cpu.py \
+    --workdir runs/mh --coordinator {coordinator} --num-processes {num_processes} --process-id {process_id}
 
 Process i gets ``JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT``, ``JAX_NUM_PROCESSES=N`` and
 ``JAX_PROCESS_ID=i`` (PORT: ``--port`` or a free one). A ``swarmjax train`` command (also

@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,9 +48,9 @@ import numpy as np
 
 from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.orchestration import ASSIGN, CREATE
-from swarmjax.envs.task import Demo, EnvContext, Task, TaskError
+from swarmjax.envs.task import Demo, EnvContext, TaskError
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
-from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, TaskNames, text_corpus
+from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, TaskNames, WideSearchProblems, text_corpus
 from swarmjax.rl.parl import item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.byte_tries import token_byte_table
@@ -345,7 +344,7 @@ def _relay(cfg: WideSearchConfig, chat: ChatFormat, seed: int) -> RelayTask:
 
 
 @dataclasses.dataclass(frozen=True)
-class RelayWideSearchTask(Task):
+class RelayWideSearchTask(WideSearchProblems):
     """Canonical-relay wide-search as a task plug-in (:mod:`swarmjax.envs.task`; the
     built-in ``task="relay"``): the orchestrator environment :class:`RelayEnv` (its own
     ``create_subagent`` / ``assign_task`` over ``worker0..``; sub-agents with ``lookup``),
@@ -353,24 +352,10 @@ class RelayWideSearchTask(Task):
     relays is not a verifiable episode of its own. Its device twin (:meth:`device_task`)
     is what :class:`~swarmjax.swarm.text_engine.TextSwarm` runs inside ``jit``.
 
-    Demonstrations: the serial script, or (tasks of 2 or more entities, with probability
-    ``split_fraction``) one turn creating sub-agents and assigning each a round-robin
-    chunk of about ``max_chunk`` entities (:meth:`RelayTask.split_script`).
+    Demonstrations: the serial script, or (:meth:`WideSearchProblems.split_parts`) one
+    turn creating sub-agents and assigning each a round-robin chunk
+    (:meth:`RelayTask.split_script`).
     """
-
-    cfg: WideSearchConfig = WideSearchConfig(num_entities=32, num_values=32, max_task_size=8, max_subagents=4)
-    names_seed: int = 0
-    split_fraction: float = 0.5
-    max_chunk: int = 2
-
-    def __post_init__(self):
-        if not 0.0 <= self.split_fraction <= 1.0 or self.max_chunk < 1:
-            raise ValueError("split_fraction must be in [0, 1] and max_chunk >= 1")
-
-    def sample(self, rng: np.random.Generator, count: int, *, split: str = "train") -> list[Episode]:
-        """``count`` episodes: a random table and task of ``min..max_task_size`` entities."""
-        py = random.Random(int(rng.integers(2 ** 63)))
-        return [Episode.sample(self.cfg, py) for _ in range(count)]
 
     def device_task(self, chat: ChatFormat) -> RelayTask:
         """The canonical task over ``chat``: names, tools and sentences, for the host twin
@@ -385,10 +370,9 @@ class RelayWideSearchTask(Task):
 
     def demonstration(self, problem: Episode, chat: ChatFormat, rng: np.random.Generator, *,
                       role: str = "orchestrator") -> Demo:
-        task, n = self.device_task(chat), len(problem.task)
-        if n > 1 and rng.random() < self.split_fraction:
-            chunk = int(rng.integers(1, self.max_chunk + 1))
-            turns, workers = task.split_script(problem, min(-(-n // chunk), self.cfg.max_subagents))
+        task, parts = self.device_task(chat), self.split_parts(problem, rng)
+        if parts:
+            turns, workers = task.split_script(problem, parts)
             return Demo(turns, workers)
         return Demo(task.serial_script(problem))
 

@@ -218,24 +218,11 @@ class WideSearchText(TaskNames):
 
 
 @dataclasses.dataclass(frozen=True)
-class WideSearchTask(Task):
-    """Text wide-search as a task plug-in (:mod:`swarmjax.envs.task`; the built-in
-    ``task="widesearch"``): the agent job's roles on the token world's rules.
-
-    * ``role="orchestrator"``: the environment above (``lookup``, ``create_subagent``,
-      ``assign_task``; sub-agents with ``lookup``), at most ``cfg.max_subagents``
-      assignments an episode (the task's K, which its demonstrations respect, not the
-      job's ``max_subagents``); its verifier reports the counts every PARL channel needs
-      (``TextRLConfig.parl``);
-    * ``role="single"``: a serial agent with ``lookup`` alone (item-F1 as ``r_perf``).
-
-    Sub-agent turns and the critical-step budget are the rollout's
-    (``TextRolloutConfig.subagent_turns`` / ``budget``). Demonstrations: the serial
-    script, or (orchestrators, tasks of 2 or more entities, with probability
-    ``split_fraction``) one turn delegating random chunks of 1..``max_chunk`` entities.
-
-    cfg: the task sizes (E, V, N range); names_seed: the generated names' seed.
-    """
+class WideSearchProblems(Task):
+    """What the wide-search task plug-ins share: the task sizes (``cfg``: E, V, N range, K),
+    the generated names' seed, the episode stream and how demonstrations split a task
+    (with probability ``split_fraction``, tasks of 2 or more entities go to sub-agents in
+    chunks of 1..``max_chunk`` entities)."""
 
     cfg: WideSearchConfig = WideSearchConfig(num_entities=32, num_values=32, max_task_size=8, max_subagents=4)
     names_seed: int = 0
@@ -251,6 +238,33 @@ class WideSearchTask(Task):
         py = random.Random(int(rng.integers(2 ** 63)))
         return [Episode.sample(self.cfg, py) for _ in range(count)]
 
+    def split_parts(self, problem: Episode, rng: np.random.Generator) -> int:
+        """How many sub-agents a demonstration gives ``problem`` (0: it is done serially)."""
+        n = len(problem.task)
+        if n < 2 or rng.random() >= self.split_fraction:
+            return 0
+        chunk = int(rng.integers(1, self.max_chunk + 1))
+        return min(-(-n // chunk), self.cfg.max_subagents)
+
+
+@dataclasses.dataclass(frozen=True)
+class WideSearchTask(WideSearchProblems):
+    """Text wide-search as a task plug-in (:mod:`swarmjax.envs.task`; the built-in
+    ``task="widesearch"``): the agent job's roles on the token world's rules.
+
+    * ``role="orchestrator"``: the environment above (``lookup``, ``create_subagent``,
+      ``assign_task``; sub-agents with ``lookup``), at most ``cfg.max_subagents``
+      assignments an episode (the task's K, which its demonstrations respect, not the
+      job's ``max_subagents``); its verifier reports the counts every PARL channel needs
+      (``TextRLConfig.parl``);
+    * ``role="single"``: a serial agent with ``lookup`` alone (item-F1 as ``r_perf``).
+
+    Sub-agent turns and the critical-step budget are the rollout's
+    (``TextRolloutConfig.subagent_turns`` / ``budget``). Demonstrations: the serial
+    script, or (orchestrators, :meth:`WideSearchProblems.split_parts`) one turn delegating
+    chunks of the task.
+    """
+
     def env(self, problem: Episode, ctx: EnvContext) -> ToolAgentEnv:
         world = WideSearchText(self.cfg, ctx.chat, ctx.runner, seed=self.names_seed)
         return world.orchestrator(problem) if ctx.role == "orchestrator" else world.single(problem)
@@ -258,10 +272,8 @@ class WideSearchTask(Task):
     def demonstration(self, problem: Episode, chat: ChatFormat, rng: np.random.Generator, *,
                       role: str = "single") -> Demo:
         world = WideSearchText(self.cfg, chat, None, seed=self.names_seed)      # scripts run no tool
-        n = len(problem.task)
-        if role == "orchestrator" and n > 1 and rng.random() < self.split_fraction:
-            chunk = int(rng.integers(1, self.max_chunk + 1))
-            parts = min(-(-n // chunk), self.cfg.max_subagents)
+        parts = self.split_parts(problem, rng) if role == "orchestrator" else 0
+        if parts:
             turns, workers = world.split_script(problem, parts)
             return Demo(turns, workers)
         return Demo(world.serial_script(problem))
