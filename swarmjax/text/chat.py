@@ -132,7 +132,8 @@ class ChatFormat:
 
     def prompt_ids(self, messages: Sequence[Message], *, tools: Sequence[Mapping] | None = None) -> np.ndarray:
         """The first prompt: an optional leading system message, then user messages, then the
-        generation prompt; ``tools`` (JSON schemas) go in the system turn. -> int32 [T]."""
+        generation prompt; ``tools`` (JSON schemas) go where the family puts them (Qwen: the
+        system turn; Llama 3: the first user message). -> int32 [T]."""
         messages = list(messages)
         system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else None
         for m in messages:

@@ -56,9 +56,9 @@ from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.distributed import allgather, global_rows, global_whole, share
+from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpointed
 from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
-from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpointed
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.sft import SFTConfig, train_sft
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
