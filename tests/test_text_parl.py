@@ -212,3 +212,23 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
     logs = {name: (cut / name).read_text() for name in ("metrics.jsonl", "eval.jsonl")}
     assert main(args + ["--resume", "auto"]) == 0
     assert {name: (cut / name).read_text() for name in logs} == logs
+
+
+def test_summary_says_worse_when_a_run_got_worse():
+    """The summary's words follow the figures: more critical steps and a lower item-F1 are
+    'worse', the headline says 'more than' (never 'below' for a rise)."""
+    from swarmjax.train.text_parl_job import text_parl_table
+
+    row = lambda f, c: {"item_f1": f, "critical_steps": c, "total_steps": c, "subagents": 0.0,  # noqa: E731
+                        "no_spawn_fraction": 1.0}
+    summary = {"warm_start": {"1": row(1.0, 2.0), "16": row(0.2, 17.0)},
+               "final": {"1": row(1.0, 2.0), "16": row(0.1, 30.0)},
+               "headline": {"n": 16, "critical_reduction": 17 / 30, "item_f1": 0.1}}
+    text = text_parl_table(summary)
+    assert "n = 16: item-F1 0.200 -> 0.100 (worse); critical steps 17.00 -> 30.00 (worse)" in text
+    assert "n = 1: item-F1 1.000 -> 1.000 (same)" in text
+    assert "critical steps 1.76x more than the warm start's" in text
+    summary["final"]["16"] = row(0.9, 5.0)
+    summary["headline"]["critical_reduction"] = 17 / 5
+    text = text_parl_table(summary)
+    assert "(better); critical steps 17.00 -> 5.00 (better)" in text and "3.40x fewer than" in text

@@ -55,8 +55,8 @@ from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfi
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
+from swarmjax.train.logs import TextJobLog, change, progress_bar, write_summary
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy
-from swarmjax.train.logs import TextJobLog, progress_bar, write_summary
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.streams import TaskStream, held_out
 
@@ -350,12 +350,8 @@ def agent_summary_table(summary: dict) -> str:
     for name in names:
         rows.append(f"| {name} | " + " | ".join(f"{summary[name].get(k, 0.0):.3f}" for k in keys) + " |")
     if len(names) == 2:
-        verdicts = []
-        for k, up in _HIGHER_IS_BETTER.items():
-            a, b = summary["initial"].get(k, 0.0), summary["final"].get(k, 0.0)
-            word = "same" if abs(b - a) < 1e-9 else ("better" if (b > a) == up else "worse")
-            verdicts.append(f"{k} {a:.3f} -> {b:.3f} ({word})")
-        rows.append("\n" + "; ".join(verdicts))
+        rows.append("\n" + "; ".join(change(k, summary["initial"].get(k, 0.0), summary["final"].get(k, 0.0),
+                                            higher_is_better=up) for k, up in _HIGHER_IS_BETTER.items()))
     held = ", ".join(f"{n} {s}" for s, n in summary.get("held_out", {}).items())
     rows.append(f"\nheld-out problems: {held}; greedy; {summary['rl_steps']} RL steps; "
                 f"wall clock {summary['wall_clock_s']:.0f} s on {summary['backend']}")

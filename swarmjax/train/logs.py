@@ -195,15 +195,28 @@ def write_summary(workdir: PathLike, summary: dict[str, Any], table: Callable[[d
     (workdir / "summary.md").write_text(table(summary) + "\n")
 
 
+def change(name: str, before: float, after: float, *, higher_is_better: bool, digits: int = 3) -> str:
+    """``"name before -> after (better|worse|same)"``: how a figure moved, in words."""
+    word = "same" if abs(after - before) < 1e-9 else ("better" if (after > before) == higher_is_better else "worse")
+    return f"{name} {before:.{digits}f} -> {after:.{digits}f} ({word})"
+
+
 def summary_table(summary: dict[str, Any]) -> str:
-    """Markdown: per task size, warm start vs final policy."""
+    """Markdown: per task size, warm start vs final policy, then per size how item-F1 and
+    critical steps moved (:func:`change`)."""
     lines = ["| n | policy | item-F1 | critical steps | total steps | sub-agents | no-spawn |",
              "|---|---|---|---|---|---|---|"]
+    moved = []
     for n in summary["warm_start"]:
         for label in ("warm_start", "final"):
             r = summary[label][n]
             lines.append(f"| {n} | {label.replace('_', ' ')} | {r['item_f1']:.3f} | {r['critical_steps']:.2f} | "
                          f"{r['total_steps']:.2f} | {r['subagents']:.2f} | {r['no_spawn_fraction']:.2f} |")
+        a, b = summary["warm_start"][n], summary["final"][n]
+        moved.append(f"n = {n}: " + change("item-F1", a["item_f1"], b["item_f1"], higher_is_better=True) + "; "
+                     + change("critical steps", a["critical_steps"], b["critical_steps"], higher_is_better=False,
+                              digits=2))
+    lines += ["", *moved]
     if "wall_clock_s" in summary:
         lines.append(f"\nwall clock {summary['wall_clock_s']:.0f} s on {summary['device']}, "
                      f"{summary['parl_steps']} PARL steps")

@@ -52,11 +52,11 @@ from swarmjax.rl.update import Learner
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
+from swarmjax.train.frame import check_identity, end_step, run_checkpointed
 from swarmjax.train.logs import TextJobLog, curves, progress_bar, summary_table, write_summary
+from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.frame import check_identity, end_step, run_checkpointed
-from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.text_parl import (TextPARLJob, eval_episodes, evaluate, parl_step, sample_episodes,
                                       warm_start)
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
@@ -271,8 +271,9 @@ def headline(before: dict, after: dict, n: int) -> dict[str, float]:
 def text_parl_table(summary: dict) -> str:
     """:func:`swarmjax.train.logs.summary_table` plus the headline line."""
     h = summary["headline"]
-    line = (f"\nat n = {h['n']}: critical steps {h['critical_reduction']:.2f}x below the warm start, "
-            f"item-F1 {h['item_f1']:.3f}")
+    x = h["critical_reduction"]                    # warm start's critical steps / the final policy's
+    moved = f"{x:.2f}x fewer than" if x >= 1 else f"{1 / max(x, 1e-9):.2f}x more than"
+    line = f"\nat n = {h['n']}: critical steps {moved} the warm start's, final item-F1 {h['item_f1']:.3f}"
     if "n1_no_spawn" in h:
         line += f"; n = 1 episodes without a sub-agent: {h['n1_no_spawn']:.2f}"
     return summary_table(summary) + line
