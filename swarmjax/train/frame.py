@@ -27,6 +27,10 @@ RESUME_MODES = ("never", "latest", "auto")
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
+    """How often a job checkpoints and how many checkpoints it keeps: the token-world job's
+    ``checkpoint=`` field; the text jobs save at every evaluation and on preemption
+    (:func:`run_checkpointed`'s default: ``every=1``, ``keep_last=2``)."""
+
     every: int = 50                # PARL steps between checkpoints (also after the warm start,
                                    # at every evaluation and at the last step)
     keep_last: int = 2             # plus the best one by mean validation item-F1
