@@ -273,6 +273,15 @@ def test_encode_matches_transformers(toks, hf_toks, name):
     assert tok.chat_template == load_template(name) == hf.chat_template
 
 
+def test_fixed_texts_include_inherited_ones():
+    """A local tokenizer is trained on each family's fixed texts; the Qwen families share
+    theirs through ChatMLFormat, so inherited constants must count."""
+    q3, q25 = Qwen3Format.fixed_texts(), CHAT_FORMATS["qwen2.5"].fixed_texts()
+    assert q3 == [Qwen3Format.TOOLS_HEAD, Qwen3Format.TOOLS_TAIL]
+    assert q25 == q3 + [CHAT_FORMATS["qwen2.5"].DEFAULT_SYSTEM]
+    assert Llama3Format.TOOLS_HEAD in Llama3Format.fixed_texts()
+
+
 def test_format_argument_checks(toks):
     with pytest.raises(ValueError, match="unknown chat format"):
         chat_format("gpt2", toks["qwen3"])

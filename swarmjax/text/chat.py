@@ -108,6 +108,16 @@ class ChatFormat:
         """The Jinja chat template of this family (package data)."""
         return load_template(cls.name)
 
+    @classmethod
+    def fixed_texts(cls) -> list[str]:
+        """The family's fixed texts (its UPPER-CASE string constants: tool instructions,
+        headers, a default system message), inherited ones included, in definition order:
+        what a tokenizer trained for the family should see."""
+        texts: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            texts.update({k: v for k, v in vars(klass).items() if k.isupper() and isinstance(v, str)})
+        return list(texts.values())
+
     @property
     def template_kwargs(self) -> dict[str, Any]:
         """Extra ``apply_chat_template`` kwargs that reproduce this stream."""
@@ -226,19 +236,17 @@ class ChatFormat:
         raise NotImplementedError
 
 
-class Qwen3Format(ChatFormat):
-    """Qwen3: ChatML turns, Hermes-style ``<tool_call>`` JSON, tool results grouped in one
-    user turn, ``<think>`` blocks (see the module docstring for the prefix-stable rule)."""
+class ChatMLFormat(ChatFormat):
+    """What the Qwen families share: ChatML turns (``<|im_start|>role\n...<|im_end|>\n``),
+    Hermes-style ``<tool_call>`` JSON, the tool schemas in the system turn (a
+    ``DEFAULT_SYSTEM`` message when the family has one and none is given), the results of a
+    turn's calls grouped in one user turn of ``<tool_response>`` blocks."""
 
-    name = "qwen3"
     call_syntax = "hermes"
-    tokens = (TokenSpec("<|endoftext|>"), TokenSpec("<|im_start|>"), TokenSpec("<|im_end|>"),
-              TokenSpec("<tool_call>", False), TokenSpec("</tool_call>", False),
-              TokenSpec("<tool_response>", False), TokenSpec("</tool_response>", False),
-              TokenSpec("<think>", False), TokenSpec("</think>", False))
     stop_tokens = ("<|im_end|>", "<|endoftext|>")
     eos_token = "<|im_end|>"
     pad_token = "<|endoftext|>"
+    DEFAULT_SYSTEM: ClassVar[str | None] = None
 
     TOOLS_HEAD = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                   "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
@@ -248,17 +256,56 @@ class Qwen3Format(ChatFormat):
 
     def __init__(self, tokenizer: TextTokenizer, *, thinking: bool = False):
         super().__init__(tokenizer, thinking=thinking)
-        ids = self.ids
-        self._im_start, self._im_end = ids["<|im_start|>"], ids["<|im_end|>"]
+        self._im_start, self._im_end = self.ids["<|im_start|>"], self.ids["<|im_end|>"]
         self._end_nl = _const(self.assemble([self._im_end, "\n"]))  # "\n" always precedes <|im_start|>
-        self._response_open, self._response_close = ids.get("<tool_response>"), ids.get("</tool_response>")
 
     def tool_call_text(self, name: str, arguments: Any) -> str:
         return f'<tool_call>\n{{"name": "{name}", "arguments": {_arguments_text(arguments)}}}\n</tool_call>'
 
     def _body_text(self, content: str, calls: list[str]) -> str:
-        shown = content.split("</think>")[-1].lstrip("\n")  # the text after a think block, as the template
-        return content + ("\n" if calls and shown else "") + "\n".join(calls)
+        return content + ("\n" if calls and self._shown(content) else "") + "\n".join(calls)
+
+    def _shown(self, content: str) -> str:
+        """The part of a turn's content the template writes before its calls."""
+        return content
+
+    def _generation_prompt_pieces(self) -> list[Piece]:
+        return [self.ids["<|im_start|>"], "assistant\n"]
+
+    def _turn_pieces(self, role: str, text: str) -> list[Piece]:
+        return [self._im_start, f"{role}\n{text}", self._end_nl]
+
+    def _opening_pieces(self, system: str | None, users: list[str], tools: list[Mapping]) -> list[Piece]:
+        return super()._opening_pieces(self.DEFAULT_SYSTEM if system is None else system, users, tools)
+
+    def _system_pieces(self, system: str | None, tools: list[Mapping]) -> list[Piece]:
+        if not tools:
+            return self._turn_pieces("system", system or "")
+        head = "system\n" + ("" if system is None else system + "\n\n") + self.TOOLS_HEAD
+        schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)  # = "\n" + tool|tojson
+        return [self._im_start, head + schemas + self.TOOLS_TAIL, self._end_nl]
+
+    def _tool_pieces(self, contents: list[str]) -> list[Piece]:
+        # the tags are added tokens in Qwen3's vocabulary (encode splits them out) and text in Qwen2.5's
+        text = "".join(f"\n<tool_response>\n{c}\n</tool_response>" for c in contents)
+        return [self._im_start, "user" + text, self._end_nl]
+
+    def _after_turn_pieces(self, ended: bool) -> list[Piece]:
+        return ["\n"] if ended else [self._end_nl]
+
+
+class Qwen3Format(ChatMLFormat):
+    """Qwen3: ChatML with ``<think>`` blocks (see the module docstring for the prefix-stable
+    rule); ``<tool_response>`` and the think tags are added tokens of its vocabulary."""
+
+    name = "qwen3"
+    tokens = (TokenSpec("<|endoftext|>"), TokenSpec("<|im_start|>"), TokenSpec("<|im_end|>"),
+              TokenSpec("<tool_call>", False), TokenSpec("</tool_call>", False),
+              TokenSpec("<tool_response>", False), TokenSpec("</tool_response>", False),
+              TokenSpec("<think>", False), TokenSpec("</think>", False))
+
+    def _shown(self, content: str) -> str:
+        return content.split("</think>")[-1].lstrip("\n")  # the text after a think block, as the template
 
     def _think_text(self, reasoning: str | None) -> str:
         if reasoning is None:
@@ -269,38 +316,20 @@ class Qwen3Format(ChatFormat):
 
     def _generation_prompt_pieces(self) -> list[Piece]:
         empty_think = [] if self.thinking else [self.ids["<think>"], "\n\n", self.ids["</think>"], "\n\n"]
-        return [self.ids["<|im_start|>"], "assistant\n", *empty_think]
-
-    def _turn_pieces(self, role: str, text: str) -> list[Piece]:
-        return [self._im_start, f"{role}\n{text}", self._end_nl]
-
-    def _system_pieces(self, system: str | None, tools: list[Mapping]) -> list[Piece]:
-        if not tools:
-            return self._turn_pieces("system", system or "")
-        head = "system\n" + ("" if system is None else system + "\n\n") + self.TOOLS_HEAD
-        schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)  # = "\n" + tool|tojson
-        return [self._im_start, head + schemas + self.TOOLS_TAIL, self._end_nl]
+        return [*super()._generation_prompt_pieces(), *empty_think]
 
     def tool_response_frame(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, str]:
-        open_ = self.assemble([self._im_start, "user\n", self._response_open])
-        between = self.assemble([self._response_close, "\n", self._response_open])
-        close = self.assemble([self._response_close, self._end_nl, self._generation_prompt])
+        response_open, response_close = self.ids["<tool_response>"], self.ids["</tool_response>"]
+        open_ = self.assemble([self._im_start, "user\n", response_open])
+        between = self.assemble([response_close, "\n", response_open])
+        close = self.assemble([response_close, self._end_nl, self._generation_prompt])
         return open_, between, close, "\n", "\n"
 
-    def _tool_pieces(self, contents: list[str]) -> list[Piece]:
-        pieces: list[Piece] = [self._im_start, "user"]
-        for c in contents:
-            pieces += ["\n", self._response_open, f"\n{c}\n", self._response_close]
-        return [*pieces, self._end_nl]
 
-    def _after_turn_pieces(self, ended: bool) -> list[Piece]:
-        return ["\n"] if ended else [self._end_nl]
-
-
-class Qwen25Format(Qwen3Format):
-    """Qwen2.5: Qwen3's ChatML turns and Hermes-style calls, with a default system message
-    when none is given and no reasoning block (``thinking=True`` is refused).
-    ``<tool_response>`` is text in its vocabulary, not an added token."""
+class Qwen25Format(ChatMLFormat):
+    """Qwen2.5: ChatML with a default system message when none is given and no reasoning
+    block (``thinking=True`` is refused). ``<tool_response>`` is text in its vocabulary, not
+    an added token, so it has no device tool-response frame."""
 
     name = "qwen2.5"
     tokens = (TokenSpec("<|endoftext|>"), TokenSpec("<|im_start|>"), TokenSpec("<|im_end|>"),
@@ -315,22 +344,6 @@ class Qwen25Format(Qwen3Format):
     @property
     def template_kwargs(self) -> dict[str, Any]:
         return {}
-
-    def _think_text(self, reasoning: str | None) -> str:
-        return ChatFormat._think_text(self, reasoning)
-
-    def _generation_prompt_pieces(self) -> list[Piece]:
-        return [self.ids["<|im_start|>"], "assistant\n"]
-
-    def _opening_pieces(self, system: str | None, users: list[str], tools: list[Mapping]) -> list[Piece]:
-        return super()._opening_pieces(self.DEFAULT_SYSTEM if system is None else system, users, tools)
-
-    def tool_response_frame(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, str]:
-        return ChatFormat.tool_response_frame(self)  # the frame's tags are not single ids here
-
-    def _tool_pieces(self, contents: list[str]) -> list[Piece]:
-        text = "".join(f"\n<tool_response>\n{c}\n</tool_response>" for c in contents)
-        return [self._im_start, "user" + text, self._end_nl]
 
 
 class Llama3Format(ChatFormat):

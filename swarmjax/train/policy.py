@@ -84,7 +84,7 @@ def read_tokenizer(directory: str, *, what: str = "tokenizer directory") -> Text
 def train_tokenizer(corpus: list[str], workdir: str, chat: str, vocab_size: int) -> None:
     """A byte-level BPE trained on ``corpus`` plus the chat format's fixed texts (tool
     preamble, ...: merged into few ids), written to ``workdir/tokenizer``."""
-    fixed = [v for k, v in vars(CHAT_FORMATS[chat]).items() if k.isupper() and isinstance(v, str)]
+    fixed = CHAT_FORMATS[chat].fixed_texts()
     with tempfile.TemporaryDirectory(prefix="swarmjax-bpe-") as tmp:
         train_bpe_tokenizer(corpus + fixed * 50, tmp, vocab_size=vocab_size, chat_format=chat)
         copy_tokenizer(tmp, str(epath.Path(workdir) / TOKENIZER_DIR))
