@@ -309,7 +309,7 @@ def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Cal
     batch = TrajectoryBatch.create(rows["tokens"], rows["loss_mask"], rows["advantages"],
                                    token_mask=rows["token_mask"], sampler_logprobs=rows["logprobs"],
                                    group_ids=rows["group"], rewards=rows["reward"])
-    state, learn = learner.update(state, batch if jax.process_count() == 1 else global_rows(batch, mesh))
+    state, learn = learner.update(state, global_rows(batch, mesh))
     learn = jax.device_get(learn)
     per_episode = allgather({"reward": reward.astype(np.float32), "kept_groups": keep.astype(np.float32),
                              "orch_sampled_tokens": res.loss_mask.sum(axis=1).astype(np.float32),

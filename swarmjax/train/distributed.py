@@ -237,11 +237,15 @@ def local_replica(tree, mesh):
 
 def global_rows(tree, mesh):
     """``tree``'s arrays holding this process's rows as global arrays split over ``mesh``'s
-    batch axes, the processes' rows concatenated in process order."""
+    batch axes, the processes' rows concatenated in process order; with one process,
+    ``tree`` unchanged."""
     import jax
     import numpy as np
 
     from swarmjax.sharding.mesh import batch_sharding
+
+    if jax.process_count() == 1:
+        return tree
 
     def one(x):
         x = np.asarray(x)
