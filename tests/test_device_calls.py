@@ -219,11 +219,17 @@ def parse():
     return jax.jit(dc.parse_tokens)
 
 
-def run(grammar, parse, rows):
-    """Device summaries of up to B id lists (padded to T_MAX)."""
-    ids, lengths = np.zeros([B, T_MAX], np.int32), np.zeros([B], np.int32)
+def padded(rows, count, width):
+    """Id lists as (ids int32 [count, width] zero-padded, lengths int32 [count])."""
+    ids, lengths = np.zeros([count, width], np.int32), np.zeros([count], np.int32)
     for i, row in enumerate(rows):
         ids[i, :len(row)], lengths[i] = row, len(row)
+    return ids, lengths
+
+
+def run(grammar, parse, rows):
+    """Device summaries of up to B id lists (padded to T_MAX)."""
+    ids, lengths = padded(rows, B, T_MAX)
     return dv.device_summaries(grammar, parse(grammar, jnp.asarray(ids), jnp.asarray(lengths)))[:len(rows)]
 
 
@@ -237,10 +243,7 @@ def turn_batch(tokenizer, grammar, *, seed, count, width):
         if len(row) > width or lone_high_surrogate(host):
             continue
         rows.append(row), want.append(dv.host_summary(grammar, host)), texts.append(s)
-    ids, lengths = np.zeros([count, width], np.int32), np.zeros([count], np.int32)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)], lengths[i] = row, len(row)
-    return ids, lengths, want, texts
+    return (*padded(rows, count, width), want, texts)
 
 
 def lone_high_surrogate(turn_):
