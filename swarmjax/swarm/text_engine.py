@@ -351,7 +351,7 @@ class TextSwarm:
         stopped = go & jnp.any(tok[:, None] == self.stop_ids[None, :], axis=1)
         ended = stopped | (go & (turn_len >= a.limit))
         cut = ended & ~stopped
-        calls = dc.finish(m.grammar, calls, cut)
+        calls = dc.finish(m.grammar, dc.drain(m.grammar, calls, stopped), cut)
         answers = da.finish(self.answers, answers, ended)
         return a.replace(trace=trace, turn_len=turn_len, calls=calls, answers=answers,
                          turning=a.turning & ~ended), ended, cut

@@ -346,6 +346,25 @@ class Qwen25Format(ChatMLFormat):
         return {}
 
 
+class Qwen2Format(Qwen25Format):
+    """Qwen2: ChatML with the default system message ``You are a helpful assistant.``; its
+    vocabulary has three added tokens (``<tool_call>`` is text). Its published template
+    renders no tools: with tools the stream, and the template swarmjax ships for it, lay
+    them out as Qwen2.5 does (an extension)."""
+
+    name = "qwen2"
+    tokens = (TokenSpec("<|endoftext|>"), TokenSpec("<|im_start|>"), TokenSpec("<|im_end|>"))
+    DEFAULT_SYSTEM = "You are a helpful assistant."
+
+    @classmethod
+    def template(cls) -> str:
+        """Qwen2.5's template with Qwen2's default system message."""
+        body = load_template(Qwen25Format.name).split("-#}\n", 1)[1]
+        return ("{#- swarmjax Qwen2 chat format: the Qwen2.5 layout (templates/qwen2.5.jinja) with Qwen2's "
+                "default system message. -#}\n" + body.replace(Qwen25Format.DEFAULT_SYSTEM, cls.DEFAULT_SYSTEM)
+                .replace("swarmjax qwen2.5:", "swarmjax qwen2:"))
+
+
 class Llama3Format(ChatFormat):
     """Llama 3.1: header turns; a system turn that always opens with the knowledge-cutoff and
     date lines (``Environment: ipython`` first when there are tools); the tool schemas
@@ -423,7 +442,8 @@ class Llama3Format(ChatFormat):
         return [] if ended else [self._eot]
 
 
-CHAT_FORMATS: dict[str, type[ChatFormat]] = {"qwen3": Qwen3Format, "qwen2.5": Qwen25Format, "llama3": Llama3Format}
+CHAT_FORMATS: dict[str, type[ChatFormat]] = {"qwen3": Qwen3Format, "qwen2.5": Qwen25Format, "qwen2": Qwen2Format,
+                                              "llama3": Llama3Format}
 
 
 def chat_format(name: str, tokenizer: TextTokenizer, *, thinking: bool = False) -> ChatFormat:
@@ -436,15 +456,16 @@ def chat_format(name: str, tokenizer: TextTokenizer, *, thinking: bool = False) 
 # (format, marks its template holds): the first whose marks are all in a tokenizer's template
 _TEMPLATE_MARKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qwen3", ("<|im_start|>", "<tool_call>", "<think>")),
-    ("qwen2.5", ("<|im_start|>", "<tool_call>")),
+    ("qwen2.5", ("<|im_start|>", Qwen25Format.DEFAULT_SYSTEM)),
     ("llama3", ("<|start_header_id|>", "<|eot_id|>")),
+    ("qwen2", ("<|im_start|>",)),        # any other ChatML template (Qwen2's has no tools)
 )
 
 
 def detect_chat_format(tokenizer: TextTokenizer) -> str:
     """The key of :data:`CHAT_FORMATS` a tokenizer's chat template is written in: Qwen3
-    (ChatML with ``<tool_call>`` and ``<think>``), Qwen2.5 (ChatML with ``<tool_call>``) or
-    Llama 3.x (header ids). Raises
+    (ChatML with ``<tool_call>`` and ``<think>``), Qwen2.5 (ChatML with its default system
+    message), Llama 3.x (header ids) or Qwen2 (any other ChatML). Raises
     ValueError when the tokenizer has no template or one of another family (pass the
     format by name then)."""
     template = tokenizer.chat_template
@@ -455,6 +476,6 @@ def detect_chat_format(tokenizer: TextTokenizer) -> str:
         if all(m in template for m in marks):
             return name
     raise ValueError(f"the chat template of {tokenizer.path} is none of {sorted(CHAT_FORMATS)} (Qwen3: "
-                     f"<|im_start|> with <tool_call> and <think>; Qwen2.5: without <think>; Llama 3.x: "
-                     "<|start_header_id|>); name "
+                     f"<|im_start|> with <tool_call> and <think>; Qwen2.5: its default system message; "
+                     "Qwen2: other <|im_start|> templates; Llama 3.x: <|start_header_id|>); name "
                      "the format (chat=...) if its turns are laid out as one of them")

@@ -11,7 +11,8 @@ Build once on the host, then step on the device::
     grammar = CallGrammar.build(tokenizer, tools, max_calls=8, mention_phrases=names)
     state = init(grammar, batch)                         # or reset_turn(grammar, state, mask)
     state = step(grammar, state, token_ids, active)      # [B] ids, [B] bool; every tick
-    state = finish(grammar, state, active)               # the turn hit the length limit
+    state = drain(grammar, state, ended)                 # turns that ended: read their backlog
+    state = finish(grammar, state, cut)                  # the turn hit the length limit (drains too)
     record = call_record(grammar, state)                 # CallRecord [B, C, ...]; state.count [B]
 
 and on the host, for tests and logs, :mod:`swarmjax.text.device_call_views`:
@@ -22,7 +23,8 @@ The state (:mod:`device_calls_state`, one row; shapes there): the mode, the tag
 automaton's state, the call count, the open call's registers (the body's JSON parser,
 the arguments-string parser, the string being read: automaton state, FNV-1a, first
 mentions; and what was read per argument name) and, per recorded call [C], what it
-read and how it ended. :func:`call_record` turns those into verdicts, vectorised, so
+read and how it ended; and the backlog, the sampled bytes not read yet (a tick reads at
+most ``byte_cap`` per row, see :func:`step`). :func:`call_record` turns those into verdicts, vectorised, so
 the per-byte work never evaluates a schema. With ``skip_idle`` (default) the stages
 no row needs at a byte are skipped by batch-level ``lax.cond``s; each stage itself is
 branch-free per row.
@@ -91,7 +93,7 @@ from swarmjax.text.device_calls_state import (
     AK_BAD, AK_NULL, AK_OBJ, AK_SOBJ, AK_STR, END_BAD, END_CUT, END_JSON, END_NONE, MODE_CALL, MODE_DONE, MODE_OUT,
     MODE_THINK, NAME_OTHER, NAME_STR, ROLE_ARGS, ROLE_NAME, ROLE_PARAMS, TAG_CALL_CLOSE, TAG_CALL_OPEN, TAG_STOP,
     TAG_THINK_CLOSE, TAG_THINK_OPEN, TAGS, CallRecord, CallRegs, CallValues, ParserState, TextState, regs_init,
-    text_init, values_init, where_rows)
+    ring_size, text_init, values_init, where_rows)
 from swarmjax.text.device_json import (
     J_DONE, K_FALSE, K_INT, K_NONE, K_NULL, K_NUM, K_OBJ, K_STR, K_TRUE, JsonEvents, JsonState, json_byte,
     json_table)
@@ -99,8 +101,8 @@ from swarmjax.text.tokenizer import TextTokenizer
 from swarmjax.text.toolcalls import CallError
 from swarmjax.text.tools import Tool
 
-__all__ = ["CallGrammar", "GrammarSpec", "ParserState", "CallRecord", "init", "reset_turn", "step", "finish",
-           "call_record", "parse_tokens", "fnv1a"]
+__all__ = ["CallGrammar", "GrammarSpec", "ParserState", "CallRecord", "init", "reset_turn", "step", "drain", "finish",
+           "call_record", "parse_tokens", "fnv1a", "ring_size"]
 
 FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
 TYPE_NONE, TYPE_STRING, TYPE_INTEGER, TYPE_NUMBER, TYPE_BOOLEAN = range(5)
@@ -450,7 +452,8 @@ def init(g: CallGrammar, batch: int) -> ParserState:
     c = g.spec.max_calls
     row = ParserState(mode=jnp.int32(MODE_OUT), tag=jnp.int32(0), snap=jnp.bool_(False), count=jnp.int32(0),
                       call=regs_init(g), ended=jnp.zeros([c], jnp.int32),
-                      calls=jax.tree.map(lambda x: jnp.broadcast_to(x, (c,) + x.shape), values_init(g)))
+                      calls=jax.tree.map(lambda x: jnp.broadcast_to(x, (c,) + x.shape), values_init(g)),
+                      ring=jnp.zeros([ring_size(g)], jnp.uint8), head=jnp.int32(0), tail=jnp.int32(0))
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape), row)
 
 
@@ -459,20 +462,20 @@ def reset_turn(g: CallGrammar, state: ParserState, mask: jax.Array) -> ParserSta
     return where_rows(mask, init(g, mask.shape[0]), state)
 
 
-# rows whose token is longer than ``byte_cap`` finish their bytes this many at a time
-LONG_ROWS = 4
-
-
 def step(g: CallGrammar, state: ParserState, token_ids: jax.Array, active: jax.Array, *,
          skip_idle: bool = True, byte_cap: int | None = 16) -> ParserState:
     """Feed one sampled id per row: token_ids int [B], active bool [B] (inactive rows are
     unchanged). Jittable.
 
-    The byte loop runs over every row to ``min(longest token, byte_cap)`` bytes; the rows
-    with longer tokens (a real vocabulary has tokens of 128 bytes) then finish theirs
-    over a batch of :data:`LONG_ROWS` rows at a time. A tick costs about ``B x cap + 4 x
-    longest`` row-bytes instead of ``B x longest``, and the state is the same, byte for
-    byte, as the plain loop's (``byte_cap=None``).
+    With ``byte_cap`` (default 16) a tick reads at most ``byte_cap`` bytes per row: the
+    token's bytes join the row's backlog (a ring of Q bytes, :func:`ring_size`) and the
+    rows read from it, so a tick costs at most ``B x byte_cap`` byte steps whatever the
+    tokens (a real vocabulary has 128-byte tokens; a 3-byte token leaves no backlog). The
+    rest is read on the following ticks, and at once in three cases: before a tag token
+    (read as a tag or as bytes depending on the mode it meets), before a token the ring
+    cannot hold, and in :func:`drain` / :func:`finish`. Drain the rows whose turn ended
+    before :func:`call_record`: then the state equals, byte for byte, the plain loop's
+    (``byte_cap=None``: every row runs to the longest token of the tick, no backlog).
 
     ``skip_idle`` (static): skip, with a batch-level ``lax.cond``, the stages no row needs
     at a byte (the call parser outside calls, the arguments-string parser, mention
@@ -480,58 +483,61 @@ def step(g: CallGrammar, state: ParserState, token_ids: jax.Array, active: jax.A
     row (no data-dependent control flow besides the byte loops); the state is the same."""
     tok = token_ids.astype(jnp.int32)
     sym = g.tok_tag[tok]
+    size = g.tok_len[tok]
+    if byte_cap is not None:  # a tag meets the mode the backlog leaves; the ring must hold the token
+        late = active & (state.tail > state.head) & ((sym > 0) | (state.tail - state.head + size > ring_size(g)))
+        state = _when(skip_idle, jnp.any(late), lambda: drain(g, state, late, skip_idle=skip_idle), lambda: state)
     as_symbol = active & (sym > 0) & ((state.mode != MODE_CALL) | (sym == TAG_CALL_CLOSE) | (sym == TAG_STOP))
     state = _when(skip_idle, jnp.any(as_symbol), lambda: where_rows(as_symbol, _rows(
         _tag_event, g, state.replace(tag=jnp.zeros_like(state.tag)), sym, state.call.j1.st == J_DONE), state),
         lambda: state)
-    length = jnp.where(active & ~as_symbol, g.tok_len[tok], 0)          # [B]
-
-    def body(i: jax.Array, st: ParserState) -> ParserState:
-        return _byte(g, st, g.tok_bytes[tok, i].astype(jnp.int32), i < length, skip_idle)
-    longest = jnp.max(length, initial=0)
+    length = jnp.where(active & ~as_symbol, size, 0)                   # [B]
     if byte_cap is None:
-        return jax.lax.fori_loop(0, longest, body, state)
-    state = jax.lax.fori_loop(0, jnp.minimum(longest, byte_cap), body, state)
-    long = length > byte_cap
-    return jax.lax.cond(jnp.any(long), lambda st: _long_tails(g, st, tok, length, long, byte_cap, skip_idle),
-                        lambda st: st, state)
+        def body(i: jax.Array, st: ParserState) -> ParserState:
+            return _byte(g, st, g.tok_bytes[tok, i].astype(jnp.int32), i < length, skip_idle)
+        return jax.lax.fori_loop(0, jnp.max(length, initial=0), body, state)
+    state = _queue(g, state, tok, length)
+    return jax.lax.fori_loop(0, jnp.minimum(jnp.max(state.tail - state.head, initial=0), byte_cap),
+                             lambda i, st: _read_backlog(g, st, st.tail > st.head, skip_idle), state)
 
 
-def _long_tails(g: CallGrammar, state: ParserState, tok: jax.Array, length: jax.Array, long: jax.Array,
-                cap: int, skip_idle: bool) -> ParserState:
-    """Bytes ``cap..length`` of the ``long`` [B] rows' tokens, :data:`LONG_ROWS` rows at a
-    time: gathered, stepped, scattered back (rows are independent, so each row reads its
-    bytes in order as in one loop)."""
-    B = length.shape[0]
-    slots = -(-B // LONG_ROWS) * LONG_ROWS
-    order = jnp.pad(jnp.nonzero(long, size=B, fill_value=B)[0], (0, slots - B), constant_values=B)   # long rows first
+def _queue(g: CallGrammar, state: ParserState, tok: jax.Array, length: jax.Array) -> ParserState:
+    """Append the first ``length`` [B] bytes of each row's token to its backlog."""
+    q = ring_size(g)
+    i = jnp.arange(g.tok_bytes.shape[1])                                # [L]
+    pos = jnp.where(i[None] < length[:, None], (state.tail[:, None] + i[None]) & (q - 1), q)   # [B, L], q: none
+    ring = jax.vmap(lambda r, p, b: r.at[p].set(b, mode="drop"))(state.ring, pos, g.tok_bytes[tok])
+    return state.replace(ring=ring, tail=state.tail + length)
 
-    def group(k: jax.Array, st: ParserState) -> ParserState:
-        rows = jax.lax.dynamic_slice(order, (k * LONG_ROWS,), (LONG_ROWS,))          # [G], B = none
-        valid = rows < B
-        safe = jnp.minimum(rows, B - 1)
-        sub = jax.tree.map(lambda x: x[safe], st)
-        sub_tok, sub_len = tok[safe], jnp.where(valid, length[safe], 0)
 
-        def body(i: jax.Array, s: ParserState) -> ParserState:
-            return _byte(g, s, g.tok_bytes[sub_tok, i].astype(jnp.int32), i < sub_len, skip_idle)
-        sub = jax.lax.fori_loop(cap, jnp.max(sub_len), body, sub)
-        back = jnp.where(valid, rows, B)                                              # B: dropped
-        return jax.tree.map(lambda x, y: x.at[back].set(y, mode="drop"), st, sub)
-    groups = (jnp.sum(long) + LONG_ROWS - 1) // LONG_ROWS
-    return jax.lax.fori_loop(0, groups, group, state)
+def _read_backlog(g: CallGrammar, state: ParserState, rows: jax.Array, skip_idle: bool) -> ParserState:
+    """Read one backlog byte on each of the ``rows`` [B] (rows with a backlog)."""
+    b = jnp.take_along_axis(state.ring, (state.head & (ring_size(g) - 1))[:, None], axis=1)[:, 0]
+    state = _byte(g, state, b.astype(jnp.int32), rows, skip_idle)
+    return state.replace(head=state.head + rows)
+
+
+def drain(g: CallGrammar, state: ParserState, rows: jax.Array, *, skip_idle: bool = True) -> ParserState:
+    """Read the whole backlog of the ``rows`` [B] (a ``lax.while_loop``; at most Q bytes).
+    Call it on the rows whose turn ended before :func:`call_record`."""
+    def more(st: ParserState) -> jax.Array:
+        return jnp.any(rows & (st.tail > st.head))
+    return jax.lax.while_loop(more, lambda st: _read_backlog(g, st, rows & (st.tail > st.head), skip_idle), state)
 
 
 def finish(g: CallGrammar, state: ParserState, active: jax.Array) -> ParserState:
-    """End the turn of the ``active`` [B] rows without a stop token (length limit): an
-    open call becomes INCOMPLETE. Rows already stopped are unchanged."""
+    """End the turn of the ``active`` [B] rows without a stop token (length limit): their
+    backlog is read (:func:`drain`), then an open call becomes INCOMPLETE. Rows already
+    stopped are unchanged."""
+    state = drain(g, state, active)
     tag = jnp.where(active, TAG_STOP, 0).astype(jnp.int32)
     return _rows(_tag_event, g, state, tag, jnp.zeros_like(active))
 
 
 def call_record(g: CallGrammar, state: ParserState) -> CallRecord:
     """The verdicts of the recorded calls: CallRecord with leaves [B, C, ...] (slots at
-    or past ``state.count`` are empty). Jittable; call it when a turn ends (or any tick)."""
+    or past ``state.count`` are empty). Jittable; call it when a turn ends, on rows with
+    no backlog (:func:`drain`, :func:`finish`); mid-turn it shows the bytes read so far."""
     per_call = jax.vmap(_verdict, in_axes=(None, 0, 0))
     return jax.vmap(per_call, in_axes=(None, 0, 0))(g, state.calls, state.ended)
 

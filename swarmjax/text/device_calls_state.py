@@ -100,6 +100,14 @@ class ParserState:
     call: CallRegs
     ended: jax.Array      # int32 [C] END_* of each recorded call
     calls: CallValues     # leaves [C, ...]: what each recorded call said
+    ring: jax.Array       # uint8 [Q] bytes sampled but not read yet (the backlog), at head..tail mod Q
+    head: jax.Array       # int32 [] bytes of the turn read so far
+    tail: jax.Array       # int32 [] bytes of the turn queued so far (tail - head <= Q)
+
+
+def ring_size(g: Any) -> int:
+    """Q: the backlog ring of a CallGrammar, the power of two >= twice its longest token."""
+    return 1 << max(0, 2 * g.tok_bytes.shape[1] - 1).bit_length()
 
 
 def _sizes(g: Any) -> tuple[int, int, int, int]:
