@@ -10,9 +10,9 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 # The suite spent more than half its time in XLA's CPU compiler (a full run on the 2-core
 # machine: 1104 s of 1965 s of tests, 4303 programs). With LLVM's backend optimisations off
 # the programs compile faster than they then run slower: 673 s of 1581 s, the suite 1003 s ->
-# 810 s (the learning test runs slower, 186 s -> 232 s). The subprocesses the tests start
-# inherit it (test_resume and test_multihost: small_job.subprocess_xla_flags). A level set
-# by the caller is kept.
+# 810 s. The subprocesses the tests start inherit it (test_resume and test_multihost:
+# small_job.subprocess_xla_flags), except the learning test's, whose time is in running
+# (tests/test_learning.py). A level set by the caller is kept.
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

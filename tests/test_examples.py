@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "units")
 CONFIG = os.path.join(EXAMPLE, "config.py")
 # every group kept and a length penalty: the updates move the policy even where all rewards tie
-SMALL = ["sft.steps=40", "sft.demos=64", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2",
+SMALL = ["sft.steps=40", "sft.batch=8", "sft.demos=64", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2",
          "eval_episodes=2", "eval_every=1", "rl.dynamic_sampling=False", "rl.overlong.max_length=200",
          "rl.overlong.cache_length=200"]
 TIMING = {"rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
