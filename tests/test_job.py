@@ -42,7 +42,15 @@ def final_state(workdir, small, steps):
     return state, meta
 
 
-def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory, small):
+    """The job run to PARL step 2 (read only: a test that resumes it copies it first)."""
+    run = tmp_path_factory.mktemp("two") / "run"
+    assert train(run, small, "parl_steps=2") == 0
+    return run
+
+
+def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, capsys):
     full, split = tmp_path / "full", tmp_path / "split"
     assert train(full, small, "parl_steps=4") == 0
     for name in ("config.txt", "metrics.jsonl", "eval.jsonl", "traces.jsonl", "summary.json", "summary.md",
@@ -57,7 +65,7 @@ def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
     assert "| 16 | final |" in capsys.readouterr().out
 
     # 2 steps, stop, resume to 4: the same steps, metrics and parameters as 4 in one go
-    assert train(split, small, "parl_steps=2") == 0
+    shutil.copytree(two_steps, split)
     assert train(split, small, "parl_steps=2") == 2                     # would overwrite: refused
     assert "--resume" in capsys.readouterr().err
     assert train(split, small, "parl_steps=4", resume=True) == 0
@@ -99,9 +107,8 @@ def test_train_outputs_and_exact_resume(tmp_path, small, capsys):
     assert "no finalised checkpoint for step 7" in capsys.readouterr().err
 
 
-def test_warm_start_from_another_run(tmp_path, small, capsys):
-    base, arm = tmp_path / "base", tmp_path / "arm"
-    assert train(base, small, "parl_steps=2") == 0
+def test_warm_start_from_another_run(tmp_path, small, two_steps, capsys):
+    base, arm = two_steps, tmp_path / "arm"
     assert os.path.exists(base / "warm_start" / "meta.json")
     # a PARL ablation from the same warm start: no SFT stage, the same frozen sub-agents
     assert train(arm, small, "parl_steps=2", "parl.parl.lambda1=0.0", f"warm_start_from='{base}'") == 0
