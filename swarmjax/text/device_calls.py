@@ -496,17 +496,32 @@ def step(g: CallGrammar, state: ParserState, token_ids: jax.Array, active: jax.A
         def body(i: jax.Array, st: ParserState) -> ParserState:
             return _byte(g, st, g.tok_bytes[tok, i].astype(jnp.int32), i < length, skip_idle)
         return jax.lax.fori_loop(0, jnp.max(length, initial=0), body, state)
-    state = _queue(g, state, tok, length)
-    return jax.lax.fori_loop(0, jnp.minimum(jnp.max(state.tail - state.head, initial=0), byte_cap),
-                             lambda i, st: _read_backlog(g, st, st.tail > st.head, skip_idle), state)
+    # the ring is written only while some row needs it (a backlog, or a token over the cap);
+    # otherwise every row reads its token's bytes straight from the table, as the plain loop
+    ring, long = jnp.any(state.tail > state.head) | jnp.any(length > byte_cap), jnp.any(length > byte_cap)
+    width = min(byte_cap, g.tok_bytes.shape[1])
+    state = jax.lax.cond(ring, lambda st: jax.lax.cond(long, lambda s: _queue(g, s, tok, length, None),
+                                                       lambda s: _queue(g, s, tok, length, width), st),
+                         lambda st: st.replace(tail=st.tail + length), state)
+    reads = jnp.minimum(state.tail - state.head, byte_cap)                # [B]
+    at = state.head & (ring_size(g) - 1)
+
+    def body(i: jax.Array, st: ParserState) -> ParserState:
+        queued = jnp.take_along_axis(st.ring, ((at + i) & (ring_size(g) - 1))[:, None], axis=1)[:, 0]
+        b = jnp.where(ring, queued, g.tok_bytes[tok, i])
+        return _byte(g, st, b.astype(jnp.int32), i < reads, skip_idle)
+    state = jax.lax.fori_loop(0, jnp.max(reads, initial=0), body, state)
+    return state.replace(head=state.head + reads)
 
 
-def _queue(g: CallGrammar, state: ParserState, tok: jax.Array, length: jax.Array) -> ParserState:
-    """Append the first ``length`` [B] bytes of each row's token to its backlog."""
+def _queue(g: CallGrammar, state: ParserState, tok: jax.Array, length: jax.Array, width: int | None
+           ) -> ParserState:
+    """Append the first ``length`` [B] bytes of each row's token to its backlog (``width``:
+    a static bound on ``length``, None for the longest token L: the scatter's width)."""
     q = ring_size(g)
-    i = jnp.arange(g.tok_bytes.shape[1])                                # [L]
-    pos = jnp.where(i[None] < length[:, None], (state.tail[:, None] + i[None]) & (q - 1), q)   # [B, L], q: none
-    ring = jax.vmap(lambda r, p, b: r.at[p].set(b, mode="drop"))(state.ring, pos, g.tok_bytes[tok])
+    i = jnp.arange(g.tok_bytes.shape[1] if width is None else width)  # [W]
+    pos = jnp.where(i[None] < length[:, None], (state.tail[:, None] + i[None]) & (q - 1), q)   # [B, W], q: none
+    ring = jax.vmap(lambda r, p, b: r.at[p].set(b, mode="drop"))(state.ring, pos, g.tok_bytes[tok, :i.shape[0]])
     return state.replace(ring=ring, tail=state.tail + length)
 
 
