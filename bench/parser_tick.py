@@ -68,8 +68,8 @@ def main() -> None:
     state = jax.tree.map(jnp.asarray, state)
     active = jnp.ones((B,), bool)
     W = args.window
-    cases = {"short": [jnp.full((B,), short, jnp.int32)] * W,
-             "one_long": [jnp.full((B,), short, jnp.int32).at[0].set(longest)] + [jnp.full((B,), short, jnp.int32)] * (W - 1)}
+    shorts = jnp.full((B,), short, jnp.int32)
+    cases = {"short": [shorts] * W, "one_long": [shorts.at[0].set(longest)] + [shorts] * (W - 1)}
     drain = jax.jit(lambda st: dc.drain(g, st, active))
     out, ends = {}, {}
     for name, cap in (("plain", None), ("capped", 16)):

@@ -24,8 +24,8 @@ automaton's state, the call count, the open call's registers (the body's JSON pa
 the arguments-string parser, the string being read: automaton state, FNV-1a, first
 mentions; and what was read per argument name) and, per recorded call [C], what it
 read and how it ended; and the backlog, the sampled bytes not read yet (a tick reads at
-most ``byte_cap`` per row, see :func:`step`). :func:`call_record` turns those into verdicts, vectorised, so
-the per-byte work never evaluates a schema. With ``skip_idle`` (default) the stages
+most ``byte_cap`` per row, see :func:`step`). :func:`call_record` turns those into
+verdicts, vectorised, so the per-byte work never evaluates a schema. With ``skip_idle`` (default) the stages
 no row needs at a byte are skipped by batch-level ``lax.cond``s; each stage itself is
 branch-free per row.
 
