@@ -86,6 +86,8 @@ def test_text_parl_job_runs_and_writes_its_summary(tiny_run, tmp_path, capsys):
         assert 0.0 <= summary[policy]["4"]["item_f1"] <= 1.0 and summary[policy]["1"]["critical_steps"] >= 1
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     assert [r["step"] for r in rows if r["stage"] == "sft"] == [0, 1, 2]
+    # QK-Clip follows each warm-start step (the optimiser's tau, 100 by default), as in RL
+    assert all(r["max_attn_logit"] > 0 and r["qk_clip_heads"] >= 0 for r in rows if r["stage"] == "sft")
     parl = [r for r in rows if r["stage"] == "parl"]
     assert [r["step"] for r in parl] == [0, 1]
     for r in parl:

@@ -63,15 +63,18 @@ def role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
 
 
 def prefix_role_stats(params: Any, cfg: ModelConfig, head: Array, tokens: Array, token_mask: Array,
-                      loss_mask: Array) -> tuple[Array, Array, Array]:
+                      loss_mask: Array, *, want_max: bool = False
+                      ) -> tuple[Array, Array, Array] | tuple[tuple[Array, Array, Array], Array]:
     """:func:`role_stats` of rows that all open with ``head`` [P] and go on with
     ``tokens`` [B, T] (masks [B, T]): the head runs once, as a batch of one, and every row
     attends over its keys and values (:func:`~swarmjax.models.transformer.forward_after_head`). Values
     and gradients equal :func:`role_stats` over the rows ``[head, tokens_b]`` [B, P + T]
     when the loss covers no head id and not ``tokens[:, 0]`` (whose prediction is the
-    head's last position); the forward runs P + B T positions instead of B (P + T)."""
-    out = forward_after_head(params, cfg, head, tokens, token_mask=token_mask)
-    return _stats(out.logits, tokens, loss_mask)
+    head's last position); the forward runs P + B T positions instead of B (P + T). With
+    ``want_max``: ``(stats, max_logits [L, H])``, the attention max logits of both passes."""
+    out = forward_after_head(params, cfg, head, tokens, token_mask=token_mask, return_max_logits=want_max)
+    stats = _stats(out.logits, tokens, loss_mask)
+    return (stats, out.max_logits) if want_max else stats
 
 
 def _stats(logits: Array, tokens: Array, loss_mask: Array) -> tuple[Array, Array, Array]:

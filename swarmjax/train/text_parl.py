@@ -47,7 +47,7 @@ import optax
 from swarmjax.envs.widesearch import Episode, WideSearchConfig
 from swarmjax.envs.widesearch_jax import END_ANSWER
 from swarmjax.models.config import ModelConfig
-from swarmjax.optim import OptimConfig, make_optimizer
+from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
 from swarmjax.rl.advantages import compute_advantages, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
@@ -210,26 +210,35 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
     Each role's rows open with the same ids (system turn, tool schemas: ~540 of an
     orchestrator's ~1000): that head runs once per step
     (:func:`~swarmjax.train.sft.prefix_role_stats`, the same loss and gradients).
-    Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/``worker_acc``."""
+    With ``optim.qk_clip_tau > 0`` QK-Clip follows every step over both roles' attention
+    max logits, as in RL. Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/
+    ``worker_acc`` (and ``max_attn_logit``, ``qk_clip_heads`` with QK-Clip)."""
     opt = make_optimizer(scfg.optim)
     opt_state = opt.init(params)
+    tau = scfg.optim.qk_clip_tau
     heads = {name: d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]
              for name, d in (("orch", orch), ("worker", work))}
 
     def loss_fn(params, batches):
-        loss, metrics = 0.0, {}
+        loss, metrics, max_logits = 0.0, {}, None
         for name, batch in batches.items():
-            nll, count, right = prefix_role_stats(params, cfg, jnp.asarray(heads[name]), *batch)
+            out = prefix_role_stats(params, cfg, jnp.asarray(heads[name]), *batch, want_max=tau > 0)
+            (nll, count, right), m = out if tau > 0 else (out, None)
             count = jnp.maximum(count, 1.0)
             metrics[f"{name}_nll"], metrics[f"{name}_acc"] = nll / count, right / count
             loss = loss + metrics[f"{name}_nll"]
-        return loss, metrics
+            max_logits = m if max_logits is None else jnp.maximum(max_logits, m)
+        return loss, (metrics, max_logits)
 
     @jax.jit
     def step(params, opt_state, batches):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batches)
+        (loss, (metrics, max_logits)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batches)
         updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
+        params = optax.apply_updates(params, updates)
+        if tau > 0:
+            params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=scfg.optim.qk_clip_alpha)
+            metrics = {**metrics, "max_attn_logit": clip["max_attn_logit"], "qk_clip_heads": clip["qk_clip_heads"]}
+        return params, opt_state, {"loss": loss, **metrics}
 
     rng = np.random.default_rng(seed)
     buckets = length_buckets(orch, scfg.bucket)
