@@ -498,7 +498,8 @@ def step(g: CallGrammar, state: ParserState, token_ids: jax.Array, active: jax.A
         return jax.lax.fori_loop(0, jnp.max(length, initial=0), body, state)
     # the ring is written only while some row needs it (a backlog, or a token over the cap);
     # otherwise every row reads its token's bytes straight from the table, as the plain loop
-    ring, long = jnp.any(state.tail > state.head) | jnp.any(length > byte_cap), jnp.any(length > byte_cap)
+    long = jnp.any(length > byte_cap)
+    ring = long | jnp.any(state.tail > state.head)
     width = min(byte_cap, g.tok_bytes.shape[1])
     state = jax.lax.cond(ring, lambda st: jax.lax.cond(long, lambda s: _queue(g, s, tok, length, None),
                                                        lambda s: _queue(g, s, tok, length, width), st),
