@@ -63,18 +63,14 @@ def role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
 
 
 def prefix_role_stats(params: Any, cfg: ModelConfig, head: Array, tokens: Array, token_mask: Array,
-                      loss_mask: Array, *, want_max: bool = False
-                      ) -> tuple[Array, Array, Array] | tuple[tuple[Array, Array, Array], Array]:
+                      loss_mask: Array) -> tuple[Array, Array, Array]:
     """:func:`role_stats` of rows that all open with ``head`` [P] and go on with
     ``tokens`` [B, T] (masks [B, T]): the head runs once, as a batch of one, and every row
     attends over its keys and values (:func:`~swarmjax.models.transformer.forward_after_head`). Values
     and gradients equal :func:`role_stats` over the rows ``[head, tokens_b]`` [B, P + T]
     when the loss covers no head id and not ``tokens[:, 0]`` (whose prediction is the
-    head's last position); the forward runs P + B T positions instead of B (P + T). With
-    ``want_max``: ``(stats, max_logits [L, H])``, the attention max logits of both passes."""
-    out = forward_after_head(params, cfg, head, tokens, token_mask=token_mask, return_max_logits=want_max)
-    stats = _stats(out.logits, tokens, loss_mask)
-    return (stats, out.max_logits) if want_max else stats
+    head's last position); the forward runs P + B T positions instead of B (P + T)."""
+    return _role_stats(params, cfg, tokens, token_mask, loss_mask, want_max=False, head=head)[0]
 
 
 def _stats(logits: Array, tokens: Array, loss_mask: Array) -> tuple[Array, Array, Array]:
@@ -85,20 +81,26 @@ def _stats(logits: Array, tokens: Array, loss_mask: Array) -> tuple[Array, Array
 
 
 def _role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array, loss_mask: Array, *,
-                want_max: bool) -> tuple[tuple[Array, Array, Array], Array | None]:
-    """:func:`role_stats` and, when ``want_max``, the forward's attention max logits [L, H]."""
-    out = forward(params, cfg, tokens, token_mask=token_mask, return_max_logits=want_max)
+                want_max: bool, head: Array | None = None) -> tuple[tuple[Array, Array, Array], Array | None]:
+    """:func:`role_stats` (:func:`prefix_role_stats` after ``head`` [P] when given) and, when
+    ``want_max``, the forward's attention max logits [L, H] (both passes with a head)."""
+    if head is None:
+        out = forward(params, cfg, tokens, token_mask=token_mask, return_max_logits=want_max)
+    else:
+        out = forward_after_head(params, cfg, head, tokens, token_mask=token_mask, return_max_logits=want_max)
     return _stats(out.logits, tokens, loss_mask), out.max_logits
 
 
 def sft_loss(params: Any, cfg: ModelConfig, orch: tuple[Array, Array, Array],
-             work: tuple[Array, Array, Array], *, want_max: bool = False
-             ) -> tuple[Array, tuple[dict[str, Array], Array | None]]:
+             work: tuple[Array, Array, Array], *, want_max: bool = False,
+             heads: tuple[Array, Array] | None = None) -> tuple[Array, tuple[dict[str, Array], Array | None]]:
     """The two-role loss above, and (per-role metrics ``*_nll``, ``*_acc``; with
-    ``want_max`` the attention max logits [L, H] over both batches, else None)."""
+    ``want_max`` the attention max logits [L, H] over both batches, else None).
+    ``heads``: (orchestrator head [P1], sub-agent head [P2]) the role's rows all open with
+    and that its batch leaves out (:func:`prefix_role_stats`: the same loss and gradients)."""
     metrics, loss, max_logits = {}, 0.0, None
-    for name, batch in (("orch", orch), ("worker", work)):
-        (nll, count, right), m = _role_stats(params, cfg, *batch, want_max=want_max)
+    for (name, batch), head in zip((("orch", orch), ("worker", work)), heads or (None, None)):
+        (nll, count, right), m = _role_stats(params, cfg, *batch, want_max=want_max, head=head)
         mean = nll / jnp.maximum(count, 1.0)
         loss = loss + mean
         metrics[f"{name}_nll"], metrics[f"{name}_acc"] = mean, right / jnp.maximum(count, 1.0)
@@ -148,38 +150,46 @@ def evaluate(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, batch: int
     return out
 
 
+def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, heads: tuple[Array, Array] | None = None
+             ) -> tuple[Any, Callable]:
+    """The optimiser state for ``params`` and the jitted two-role step
+    ``step(params, opt_state, orch, work) -> (params, opt_state, metrics)`` on
+    :func:`sft_loss` (``heads`` passed on). With ``optim.qk_clip_tau > 0`` QK-Clip
+    (:func:`swarmjax.optim.qk_clip`) follows every optimizer step, as in the RL stage: the
+    step's attention max logits [L, H] (both roles' batches) are logged as
+    ``max_attn_logit`` and heads over tau are rescaled to tau (``qk_clip_heads`` counts them)."""
+    opt = make_optimizer(optim)
+    tau = optim.qk_clip_tau
+
+    @jax.jit
+    def step(params, opt_state, orch, work):
+        grad_fn = jax.value_and_grad(partial(sft_loss, want_max=tau > 0, heads=heads), has_aux=True)
+        (loss, (metrics, max_logits)), grads = grad_fn(params, cfg, orch, work)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": loss, **metrics}
+        if tau > 0:
+            params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=optim.qk_clip_alpha)
+            metrics.update(max_attn_logit=clip["max_attn_logit"], qk_clip_heads=clip["qk_clip_heads"])
+        return params, opt_state, metrics
+    return opt.init(params), step
+
+
 def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTConfig,
               on_step: Callable[[int, dict[str, float]], None] | None = None, *,
               eval_every: int = 0) -> tuple[Any, dict[str, Any]]:
     """Warm-start ``params`` on demonstrations. Returns the trained params and a report:
     the loss history and held-out per-role accuracy before and after.
 
-    With ``scfg.optim.qk_clip_tau > 0`` QK-Clip (:func:`swarmjax.optim.qk_clip`) follows
-    every optimizer step, as in the RL stage: the step's attention max logits [L, H]
-    (both roles' batches) are logged as ``max_attn_logit`` and heads over tau are
-    rescaled to tau (``qk_clip_heads`` counts them). ``eval_every > 0`` adds the
+    Steps: :func:`sft_step` (QK-Clip after each with ``scfg.optim.qk_clip_tau > 0``,
+    ``max_attn_logit`` and ``qk_clip_heads`` logged). ``eval_every > 0`` adds the
     held-out per-role figures (``heldout_orch_acc``, ``heldout_worker_nll``...) to the
     metrics of every ``eval_every``-th step (and to ``report["evals"]``: (step, figures))."""
     train_o, train_w = make_demos(env, scfg.demos, scfg.seed, spawn_fraction=scfg.spawn_fraction,
                                   max_chunk=scfg.max_chunk)
     eval_o, eval_w = make_demos(env, scfg.eval_demos, scfg.seed + 1_000_003,
                                 spawn_fraction=scfg.spawn_fraction, max_chunk=scfg.max_chunk)
-    opt = make_optimizer(scfg.optim)
-    opt_state = opt.init(params)
-    tau = scfg.optim.qk_clip_tau
-
-    @jax.jit
-    def step(params, opt_state, orch, work):
-        grad_fn = jax.value_and_grad(partial(sft_loss, want_max=tau > 0), has_aux=True)
-        (loss, (metrics, max_logits)), grads = grad_fn(params, cfg, orch, work)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        metrics = {"loss": loss, **metrics}
-        if tau > 0:
-            params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=scfg.optim.qk_clip_alpha)
-            metrics.update(max_attn_logit=clip["max_attn_logit"], qk_clip_heads=clip["qk_clip_heads"])
-        return params, opt_state, metrics
-
+    opt_state, step = sft_step(params, cfg, scfg.optim)
     rng = np.random.default_rng(scfg.seed)
     buckets = length_buckets(train_o, scfg.bucket)
     report: dict[str, Any] = {"before": evaluate(params, cfg, eval_o, eval_w), "history": [], "evals": []}

@@ -42,12 +42,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from swarmjax.envs.widesearch import Episode, WideSearchConfig
 from swarmjax.envs.widesearch_jax import END_ANSWER
 from swarmjax.models.config import ModelConfig
-from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
+from swarmjax.optim import OptimConfig
 from swarmjax.rl.advantages import compute_advantages, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
@@ -57,7 +56,7 @@ from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_types import TextRolloutConfig, TextRolloutResult
 from swarmjax.text.chat import CHAT_FORMATS
 from swarmjax.train.demos import Demos
-from swarmjax.train.sft import length_buckets, prefix_role_stats, sample_bucketed
+from swarmjax.train.sft import length_buckets, sample_bucketed, sft_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,37 +208,12 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
     NLL (per-role means over the agent's own ids, as :func:`swarmjax.train.sft.sft_loss`).
     Each role's rows open with the same ids (system turn, tool schemas: ~540 of an
     orchestrator's ~1000): that head runs once per step
-    (:func:`~swarmjax.train.sft.prefix_role_stats`, the same loss and gradients).
-    With ``optim.qk_clip_tau > 0`` QK-Clip follows every step over both roles' attention
-    max logits, as in RL. Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/
+    (:func:`~swarmjax.train.sft.prefix_role_stats`, the same loss and gradients). The
+    step is :func:`~swarmjax.train.sft.sft_step`'s: QK-Clip after it with
+    ``optim.qk_clip_tau > 0``. Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/
     ``worker_acc`` (and ``max_attn_logit``, ``qk_clip_heads`` with QK-Clip)."""
-    opt = make_optimizer(scfg.optim)
-    opt_state = opt.init(params)
-    tau = scfg.optim.qk_clip_tau
-    heads = {name: d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]
-             for name, d in (("orch", orch), ("worker", work))}
-
-    def loss_fn(params, batches):
-        loss, metrics, max_logits = 0.0, {}, None
-        for name, batch in batches.items():
-            out = prefix_role_stats(params, cfg, jnp.asarray(heads[name]), *batch, want_max=tau > 0)
-            (nll, count, right), m = out if tau > 0 else (out, None)
-            count = jnp.maximum(count, 1.0)
-            metrics[f"{name}_nll"], metrics[f"{name}_acc"] = nll / count, right / count
-            loss = loss + metrics[f"{name}_nll"]
-            max_logits = m if max_logits is None else jnp.maximum(max_logits, m)
-        return loss, (metrics, max_logits)
-
-    @jax.jit
-    def step(params, opt_state, batches):
-        (loss, (metrics, max_logits)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batches)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        if tau > 0:
-            params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=scfg.optim.qk_clip_alpha)
-            metrics = {**metrics, "max_attn_logit": clip["max_attn_logit"], "qk_clip_heads": clip["qk_clip_heads"]}
-        return params, opt_state, {"loss": loss, **metrics}
-
+    heads = tuple(jnp.asarray(d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]) for d in (orch, work))
+    opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads)
     rng = np.random.default_rng(seed)
     buckets = length_buckets(orch, scfg.bucket)
     W = int(work.token_mask.sum(1).max())
@@ -247,8 +221,8 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
     for i in range(scfg.steps):
         io, L = sample_bucketed(buckets, scfg.batch, rng)
         iw = rng.integers(0, len(work), scfg.batch)
-        batches = {"orch": take(orch, io, len(heads["orch"]), L), "worker": take(work, iw, len(heads["worker"]), W)}
-        params, opt_state, m = step(params, opt_state, batches)
+        params, opt_state, m = step(params, opt_state, take(orch, io, len(heads[0]), L),
+                                    take(work, iw, len(heads[1]), W))
         if on_step is not None:
             on_step(i, {k: float(v) for k, v in m.items()})
     return params
