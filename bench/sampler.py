@@ -4,7 +4,8 @@
     python bench/sampler.py --json     # one JSON object
 
 The same random Qwen3 weights (written with ``to_hf`` and loaded by
-``transformers`` in float32 on the CPU; both sides in float32) at two sizes (presets
+``transformers`` on the same device: the CPU, or CUDA where JAX runs on a GPU; both sides
+in ``--dtype``, float32 by default, TF32 matmuls on a GPU) at two sizes (presets
 ``1m``, ``30m``; ``--sizes qwen3-0.6b`` for the real model's shape: 28 layers, d 1024,
 151,936 logits); batch 32, prompt 64, 128 new tokens, greedy, no early stop, so both sides
 generate exactly ``batch x new_tokens`` tokens; swarmjax's decode runs in
@@ -40,7 +41,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import base_parser, run_sizes, time_best  # noqa: E402
+from common import base_parser, run_sizes, time_best, torch_setup, torch_sync  # noqa: E402
 
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.hf import to_hf  # noqa: E402
@@ -69,25 +70,25 @@ def bench_swarmjax(cfg, params, prompts, new: int, repeats: int, segments: int):
     return first - best, best, holder["tokens"]
 
 
-def bench_hf(path: str, prompts: np.ndarray, new: int, repeats: int):
+def bench_hf(path: str, prompts: np.ndarray, new: int, repeats: int, dtype: str):
     import torch
     import transformers
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    ids = torch.tensor(prompts, dtype=torch.long)
+    device, tdtype = torch_setup(dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=tdtype).to(device).eval()
+    ids = torch.tensor(prompts, dtype=torch.long, device=device)
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                   do_sample=False, pad_token_id=0, eos_token_id=None)
     holder = {}
 
     def call():
         with torch.inference_mode():
-            holder["tokens"] = model.generate(ids, **kwargs)[:, prompts.shape[1]:].numpy()
+            holder["tokens"] = model.generate(ids, **kwargs)[:, prompts.shape[1]:].cpu().numpy()
     call()  # warm-up
     return time_best(call, repeats), holder["tokens"]
 
 
-def decode_matmul_floor(cfg, batch: int, steps: int, repeats: int) -> tuple[float, float]:
+def decode_matmul_floor(cfg, batch: int, steps: int, repeats: int, dtype: str) -> tuple[float, float]:
     """Seconds per decode step of the weight matmuls alone: (XLA, torch); see the
     module docstring."""
     import jax.numpy as jnp
@@ -97,6 +98,7 @@ def decode_matmul_floor(cfg, batch: int, steps: int, repeats: int) -> tuple[floa
     q, kv, f, V = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
     rng = np.random.RandomState(0)
     w = lambda *shape: (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    device, tdtype = torch_setup(dtype)
     layers = [dict(q=w(d, q), k=w(d, kv), v=w(d, kv), o=w(q, d), g=w(d, f), u=w(d, f), dn=w(f, d))
               for _ in range(L)]
     head, h0 = w(d, V), w(batch, d)
@@ -109,31 +111,34 @@ def decode_matmul_floor(cfg, batch: int, steps: int, repeats: int) -> tuple[floa
         return h + mm(h, ws["head"])[:, :d] * 1e-3
 
     ws = {"layers": layers, "head": head}
-    jws = jax.tree.map(jnp.asarray, ws)
+    jws = jax.tree.map(lambda x: jnp.asarray(x, dtype), ws)
+    jh0 = jnp.asarray(h0, dtype)
     loop = jax.jit(lambda h, ws: jax.lax.fori_loop(0, steps, lambda i, h: step(h, ws, jnp.matmul), h))
-    jax.block_until_ready(loop(jnp.asarray(h0), jws))
-    xla = time_best(lambda: jax.block_until_ready(loop(jnp.asarray(h0), jws)), repeats) / steps
-    tws = jax.tree.map(torch.from_numpy, ws)
+    jax.block_until_ready(loop(jh0, jws))
+    xla = time_best(lambda: jax.block_until_ready(loop(jh0, jws)), repeats) / steps
+    tws = jax.tree.map(lambda x: torch.from_numpy(x).to(device, tdtype), ws)
+    th0 = torch.from_numpy(h0).to(device, tdtype)
 
     def torch_loop():
         with torch.inference_mode():
-            h = torch.from_numpy(h0)
+            h = th0
             for _ in range(steps):
                 h = step(h, tws, torch.matmul)
+            torch_sync()
     torch_loop()
     return xla, time_best(torch_loop, repeats) / steps
 
 
 def bench_size(name: str, args, peak: float) -> dict:
-    cfg = preset(name).replace(param_dtype="float32", dtype="float32")   # as HF runs it on the CPU here
+    cfg = preset(name).replace(param_dtype=args.dtype, dtype=args.dtype)   # as HF runs it
     params = init_params(cfg, jax.random.key(0))
     prompts = np.random.RandomState(0).randint(0, cfg.vocab_size, (args.batch, args.prompt_len))
     compile_s, jax_s, jax_tokens = bench_swarmjax(cfg, params, prompts, args.new_tokens, args.repeats,
                                                   args.decode_segments)
     with tempfile.TemporaryDirectory() as path:
         to_hf(cfg, params, path)
-        hf_s, hf_tokens = bench_hf(path, prompts, args.new_tokens, args.repeats)
-    xla_floor, torch_floor = decode_matmul_floor(cfg, args.batch, args.new_tokens, args.repeats)
+        hf_s, hf_tokens = bench_hf(path, prompts, args.new_tokens, args.repeats, args.dtype)
+    xla_floor, torch_floor = decode_matmul_floor(cfg, args.batch, args.new_tokens, args.repeats, args.dtype)
     n = args.batch * args.new_tokens
     flops = call_flops(cfg, args.batch, args.prompt_len, args.new_tokens)
     return {"params": cfg.num_params(), "decode_segments": args.decode_segments, "compile_s": compile_s,
@@ -150,14 +155,16 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--decode-segments", type=int, default=SamplingConfig().decode_segments)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="params and matmuls on both sides (and the peak's matmul)")
     args = p.parse_args()
-    results, peak = run_sizes(lambda name, peak: bench_size(name, args, peak), args.sizes)
+    results, peak = run_sizes(lambda name, peak: bench_size(name, args, peak), args.sizes, dtype=args.dtype)
     if args.json:
         print(json.dumps(results))
         return
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, batch {args.batch}, prompt "
           f"{args.prompt_len}, {args.new_tokens} new tokens, greedy, {args.decode_segments} decode "
-          f"segments; float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+          f"segments; {args.dtype} matmul peak {peak / 1e9:.1f} GFLOP/s")
     print(f"{'size':>5} {'params':>8} {'compile s':>9} {'swarmjax tok/s':>14} {'HF tok/s':>9} "
           f"{'ratio':>6} {'GFLOP/s':>8} {'of peak':>8} {'agree':>6}")
     for name, r in results.items():

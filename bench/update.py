@@ -85,6 +85,8 @@ def bench_head(cfg, args) -> dict:
 
 def bench_size(name: str, args, peak: float) -> dict:
     cfg = preset(name)
+    if args.dtype:
+        cfg = cfg.replace(param_dtype=args.dtype, dtype=args.dtype)
     batch = make_batch(cfg, args.batch, args.seq)
     tokens = args.batch * args.seq
     flops = 4 * cfg.matmul_flops_per_token(context=args.seq) * tokens
@@ -107,13 +109,17 @@ def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--head", type=int, default=0, help="also time rows sharing this many leading ids")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="params and matmuls of every size, and the peak's matmul (default: each preset's "
+                        "own dtype, float32 peak)")
     args = p.parse_args()
-    results, peak = run_sizes(lambda name, peak: bench_size(name, args, peak), args.sizes)
+    results, peak = run_sizes(lambda name, peak: bench_size(name, args, peak), args.sizes,
+                              dtype=args.dtype or "float32")
     if args.json:
         print(json.dumps(results))
         return
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}, "
-          f"batch {args.batch} x {args.seq} tokens, float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+          f"batch {args.batch} x {args.seq} tokens, {args.dtype or 'float32'} matmul peak {peak / 1e9:.1f} GFLOP/s")
     head = f"{'size':>5} {'params':>8} {'compile s':>9} {'step s':>8} {'tok/s':>9} {'GFLOP/s':>8} " \
            f"{'MFU':>6} {'adamw s':>8} {'NS s':>6} {'muon/adamw':>10} {'+qkclip':>8}"
     print(head)
