@@ -17,13 +17,13 @@ import pytest
 from small_job import restored_states
 from swarmjax.cli import main
 from swarmjax.config_file import load_config
-from swarmjax.envs.widesearch import Episode, WideSearchConfig
+from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
-from swarmjax.train.text_parl import (RelayWarmStartConfig, TextPARLConfig, TextPARLJob, episode_rewards,
-                                      sample_episodes)
+from swarmjax.train.agent import episode_rewards
+from swarmjax.train.text_parl import RelayWarmStartConfig, TextPARLConfig, TextPARLJob, sample_episodes
 from swarmjax.train.text_parl_job import evaluate_text_checkpoint
 from swarmjax.train.warm_start import load_warm_start
 
@@ -94,11 +94,13 @@ def test_text_parl_job_runs_and_writes_its_summary(tiny_run, tmp_path, capsys):
         assert np.isfinite(r["learner/loss"]) and r["cut_by_max_ticks"] == 0 and r["orch_tokens"] > 0
         assert {"r_perf", "r_parallel", "r_finish", "cost", "lambda1"} <= set(r)
     evals = [json.loads(line) for line in open(os.path.join(workdir, "eval.jsonl"))]
-    assert [(e["policy"], e["n"]) for e in evals] == [("warm_start", 1), ("warm_start", 4), ("parl", 1),
-                                                      ("parl", 4), ("final", 1), ("final", 4)]
+    # the warm start and the final policy on the test split; every evaluation on validation
+    assert [(e["policy"], e["split"], e["n"]) for e in evals] == [
+        ("warm_start", "test", 1), ("warm_start", "test", 4), ("parl", "validation", 1), ("parl", "validation", 4),
+        ("final", "validation", 1), ("final", "validation", 4), ("final", "test", 1), ("final", "test", 4)]
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
     assert summary["seed"] == summary["parl_seed"] == 0
-    # the PARL state at each evaluation and at the end, scored by the F1 at the largest n;
+    # the PARL state at each evaluation and at the end, scored by the validation F1 at the largest n;
     # evaluating the last one (`swarmjax eval`) gives the run's own final table (same tasks, greedy)
     with Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, read_only=True) as ckpt:
         assert ckpt.all_steps() == [1, 2] and ckpt.best_step() in (1, 2)
@@ -143,9 +145,10 @@ def test_bad_configs_are_refused():
 
 
 def test_reward_uses_the_rollouts_counts():
-    """episode_rewards = parl_reward over the text rollout's counts: a serial answer
-    pays r_perf - costs; a split that returned 2 entities beside the busiest pays
-    lambda1 * 2 / target too, at step 0 and nothing of it after the anneal."""
+    """The text jobs' one reward (episode_rewards) with a PARL stage's config =
+    parl_reward over the text rollout's counts: a serial answer pays r_perf - costs; a
+    split that returned 2 entities beside the busiest pays lambda1 * 2 / target too, at
+    step 0 and nothing of it after the anneal."""
     cfg = PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=10, parallel="parallel", parallel_target=16,
                      step_cost=0.005, critical_cost=0.004)
     res = type("R", (), {})()
@@ -153,10 +156,11 @@ def test_reward_uses_the_rollouts_counts():
                    "returned": np.array([0.0, 4.0], np.float32), "parallel": np.array([0.0, 2.0], np.float32)}
     res.spawned, res.finished = np.array([0, 2]), np.array([0, 2])
     res.total_steps, res.critical_steps = np.array([5, 9]), np.array([5, 5])
-    eps = [Episode(table=[0] * 4, task=[0, 1, 2, 3])] * 2
-    reward, ch = episode_rewards(res, eps, cfg, 0)
+    res.length, res.orch_steps = np.array([40, 50]), np.array([3, 2])
+    pcfg = TextPARLConfig(parl=cfg)
+    reward, ch = episode_rewards(res, pcfg, 0)
     np.testing.assert_allclose(reward, [1 + 0.3 - 0.025 - 0.02, 1 + 0.3 * 2 / 16 + 0.3 - 0.045 - 0.02], rtol=1e-6)
-    reward, _ = episode_rewards(res, eps, cfg, 10)
+    reward, _ = episode_rewards(res, pcfg, 10)
     np.testing.assert_allclose(reward, [1 - 0.045, 1 - 0.065], rtol=1e-6)
     assert ch["r_parallel"].tolist() == [0.0, 0.125]
 

@@ -144,9 +144,8 @@ def run_eval(args: argparse.Namespace) -> int:
         job = dataclasses.replace(job, eval_sizes=sizes)
         job.validate()
     if isinstance(job, TextPARLJob):
-        if args.split != "test":
-            raise ValueError("a text PARL job's held-out tasks have no splits: drop --split")
-        out, table = evaluate_text_checkpoint(job, args.workdir, which=args.checkpoint), text_parl_table
+        out, table = evaluate_text_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split), \
+            text_parl_table
     else:
         out, table = evaluate_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split), summary_table
     print(f"checkpoint at PARL step {out['step']} of {args.workdir} (final = that checkpoint's policy):")

@@ -34,7 +34,6 @@ host-driven text rollouts (single agent, or an orchestrator with sub-agents).
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from typing import Any
 
@@ -55,7 +54,7 @@ from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfi
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
-from swarmjax.train.logs import TextJobLog, change, progress_bar, write_summary
+from swarmjax.train.logs import TextJobLog, change, log_line, progress_bar, write_summary
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.streams import TaskStream, held_out
@@ -172,14 +171,6 @@ def _rollout(job: AgentJob, cfg: ModelConfig, chat, *, greedy: bool) -> TextRoll
     return TextRollout(cfg, rcfg, stop_ids=chat.stop_ids, pad_id=int(chat.ids[chat.pad_token][0]))
 
 
-def _say(progress: bool, every: int, i: int, total: int, what: str, m: dict, keys: tuple[str, ...]) -> None:
-    """A log line every ``every`` steps (and at the last) when progress bars are off."""
-    if progress or not every or ((i + 1) % every and i + 1 != total):
-        return
-    figures = ", ".join(f"{k} {m[k]:.3f}" for k in keys if k in m)
-    print(f"{what} step {i + 1}/{total}: {figures}", file=sys.stderr, flush=True)
-
-
 def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
          progress: bool) -> dict:
     """:func:`run_agent_job` once the checkpoints are open."""
@@ -257,7 +248,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                 log.write("metrics.jsonl", {"stage": "rl", "step": step, **m})
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.3f}")
-                _say(progress, job.log_every, step, steps, "RL", m, ("reward", "accuracy", "tool_calls", "subagents"))
+                log_line(progress, job.log_every, step, steps, "RL", m,
+                         ("reward", "accuracy", "tool_calls", "subagents"))
                 end_step(step + 1, steps, job.eval_every,
                          run_eval=lambda i, label: run_evals(i, label, state),
                          save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="rl",
@@ -294,7 +286,7 @@ def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfi
         log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
         bar.update(1)
         bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['acc']:.3f}")
-        _say(progress, job.log_every * 10, i, job.sft.steps, "warm start", m, ("loss", "acc"))
+        log_line(progress, job.log_every * 10, i, job.sft.steps, "warm start", m, ("loss", "acc"))
         if watch.reached():
             bar.close()
             raise Preempted(None, workdir)

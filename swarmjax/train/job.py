@@ -8,7 +8,8 @@ channel, the evaluation batch's measured wall time split over its episodes),
 ``checkpoints/`` (orbax: train state, data-iterator state, counters),
 ``summary.json`` / ``summary.md`` (warm-start vs final policy per task size on the
 test split, wall clock), ``curves.png`` (learning curves) and, when ``tensorboardX``
-is installed, TensorBoard event files under ``tb/``. Tasks come from the TFDS task set
+is installed, TensorBoard event files under ``tb/``; on stderr, a line every
+``log_every`` PARL steps when progress bars are off. Tasks come from the TFDS task set
 prepared under ``data_dir``: the train split feeds PARL, the validation split the
 periodic evaluations (and so the choice of the best checkpoint), the test split only
 the warm-start / final comparison of the summary.
@@ -57,7 +58,7 @@ from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.distributed import allgather, global_rows, global_whole, share
 from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpointed
-from swarmjax.train.logs import JobLog, curves, progress_bar, summary_table, write_summary
+from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.sft import SFTConfig, train_sft
@@ -101,6 +102,7 @@ class TrainJob:
     eval_sizes: tuple[int, ...] = (1, 4, 8, 16)
     eval_episodes: int = 32
     eval_every: int = 50              # PARL steps between evaluations (0: only at the end)
+    log_every: int = 10               # PARL steps between log lines when progress bars are off
     traces_per_eval: int = 2          # episodes per task size saved as traces
     seed: int = 0
     # the workdir of an earlier run with the same model, SFT settings, task and seed:
@@ -120,8 +122,8 @@ class TrainJob:
         if bad or not self.eval_sizes:
             raise ValueError(f"eval_sizes {list(self.eval_sizes)} must be non-empty and within the task sizes "
                              f"{env.min_task_size}..{env.max_task_size}")
-        if self.parl_steps < 0 or self.eval_episodes < 1:
-            raise ValueError("parl_steps must be >= 0 and eval_episodes >= 1")
+        if min(self.parl_steps, self.eval_every, self.log_every) < 0 or self.eval_episodes < 1:
+            raise ValueError("parl_steps, eval_every and log_every must be >= 0, eval_episodes >= 1")
         if env.budget is not None:
             need_steps = env.min_critical_steps(env.max_task_size)
             if env.budget < need_steps:
@@ -153,7 +155,7 @@ class TrainJob:
         mesh, data directory or warm-start source (the same warm start, by its identity
         check), but not with another model, task set or training
         configuration."""
-        same = dataclasses.replace(self, parl_steps=0, eval_sizes=(1,), eval_episodes=1, eval_every=0,
+        same = dataclasses.replace(self, parl_steps=0, eval_sizes=(1,), eval_episodes=1, eval_every=0, log_every=0,
                                    traces_per_eval=0, checkpoint=CheckpointConfig(), mesh=None,
                                    warm_start_from=None,
                                    data=dataclasses.replace(self.data, data_dir=None))
@@ -313,6 +315,8 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
             bar.set_postfix(reward=f"{m['reward']:.3f}", f1=f"{m['item_f1']:.2f}", crit=f"{m['critical_steps']:.1f}",
                             subagents=f"{m['subagents']:.2f}", tok_s=f"{m['tok_s']:.0f}")
             bar.update()
+            log_line(progress, job.log_every, i, job.parl_steps, "PARL", m,
+                     ("reward", "item_f1", "critical_steps", "subagents"))
             done = i + 1
             metrics = None
             if done == job.parl_steps or (job.eval_every and done % job.eval_every == 0):
@@ -368,6 +372,8 @@ def _warm_start(job: TrainJob, workdir: epath.Path, trainer: PARLTrainer, train_
             bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.2f}",
                             worker_acc=f"{m['worker_acc']:.2f}")
             bar.update()
+            log_line(progress, job.log_every * 10, i, job.sft.steps, "warm start", m,
+                     ("loss", "orch_acc", "worker_acc"))
             if watch.reached():                       # safe point: nothing to save yet
                 bar.close()
                 raise Preempted(None, str(workdir))

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
+import jax
 from etils import epath
 
 PathLike = epath.PathLike
@@ -247,3 +249,14 @@ def curves(workdir: PathLike) -> None:
     with (workdir / "curves.png").open("wb") as f:
         fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
+
+
+def log_line(progress: bool, every: int, i: int, total: int, what: str, m: dict, keys: tuple[str, ...]) -> None:
+    """After step ``i`` (0-based) of ``total``: a line on stderr every ``every`` steps and
+    at the last, with the figures ``keys`` of the step's metrics ``m``, where progress
+    bars are off (``progress`` False) on the process that writes the logs (process 0);
+    ``every`` 0: never."""
+    if progress or jax.process_index() != 0 or not every or ((i + 1) % every and i + 1 != total):
+        return
+    figures = ", ".join(f"{k} {m[k]:.3f}" for k in keys if k in m)
+    print(f"{what} step {i + 1}/{total}: {figures}", file=sys.stderr, flush=True)

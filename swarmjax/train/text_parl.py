@@ -24,10 +24,12 @@ text and the Qwen3 chat format:
    The warm start is saved to ``workdir/warm_start/`` (:mod:`swarmjax.train.warm_start`);
    ``warm_start_from=<workdir>`` reuses one made with the same model, SFT config, task,
    tokenizer and seed (PARL ablations skip the demonstrations and the SFT).
-4. **Evaluation** (greedy, both roles, budget lifted, fresh tasks from a seed stream
-   of their own) per task size: item-F1, critical / total steps, sub-agents,
-   the no-spawn fraction, of the warm start, every ``eval_every`` PARL steps and of
-   the final policy: ``eval.jsonl``, ``summary.json`` / ``summary.md``, ``curves.png``.
+4. **Evaluation** (greedy, both roles, budget lifted, held-out tasks from seed streams
+   of their own) per task size: item-F1, critical / total steps, sub-agents, the
+   no-spawn fraction. The **validation** split every ``eval_every`` PARL steps and at
+   the end (the checkpoints' score: the best one), the **test** split for the warm start
+   and the final policy (the summary's table): ``eval.jsonl``, ``summary.json`` /
+   ``summary.md``, ``curves.png``.
 
 """
 
@@ -49,12 +51,13 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.advantages import compute_advantages, uniform_groups
 from swarmjax.rl.losses import loss_preset
-from swarmjax.rl.parl import PARLConfig, parl_reward
+from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
-from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
+from swarmjax.rl.update import Learner, TrainState, UpdateConfig
 from swarmjax.swarm.text_engine import TextSwarm
-from swarmjax.swarm.text_types import TextRolloutConfig, TextRolloutResult
+from swarmjax.swarm.text_types import TextRolloutConfig
 from swarmjax.text.chat import CHAT_FORMATS
+from swarmjax.train.agent import TextRLConfig, episode_rewards
 from swarmjax.train.demos import Demos
 from swarmjax.train.sft import length_buckets, sample_bucketed, sft_step
 
@@ -80,9 +83,12 @@ class RelayWarmStartConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TextPARLConfig:
-    """The PARL stage (module docstring, 3.).
+class TextPARLConfig(TextRLConfig):
+    """The PARL stage (module docstring, 3.): :class:`~swarmjax.train.agent.TextRLConfig`
+    (steps, groups, advantage, dynamic sampling, the reward's ``parl`` / ``turn_cost`` /
+    ``overlong`` terms, the learner's and the rollout's settings) with PARL's defaults, plus:
 
+    focus_fraction, focus_min_n: the share of each step's tasks drawn with n >= focus_min_n.
     chunk, wide_rows, buckets: :class:`TextSwarm`'s prefill width, share of rows per
       tick and row / window sizes each tick's forwards are compiled for (1: every row over
       the whole cache, the fewest compiles).
@@ -92,16 +98,12 @@ class TextPARLConfig:
     """
 
     steps: int = 100
-    tasks_per_step: int = 8
-    group_size: int = 8
-    advantage: str = "grpo"
-    dynamic_sampling: bool = True
-    focus_fraction: float = 0.5
-    focus_min_n: int = 12
-    parl: PARLConfig = PARLConfig(parallel="parallel", parallel_target=16, critical_cost=0.004)
+    parl: PARLConfig | None = PARLConfig(parallel="parallel", parallel_target=16, critical_cost=0.004)
     update: UpdateConfig = UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4)
     rollout: TextRolloutConfig = TextRolloutConfig(orch_context=2048, worker_context=384, max_turn_tokens=640,
                                                    subagent_turns=4, budget=None)
+    focus_fraction: float = 0.5
+    focus_min_n: int = 12
     chunk: int = 16
     wide_rows: float = 0.25
     buckets: int = 3
@@ -109,13 +111,15 @@ class TextPARLConfig:
     head_multiple: int = 64
 
     def __post_init__(self):
+        super().__post_init__()
+        if self.parl is None:
+            raise ValueError("a text PARL stage needs its PARL reward (parl=PARLConfig(...))")
         if self.head_multiple < 0:
             raise ValueError(f"head_multiple must be >= 0, got {self.head_multiple}")
-        if min(self.tasks_per_step, self.group_size, self.bucket, self.buckets) < 1 or self.steps < 0:
-            raise ValueError("parl tasks_per_step, group_size, bucket and buckets must be >= 1, steps >= 0")
+        if min(self.tasks_per_step, self.group_size, self.bucket, self.buckets) < 1:
+            raise ValueError("parl tasks_per_step, group_size, bucket and buckets must be >= 1")
         if not 0.0 <= self.focus_fraction <= 1.0:
             raise ValueError(f"focus_fraction must be in [0, 1], got {self.focus_fraction}")
-        check_group_batch(self.advantage, self.tasks_per_step, self.group_size, self.update)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +141,7 @@ class TextPARLJob:
     eval_sizes: tuple[int, ...] = (1, 4, 8, 16)
     eval_episodes: int = 32
     eval_every: int = 25
+    log_every: int = 10                    # PARL steps between log lines when progress bars are off
     seed: int = 0
     parl_seed: int | None = None           # the PARL stage's tasks and sampling (None: seed); seeds of the
                                            # RL stage can share one warm start (tokenizer and held-out tasks: seed)
@@ -154,8 +159,8 @@ class TextPARLJob:
         """What a run computes, as reprs: a run may be resumed with another PARL step
         count, evaluation cadence or warm-start source (the same warm start, by its
         identity check), not with another model, task, tokenizer, warm start, PARL
-        configuration, seed or held-out set."""
-        same = dataclasses.replace(self, parl=dataclasses.replace(self.parl, steps=0), eval_every=0,
+        configuration, seed or held-out set (``log_every`` may change too)."""
+        same = dataclasses.replace(self, parl=dataclasses.replace(self.parl, steps=0), eval_every=0, log_every=0,
                                    parl_seed=self.seed if self.parl_seed is None else self.parl_seed,
                                    warm_start_from=None, warm_start_match=())
         return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)}
@@ -163,8 +168,9 @@ class TextPARLJob:
     def validate(self) -> None:
         if self.chat not in CHAT_FORMATS:
             raise ValueError(f"unknown chat format {self.chat!r}; known: {sorted(CHAT_FORMATS)}")
-        if self.eval_episodes < 1 or self.tokenizer_vocab < 300 or self.eval_every < 0:
-            raise ValueError("eval_episodes must be >= 1, tokenizer_vocab >= 300 (bytes + merges), eval_every >= 0")
+        if self.eval_episodes < 1 or self.tokenizer_vocab < 300 or min(self.eval_every, self.log_every) < 0:
+            raise ValueError("eval_episodes must be >= 1, tokenizer_vocab >= 300 (bytes + merges), eval_every and "
+                             "log_every >= 0")
         env = self.env
         bad = [n for n in self.eval_sizes if not env.min_task_size <= n <= env.max_task_size]
         if bad or not self.eval_sizes:
@@ -191,10 +197,17 @@ def sample_episodes(env: WideSearchConfig, rng: random.Random, count: int, *, fo
     return out
 
 
-def eval_episodes(job: TextPARLJob) -> dict[int, list[Episode]]:
-    """``eval_episodes`` tasks per size, from a seed stream the training tasks never use
-    (tables of E values out of V: 32^32 of them, so no training table repeats)."""
-    return {n: [Episode.sample(job.env, random.Random(f"eval-{job.seed}-{n}-{i}"), n)
+EVAL_STREAMS = {"validation": "validation", "test": "eval"}     # split -> its seed stream's prefix
+
+
+def eval_episodes(job: TextPARLJob, split: str = "test") -> dict[int, list[Episode]]:
+    """``eval_episodes`` held-out tasks per size of ``split`` ("validation": the periodic
+    evaluations and the best checkpoint; "test": the warm start's and the final table),
+    each split from a seed stream of its own that the training tasks never use (tables of
+    E values out of V: 32^32 of them, so no training table repeats)."""
+    if split not in EVAL_STREAMS:
+        raise ValueError(f"unknown split {split!r}; known: {sorted(EVAL_STREAMS)}")
+    return {n: [Episode.sample(job.env, random.Random(f"{EVAL_STREAMS[split]}-{job.seed}-{n}-{i}"), n)
                 for i in range(job.eval_episodes)] for n in job.eval_sizes}
 
 
@@ -231,29 +244,20 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
 # ------------------------------------------------------------------------ PARL
 
 
-def episode_rewards(res: TextRolloutResult, episodes: list[Episode], pcfg: PARLConfig, step: int
-                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """PARL reward [B] and channels [B] of a text rollout (:func:`parl_reward` with the
-    rollout's counts: ``novel``, ``returned``, ``parallel``, ``n``)."""
-    r = res.rewards
-    counts = {"novel": r["novel"], "returned": r["returned"], "parallel": r["parallel"],
-              "n": np.array([len(ep.task) for ep in episodes], np.float32)}
-    reward, channels = parl_reward(jnp.asarray(r["r_perf"]), jnp.asarray(res.spawned), jnp.asarray(res.finished),
-                                   jnp.asarray(res.total_steps), jnp.asarray(step, jnp.int32), pcfg, counts,
-                                   critical_steps=jnp.asarray(res.critical_steps))
-    return np.asarray(reward), {k: np.asarray(v) for k, v in channels.items()}
-
-
 def parl_step(learner: Learner, state: TrainState, swarm: TextSwarm, tasks: list[Episode], key: jax.Array,
               step: int, pcfg: TextPARLConfig) -> tuple[TrainState, dict[str, float]]:
-    """One PARL step on ``tasks`` (each sampled ``group_size`` times): rollout, reward,
-    advantages, update. Returns the new state and the step's metrics."""
+    """One PARL step on ``tasks`` (each sampled ``group_size`` times): rollout, the reward
+    of every text job (:func:`swarmjax.train.agent.episode_rewards`: the PARL reward over
+    the rollout's counts), group advantages, update. Returns the new state and the step's
+    metrics."""
     G = pcfg.group_size
     episodes = [ep for ep in tasks for _ in range(G)]
     t0 = time.perf_counter()
     res = swarm(state.params, state.frozen["workers"], episodes, key)
     t1 = time.perf_counter()
-    reward, channels = episode_rewards(res, episodes, pcfg.parl, step)
+    # the task sizes: the counts of r_parallel = "coverage" (returned / n)
+    n = np.array([len(ep.task) for ep in episodes], np.float32)
+    reward, channels = episode_rewards(dataclasses.replace(res, rewards={**res.rewards, "n": n}), pcfg, step)
     groups = jnp.repeat(jnp.arange(len(tasks)), G)
     adv = compute_advantages(pcfg.advantage, jnp.asarray(reward), groups)
     keep = ~uniform_groups(jnp.asarray(reward), groups) if pcfg.dynamic_sampling else jnp.ones(len(episodes), bool)

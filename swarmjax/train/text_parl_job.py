@@ -7,13 +7,14 @@ The job runs the pieces of :mod:`swarmjax.train.text_parl` in order: the tokeniz
 the warm start (saved to ``workdir/warm_start``, or reused from ``warm_start_from``),
 the warm start's evaluation, PARL with an evaluation every ``eval_every`` steps, the
 final evaluation; ``metrics.jsonl``, ``eval.jsonl``, ``summary.json`` / ``summary.md``,
-``curves.png`` (and TensorBoard events in ``tb/`` when ``tensorboardX`` is installed).
+``curves.png`` (and TensorBoard events in ``tb/`` when ``tensorboardX`` is installed); a
+log line every ``log_every`` PARL steps when progress bars are off.
 
 Checkpoints (:class:`~swarmjax.train.checkpoint.Checkpointer`, ``workdir/checkpoints/``):
 the PARL :class:`~swarmjax.rl.update.TrainState` (the trained orchestrator, its
 optimizer state, the frozen sub-agents) right after the warm start's evaluation (step
-0), at every evaluation and at the end, scored by the item-F1 at the largest n (the
-last two and the best are kept), with what the run needs to continue (the warm start's
+0), at every evaluation and at the end, scored by the validation item-F1 at the largest
+n (the last two and the best are kept), with what the run needs to continue (the warm start's
 and the final evaluations, the wall clock so far, the job's identity).
 
 Resume (``resume=``, ``swarmjax train --resume MODE``), as the token world's job
@@ -53,12 +54,12 @@ from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
-from swarmjax.train.logs import TextJobLog, curves, progress_bar, summary_table, write_summary
+from swarmjax.train.logs import TextJobLog, curves, log_line, progress_bar, summary_table, write_summary
 from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.text_parl import (TextPARLJob, eval_episodes, evaluate, parl_step, sample_episodes,
-                                      warm_start)
+from swarmjax.train.text_parl import (EVAL_STREAMS, TextPARLJob, eval_episodes, evaluate, parl_step,
+                                      sample_episodes, warm_start)
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
 __all__ = ["build_task", "evaluate_text_checkpoint", "greedy_swarm", "headline", "run_text_parl_job",
@@ -109,6 +110,7 @@ def _warm_start_stage(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, key: 
         log("metrics.jsonl", {"stage": "sft", "step": i, **m})
         bar.update(1)
         bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.3f}")
+        log_line(progress, job.log_every * 10, i, job.sft.steps, "warm start", m, ("loss", "orch_acc", "worker_acc"))
         if stop():
             bar.close()
             raise Preempted(None, workdir)
@@ -168,15 +170,19 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
                     "job": job.identity(), "warm_start_s": time.perf_counter() - clock, "wall_clock_s": 0.0}
 
         eval_swarm = greedy_swarm(job, task, cfg)
-        tests, eval_key = eval_episodes(job), jax.random.fold_in(key, 1)
+        held_out, eval_key = {s: eval_episodes(job, s) for s in EVAL_STREAMS}, jax.random.fold_in(key, 1)
 
-        def run_eval(step: int, label: str, params: Any) -> dict[str, dict[str, float]]:
-            res = evaluate(eval_swarm, params, warm, tests, eval_key)
+        def run_eval(step: int, label: str, params: Any, split: str) -> dict[str, dict[str, float]]:
+            res = evaluate(eval_swarm, params, warm, held_out[split], eval_key)
             for n, r in res.items():
-                log.write("eval.jsonl", {"step": step, "policy": label, "split": "test", "n": n, **r})
-            res = {str(n): r for n, r in res.items()}
+                log.write("eval.jsonl", {"step": step, "policy": label, "split": split, "n": n, **r})
+            return {str(n): r for n, r in res.items()}
+
+        def run_evals(step: int, label: str, params: Any) -> dict[str, dict[str, float]]:
+            """Validation (the checkpoint's score); after the last step the test split too."""
+            res = run_eval(step, label, params, "validation")
             if label == "final":
-                meta["final_eval"] = res                # in the last checkpoint: a finished run
+                meta["final_eval"] = run_eval(step, label, params, "test")   # in the last checkpoint: finished
             return res
 
         def save(step: int, state: Any, evals: dict | None) -> None:
@@ -191,7 +197,7 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
             ckpt.save(step, state, meta, metrics=scores, force=True)
 
         if latest is None:
-            meta["warm_eval"] = run_eval(0, "warm_start", warm)
+            meta["warm_eval"] = run_eval(0, "warm_start", warm, "test")
             save(0, state, None)                        # the warm start survives a crash in PARL
             if steps > 0 and watch.reached():           # safe point
                 raise Preempted(0, workdir)
@@ -213,7 +219,9 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
                 bar.update(1)
                 bar.set_postfix(f1=f"{m['item_f1']:.3f}", crit=f"{m['critical_steps']:.1f}",
                                 subs=f"{m['subagents']:.1f}")
-                end_step(step + 1, steps, job.eval_every, run_eval=lambda i, label: run_eval(i, label, state.params),
+                log_line(progress, job.log_every, step, steps, "PARL", m,
+                         ("reward", "item_f1", "critical_steps", "subagents"))
+                end_step(step + 1, steps, job.eval_every, run_eval=lambda i, label: run_evals(i, label, state.params),
                          save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="parl",
                          preempted=lambda i: Preempted(i, workdir))
     finally:
@@ -229,11 +237,12 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
     return summary
 
 
-def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "latest") -> dict:
+def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
     """Evaluate a PARL checkpoint of the text run in ``workdir`` (``which``: "latest",
-    "best" or a PARL step) and its frozen warm start, greedy with the budget lifted, on
-    ``job.eval_episodes`` held-out tasks per size of ``job.eval_sizes`` (the run's own
-    seed stream: the first ``eval_episodes`` of the run's are the same tasks). Opens the
+    "best" by validation item-F1, or a PARL step) and its frozen warm start, greedy with
+    the budget lifted, on ``job.eval_episodes`` held-out tasks per size of
+    ``job.eval_sizes`` from ``split`` (the run's own seed streams: the first
+    ``eval_episodes`` of the run's are the same tasks). Opens the
     checkpoints read-only. Returns ``{"step", "warm_start": {n: row}, "final": {n: row},
     "headline"}`` (:func:`text_parl_table` prints it)."""
     job.validate()
@@ -250,7 +259,8 @@ def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "la
     if differ:
         raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
     swarm = greedy_swarm(job, task, cfg)
-    tests, key, warm = eval_episodes(job), jax.random.fold_in(jax.random.key(job.seed), 1), state.frozen["workers"]
+    tests, key = eval_episodes(job, split), jax.random.fold_in(jax.random.key(job.seed), 1)
+    warm = state.frozen["workers"]
     out = {"step": step, "warm_start": evaluate(swarm, warm, warm, tests, key),
            "final": evaluate(swarm, state.params, warm, tests, key)}
     out["headline"] = headline(out["warm_start"], out["final"], max(job.eval_sizes))
