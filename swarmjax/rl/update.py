@@ -171,7 +171,8 @@ class Learner:
 
     # ------------------------------------------------------------------ state
     def init(self, params: Any, frozen: dict[str, Any] | None = None) -> TrainState:
-        """Initial state; with a mesh every leaf is placed with its sharding.
+        """Initial state; with a mesh every leaf is placed with its sharding, without one
+        on the first local device (committed there).
 
         :meth:`update` donates the state's buffers, and without a mesh the state
         holds ``params`` itself: copy them first if you need the originals later.
@@ -188,7 +189,10 @@ class Learner:
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
                            opt_state=self.optimizer.init(params), frozen=frozen)
         if self.mesh is None:
-            return state
+            # committed to the first local device, as a restored checkpoint's arrays are: a
+            # fresh run and a resumed one then compile the same programs (jit specialises
+            # on committed vs uncommitted inputs; the persistent compilation cache hits)
+            return jax.device_put(state, jax.local_devices()[0])
         shardings = self.state_shardings(jax.eval_shape(lambda: state))
         return jax.tree.map(jax.device_put, state, shardings)
 

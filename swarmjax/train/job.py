@@ -388,7 +388,8 @@ def _warm_start(job: TrainJob, workdir: epath.Path, trainer: PARLTrainer, train_
     save_warm_start(job, str(workdir), state.frozen["workers"], sft_accuracy, identity=warm_id)
     meta = {"parl_step": 0, "seed": job.seed, "wall_clock_s": 0.0, "data": train_iter.get_state(),
             "job": job.identity(), "sft_accuracy": sft_accuracy}
-    return state, meta, warm
+    # the evaluations' warm start placed as a resumed run's (the state's copy): the same programs
+    return state, meta, jax.tree.map(jax.numpy.copy, state.frozen["workers"])
 
 
 def _restore(job: TrainJob, trainer: PARLTrainer, ckpt, step: int):

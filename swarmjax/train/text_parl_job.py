@@ -166,6 +166,7 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
                 warm = _warm_start_stage(job, task, cfg, key, progress, log.write, watch.reached, workdir)
                 save_warm_start(job, workdir, warm, {})
             state = learner.init(jax.tree.map(jnp.copy, warm), frozen={"workers": jax.tree.map(jnp.copy, warm)})
+            warm = jax.tree.map(jnp.copy, state.frozen["workers"])      # placed as a resumed run's
             meta = {"parl_step": 0, "parl_seed": parl_seed, "eval_n": big, "identity": job.warm_identity(),
                     "job": job.identity(), "warm_start_s": time.perf_counter() - clock, "wall_clock_s": 0.0}
 
