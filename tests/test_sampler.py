@@ -168,6 +168,13 @@ def test_greedy_select_is_first_argmax_with_model_logprob(rng):
     assert (tokens[::2] == 7).all() and tokens[1] == 0 and (np.asarray(lp) == 0).all()
     want = np.asarray(jax.nn.log_softmax(logits))[np.arange(64), np.argmax(logits, axis=1)]
     np.testing.assert_allclose(mlp, want, atol=1e-5)
+    # the traced flag of one jitted program: greedy where true, the config's draw where false
+    pick = jax.jit(lambda x, k, g: select_tokens(x, k, SamplingConfig(temperature=1.0, top_k=5), greedy=g))
+    for a, b in zip(pick(jnp.asarray(logits), jax.random.key(0), True), (tokens, lp, mlp)):
+        np.testing.assert_array_equal(a, b)
+    drawn = select_tokens(jnp.asarray(logits), jax.random.key(0), SamplingConfig(temperature=1.0, top_k=5))
+    for a, b in zip(pick(jnp.asarray(logits), jax.random.key(0), False), drawn):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_sampling_frequencies_follow_the_filtered_distribution():

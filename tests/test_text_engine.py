@@ -14,7 +14,7 @@ from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
-from swarmjax.swarm.text_rollout import TextRollout
+from swarmjax.swarm.text_rollout import END_ANSWER, END_BUDGET, TextRollout
 from swarmjax.swarm.text_types import TextRolloutConfig, TextScripts
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import Qwen3Format, chat_format
@@ -155,6 +155,24 @@ def test_scripted_episodes_agree(setup, scripted):
     assert got.rewards["parallel"][:4].tolist() == [0.0, 2.0, 2.0, 0.0]
     assert got.end_reason[5] == 2 and got.end_reason[6] == 3                     # budget, context
     assert got.spawned[7] == 1 and got.finished[7] == 0 and got.subagents[7][0].steps < 3
+
+
+def test_budget_is_an_argument_of_the_one_program(setup, scripted):
+    """``budget=None`` lifts the critical-step budget in the compiled program the config's
+    budget runs (no new compile): the orchestrator the budget stopped goes on; episodes
+    that answered within the budget are unchanged."""
+    task, model, params, worker_params = setup
+    eps, scripts, want = scripted
+    engine = _engine(setup, SCRIPTED)
+    compiled = dict(engine._jitted)
+    got = engine(params, worker_params, eps, jax.random.key(0), scripts=scripts, budget=None, greedy=True)
+    assert engine._jitted == compiled
+    assert want.end_reason[5] == END_BUDGET and got.end_reason[5] != END_BUDGET
+    assert got.critical_steps[5] > want.critical_steps[5]
+    same = want.end_reason == END_ANSWER
+    assert same.sum() >= 3
+    np.testing.assert_array_equal(got.tokens[same], want.tokens[same])
+    np.testing.assert_array_equal(got.critical_steps[same], want.critical_steps[same])
 
 
 def test_eight_devices_agree(setup, scripted):

@@ -71,13 +71,17 @@ def filter_logits(logits: Array, cfg: SamplingConfig) -> Array:
     return logits
 
 
-def select_tokens(logits: Array, key: Array, cfg: SamplingConfig) -> tuple[Array, Array, Array]:
+def select_tokens(logits: Array, key: Array, cfg: SamplingConfig, *, greedy: Array | None = None
+                  ) -> tuple[Array, Array, Array]:
     """Choose one token per row.
 
     Args:
       logits: [B, V] raw model logits.
       key: PRNG key (unused when greedy), or one key per row ([B] typed keys): then each
         row's draw depends on its own key alone, not on the other rows of the batch.
+      greedy: an optional traced bool []: where true, every row takes the argmax as a
+        greedy ``cfg`` would, whatever ``cfg`` says. One compiled program then serves a
+        sampling rollout and a greedy evaluation (``cfg.greedy``: a static choice).
 
     Returns:
       tokens [B] int32;
@@ -87,11 +91,7 @@ def select_tokens(logits: Array, key: Array, cfg: SamplingConfig) -> tuple[Array
     """
     logits = logits.astype(jnp.float32)
     if cfg.greedy:
-        tokens, top = greedy_argmax(logits)
-        logprob = jnp.zeros(tokens.shape, jnp.float32)
-        # log softmax at the argmax: top - logsumexp = -log sum exp(logits - top)
-        model_logprob = -jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
-        return tokens, logprob, model_logprob
+        return _argmax_tokens(logits)
     filtered = filter_logits(logits, cfg)
     if jnp.ndim(key) == 1:                              # one key per row
         tokens = jax.vmap(lambda k, row: jax.random.categorical(k, row))(key, filtered).astype(jnp.int32)
@@ -100,7 +100,17 @@ def select_tokens(logits: Array, key: Array, cfg: SamplingConfig) -> tuple[Array
     logprob = _gather(jax.nn.log_softmax(filtered, axis=-1), tokens)
     # logit[token] - logsumexp(logits): two reductions, no [B, V] log-softmax written out
     model_logprob = _gather(logits, tokens) - jax.nn.logsumexp(logits, axis=-1)
-    return tokens, logprob, model_logprob
+    if greedy is None:
+        return tokens, logprob, model_logprob
+    return tuple(jnp.where(greedy, g, x) for g, x in zip(_argmax_tokens(logits), (tokens, logprob, model_logprob)))
+
+
+def _argmax_tokens(logits: Array) -> tuple[Array, Array, Array]:
+    """Greedy choice of [B, V] float32 logits: (tokens, logprob 0 (a point mass), model log-prob)."""
+    tokens, top = greedy_argmax(logits)
+    # log softmax at the argmax: top - logsumexp = -log sum exp(logits - top)
+    model_logprob = -jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
+    return tokens, jnp.zeros(tokens.shape, jnp.float32), model_logprob
 
 
 def greedy_argmax(logits: Array) -> tuple[Array, Array]:

@@ -150,10 +150,12 @@ class _Carry:
     work: _Decoding
 
 
-def choose(logits: Array, key: Array, scfg: SamplingConfig, forced: Array | None) -> tuple[Array, Array, Array]:
-    """Tokens [R] with both log-probs: sampled, or ``forced`` [R] where >= 0 (then
-    both log-probs are the temperature-1 model's: a replay is scored as the model sees it)."""
-    tok, lp, mlp = select_tokens(logits, key, scfg)
+def choose(logits: Array, key: Array, scfg: SamplingConfig, forced: Array | None, *,
+           greedy: Array | None = None) -> tuple[Array, Array, Array]:
+    """Tokens [R] with both log-probs: sampled (greedy where the traced ``greedy`` is
+    true: :func:`select_tokens`), or ``forced`` [R] where >= 0 (then both log-probs are
+    the temperature-1 model's: a replay is scored as the model sees it)."""
+    tok, lp, mlp = select_tokens(logits, key, scfg, greedy=greedy)
     if forced is None:
         return tok, lp, mlp
     model = jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.maximum(forced, 0)[:, None], 1)[:, 0]

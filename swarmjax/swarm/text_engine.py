@@ -62,6 +62,7 @@ from swarmjax.text import device_calls as dc
 from swarmjax.text.fragments import render
 
 Array = jax.Array
+_NO_BUDGET = 2 ** 30          # the budget argument when it is lifted: never reached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +252,8 @@ class TextSwarm:
                 shard = lambda cfg, p: tree_shardings(param_logical_axes(cfg), p, self.mesh, self.rules)
                 self._jitted[batch] = jax.jit(self._rollout, in_shardings=(
                     shard(self.orch.cfg, orch_params), shard(self.work.cfg, worker_params), rows(2), rows(2),
-                    NamedSharding(self.mesh, PartitionSpec()), rows(3), rows(3)))
+                    NamedSharding(self.mesh, PartitionSpec()), rows(3), rows(3),
+                    NamedSharding(self.mesh, PartitionSpec()), NamedSharding(self.mesh, PartitionSpec())))
         return self._jitted[batch]
 
     def _agents(self, params: Any, m: _Model, role: str, rows: int) -> Agents:
@@ -277,9 +279,19 @@ class TextSwarm:
     # ------------------------------------------------------------------ host entry point
 
     def __call__(self, orch_params: Any, worker_params: Any, episodes: Sequence[Episode], key: Array, *,
-                 scripts: Any = None) -> TextRolloutResult:
+                 scripts: Any = None, greedy: bool = False, budget: int | None | str = "config"
+                 ) -> TextRolloutResult:
         """Run ``len(episodes)`` episodes to their end; ``scripts`` an optional
-        :class:`~swarmjax.swarm.text_types.TextScripts` of forced turns (ids -1: sample)."""
+        :class:`~swarmjax.swarm.text_types.TextScripts` of forced turns (ids -1: sample).
+
+        ``greedy``: both roles take the argmax (an evaluation); ``budget``: the critical-step
+        budget, "config" for ``rcfg.budget``, None lifted. Both are arguments of the one
+        compiled program, so a training rollout and a greedy, budget-lifted evaluation of
+        the same batch size share it."""
+        if budget == "config":
+            budget = self.rcfg.budget
+        if budget is not None and budget < 2:
+            raise ValueError(f"budget {budget} is below 2 (one turn and an answer)")
         cfg = self.task.cfg
         if not episodes:
             raise ValueError("no episodes")
@@ -297,7 +309,8 @@ class TextSwarm:
         o_script, w_script = self._scripts(scripts, len(episodes))
         run = self._compiled(orch_params, worker_params, len(episodes))
         out = jax.device_get(run(orch_params, worker_params, jnp.asarray(table), jnp.asarray(task), key,
-                                 o_script, w_script))
+                                 o_script, w_script, jnp.asarray(greedy, bool),
+                                 jnp.asarray(_NO_BUDGET if budget is None else budget, jnp.int32)))
         return self._result(out)
 
     def _scripts(self, scripts, B: int) -> tuple[Array, Array]:
@@ -335,7 +348,7 @@ class TextSwarm:
                          limit=jnp.where(mask, limit, a.limit), calls=dc.reset_turn(m.grammar, a.calls, mask),
                          answers=da.reset(self.answers, a.answers, mask))
 
-    def _sample(self, params: Any, m: _Model, a: Agents, alive: Array, key: Array, script: Array
+    def _sample(self, params: Any, m: _Model, a: Agents, alive: Array, key: Array, script: Array, greedy: Array
                 ) -> tuple[Agents, Array, Array]:
         """One id for every row whose turn is open and which has heard everything.
         Returns the agents and the rows whose turn ended: (ended [R], cut [R])."""
@@ -343,7 +356,7 @@ class TextSwarm:
         k = jnp.minimum(a.steps, script.shape[1] - 1)
         forced = jnp.where(a.steps < script.shape[1],
                            script[jnp.arange(script.shape[0]), k, jnp.minimum(a.turn_len, script.shape[2] - 1)], -1)
-        tok, lp, mlp = choose(a.rows.logits, key, m.sampling, forced)
+        tok, lp, mlp = choose(a.rows.logits, key, m.sampling, forced, greedy=greedy)
         trace = a.trace.say(go, tok, lp, mlp, a.steps + 1)
         turn_len = a.turn_len + go
         calls = dc.step(m.grammar, a.calls, tok, go)
@@ -432,8 +445,7 @@ class TextSwarm:
         """Responses to the rows in ``mask``; then the next turn, budget permitting."""
         o, e = c.orch, c.eps
         o, heard = self._reply(self.orch, o, mask, e.grid, e.responses, e.cut)
-        budget = self.rcfg.budget
-        over = heard & (e.critical + 1 > budget) if budget is not None else jnp.zeros_like(heard)
+        over = heard & (e.critical + 1 > c.budget)
         e = e.replace(end=jnp.where(mask & ~heard, END_CONTEXT, jnp.where(over, END_BUDGET, e.end)))
         o = self._open(self.orch, o, heard & ~over, script)
         return c.replace(orch=o, eps=e)
@@ -496,8 +508,9 @@ class TextSwarm:
         o_script, w_script = scripts
         o_rope, w_rope = ropes
         key, ko, kw = jax.random.split(c.key, 3)
-        o, o_end, o_cut = self._sample(orch_params, self.orch, c.orch, c.eps.end == RUNNING, ko, o_script)
-        w, w_end, w_cut = self._sample(work_params, self.work, c.work, c.eps.slot == RUNNING_SLOT, kw, w_script)
+        o, o_end, o_cut = self._sample(orch_params, self.orch, c.orch, c.eps.end == RUNNING, ko, o_script, c.greedy)
+        w, w_end, w_cut = self._sample(work_params, self.work, c.work, c.eps.slot == RUNNING_SLOT, kw, w_script,
+                                       c.greedy)
         wide = lambda rows: max(1, int(round(self.wide_rows * rows)))
         o = _feed(orch_params, self.orch, o, c.eps.end == RUNNING, self.chunk, wide(o.turning.shape[0]),
                   self.buckets, o_rope)
@@ -511,7 +524,8 @@ class TextSwarm:
             return self._stages(c, o_script)
         return lax.cond(jnp.any(o_end) | jnp.any(w_end), events, lambda c: c, c)
 
-    def _rollout(self, orch_params, work_params, table, task, key, o_script, w_script) -> dict[str, Any]:
+    def _rollout(self, orch_params, work_params, table, task, key, o_script, w_script, greedy, budget
+                 ) -> dict[str, Any]:
         B, K = table.shape[0], self.task.cfg.max_subagents
         tk = self.task
         eps = Episodes.init(table, task, max_subagents=K, max_calls=tk.max_calls, max_pairs=tk.max_pairs)
@@ -521,7 +535,7 @@ class TextSwarm:
         ids, n = render(self.tables.frags, seq, width=self.widths["orchestrator"])
         orch = orch.replace(trace=orch.trace.hear(jnp.ones((B,), bool), ids, n, jnp.zeros_like(n)))
         orch = self._open(self.orch, orch, jnp.ones((B,), bool), o_script)
-        c = Carry(tick=jnp.int32(0), key=key, orch=orch, work=work, eps=eps)
+        c = Carry(tick=jnp.int32(0), key=key, orch=orch, work=work, eps=eps, greedy=greedy, budget=budget)
         ropes = tuple(a.rows.rope(m.cfg, a.rows.cache.max_len) for a, m in ((orch, self.orch), (work, self.work)))
         max_ticks = self.rcfg.orch_context + K * self.rcfg.worker_context + 2
         c = lax.while_loop(lambda c: jnp.any(c.eps.end == RUNNING) & (c.tick < max_ticks),

@@ -159,3 +159,5 @@ class Carry:
     orch: Agents
     work: Agents
     eps: Episodes
+    greedy: Array          # [] bool: both roles take the argmax (an evaluation)
+    budget: Array          # [] int32: the critical-step budget (a large number: lifted)

@@ -292,17 +292,42 @@ def _mean_where(x: np.ndarray, mask: np.ndarray) -> float:
 
 
 def evaluate(swarm: TextSwarm, params: Any, worker_params: Any, tasks: dict[int, list[Episode]],
-             key: jax.Array) -> dict[int, dict[str, float]]:
-    """Per task size n: ``item_f1``, ``critical_steps``, ``total_steps``, ``subagents``,
-    ``finished_subagents``, ``no_spawn_fraction``, ``answered`` (means over the tasks),
-    ``seconds`` (the rollout's wall time)."""
+             key: jax.Array, *, batch: int | None = None) -> dict[int, dict[str, float]]:
+    """Greedy, budget-lifted episodes (``swarm(..., greedy=True, budget=None)``: the
+    swarm's own compiled program). Per task size n: ``item_f1``, ``critical_steps``,
+    ``total_steps``, ``subagents``, ``finished_subagents``, ``no_spawn_fraction``,
+    ``answered`` (means over the tasks), ``seconds`` (the wall time, each size its share
+    by episodes).
+
+    ``batch``: every size's episodes run together, in calls of ``batch`` episodes (the last
+    one filled up with repeats of its first episode, whose results are dropped): with the
+    training batch size, the evaluation reuses the training rollout's program instead of
+    compiling one per size. Greedy episodes do not depend on the key or on the other
+    episodes of their call."""
+    sizes = [n for n, eps in tasks.items() for _ in eps]
+    episodes = [ep for eps in tasks.values() for ep in eps]
+    calls = [list(range(len(episodes)))] if batch is None else \
+        [list(range(i, min(i + batch, len(episodes)))) for i in range(0, len(episodes), batch)]
+    per: dict[str, list] = {k: [] for k in ("r_perf", "critical_steps", "total_steps", "spawned", "finished",
+                                            "answered")}
+    t0 = time.perf_counter()
+    for c, idx in enumerate(calls):
+        fill = idx + [idx[0]] * ((batch or len(idx)) - len(idx))
+        r = swarm(params, worker_params, [episodes[i] for i in fill], jax.random.fold_in(key, c), greedy=True,
+                  budget=None)
+        got = {"r_perf": r.rewards["r_perf"], "critical_steps": r.critical_steps, "total_steps": r.total_steps,
+               "spawned": r.spawned, "finished": r.finished, "answered": r.end_reason == END_ANSWER}
+        for k, v in got.items():
+            per[k].extend(np.asarray(v, np.float32)[:len(idx)].tolist())
+    seconds = time.perf_counter() - t0
+    arr = {k: np.asarray(v, np.float32) for k, v in per.items()}
+    sizes = np.asarray(sizes)
     out = {}
-    for n, eps in tasks.items():
-        t0 = time.perf_counter()
-        r = swarm(params, worker_params, eps, jax.random.fold_in(key, n))
-        out[n] = {"item_f1": float(np.mean(r.rewards["r_perf"])), "critical_steps": float(np.mean(r.critical_steps)),
-                  "total_steps": float(np.mean(r.total_steps)), "subagents": float(np.mean(r.spawned)),
-                  "finished_subagents": float(np.mean(r.finished)),
-                  "no_spawn_fraction": float(np.mean(r.spawned == 0)),
-                  "answered": float(np.mean(r.end_reason == END_ANSWER)), "seconds": time.perf_counter() - t0}
+    for n in tasks:
+        a = {k: v[sizes == n] for k, v in arr.items()}
+        out[n] = {"item_f1": float(np.mean(a["r_perf"])), "critical_steps": float(np.mean(a["critical_steps"])),
+                  "total_steps": float(np.mean(a["total_steps"])), "subagents": float(np.mean(a["spawned"])),
+                  "finished_subagents": float(np.mean(a["finished"])),
+                  "no_spawn_fraction": float(np.mean(a["spawned"] == 0)), "answered": float(np.mean(a["answered"])),
+                  "seconds": seconds * float(np.mean(sizes == n))}
     return out

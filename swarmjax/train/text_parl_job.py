@@ -36,7 +36,6 @@ One process.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import time
@@ -50,7 +49,6 @@ from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
-from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
@@ -62,7 +60,7 @@ from swarmjax.train.text_parl import (EVAL_STREAMS, TextPARLJob, eval_episodes, 
                                       sample_episodes, warm_start)
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
-__all__ = ["build_task", "evaluate_text_checkpoint", "greedy_swarm", "headline", "run_text_parl_job",
+__all__ = ["build_task", "evaluate_text_checkpoint", "headline", "make_swarm", "run_text_parl_job",
            "text_parl_table"]
 
 
@@ -77,11 +75,9 @@ def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTa
                      max_pairs=job.max_pairs)
 
 
-def greedy_swarm(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> TextSwarm:
-    """The evaluations' swarm: both roles greedy, the critical-step budget lifted."""
-    greedy = SamplingConfig(temperature=0.0)
-    rc = dataclasses.replace(job.parl.rollout, budget=None, orch_sampling=greedy, worker_sampling=greedy)
-    return TextSwarm(task, cfg, rc, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
+def make_swarm(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> TextSwarm:
+    """The job's swarm: PARL's rollouts, and (called greedy, budget lifted) its evaluations."""
+    return TextSwarm(task, cfg, job.parl.rollout, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
                      buckets=job.parl.buckets)
 
 
@@ -170,11 +166,11 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
             meta = {"parl_step": 0, "parl_seed": parl_seed, "eval_n": big, "identity": job.warm_identity(),
                     "job": job.identity(), "warm_start_s": time.perf_counter() - clock, "wall_clock_s": 0.0}
 
-        eval_swarm = greedy_swarm(job, task, cfg)
+        swarm, batch = make_swarm(job, task, cfg), job.parl.tasks_per_step * job.parl.group_size
         held_out, eval_key = {s: eval_episodes(job, s) for s in EVAL_STREAMS}, jax.random.fold_in(key, 1)
 
         def run_eval(step: int, label: str, params: Any, split: str) -> dict[str, dict[str, float]]:
-            res = evaluate(eval_swarm, params, warm, held_out[split], eval_key)
+            res = evaluate(swarm, params, warm, held_out[split], eval_key, batch=batch)
             for n, r in res.items():
                 log.write("eval.jsonl", {"step": step, "policy": label, "split": split, "n": n, **r})
             return {str(n): r for n, r in res.items()}
@@ -203,8 +199,6 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
             if steps > 0 and watch.reached():           # safe point
                 raise Preempted(0, workdir)
 
-        train_swarm = TextSwarm(task, cfg, job.parl.rollout, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
-                                buckets=job.parl.buckets)
         parl_key, rng = jax.random.key(parl_seed), random.Random(f"parl-{parl_seed}")
         draw = lambda: sample_episodes(job.env, rng, job.parl.tasks_per_step,  # noqa: E731
                                        focus_fraction=job.parl.focus_fraction, focus_min_n=job.parl.focus_min_n)
@@ -214,7 +208,7 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
         bar = progress_bar(steps, "PARL", progress, initial=min(start, steps))
         with bar:                                       # closed on a preemption too
             for step in range(start, steps):
-                state, m = parl_step(learner, state, train_swarm, draw(), jax.random.fold_in(parl_key, 100 + step),
+                state, m = parl_step(learner, state, swarm, draw(), jax.random.fold_in(parl_key, 100 + step),
                                      step, job.parl)
                 log.write("metrics.jsonl", {"stage": "parl", "step": step, **m})
                 bar.update(1)
@@ -259,11 +253,11 @@ def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "la
     differ = [k for k in ("model", "env", "tokenizer", "seed") if made.get(k) != job.warm_identity()[k]]
     if differ:
         raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
-    swarm = greedy_swarm(job, task, cfg)
+    swarm, batch = make_swarm(job, task, cfg), job.parl.tasks_per_step * job.parl.group_size
     tests, key = eval_episodes(job, split), jax.random.fold_in(jax.random.key(job.seed), 1)
     warm = state.frozen["workers"]
-    out = {"step": step, "warm_start": evaluate(swarm, warm, warm, tests, key),
-           "final": evaluate(swarm, state.params, warm, tests, key)}
+    out = {"step": step, "warm_start": evaluate(swarm, warm, warm, tests, key, batch=batch),
+           "final": evaluate(swarm, state.params, warm, tests, key, batch=batch)}
     out["headline"] = headline(out["warm_start"], out["final"], max(job.eval_sizes))
     return out
 
