@@ -92,7 +92,9 @@ def apply_overrides(config: Any, overrides: list[str]) -> Any:
     VALUE is a Python literal (``3e-4``, ``16``, ``True``, ``None``, ``(1, 4)``,
     ``'cosine'``; a bare word is taken as a string). The dotted path must name a
     field, and the value must fit its type annotation; errors are one line naming
-    the override. The nested replacement itself is ``simple_parsing.replace``.
+    the override. Overlapping overrides apply in order (``mesh=None`` then
+    ``mesh.data=4``: a mesh of the section's defaults with ``data=4``; ``mesh.data=4``
+    then ``mesh=None``: no mesh). The nested replacement itself is ``simple_parsing.replace``.
     """
     import ast
 
@@ -108,6 +110,10 @@ def apply_overrides(config: Any, overrides: list[str]) -> Any:
             value = ast.literal_eval(raw.strip())
         except (ValueError, SyntaxError):
             value = raw.strip()
+        for k in [k for k in changes if path.startswith(k + ".")]:      # a section set before a field of it
+            config = _replace(config, {k: changes.pop(k)})
+        for k in [k for k in changes if k.startswith(path + ".")]:      # fields of a section set now
+            del changes[k]
         node, parts = config, path.split(".")
         for i, part in enumerate(parts):
             hint = _field_type(type(node), part, path)
@@ -121,7 +127,15 @@ def apply_overrides(config: Any, overrides: list[str]) -> Any:
                 if not dataclasses.is_dataclass(node):
                     raise ValueError(f"--set {path}: {'.'.join(parts[:i + 1])} is not a config section")
         changes[path] = _check_type(value, hint, path)
+    return _replace(config, changes)
+
+
+def _replace(config: Any, changes: dict[str, Any]) -> Any:
+    """``simple_parsing.replace`` with a config's own validation errors (``__post_init__``)
+    as one line."""
+    import simple_parsing
+
     try:
         return simple_parsing.replace(config, changes)
-    except (TypeError, ValueError) as e:     # a config's own validation (__post_init__)
+    except (TypeError, ValueError) as e:
         raise ValueError(f"--set: {e}") from None

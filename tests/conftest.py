@@ -10,7 +10,7 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 # The suite spent more than half its time in XLA's CPU compiler (a full run on the 2-core
 # machine: 1104 s of 1965 s of tests, 4303 programs). With LLVM's backend optimisations off
 # the programs compile faster than they then run slower: 673 s of 1581 s, the suite 1003 s ->
-# 810 s. The subprocesses the tests start inherit it (test_resume and test_multihost:
+# 810 s. The subprocesses the tests start inherit it (test_resume and test_job:
 # small_job.subprocess_xla_flags), except the learning test's, whose time is in running
 # (tests/test_learning.py). A level set by the caller is kept.
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
@@ -50,8 +50,8 @@ def spread(params, scale=8.0):
 # the short files fill in behind them (longest-processing-time-first). xdist's default order
 # (files with the most tests first) put the few-test, minute-long files (multihost, resume,
 # learning) last: one worker ran 997 s of tests, the other 775 s, then waited.
-HEAVY_FIRST = ("test_examples.py", "test_learning.py", "test_multihost.py", "test_text_parl.py", "test_colab.py",
-               "test_resume.py", "test_text_engine.py", "test_swarm.py", "test_update.py", "test_job.py", "test_text_rollout.py",
+HEAVY_FIRST = ("test_examples.py", "test_learning.py", "test_job.py", "test_text_parl.py", "test_colab.py",
+               "test_resume.py", "test_text_engine.py", "test_swarm.py", "test_update.py", "test_text_rollout.py",
                "test_plan.py")
 
 

@@ -98,6 +98,14 @@ def test_config_overrides_are_typed():
     assert (out.parl.schedule, out.rollout.env.budget, out.group_size, out.dynamic_sampling) == \
         ("cosine", None, 4, True)
     assert cfg.group_size == 8                                     # the original is untouched
+    # overlapping overrides apply in order: an optional section set, then a field of it; and back
+    from swarmjax.models import ModelConfig
+    from swarmjax.sharding.mesh import MeshConfig
+    from swarmjax.train.job import TrainJob
+
+    job = TrainJob(model=ModelConfig(), mesh=MeshConfig(data=2))
+    assert apply_overrides(job, ["mesh=None", "mesh.fsdp=4"]).mesh == MeshConfig(fsdp=4)    # data: the default
+    assert apply_overrides(job, ["mesh.fsdp=4", "mesh=None"]).mesh is None
     for bad, msg in [("group_size=2.5", "is not a int"), ("dynamic_sampling=1", "is not a bool"),
                      ("update.optim.lr=1", "no field 'lr'"), ("group_size", "FIELD=VALUE"),
                      ("parl.schedule=step", "unknown schedule"), ("group_size.x=1", "not a config section")]:

@@ -1,7 +1,7 @@
 """Where `swarmjax train` / `swarmjax eval` get their distributed settings from (flags,
 JAX_* variables, a detected cluster), the errors for inconsistent ones, and the
 --resume modes. Pure: nothing here starts JAX's distributed runtime (the two-process
-runs through the CLI are in test_multihost.py)."""
+runs through the CLI are in test_job.py)."""
 
 import pytest
 

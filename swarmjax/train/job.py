@@ -247,6 +247,12 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
     env = job.parl.rollout.env
     key = jax.random.key(job.seed)
     mesh = None if job.mesh is None else make_mesh(job.mesh)
+    if mesh is not None and jax.process_count() > 1:        # each process puts its rows on its devices
+        shards = mesh.shape["data"] * mesh.shape["fsdp"]
+        if job.parl.tasks_per_step % shards:
+            raise ValueError(f"parl.tasks_per_step={job.parl.tasks_per_step} does not split over the mesh's "
+                             f"{shards} batch shards (data x fsdp) on {jax.process_count()} processes: make it "
+                             f"a multiple of {shards}")
 
     sources = _prepare(job, workdir, progress)
     test = _global(eval_tasks(sources["test"], job.eval_sizes, job.eval_episodes, "test"), mesh, False)
