@@ -304,24 +304,22 @@ def evaluate(swarm: TextSwarm, params: Any, worker_params: Any, tasks: dict[int,
     training batch size, the evaluation reuses the training rollout's program instead of
     compiling one per size. Greedy episodes do not depend on the key or on the other
     episodes of their call."""
-    sizes = [n for n, eps in tasks.items() for _ in eps]
+    sizes = np.asarray([n for n, eps in tasks.items() for _ in eps])
     episodes = [ep for eps in tasks.values() for ep in eps]
-    calls = [list(range(len(episodes)))] if batch is None else \
-        [list(range(i, min(i + batch, len(episodes)))) for i in range(0, len(episodes), batch)]
+    batch = batch or len(episodes)
     per: dict[str, list] = {k: [] for k in ("r_perf", "critical_steps", "total_steps", "spawned", "finished",
                                             "answered")}
     t0 = time.perf_counter()
-    for c, idx in enumerate(calls):
-        fill = idx + [idx[0]] * ((batch or len(idx)) - len(idx))
-        r = swarm(params, worker_params, [episodes[i] for i in fill], jax.random.fold_in(key, c), greedy=True,
-                  budget=None)
+    for c, start in enumerate(range(0, len(episodes), batch)):
+        call = episodes[start:start + batch]
+        r = swarm(params, worker_params, call + call[:1] * (batch - len(call)), jax.random.fold_in(key, c),
+                  greedy=True, budget=None)
         got = {"r_perf": r.rewards["r_perf"], "critical_steps": r.critical_steps, "total_steps": r.total_steps,
                "spawned": r.spawned, "finished": r.finished, "answered": r.end_reason == END_ANSWER}
         for k, v in got.items():
-            per[k].extend(np.asarray(v, np.float32)[:len(idx)].tolist())
+            per[k].extend(np.asarray(v, np.float32)[:len(call)].tolist())
     seconds = time.perf_counter() - t0
     arr = {k: np.asarray(v, np.float32) for k, v in per.items()}
-    sizes = np.asarray(sizes)
     out = {}
     for n in tasks:
         a = {k: v[sizes == n] for k, v in arr.items()}

@@ -75,10 +75,12 @@ def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTa
                      max_pairs=job.max_pairs)
 
 
-def make_swarm(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> TextSwarm:
-    """The job's swarm: PARL's rollouts, and (called greedy, budget lifted) its evaluations."""
-    return TextSwarm(task, cfg, job.parl.rollout, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
-                     buckets=job.parl.buckets)
+def make_swarm(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> tuple[TextSwarm, int]:
+    """The job's swarm: PARL's rollouts, and (called greedy, budget lifted) its evaluations;
+    and the batch size both run at (a PARL step's episodes: one compiled program)."""
+    swarm = TextSwarm(task, cfg, job.parl.rollout, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
+                      buckets=job.parl.buckets)
+    return swarm, job.parl.tasks_per_step * job.parl.group_size
 
 
 def _restore(cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
@@ -166,7 +168,7 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
             meta = {"parl_step": 0, "parl_seed": parl_seed, "eval_n": big, "identity": job.warm_identity(),
                     "job": job.identity(), "warm_start_s": time.perf_counter() - clock, "wall_clock_s": 0.0}
 
-        swarm, batch = make_swarm(job, task, cfg), job.parl.tasks_per_step * job.parl.group_size
+        swarm, batch = make_swarm(job, task, cfg)
         held_out, eval_key = {s: eval_episodes(job, s) for s in EVAL_STREAMS}, jax.random.fold_in(key, 1)
 
         def run_eval(step: int, label: str, params: Any, split: str) -> dict[str, dict[str, float]]:
@@ -253,7 +255,7 @@ def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "la
     differ = [k for k in ("model", "env", "tokenizer", "seed") if made.get(k) != job.warm_identity()[k]]
     if differ:
         raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
-    swarm, batch = make_swarm(job, task, cfg), job.parl.tasks_per_step * job.parl.group_size
+    swarm, batch = make_swarm(job, task, cfg)
     tests, key = eval_episodes(job, split), jax.random.fold_in(jax.random.key(job.seed), 1)
     warm = state.frozen["workers"]
     out = {"step": step, "warm_start": evaluate(swarm, warm, warm, tests, key, batch=batch),
