@@ -91,8 +91,8 @@ def test_text_parl_job_runs_and_writes_its_summary(tiny_run, tmp_path, capsys):
     parl = [r for r in rows if r["stage"] == "parl"]
     assert [r["step"] for r in parl] == [0, 1]
     for r in parl:
-        assert np.isfinite(r["learner/loss"]) and r["cut_by_max_ticks"] == 0 and r["orch_tokens"] > 0
-        assert {"r_perf", "r_parallel", "r_finish", "cost", "lambda1"} <= set(r)
+        assert np.isfinite(r["learner/loss"]) and r["cut_by_max_ticks"] == 0 and r["orch_sampled_tokens"] > 0
+        assert {"accuracy", "reward/r_parallel", "reward/r_finish", "reward/cost", "reward/lambda1"} <= set(r)
     evals = [json.loads(line) for line in open(os.path.join(workdir, "eval.jsonl"))]
     # the warm start and the final policy on the test split; every evaluation on validation
     assert [(e["policy"], e["split"], e["n"]) for e in evals] == [
@@ -183,14 +183,14 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
     cut = tmp_path / "cut"
     args = ["train", "--config", str(config), "--workdir", str(cut), "--no-progress", "--set",
             f"warm_start_from={full}"]
-    step = text_parl_job.parl_step
+    rl_step = text_parl_job.rl_step
 
-    def preempted_step(learner, state, swarm, tasks, key, i, pcfg):
-        out = step(learner, state, swarm, tasks, key, i, pcfg)
-        if i == 0:                               # the notice arrives during PARL step 0
+    def preempted_step(*args, step, **kw):
+        out = rl_step(*args, step=step, **kw)
+        if step == 0:                            # the notice arrives during PARL step 0
             os.kill(os.getpid(), signal.SIGTERM)
         return out
-    monkeypatch.setattr(text_parl_job, "parl_step", preempted_step)
+    monkeypatch.setattr(text_parl_job, "rl_step", preempted_step)
     assert main(args) == PREEMPTED_EXIT_CODE
     assert "checkpoint at PARL step 1 saved" in capsys.readouterr().err
     assert main(args) == 2                       # --resume never: a workdir with checkpoints is refused

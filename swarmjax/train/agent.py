@@ -1,7 +1,10 @@
-"""The stages of a text agent job, for any task plug-in (:mod:`swarmjax.envs.task`): the
-warm start on played demonstrations, one RL step on host-driven text rollouts, the
-reward, and the greedy evaluation. The job that runs them with checkpoints and resume
-is :mod:`swarmjax.train.agent_job`.
+"""The stages of every text job, for any task plug-in (:mod:`swarmjax.envs.task`): the
+warm start on played demonstrations, the reward, the RL step and the greedy evaluation,
+on either rollout engine (:mod:`swarmjax.train.engines`: the host-driven
+``TextRollout`` that runs any task's Python tools, or the jitted ``TextSwarm``). The
+jobs that run them with checkpoints and resume: :mod:`swarmjax.train.agent_job` (any
+task, host engine) and :mod:`swarmjax.train.text_parl_job` (the relay task's device
+twin, device engine).
 
 Roles: a single agent, or an orchestrator whose sub-agents are **frozen** (a copy of
 the params taken when RL starts, carried in ``TrainState.frozen["subagents"]`` and never
@@ -19,7 +22,6 @@ Reward of an episode (:func:`episode_rewards`), with ``r_perf`` the verifier's t
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,23 +29,22 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from swarmjax.envs.api import play
 from swarmjax.envs.task import EnvContext, demonstration, make_env, reward_terms
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import param_logical_axes
-from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
+from swarmjax.optim import OptimConfig
 from swarmjax.rl.advantages import compute_advantages, overlong_penalty, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
-from swarmjax.rl.trajectory import TrajectoryBatch
+from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
-from swarmjax.sharding.mesh import batch_sharding, state_shardings_like, tree_shardings
-from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRollout, TextRolloutConfig, TextRolloutResult
+from swarmjax.sharding.mesh import batch_sharding
+from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRolloutConfig, TextRolloutResult
 from swarmjax.train.demos import Demos, pack_rows
 from swarmjax.train.distributed import allgather, global_rows, global_whole, local_replica, share
-from swarmjax.train.sft import _role_stats
+from swarmjax.train.engines import Engine
+from swarmjax.train.sft import sft_step
 
 SUBAGENTS = ("frozen", "shared")
 
@@ -99,6 +100,9 @@ class TextRLConfig:
       ``r_parallel`` form must be one whose counts the task's verifier reports
       (``"spawned"`` needs none).
     update, rollout: the learner's and the rollout's settings.
+    bucket: learner rows are cut to a multiple of this length (one compile each).
+    head_multiple: the ids every learner row opens with (system turn, tool schemas) run
+      once per forward (``Learner.update(head=)``), cut to a multiple of this; 0: off.
     """
 
     steps: int = 60
@@ -113,8 +117,12 @@ class TextRLConfig:
                                         optim=OptimConfig(learning_rate=3e-4))
     rollout: TextRolloutConfig = TextRolloutConfig(orch_context=512, worker_context=256, max_turn_tokens=48,
                                                    worker_lanes=8, subagent_turns=3)
+    bucket: int = 64
+    head_multiple: int = 0
 
     def __post_init__(self):
+        if self.bucket < 1 or self.head_multiple < 0:
+            raise ValueError(f"bucket must be >= 1 and head_multiple >= 0, got {self.bucket}, {self.head_multiple}")
         if min(self.steps, self.tasks_per_step, self.group_size) < 0:
             raise ValueError("rl steps, tasks_per_step and group_size must be >= 0")
         check_group_batch(self.advantage, self.tasks_per_step, self.group_size, self.update)
@@ -160,39 +168,16 @@ def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Ge
 
 def warm_start(params: Any, cfg: ModelConfig, data: Demos, scfg: TextSFTConfig, seed: int,
                on_step: Callable[[int, dict], None] | None = None, *, mesh: Any = None) -> Any:
-    """Masked next-token training on ``data`` (the agent's own ids), batches of one
-    length bucket (a multiple of ``bucket``). With ``optim.qk_clip_tau > 0`` QK-Clip
-    follows every step, as in RL (``max_attn_logit``, ``qk_clip_heads`` logged).
+    """Masked next-token training on ``data`` (the agent's own ids) with the one
+    warm-start step (:func:`swarmjax.train.sft.sft_step`, one role ``"agent"``: metrics
+    ``loss``, ``agent_acc``; QK-Clip after every step with ``optim.qk_clip_tau > 0``):
+    batches of ``batch`` rows drawn uniformly, cut to the longest row's length bucket (a
+    multiple of ``bucket``).
 
     ``mesh``: params and optimizer state sharded as the learner shards them, batch rows
     over the data axes (every process passes the same ``params`` and ``data``, and they
     step together). Returns the params (sharded over ``mesh`` when given)."""
-    opt = make_optimizer(scfg.optim)
-    tau = scfg.optim.qk_clip_tau
-    shardings = None
-    if mesh is not None:
-        shardings = tree_shardings(param_logical_axes(cfg), params, mesh)
-        params = global_whole(params, shardings)
-        opt_shapes = jax.eval_shape(opt.init, params)
-        opt_shardings = state_shardings_like(opt_shapes, params, shardings, mesh)
-        opt_state = jax.jit(opt.init, out_shardings=opt_shardings)(params)
-    else:
-        opt_state = opt.init(params)
-
-    @functools.partial(jax.jit, **({} if mesh is None else {"out_shardings": (shardings, opt_shardings, None)}))
-    def step(params, opt_state, batch):
-        def loss(p):
-            (nll, count, right), max_logits = _role_stats(p, cfg, *batch, want_max=tau > 0)
-            return nll / jnp.maximum(count, 1.0), (right / jnp.maximum(count, 1.0), max_logits)
-        (value, (acc, max_logits)), grads = jax.value_and_grad(loss, has_aux=True)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        metrics = {"loss": value, "acc": acc}
-        if tau > 0:
-            params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=scfg.optim.qk_clip_alpha)
-            metrics.update(max_attn_logit=clip["max_attn_logit"], qk_clip_heads=clip["qk_clip_heads"])
-        return params, opt_state, metrics
-
+    params, opt_state, step = sft_step(params, cfg, scfg.optim, roles=("agent",), mesh=mesh)
     lengths = data.token_mask.sum(1)
     rounded = np.minimum(-(-lengths // scfg.bucket) * scfg.bucket, data.tokens.shape[1])
     rng = np.random.default_rng(seed)
@@ -269,27 +254,28 @@ def _subagent_rows(res: TextRolloutResult, reward: np.ndarray, groups: np.ndarra
     return out
 
 
-def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Callable[[Any], Any],
-            problems: list, key: jax.Array, rcfg: TextRLConfig, *, step: int = 0,
-            subagents: str = "frozen") -> tuple[TrainState, dict[str, float]]:
-    """One RL step on ``problems`` (each rolled out ``group_size`` times; ``make(problem)``
-    builds an episode's environment): rollout, reward, group advantages, one learner
-    update on exactly the rollout's ids, loss mask and sampler log-probs. Returns the new
-    state and the step's metrics.
+def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list, key: jax.Array,
+            rcfg: TextRLConfig, *, step: int = 0, subagents: str = "frozen") -> tuple[TrainState, dict[str, float]]:
+    """One RL step on ``problems`` (each rolled out ``group_size`` times by ``engine``,
+    :mod:`swarmjax.train.engines`): rollout, reward (:func:`episode_rewards`), group
+    advantages, one learner update on exactly the rollout's ids, loss mask and sampler
+    log-probs. Returns the new state and the step's metrics (:func:`step_metrics`).
 
-    With several processes every one passes the same ``problems``, rolls out its share
-    (whole groups; its tools run locally) with a local copy of the params, and the
-    learner updates on the global batch. Episode ``e`` of the step draws the same
-    tokens whichever process runs it, so the metrics are those of one process (the
-    ``segments`` count aside: each process decodes its own)."""
+    Rows are cut to a multiple of ``rcfg.bucket`` ids (few shapes to compile); with
+    ``rcfg.head_multiple`` the ids every row opens with run once per forward
+    (``Learner.update(head=)``). With several processes every one passes the same
+    ``problems``, rolls out its share (whole groups; its tools run locally) with a local
+    copy of the params, and the learner updates on the global batch. Episode ``e`` of
+    the step draws the same tokens whichever process runs it (host engine), so the
+    metrics are those of one process (the ``segments`` count aside: each process decodes
+    its own)."""
     G, mesh = rcfg.group_size, learner.mesh
     start, stop = share(len(problems))
     mine = problems[start:stop]
     episodes = [p for p in mine for _ in range(G)]
     t0 = time.perf_counter()
-    orch, workers = _rollout_params(state.params, subagent_params(state), mesh)
-    res = rollout(orch, workers, [make(p) for p in episodes], episodes, key,
-                  episode_ids=range(start * G, stop * G))
+    res = engine(*_rollout_params(state.params, subagent_params(state), mesh), episodes, key,
+                 episode_ids=range(start * G, stop * G))
     t1 = time.perf_counter()
     reward, channels = episode_rewards(res, rcfg, step)
     local = np.repeat(np.arange(len(mine)), G)
@@ -304,23 +290,63 @@ def rl_step(learner: Learner, state: TrainState, rollout: TextRollout, make: Cal
     subs = _subagent_rows(res, reward, groups, keep, rcfg, rcfg.update.splits) if subagents == "shared" else None
     if subs is not None:
         rows = _stack_rows(rows, subs)
-    W = -(-rows["tokens"].shape[1] // 64) * 64                          # few distinct lengths to compile
+    W = rows["tokens"].shape[1]
+    W = min(-(-W // rcfg.bucket) * rcfg.bucket, max(W, res.tokens.shape[1]))   # few distinct widths to compile
     rows = {k: _pad_to(v, W) if v.ndim == 2 else v for k, v in rows.items()}
+    P = _shared_head(rows, rcfg.head_multiple) if rcfg.head_multiple else 0
     batch = TrajectoryBatch.create(rows["tokens"], rows["loss_mask"], rows["advantages"],
                                    token_mask=rows["token_mask"], sampler_logprobs=rows["logprobs"],
                                    group_ids=rows["group"], rewards=rows["reward"])
-    state, learn = learner.update(state, global_rows(batch, mesh))
+    head, batch = batch.split_head(P) if P else (None, batch)
+    state, learn = learner.update(state, global_rows(batch, mesh), head=head)
     learn = jax.device_get(learn)
     per_episode = allgather({"reward": reward.astype(np.float32), "kept_groups": keep.astype(np.float32),
                              "orch_sampled_tokens": res.loss_mask.sum(axis=1).astype(np.float32),
                              **episode_figures(res), **{f"reward/{k}": np.asarray(v, np.float32)
                                                         for k, v in channels.items() if k != "r_perf"}})
-    counts = allgather(np.asarray([[res.stats["segments"], res.stats["sampled_tokens"]]], np.int64))
-    metrics = {**mean_figures(per_episode), "rollout_s": t1 - t0, "update_s": time.perf_counter() - t1,
-               "segments": int(counts[:, 0].max()), "sampled_tokens": int(counts[:, 1].sum()),
+    metrics = {**mean_figures(per_episode), **_rollout_counts(res), "rollout_s": t1 - t0,
+               "update_s": time.perf_counter() - t1,
                "subagent_rows": 0 if subs is None else int((subs["group"] < stop).sum())}
+    if rcfg.parl is not None:                       # how the episodes that delegated did against the rest
+        spawned = per_episode["subagents"] > 0
+        metrics.update(spawned_accuracy=_mean_where(per_episode["accuracy"], spawned),
+                       serial_accuracy=_mean_where(per_episode["accuracy"], ~spawned))
+    if rcfg.head_multiple:
+        metrics["shared_head"] = P
     metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
     return state, metrics
+
+
+# a rollout's counts (TextRolloutResult.stats) in the step's metrics: how they combine over processes
+COUNTS = {"segments": np.max, "sampled_tokens": np.sum, "cut_by_max_ticks": np.sum, "ticks": np.max}
+
+
+def _rollout_counts(res: TextRolloutResult) -> dict[str, int]:
+    """The rollout's counts (:data:`COUNTS` the engine reports), combined over processes."""
+    keys = [k for k in COUNTS if k in res.stats]
+    if not keys:
+        return {}
+    got = allgather(np.asarray([[res.stats[k] for k in keys]], np.int64))
+    return {k: int(COUNTS[k](got[:, i])) for i, k in enumerate(keys)}
+
+
+def _mean_where(x: np.ndarray, mask: np.ndarray) -> float:
+    """Mean of ``x`` over ``mask`` (-1 when empty: a JSON-safe "none")."""
+    return float(np.mean(x[mask])) if mask.any() else -1.0
+
+
+def _shared_head(rows: dict[str, np.ndarray], multiple: int) -> int:
+    """:func:`~swarmjax.rl.trajectory.shared_head` of the global batch's rows: the local
+    rows' head, cut to what the first rows of every process share."""
+    P = shared_head(rows["tokens"], rows["token_mask"], rows["loss_mask"], multiple=multiple)
+    if jax.process_count() == 1:
+        return P
+    firsts = allgather(np.asarray(rows["tokens"][:1]))                 # [procs, W]
+    heads = allgather(np.asarray([P], np.int64))
+    same = np.all(firsts == firsts[:1], axis=0)
+    common = same.shape[0] if same.all() else int(np.argmin(same))
+    P = min(int(heads.min()), common)
+    return max(0, P - P % multiple)
 
 
 def _rollout_params(params: Any, worker_params: Any, mesh: Any) -> tuple[Any, Any]:
@@ -343,37 +369,46 @@ def _stack_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
 
 # the figures of an evaluation and of every RL step
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
-           "subagents", "critical_steps")
+           "subagents", "finished_subagents", "critical_steps", "total_steps")
 
 
-def evaluate(rollout: TextRollout, params: Any, worker_params: Any, make: Callable[[Any], Any], problems: list,
-             key: jax.Array, *, mesh: Any = None) -> dict[str, float]:
-    """:func:`rollout_figures` of greedy episodes on ``problems``. With several processes
-    each runs a share (episode ``e`` keyed as on one process) and the figures are the
-    means over all of them (``params`` global arrays over ``mesh``)."""
+def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, key: jax.Array, *,
+             mesh: Any = None) -> dict[str, np.ndarray]:
+    """Greedy episodes of ``problems``: :func:`episode_figures` of each [N], in order
+    (:func:`mean_figures` averages them). Calls of ``engine.batch`` episodes when it has
+    one (the last filled up with repeats of its first problem, dropped from the figures):
+    the training rollout's compiled program. With several processes each runs a share
+    (episode ``e`` keyed as on one process) and every process gets all the figures
+    (``params`` global arrays over ``mesh``)."""
     procs, n = jax.process_count(), len(problems)
     per = -(-n // procs)
     start = min(jax.process_index() * per, n)
     mine = problems[start:start + per]
     figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
-    if mine:
-        res = rollout(*_rollout_params(params, worker_params, mesh), [make(p) for p in mine], mine, key,
-                      episode_ids=range(start, start + len(mine)))
+    orch, workers = _rollout_params(params, worker_params, mesh)
+    size = engine.batch or max(len(mine), 1)
+    for c, at in enumerate(range(0, len(mine), size)):
+        call = mine[at:at + size]
+        res = engine(orch, workers, call + call[:1] * (size - len(call)), jax.random.fold_in(key, c),
+                     episode_ids=range(start + at, start + at + size), greedy=True)
         for k, v in episode_figures(res).items():
-            figures[k][:len(mine)] = v
-    figures = allgather(figures)
-    return mean_figures({k: v[~np.isnan(v)] for k, v in figures.items()})
+            figures[k][at:at + len(call)] = v[:len(call)]
+    figures = allgather(figures)                                       # [procs, per]
+    return {k: v.reshape(-1)[:n] for k, v in figures.items()}
 
 
 def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
-    """Each episode's figures [B] float32 (:data:`FIGURES`): accuracy (``r_perf``), tool
-    calls and errors, orchestrator turns, whether it answered, whether its answer was
-    cut by the turn limit, whether it ran out of context; sub-agents and critical steps."""
+    """Each episode's figures [B] float32 (:data:`FIGURES`): accuracy (``r_perf``, the
+    verifier's score: item-F1 in wide search), tool calls and errors, orchestrator turns,
+    whether it answered, whether its answer was cut by the turn limit, whether it ran out
+    of context; sub-agents started and finished (returned before their turn limit),
+    critical and total steps."""
     r = reward_terms(res.rewards, len(res.length))
     out = {"accuracy": r["r_perf"], "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
            "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
            "context_ended": res.end_reason == END_CONTEXT, "subagents": res.spawned,
-           "critical_steps": res.critical_steps}
+           "finished_subagents": res.finished, "critical_steps": res.critical_steps,
+           "total_steps": res.total_steps}
     return {k: np.asarray(out[k], np.float32) for k in FIGURES}
 
 

@@ -50,9 +50,10 @@ from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.runner import ToolRunner
 from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, evaluate,
-                                  rl_step, subagent_params, warm_start)
+                                  mean_figures, rl_step, subagent_params, warm_start)
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier
+from swarmjax.train.engines import HostEngine
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
 from swarmjax.train.logs import TextJobLog, change, log_line, progress_bar, write_summary
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy
@@ -197,14 +198,14 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     else:
         log = TextJobLog(workdir, None, primary)
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
-    train_rollout, eval_rollout = _rollout(job, cfg, chat, greedy=False), _rollout(job, cfg, chat, greedy=True)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents)
-    make = lambda p: make_env(task, p, ctx)                                     # noqa: E731
+    engine = HostEngine(_rollout(job, cfg, chat, greedy=False), lambda p: make_env(task, p, ctx),
+                        greedy_rollout=_rollout(job, cfg, chat, greedy=True))
     splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
     try:
         def run_eval(step: int, label: str, state: Any, split: str) -> dict[str, float]:
-            res = evaluate(eval_rollout, state.params, subagent_params(state), make, splits[split],
-                           jax.random.fold_in(key, 1), mesh=mesh)
+            res = mean_figures(evaluate(engine, state.params, subagent_params(state), splits[split],
+                                        jax.random.fold_in(key, 1), mesh=mesh))
             log.write("eval.jsonl", {"step": step, "policy": label, "split": split, **res})
             return res
 
@@ -243,8 +244,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
         with bar:                                       # closed on a preemption too
             for step in range(start, steps):
                 problems = stream.take(job.rl.tasks_per_step)
-                state, m = rl_step(learner, state, train_rollout, make, problems, jax.random.fold_in(key, 100 + step),
-                                   job.rl, step=step, subagents=job.subagents)
+                state, m = rl_step(learner, state, engine, problems, jax.random.fold_in(key, 100 + step), job.rl,
+                                   step=step, subagents=job.subagents)
                 log.write("metrics.jsonl", {"stage": "rl", "step": step, **m})
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.3f}")
@@ -257,8 +258,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     finally:
         log.close()
         runner.close()
-        train_rollout.close()
-        eval_rollout.close()
+        engine.close()
     summary = {"task": task_name(task), "role": job.role, "subagents": job.subagents if job.role != "single" else None,
                "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size, "chat": chat.name,
                "held_out": meta["held_out"], "rl_steps": meta["rl_step"], "warm_start_steps": 0 if job.sft is None
@@ -285,8 +285,8 @@ def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfi
     def on_sft(i, m):
         log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
         bar.update(1)
-        bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['acc']:.3f}")
-        log_line(progress, job.log_every * 10, i, job.sft.steps, "warm start", m, ("loss", "acc"))
+        bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['agent_acc']:.3f}")
+        log_line(progress, job.log_every * 10, i, job.sft.steps, "warm start", m, ("loss", "agent_acc"))
         if watch.reached():
             bar.close()
             raise Preempted(None, workdir)
@@ -313,15 +313,15 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
         raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents)
-    rollout = _rollout(job, cfg, chat, greedy=True)
+    engine = HostEngine(_rollout(job, cfg, chat, greedy=True), lambda p: make_env(task, p, ctx))
     t0 = time.perf_counter()
     problems = held_out(task, split, job.seed, job.eval_episodes)
     try:
-        final = evaluate(rollout, state.params, subagent_params(state),
-                         lambda p: make_env(task, p, ctx), problems, jax.random.fold_in(jax.random.key(job.seed), 1))
+        final = mean_figures(evaluate(engine, state.params, subagent_params(state), problems,
+                                      jax.random.fold_in(jax.random.key(job.seed), 1)))
     finally:
         runner.close()
-        rollout.close()
+        engine.close()
     out = {"step": step, "final": final, "held_out": {split: len(problems)}, "rl_steps": step,
            "wall_clock_s": time.perf_counter() - t0, "backend": jax.default_backend()}
     if split == "test" and meta.get("held_out", {}).get("test") == len(problems):

@@ -225,9 +225,10 @@ def summary_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def curves(workdir: PathLike) -> None:
-    """curves.png: SFT loss; PARL reward, item-F1, critical steps and sub-agents per step
-    (batch means of the training rollouts)."""
+def curves(workdir: PathLike, keys: tuple[str, ...] = ("reward", "item_f1", "critical_steps", "subagents")
+           ) -> None:
+    """curves.png: SFT loss; the PARL steps' ``keys`` (batch means of the training
+    rollouts: reward, item-F1 / accuracy, critical steps and sub-agents) per step."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -238,10 +239,10 @@ def curves(workdir: PathLike) -> None:
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     parl = [r for r in rows if r["stage"] == "parl"]
     sft = [r for r in rows if r["stage"] == "sft"]
-    fig, axes = plt.subplots(1, 5, figsize=(20, 3.4))
+    fig, axes = plt.subplots(1, 1 + len(keys), figsize=(4 * (1 + len(keys)), 3.4))
     axes[0].plot([r["step"] for r in sft], [r["loss"] for r in sft])
     axes[0].set_title("SFT loss")
-    for ax, k in zip(axes[1:], ("reward", "item_f1", "critical_steps", "subagents")):
+    for ax, k in zip(axes[1:], keys):
         ax.plot([r["step"] for r in parl], [r[k] for r in parl])
         ax.set_title(f"PARL {k}")
         ax.set_xlabel("step")

@@ -1,21 +1,24 @@
-"""Stage 1 — warm start: supervised fine-tuning on scripted demonstrations.
+"""The warm start: supervised fine-tuning on scripted demonstrations, one step for every job.
 
-One model learns both roles (orchestrator and worker) with a masked next-token loss:
-only the tokens the acting agent said count, never the prompt or the environment's
-tokens. Each step takes a batch of orchestrator trajectories ``[Bo, C]`` and one of
-worker trajectories ``[Bw, W]`` and minimises the sum of the two roles' token means:
+:func:`sft_step` is the warm-start step of every job (the token world's two roles, the
+text PARL job's two roles with their shared heads, the agent job's one role, on a mesh or
+not): a masked next-token loss where only the tokens the acting agent said count, never
+the prompt or the environment's tokens, summed over the roles' token means. For the
+token world's two roles, a batch of orchestrator trajectories ``[Bo, C]`` and one of
+worker trajectories ``[Bw, W]``::
 
     L = mean_{t in said(orch)} -log p(x_t | x_<t) + mean_{t in said(worker)} -log p(x_t | x_<t)
 
 (per-role means, so the long orchestrator contexts do not drown the short worker
 ones). The optimizer is the same Muon/AdamW split as the RL stage
 (:func:`swarmjax.optim.make_optimizer`), followed by QK-Clip as there.
+:func:`train_sft` is the token world's loop over that step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -26,12 +29,15 @@ import optax
 
 from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import forward, forward_after_head
+from swarmjax.models.transformer import forward, forward_after_head, param_logical_axes
 from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
 from swarmjax.rl.losses import token_logprobs
+from swarmjax.sharding.mesh import state_shardings_like, tree_shardings
 from swarmjax.train.demos import Demos, make_demos
+from swarmjax.train.distributed import global_whole
 
 Array = jax.Array
+ROLES = ("orch", "worker")            # the token world's two roles, each its own batch and mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,15 +97,17 @@ def _role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
     return _stats(out.logits, tokens, loss_mask), out.max_logits
 
 
-def sft_loss(params: Any, cfg: ModelConfig, orch: tuple[Array, Array, Array],
-             work: tuple[Array, Array, Array], *, want_max: bool = False,
-             heads: tuple[Array, Array] | None = None) -> tuple[Array, tuple[dict[str, Array], Array | None]]:
-    """The two-role loss above, and (per-role metrics ``*_nll``, ``*_acc``; with
-    ``want_max`` the attention max logits [L, H] over both batches, else None).
-    ``heads``: (orchestrator head [P1], sub-agent head [P2]) the role's rows all open with
-    and that its batch leaves out (:func:`prefix_role_stats`: the same loss and gradients)."""
+def sft_loss(params: Any, cfg: ModelConfig, batches: Sequence[tuple[Array, Array, Array]], *,
+             roles: Sequence[str] = ROLES, want_max: bool = False, heads: Sequence[Array | None] | None = None
+             ) -> tuple[Array, tuple[dict[str, Array], Array | None]]:
+    """The sum over roles of each role's mean masked NLL (the module's loss; one role: its
+    mean), and (per-role metrics ``<role>_nll``, ``<role>_acc``; with ``want_max`` the
+    attention max logits [L, H] over all batches, else None). ``batches``: one
+    (tokens, token_mask, loss_mask) [B_r, T_r] per role of ``roles``. ``heads``: per role
+    the head [P_r] its rows all open with and that its batch leaves out, or None
+    (:func:`prefix_role_stats`: the same loss and gradients)."""
     metrics, loss, max_logits = {}, 0.0, None
-    for (name, batch), head in zip((("orch", orch), ("worker", work)), heads or (None, None)):
+    for name, batch, head in zip(roles, batches, heads or (None,) * len(roles), strict=True):
         (nll, count, right), m = _role_stats(params, cfg, *batch, want_max=want_max, head=head)
         mean = nll / jnp.maximum(count, 1.0)
         loss = loss + mean
@@ -150,21 +158,34 @@ def evaluate(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, batch: int
     return out
 
 
-def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, heads: tuple[Array, Array] | None = None
-             ) -> tuple[Any, Callable]:
-    """The optimiser state for ``params`` and the jitted two-role step
-    ``step(params, opt_state, orch, work) -> (params, opt_state, metrics)`` on
-    :func:`sft_loss` (``heads`` passed on). With ``optim.qk_clip_tau > 0`` QK-Clip
-    (:func:`swarmjax.optim.qk_clip`) follows every optimizer step, as in the RL stage: the
-    step's attention max logits [L, H] (both roles' batches) are logged as
-    ``max_attn_logit`` and heads over tau are rescaled to tau (``qk_clip_heads`` counts them)."""
+def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, roles: Sequence[str] = ROLES,
+             heads: Sequence[Array | None] | None = None, mesh: Any = None) -> tuple[Any, Any, Callable]:
+    """The one warm-start step of every job: (params, optimizer state, the jitted
+    ``step(params, opt_state, *batches) -> (params, opt_state, metrics)``) on
+    :func:`sft_loss` over ``roles`` (one batch per role, ``heads`` passed on). Metrics:
+    ``loss`` and the per-role ``<role>_nll`` / ``<role>_acc``. With ``optim.qk_clip_tau > 0``
+    QK-Clip (:func:`swarmjax.optim.qk_clip`) follows every optimizer step, as in the RL
+    stage: the step's attention max logits [L, H] (all roles' batches) are logged as
+    ``max_attn_logit`` and heads over tau are rescaled to tau (``qk_clip_heads`` counts them).
+
+    ``mesh``: params and optimizer state sharded as the learner shards them (the params
+    returned placed so); the caller places each batch's rows over the data axes."""
     opt = make_optimizer(optim)
     tau = optim.qk_clip_tau
+    jit_kw: dict[str, Any] = {}
+    if mesh is None:
+        opt_state = opt.init(params)
+    else:
+        shardings = tree_shardings(param_logical_axes(cfg), params, mesh)
+        params = global_whole(params, shardings)
+        opt_shardings = state_shardings_like(jax.eval_shape(opt.init, params), params, shardings, mesh)
+        opt_state = jax.jit(opt.init, out_shardings=opt_shardings)(params)
+        jit_kw["out_shardings"] = (shardings, opt_shardings, None)
 
-    @jax.jit
-    def step(params, opt_state, orch, work):
-        grad_fn = jax.value_and_grad(partial(sft_loss, want_max=tau > 0, heads=heads), has_aux=True)
-        (loss, (metrics, max_logits)), grads = grad_fn(params, cfg, orch, work)
+    @partial(jax.jit, **jit_kw)
+    def step(params, opt_state, *batches):
+        grad_fn = jax.value_and_grad(partial(sft_loss, roles=roles, want_max=tau > 0, heads=heads), has_aux=True)
+        (loss, (metrics, max_logits)), grads = grad_fn(params, cfg, batches)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {"loss": loss, **metrics}
@@ -172,7 +193,7 @@ def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, heads: tuple[
             params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=optim.qk_clip_alpha)
             metrics.update(max_attn_logit=clip["max_attn_logit"], qk_clip_heads=clip["qk_clip_heads"])
         return params, opt_state, metrics
-    return opt.init(params), step
+    return params, opt_state, step
 
 
 def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTConfig,
@@ -189,7 +210,7 @@ def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTCon
                                   max_chunk=scfg.max_chunk)
     eval_o, eval_w = make_demos(env, scfg.eval_demos, scfg.seed + 1_000_003,
                                 spawn_fraction=scfg.spawn_fraction, max_chunk=scfg.max_chunk)
-    opt_state, step = sft_step(params, cfg, scfg.optim)
+    params, opt_state, step = sft_step(params, cfg, scfg.optim)
     rng = np.random.default_rng(scfg.seed)
     buckets = length_buckets(train_o, scfg.bucket)
     report: dict[str, Any] = {"before": evaluate(params, cfg, eval_o, eval_w), "history": [], "evals": []}

@@ -1,5 +1,5 @@
-"""PARL in real text, the pieces: the job's configs, its tasks, the warm start, one PARL
-step and the evaluation (the job that runs them, with checkpoints and resume:
+"""PARL in real text, the pieces: the job's configs, its tasks, the two-role warm start
+and the evaluation table (the job that runs them, with checkpoints and resume:
 :mod:`swarmjax.train.text_parl_job`, ``swarmjax train --config
 configs/parl_widesearch_text_cpu.py --workdir runs/text``).
 
@@ -16,19 +16,22 @@ text and the Qwen3 chat format:
    next-token NLL of each averaged (:func:`swarmjax.train.sft.sft_loss`).
 3. **PARL.** Per step ``tasks_per_step`` fresh tasks (a ``focus_fraction`` of them with
    n >= ``focus_min_n``) x ``group_size`` samples, one jitted rollout of the whole swarm
-   (:class:`~swarmjax.swarm.text_engine.TextSwarm`: tool calls parsed and answered on
-   the device; the orchestrator trained, the sub-agents frozen at the warm start), the
-   PARL reward :func:`swarmjax.rl.parl.parl_reward` from the rollout's counts, group
-   advantages, and one :class:`~swarmjax.rl.update.Learner` update on exactly the
-   rollout's ids, loss mask and sampler log-probs.
+   (:class:`~swarmjax.swarm.text_engine.TextSwarm` behind
+   :class:`~swarmjax.train.engines.DeviceEngine`: tool calls parsed and answered on the
+   device; the orchestrator trained, the sub-agents frozen at the warm start), then the
+   RL step of every text job (:func:`swarmjax.train.agent.rl_step`: the PARL reward
+   :func:`swarmjax.rl.parl.parl_reward` from the rollout's counts, group advantages, one
+   :class:`~swarmjax.rl.update.Learner` update on exactly the rollout's ids, loss mask
+   and sampler log-probs).
    The warm start is saved to ``workdir/warm_start/`` (:mod:`swarmjax.train.warm_start`);
    ``warm_start_from=<workdir>`` reuses one made with the same model, SFT config, task,
    tokenizer and seed (PARL ablations skip the demonstrations and the SFT).
-4. **Evaluation** (greedy, both roles, budget lifted, held-out tasks from seed streams
-   of their own) per task size: item-F1, critical / total steps, sub-agents, the
-   no-spawn fraction. The **validation** split every ``eval_every`` PARL steps and at
-   the end (the checkpoints' score: the best one), the **test** split for the warm start
-   and the final policy (the summary's table): ``eval.jsonl``, ``summary.json`` /
+4. **Evaluation** (:func:`swarmjax.train.agent.evaluate`: greedy, both roles, budget
+   lifted, held-out tasks from seed streams of their own), per task size
+   (:func:`size_rows`): item-F1, critical / total steps, sub-agents, the no-spawn
+   fraction. The **validation** split every ``eval_every`` PARL steps and at the end
+   (the checkpoints' score: the best one), the **test** split for the warm start and
+   the final policy (the summary's table): ``eval.jsonl``, ``summary.json`` /
    ``summary.md``, ``curves.png``.
 
 """
@@ -37,27 +40,22 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.envs.widesearch import Episode, WideSearchConfig
-from swarmjax.envs.widesearch_jax import END_ANSWER
 from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
-from swarmjax.rl.advantages import compute_advantages, uniform_groups
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
-from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
-from swarmjax.rl.update import Learner, TrainState, UpdateConfig
-from swarmjax.swarm.text_engine import TextSwarm
+from swarmjax.rl.trajectory import shared_head
+from swarmjax.rl.update import UpdateConfig
 from swarmjax.swarm.text_types import TextRolloutConfig
 from swarmjax.text.chat import CHAT_FORMATS
-from swarmjax.train.agent import TextRLConfig, episode_rewards
+from swarmjax.train.agent import TextRLConfig
 from swarmjax.train.demos import Demos
 from swarmjax.train.sft import length_buckets, sample_bucketed, sft_step
 
@@ -92,9 +90,6 @@ class TextPARLConfig(TextRLConfig):
     chunk, wide_rows, buckets: :class:`TextSwarm`'s prefill width, share of rows per
       tick and row / window sizes each tick's forwards are compiled for (1: every row over
       the whole cache, the fewest compiles).
-    bucket: learner batches are cut to a multiple of this length (one compile each).
-    head_multiple: the ids every learner row opens with (system turn, tool schemas) run
-    once per forward (``Learner.update(head=)``), cut to a multiple of this; 0: off.
     """
 
     steps: int = 100
@@ -114,10 +109,8 @@ class TextPARLConfig(TextRLConfig):
         super().__post_init__()
         if self.parl is None:
             raise ValueError("a text PARL stage needs its PARL reward (parl=PARLConfig(...))")
-        if self.head_multiple < 0:
-            raise ValueError(f"head_multiple must be >= 0, got {self.head_multiple}")
-        if min(self.tasks_per_step, self.group_size, self.bucket, self.buckets) < 1:
-            raise ValueError("parl tasks_per_step, group_size, bucket and buckets must be >= 1")
+        if min(self.tasks_per_step, self.group_size, self.buckets) < 1:
+            raise ValueError("parl tasks_per_step, group_size and buckets must be >= 1")
         if not 0.0 <= self.focus_fraction <= 1.0:
             raise ValueError(f"focus_fraction must be in [0, 1], got {self.focus_fraction}")
 
@@ -218,15 +211,15 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
     """Both roles each step: ``batch`` orchestrator rows of one length bucket and
     ``batch`` sub-agent rows (cut to their longest), loss = orchestrator NLL + sub-agent
-    NLL (per-role means over the agent's own ids, as :func:`swarmjax.train.sft.sft_loss`).
-    Each role's rows open with the same ids (system turn, tool schemas: ~540 of an
-    orchestrator's ~1000): that head runs once per step
-    (:func:`~swarmjax.train.sft.prefix_role_stats`, the same loss and gradients). The
-    step is :func:`~swarmjax.train.sft.sft_step`'s: QK-Clip after it with
-    ``optim.qk_clip_tau > 0``. Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/
-    ``worker_acc`` (and ``max_attn_logit``, ``qk_clip_heads`` with QK-Clip)."""
+    NLL (per-role means over the agent's own ids: the one warm-start step,
+    :func:`swarmjax.train.sft.sft_step`, with two roles; QK-Clip after it with
+    ``optim.qk_clip_tau > 0``). Each role's rows open with the same ids (system turn,
+    tool schemas: ~540 of an orchestrator's ~1000): that head runs once per step
+    (:func:`~swarmjax.train.sft.prefix_role_stats`, the same loss and gradients).
+    Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/``worker_acc`` (and
+    ``max_attn_logit``, ``qk_clip_heads`` with QK-Clip)."""
     heads = tuple(jnp.asarray(d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]) for d in (orch, work))
-    opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads)
+    params, opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads)
     rng = np.random.default_rng(seed)
     buckets = length_buckets(orch, scfg.bucket)
     W = int(work.token_mask.sum(1).max())
@@ -241,91 +234,22 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
     return params
 
 
-# ------------------------------------------------------------------------ PARL
+# ------------------------------------------------------------------------ evaluation
 
 
-def parl_step(learner: Learner, state: TrainState, swarm: TextSwarm, tasks: list[Episode], key: jax.Array,
-              step: int, pcfg: TextPARLConfig) -> tuple[TrainState, dict[str, float]]:
-    """One PARL step on ``tasks`` (each sampled ``group_size`` times): rollout, the reward
-    of every text job (:func:`swarmjax.train.agent.episode_rewards`: the PARL reward over
-    the rollout's counts), group advantages, update. Returns the new state and the step's
-    metrics."""
-    G = pcfg.group_size
-    episodes = [ep for ep in tasks for _ in range(G)]
-    t0 = time.perf_counter()
-    res = swarm(state.params, state.frozen["workers"], episodes, key)
-    t1 = time.perf_counter()
-    # the task sizes: the counts of r_parallel = "coverage" (returned / n)
-    n = np.array([len(ep.task) for ep in episodes], np.float32)
-    reward, channels = episode_rewards(dataclasses.replace(res, rewards={**res.rewards, "n": n}), pcfg, step)
-    groups = jnp.repeat(jnp.arange(len(tasks)), G)
-    adv = compute_advantages(pcfg.advantage, jnp.asarray(reward), groups)
-    keep = ~uniform_groups(jnp.asarray(reward), groups) if pcfg.dynamic_sampling else jnp.ones(len(episodes), bool)
-    L = min(res.tokens.shape[1], -(-int(res.length.max()) // pcfg.bucket) * pcfg.bucket)
-    token_mask = np.arange(L)[None] < res.length[:, None]
-    batch = TrajectoryBatch.create(res.tokens[:, :L], jnp.asarray(res.loss_mask[:, :L]) & keep[:, None], adv,
-                                   token_mask=token_mask, sampler_logprobs=res.logprobs[:, :L],
-                                   group_ids=groups, rewards=reward)
-    P = shared_head(res.tokens[:, :L], token_mask, res.loss_mask[:, :L], multiple=pcfg.head_multiple) \
-        if pcfg.head_multiple else 0
-    head, batch = batch.split_head(P) if P else (None, batch)
-    state, learn = learner.update(state, batch, head=head)
-    learn = jax.device_get(learn)
-    r = res.rewards
-    metrics = {k: float(np.mean(v)) for k, v in channels.items()}
-    metrics.update(reward=float(np.mean(reward)), item_f1=float(np.mean(r["r_perf"])),
-                   critical_steps=float(np.mean(res.critical_steps)), total_steps=float(np.mean(res.total_steps)),
-                   subagents=float(np.mean(res.spawned)), finished_subagents=float(np.mean(res.finished)),
-                   parallel=float(np.mean(r["parallel"])), answered=float(np.mean(res.end_reason == END_ANSWER)),
-                   spawned_f1=_mean_where(r["r_perf"], res.spawned > 0),
-                   serial_f1=_mean_where(r["r_perf"], res.spawned == 0),
-                   kept_groups=float(jnp.mean(keep)), cut_by_max_ticks=res.stats["cut_by_max_ticks"],
-                   rollout_s=t1 - t0, update_s=time.perf_counter() - t1, orch_tokens=int(res.length.sum()),
-                   shared_head=P)
-    metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
-    return state, metrics
-
-
-def _mean_where(x: np.ndarray, mask: np.ndarray) -> float:
-    """Mean of ``x`` over ``mask`` (-1 when empty: a JSON-safe "none")."""
-    return float(np.mean(x[mask])) if mask.any() else -1.0
-
-
-def evaluate(swarm: TextSwarm, params: Any, worker_params: Any, tasks: dict[int, list[Episode]],
-             key: jax.Array, *, batch: int | None = None) -> dict[int, dict[str, float]]:
-    """Greedy, budget-lifted episodes (``swarm(..., greedy=True, budget=None)``: the
-    swarm's own compiled program). Per task size n: ``item_f1``, ``critical_steps``,
-    ``total_steps``, ``subagents``, ``finished_subagents``, ``no_spawn_fraction``,
-    ``answered`` (means over the tasks), ``seconds`` (the wall time, each size its share
-    by episodes).
-
-    ``batch``: every size's episodes run together, in calls of ``batch`` episodes (the last
-    one filled up with repeats of its first episode, whose results are dropped): with the
-    training batch size, the evaluation reuses the training rollout's program instead of
-    compiling one per size. Greedy episodes do not depend on the key or on the other
-    episodes of their call."""
-    sizes = np.asarray([n for n, eps in tasks.items() for _ in eps])
-    episodes = [ep for eps in tasks.values() for ep in eps]
-    batch = batch or len(episodes)
-    per: dict[str, list] = {k: [] for k in ("r_perf", "critical_steps", "total_steps", "spawned", "finished",
-                                            "answered")}
-    t0 = time.perf_counter()
-    for c, start in enumerate(range(0, len(episodes), batch)):
-        call = episodes[start:start + batch]
-        r = swarm(params, worker_params, call + call[:1] * (batch - len(call)), jax.random.fold_in(key, c),
-                  greedy=True, budget=None)
-        got = {"r_perf": r.rewards["r_perf"], "critical_steps": r.critical_steps, "total_steps": r.total_steps,
-               "spawned": r.spawned, "finished": r.finished, "answered": r.end_reason == END_ANSWER}
-        for k, v in got.items():
-            per[k].extend(np.asarray(v, np.float32)[:len(call)].tolist())
-    seconds = time.perf_counter() - t0
-    arr = {k: np.asarray(v, np.float32) for k, v in per.items()}
+def size_rows(per_episode: dict[str, np.ndarray], sizes: np.ndarray, seconds: float = 0.0
+              ) -> dict[int, dict[str, float]]:
+    """The evaluation table's rows per task size n from the episodes' figures
+    (:func:`swarmjax.train.agent.evaluate`; ``sizes`` [N] each episode's n): ``item_f1``
+    (the verifier's score), ``critical_steps``, ``total_steps``, ``subagents``,
+    ``finished_subagents``, ``no_spawn_fraction``, ``answered`` (means over the tasks),
+    ``seconds`` (``seconds``, each size its share by episodes)."""
     out = {}
-    for n in tasks:
-        a = {k: v[sizes == n] for k, v in arr.items()}
-        out[n] = {"item_f1": float(np.mean(a["r_perf"])), "critical_steps": float(np.mean(a["critical_steps"])),
-                  "total_steps": float(np.mean(a["total_steps"])), "subagents": float(np.mean(a["spawned"])),
-                  "finished_subagents": float(np.mean(a["finished"])),
-                  "no_spawn_fraction": float(np.mean(a["spawned"] == 0)), "answered": float(np.mean(a["answered"])),
-                  "seconds": seconds * float(np.mean(sizes == n))}
+    for n in dict.fromkeys(sizes.tolist()):
+        a = {k: v[sizes == n] for k, v in per_episode.items()}
+        out[int(n)] = {"item_f1": float(np.mean(a["accuracy"])), "critical_steps": float(np.mean(a["critical_steps"])),
+                       "total_steps": float(np.mean(a["total_steps"])), "subagents": float(np.mean(a["subagents"])),
+                       "finished_subagents": float(np.mean(a["finished_subagents"])),
+                       "no_spawn_fraction": float(np.mean(a["subagents"] == 0)),
+                       "answered": float(np.mean(a["answered"])), "seconds": seconds * float(np.mean(sizes == n))}
     return out

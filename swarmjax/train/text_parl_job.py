@@ -44,7 +44,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from swarmjax.envs.widesearch import Episode
 from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
@@ -56,12 +58,13 @@ from swarmjax.train.logs import TextJobLog, curves, log_line, progress_bar, summ
 from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.text_parl import (EVAL_STREAMS, TextPARLJob, eval_episodes, evaluate, parl_step,
-                                      sample_episodes, warm_start)
+from swarmjax.train.agent import evaluate, rl_step
+from swarmjax.train.engines import DeviceEngine
+from swarmjax.train.text_parl import EVAL_STREAMS, TextPARLJob, eval_episodes, sample_episodes, size_rows, warm_start
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
-__all__ = ["build_task", "evaluate_text_checkpoint", "headline", "make_swarm", "run_text_parl_job",
-           "text_parl_table"]
+__all__ = ["build_task", "evaluate_text_checkpoint", "headline", "make_engine", "run_evaluation",
+           "run_text_parl_job", "text_parl_table"]
 
 
 def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTask:
@@ -75,17 +78,28 @@ def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTa
                      max_pairs=job.max_pairs)
 
 
-def make_swarm(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> tuple[TextSwarm, int]:
-    """The job's swarm: PARL's rollouts, and (called greedy, budget lifted) its evaluations;
-    and the batch size both run at (a PARL step's episodes: one compiled program)."""
+def make_engine(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> DeviceEngine:
+    """The job's swarm behind the engine call: PARL's rollouts, and (greedy, budget
+    lifted) its evaluations, both at one batch size (a PARL step's episodes: one
+    compiled program)."""
     swarm = TextSwarm(task, cfg, job.parl.rollout, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
                       buckets=job.parl.buckets)
-    return swarm, job.parl.tasks_per_step * job.parl.group_size
+    return DeviceEngine(swarm, batch=job.parl.tasks_per_step * job.parl.group_size)
+
+
+def run_evaluation(engine: DeviceEngine, params: Any, warm: Any, tasks: dict[int, list[Episode]],
+                   key: jax.Array) -> dict[int, dict[str, float]]:
+    """:func:`~swarmjax.train.agent.evaluate` (greedy, budget lifted) of every size's
+    held-out tasks together, as rows per size (:func:`size_rows`)."""
+    episodes = [ep for eps in tasks.values() for ep in eps]
+    t0 = time.perf_counter()
+    per = evaluate(engine, params, warm, episodes, key)
+    return size_rows(per, np.asarray([len(ep.task) for ep in episodes]), time.perf_counter() - t0)
 
 
 def _restore(cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
     """(TrainState, meta) of checkpoint ``step``, on the first device."""
-    shapes = jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), {"workers": p}))
+    shapes = jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), {"subagents": p}))
     return ckpt.restore(step, abstract_state(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])))
 
 
@@ -156,23 +170,23 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
         log = TextJobLog(workdir, None)
     try:
         if latest is not None:
-            warm = jax.tree.map(jnp.copy, state.frozen["workers"])     # the learner donates its state
+            warm = jax.tree.map(jnp.copy, state.frozen["subagents"])   # the learner donates its state
         else:
             if job.warm_start_from:
                 warm, _ = load_warm_start(job, job.warm_start_from, jax.eval_shape(lambda: init_params(cfg, key)))
             else:
                 warm = _warm_start_stage(job, task, cfg, key, progress, log.write, watch.reached, workdir)
                 save_warm_start(job, workdir, warm, {})
-            state = learner.init(jax.tree.map(jnp.copy, warm), frozen={"workers": jax.tree.map(jnp.copy, warm)})
-            warm = jax.tree.map(jnp.copy, state.frozen["workers"])      # placed as a resumed run's
+            state = learner.init(jax.tree.map(jnp.copy, warm), frozen={"subagents": jax.tree.map(jnp.copy, warm)})
+            warm = jax.tree.map(jnp.copy, state.frozen["subagents"])    # placed as a resumed run's
             meta = {"parl_step": 0, "parl_seed": parl_seed, "eval_n": big, "identity": job.warm_identity(),
                     "job": job.identity(), "warm_start_s": time.perf_counter() - clock, "wall_clock_s": 0.0}
 
-        swarm, batch = make_swarm(job, task, cfg)
+        engine = make_engine(job, task, cfg)
         held_out, eval_key = {s: eval_episodes(job, s) for s in EVAL_STREAMS}, jax.random.fold_in(key, 1)
 
         def run_eval(step: int, label: str, params: Any, split: str) -> dict[str, dict[str, float]]:
-            res = evaluate(swarm, params, warm, held_out[split], eval_key, batch=batch)
+            res = run_evaluation(engine, params, warm, held_out[split], eval_key)
             for n, r in res.items():
                 log.write("eval.jsonl", {"step": step, "policy": label, "split": split, "n": n, **r})
             return {str(n): r for n, r in res.items()}
@@ -210,20 +224,20 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
         bar = progress_bar(steps, "PARL", progress, initial=min(start, steps))
         with bar:                                       # closed on a preemption too
             for step in range(start, steps):
-                state, m = parl_step(learner, state, swarm, draw(), jax.random.fold_in(parl_key, 100 + step),
-                                     step, job.parl)
+                state, m = rl_step(learner, state, engine, draw(), jax.random.fold_in(parl_key, 100 + step),
+                                   job.parl, step=step)
                 log.write("metrics.jsonl", {"stage": "parl", "step": step, **m})
                 bar.update(1)
-                bar.set_postfix(f1=f"{m['item_f1']:.3f}", crit=f"{m['critical_steps']:.1f}",
+                bar.set_postfix(f1=f"{m['accuracy']:.3f}", crit=f"{m['critical_steps']:.1f}",
                                 subs=f"{m['subagents']:.1f}")
                 log_line(progress, job.log_every, step, steps, "PARL", m,
-                         ("reward", "item_f1", "critical_steps", "subagents"))
+                         ("reward", "accuracy", "critical_steps", "subagents"))
                 end_step(step + 1, steps, job.eval_every, run_eval=lambda i, label: run_evals(i, label, state.params),
                          save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="parl",
                          preempted=lambda i: Preempted(i, workdir))
     finally:
         log.close()
-    curves(workdir)
+    curves(workdir, ("reward", "accuracy", "critical_steps", "subagents"))
     before, after = _rows(meta["warm_eval"]), _rows(meta.get("final_eval", meta["warm_eval"]))
     summary = {"task": "widesearch_relay", "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size,
                "eval_episodes": job.eval_episodes, "parl_steps": meta["parl_step"], "seed": job.seed,
@@ -255,11 +269,11 @@ def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "la
     differ = [k for k in ("model", "env", "tokenizer", "seed") if made.get(k) != job.warm_identity()[k]]
     if differ:
         raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
-    swarm, batch = make_swarm(job, task, cfg)
+    engine = make_engine(job, task, cfg)
     tests, key = eval_episodes(job, split), jax.random.fold_in(jax.random.key(job.seed), 1)
-    warm = state.frozen["workers"]
-    out = {"step": step, "warm_start": evaluate(swarm, warm, warm, tests, key, batch=batch),
-           "final": evaluate(swarm, state.params, warm, tests, key, batch=batch)}
+    warm = state.frozen["subagents"]
+    out = {"step": step, "warm_start": run_evaluation(engine, warm, warm, tests, key),
+           "final": run_evaluation(engine, state.params, warm, tests, key)}
     out["headline"] = headline(out["warm_start"], out["final"], max(job.eval_sizes))
     return out
 
