@@ -4,6 +4,8 @@ scripted episodes (serial, split, and every error path), on random-model episode
 on mixes, the orchestrators' ids, masks, log-probs, turns, step counts, end reasons,
 rewards and the sub-agents' conversations must agree."""
 
+import dataclasses
+
 import numpy as np
 import jax
 import pytest
@@ -13,6 +15,7 @@ from swarmjax.envs.widesearch import Episode, WideSearchConfig
 from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.swarm.context import ContextConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_rollout import END_ANSWER, END_BUDGET, TextRollout
 from swarmjax.swarm.text_types import TextRolloutConfig, TextScripts
@@ -196,6 +199,8 @@ def test_bad_input_is_refused(setup, scripted):
         TextSwarm(task, model.replace(vocab_size=64), SCRIPTED)
     with pytest.raises(ValueError, match="buckets must be >= 1"):
         TextSwarm(task, model, SCRIPTED, buckets=0)
+    with pytest.raises(ValueError, match="the device swarm has none"):
+        TextSwarm(task, model, dataclasses.replace(SCRIPTED, context=ContextConfig("discard_all")))
 
 
 def test_played_demonstrations_match_the_rollouts(setup, scripted):

@@ -180,3 +180,59 @@ def test_malformed_calls_cost_a_step_and_get_an_error_reply(world):
     assert res.rewards["tool_errors"][0] == 3            # bad JSON, unknown tool, the second lookup
     text = chat.tokenizer.decode(res.tokens[0, :res.length[0]])
     assert "Error:" in text and "unknown tool 'teleport'" in text and "per turn" in text
+
+
+def test_context_strategies_split_an_episode_into_segments(world):
+    """discard_all and keep_last_round past a threshold: the episode goes on in new
+    segments, each its own id stream that opens with the first prompt re-rendered with the
+    strategy's note (keep_last_round: then the latest turn as sampled and its reply); the
+    sampled ids over all segments are the turns, once each; every segment's recorded
+    log-probs equal a teacher-forced forward over that segment (drift, per segment); the
+    counts are those of the uncompacted run; the learner gets every earlier segment as a
+    row with its episode's advantage. Without a strategy the threshold changes nothing."""
+    from swarmjax.swarm.context import DISCARD_NOTE, KEEP_NOTE, ContextConfig
+    from swarmjax.train.agent import _segment_rows
+
+    task, model, params = world
+    eps = _episodes([8, 8], seed=5)
+    o, w = task.split_script(eps[1], 2)
+    turns = [task.serial_script(eps[0]), o]
+    scripts = TextScripts(orch=turns, workers=[[], w])
+    base = _rollout(world, eps, scripts=scripts)
+    first = base.orchestrators[0].arrays()
+    prompt = int((first["turn"] == 0).sum())
+    threshold = prompt + (int(base.length[0]) - prompt) // 3
+    plain = _rollout(world, eps, scripts=scripts, context=ContextConfig(threshold=threshold))
+    np.testing.assert_array_equal(plain.tokens, base.tokens)
+    assert plain.stats["compactions"] == 0
+    for strategy, note in (("discard_all", DISCARD_NOTE), ("keep_last_round", KEEP_NOTE)):
+        res = _rollout(world, eps, scripts=scripts, context=ContextConfig(strategy, threshold=threshold))
+        assert res.stats["compactions"] >= 2 and res.stats["context_dropped"] > 0, strategy
+        for field in ("orch_steps", "critical_steps", "total_steps", "spawned", "finished", "end_reason"):
+            np.testing.assert_array_equal(getattr(res, field), getattr(base, field), err_msg=field)
+        assert res.rewards["r_perf"].tolist() == [1.0, 1.0]
+        for b, ep in enumerate(eps):
+            trace = res.orchestrators[b]
+            segs = [*trace.segments, trace.arrays()]
+            assert len(segs) >= 2 and trace.peak <= threshold + 512
+            sampled = np.concatenate([s["ids"][s["sampled"]] for s in segs])
+            np.testing.assert_array_equal(sampled, np.concatenate(turns[b]), err_msg=strategy)
+            env = task.orchestrator(ep)
+            env.reset(ep)
+            head = env.restart_ids(note)
+            for before, seg in zip(segs, segs[1:]):
+                np.testing.assert_array_equal(seg["ids"][:len(head)], head)
+                if strategy == "keep_last_round":
+                    last = before["ids"][before["sampled"] & (before["turn"] == before["turn"].max())]
+                    np.testing.assert_array_equal(seg["ids"][len(head):len(head) + len(last)], last)
+            for seg, tf in zip(segs, _teacher_forced(params, model, [s["ids"] for s in segs])):
+                mask = seg["sampled"][1:]
+                np.testing.assert_allclose(seg["model_logprobs"][1:][mask], tf[mask], atol=1e-4)
+        adv = np.asarray([0.5, -0.5], np.float32)
+        rows = _segment_rows(res, adv, np.asarray([1.0, 0.0], np.float32), np.arange(2), np.ones(2, bool), 4)
+        count = len(res.segment_rows())
+        assert len(rows["tokens"]) == -(-count // 4) * 4
+        episode = [b for b, _ in res.segment_rows()]
+        np.testing.assert_array_equal(rows["advantages"][:count], adv[episode])
+        assert rows["loss_mask"][:count].sum() == sum(s["sampled"].sum() for _, s in res.segment_rows())
+        assert not rows["token_mask"][count:].any()

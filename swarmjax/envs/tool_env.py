@@ -79,6 +79,12 @@ class ToolAgentEnv:
         schemas = self.tools.schemas() if len(self.tools) else None
         return self.chat.prompt_ids(self.messages(task), tools=schemas)
 
+    def restart_ids(self, note: str) -> np.ndarray:
+        """The first prompt again with ``note`` as a last user turn (a context strategy's
+        fresh conversation, :mod:`swarmjax.swarm.context`)."""
+        schemas = self.tools.schemas() if len(self.tools) else None
+        return self.chat.prompt_ids([*self.messages(self.task), {"role": "user", "content": note}], tools=schemas)
+
     def parse(self, turn: np.ndarray) -> ParsedTurn:
         """Read a turn: decoded (special tokens kept) and parsed for calls."""
         return parse_turn(self.chat.tokenizer.decode(turn), self.tools, syntax=self.syntax)

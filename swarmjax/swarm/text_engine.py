@@ -220,6 +220,9 @@ class TextSwarm:
             raise ValueError(f"wide_rows must be in (0, 1], got {wide_rows}")
         if buckets < 1:
             raise ValueError(f"buckets must be >= 1, got {buckets}")
+        if rcfg.context.strategy != "none":
+            raise ValueError(f"context strategy {rcfg.context.strategy!r}: the device swarm has none (its "
+                             "sub-agents are its context management); use the host rollout (TextRollout)")
         self.buckets = 1 if mesh is not None else buckets
         for name, cfg in (("orchestrator", orch_cfg), ("sub-agent", worker_cfg or orch_cfg)):
             if cfg.vocab_size < task.chat.tokenizer.vocab_size:

@@ -47,9 +47,12 @@ from swarmjax.envs.api import HostEnv, Step, SubAgentResult
 # the token world's end reasons (re-exported: a text result's end_reason indexes END_REASONS)
 from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, END_REASONS, RUNNING  # noqa: F401
 from swarmjax.models.config import ModelConfig
+from swarmjax.swarm.context import compact
 from swarmjax.swarm.text_device import Rows, decode_segment_jit, init_rows, make_prefix_jit, prefill_chunk_jit
 from swarmjax.swarm.text_types import (AgentTrace, TextRolloutConfig, TextRolloutResult,  # noqa: F401  (re-exported)
                                       TextScripts)
+
+SEGMENT_KEY = 1 << 20        # the key's agent id of an orchestrator's segment s: s * SEGMENT_KEY (sub-agents: 1..)
 
 @dataclasses.dataclass
 class _Agent:
@@ -81,6 +84,7 @@ class _Episode:
     rewards: dict = dataclasses.field(default_factory=dict)
     stage: list = dataclasses.field(default_factory=list)     # running stage's sub-agents
     subagents: list = dataclasses.field(default_factory=list)
+    dropped: int = 0             # ids a context strategy took out of the orchestrator's conversation
 
     def add(self, rewards):
         for k, v in rewards.items():
@@ -231,10 +235,27 @@ class TextRollout:
                 ep.stage.append(sub)
                 ep.subagents.append(sub)
             ep.spawned += len(step.spawn)
-        elif not self._hear(ep.orch, step.reply):
+        elif not self._orch_hear(ep, step.reply):
             ep.end = END_CONTEXT
         else:
             self._next_turn(ep)
+
+    def _orch_hear(self, ep: _Episode, reply: np.ndarray) -> bool:
+        """The orchestrator hears a finished turn's reply. Past the context strategy's
+        threshold its conversation is compacted first (:mod:`swarmjax.swarm.context`): the
+        current segment is closed and the strategy's ids open the next one (the row starts
+        over). False when the reply (or the new segment) does not fit: the episode ends."""
+        a, rcfg = ep.orch, self.rcfg
+        ccfg = rcfg.context
+        limit = rcfg.orch_context if ccfg.threshold is None else min(ccfg.threshold, rcfg.orch_context)
+        if len(a.trace) + len(reply) + 1 > limit and len(a.trace.segments) < ccfg.max_compactions:
+            ids = compact(ccfg.strategy, a.env, a.trace.arrays(), a.trace.steps, reply)
+            if ids is not None and len(ids) + 1 <= rcfg.orch_context:
+                old = a.trace.restart()
+                ep.dropped += len(old["ids"]) + len(reply) - len(ids)
+                a.pending, a.reset = None, True
+                return self._hear(a, ids)
+        return self._hear(a, reply)
 
     def _worker_end(self, ep: _Episode, sub: _Agent, ok: bool, reason: str, answer: str | None,
                     spawn_queue: list) -> None:
@@ -400,8 +421,9 @@ class TextRollout:
                 pos = np.asarray([len(a.trace) - a.offset + sum(len(p[0]) for p in a.partial) for a in agents]
                                  + [0] * (len(idx) - len(agents)), np.int64)      # each row's next free slot
                 who = np.zeros((len(idx), 2), np.int32)                           # (episode, agent): the keys
-                for j, a in enumerate(agents):
-                    who[j] = episode_ids[a.episode], 0 if a.is_orch else 1 + a.index
+                for j, a in enumerate(agents):      # an orchestrator's later segments: keys of their own
+                    who[j] = episode_ids[a.episode], SEGMENT_KEY * len(a.trace.segments) if a.is_orch \
+                        else 1 + a.index
                 need = int(max((pos + limit + 1)[:len(agents)], default=1))
                 if rcfg.decode_slack is not None and agents:
                     need = min(need, int(pos[:len(agents)].max()) + rcfg.decode_slack + 1)
@@ -459,6 +481,8 @@ class TextRollout:
             orch_rows, work_rows = flush(orch_rows, work_rows)
 
         stats["total_s"] = time.perf_counter() - t_start
+        stats["compactions"] = sum(len(ep.orch.trace.segments) for ep in eps)
+        stats["context_dropped"] = sum(ep.dropped for ep in eps)
         return self._result(eps, stats)
 
     def _result(self, eps: list[_Episode], stats: dict) -> TextRolloutResult:

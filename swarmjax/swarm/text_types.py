@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from swarmjax.sampling.processors import SamplingConfig
+from swarmjax.swarm.context import ContextConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,8 @@ class TextRolloutConfig:
       min_window * (1, 1.5, 2, 3, 4, ...), so a rollout compiles a few widths. Decode
       reads the whole window every step: at 32 rows a 128-slot window cut the bench's
       rollout time ~12% against a 256 floor (more widths to compile, once each).
+    context: the orchestrator's context strategy (:mod:`swarmjax.swarm.context`:
+      ``none``, ``discard_all``, ``keep_last_round``) and its threshold.
     """
 
     orch_context: int = 1024
@@ -53,6 +56,7 @@ class TextRolloutConfig:
     segment_exit: float = 0.5
     decode_slack: int | None = 64
     min_window: int = 128
+    context: ContextConfig = ContextConfig()
 
     def __post_init__(self):
         if min(self.orch_context, self.worker_context, self.max_turn_tokens, self.worker_lanes,
@@ -87,7 +91,9 @@ class AgentTrace:
     """One agent's conversation as the rollout built it (host numpy).
 
     ids [T] int32, sampled [T] bool (ids this agent sampled), logprobs / model_logprobs
-    [T] f32 (0 off ``sampled``), turn [T] int32 (its own turn a token belongs to, 0: prompt).
+    [T] f32 (0 off ``sampled``), turn [T] int32 (its own turn a token belongs to, 0: prompt):
+    the current segment. ``segments``: the :meth:`arrays` of earlier segments, each its
+    own id stream (a context strategy restarted the conversation: :mod:`swarmjax.swarm.context`).
     """
 
     name: str
@@ -101,6 +107,20 @@ class AgentTrace:
     ok: bool = False
     reason: str = "running"
     answer: str | None = None
+    segments: list = dataclasses.field(default_factory=list)
+
+    def restart(self) -> dict[str, np.ndarray]:
+        """Close the current segment (kept in ``segments``, returned) and start an empty
+        one; turn counting goes on."""
+        done = self.arrays()
+        self.segments.append(done)
+        self.ids, self.sampled, self.logprobs, self.model_logprobs, self.turn = [], [], [], [], []
+        return done
+
+    @property
+    def peak(self) -> int:
+        """The longest segment's length (ids)."""
+        return max([len(self), *(len(s["ids"]) for s in self.segments)])
 
     def append(self, ids, *, sampled: bool, logprobs=None, model_logprobs=None, turn: int | None = None):
         """Append ids (their turn: ``turn``, default ``steps``, the turn they follow)."""
@@ -128,7 +148,9 @@ class TextRolloutResult:
 
     tokens [B, C] int32 (``pad_id`` past length), length [B], loss_mask [B, C] (ids the
     orchestrator sampled), logprobs / model_logprobs [B, C] f32, stage_ids [B, C] int32
-    (orchestrator step of each id, 0: prompt); orch_steps, critical_steps, total_steps,
+    (orchestrator step of each id, 0: prompt): the orchestrator's conversation, or its
+    last segment when a context strategy compacted it (the earlier ones:
+    ``orchestrators[b].segments``, :meth:`segment_rows`); orch_steps, critical_steps, total_steps,
     spawned, finished [B] int32; end_reason [B] (index into
     :data:`swarmjax.envs.widesearch_jax.END_REASONS`);
     rewards: term -> [B] f32 (summed over each episode's steps); answers: final answer
@@ -153,3 +175,8 @@ class TextRolloutResult:
     orchestrators: list[AgentTrace]
     subagents: list[list[AgentTrace]]
     stats: dict[str, float]
+
+    def segment_rows(self) -> list[tuple[int, dict[str, np.ndarray]]]:
+        """(episode, :meth:`AgentTrace.arrays`) of every orchestrator segment before the
+        last (episodes a context strategy compacted), in episode order."""
+        return [(b, seg) for b, t in enumerate(self.orchestrators) for seg in t.segments]

@@ -225,6 +225,33 @@ def episode_rewards(res: TextRolloutResult, rcfg: TextRLConfig, step: int = 0
     return np.asarray(reward), channels
 
 
+def _segment_rows(res: TextRolloutResult, adv: np.ndarray, reward: np.ndarray, groups: np.ndarray,
+                  keep: np.ndarray, multiple: int) -> dict[str, np.ndarray] | None:
+    """The orchestrators' earlier segments (a context strategy compacted their episodes:
+    :mod:`swarmjax.swarm.context`) as training rows of their own: each segment's ids, its
+    sampled ids as the loss mask, the sampler's log-probs, and its episode's advantage,
+    reward and group (group statistics are over episodes; every segment of an episode
+    shares its advantage, as ReSum-GRPO does). Padded with empty rows to a multiple of
+    ``multiple`` rows, the same count on every process; None when no process has any."""
+    segs = res.segment_rows()
+    count = int(allgather(np.asarray([len(segs)], np.int64)).max())
+    if count == 0:
+        return None
+    S = -(-count // multiple) * multiple
+    W = max([len(a["ids"]) for _, a in segs], default=1)
+    out = {"tokens": np.zeros((S, W), np.int32), "token_mask": np.zeros((S, W), bool),
+           "loss_mask": np.zeros((S, W), bool), "logprobs": np.zeros((S, W), np.float32),
+           "advantages": np.zeros((S,), np.float32), "reward": np.zeros((S,), np.float32),
+           "group": groups.max() + 1 + np.arange(S, dtype=groups.dtype)}
+    for i, (b, a) in enumerate(segs):
+        n = len(a["ids"])
+        out["tokens"][i, :n], out["token_mask"][i, :n] = a["ids"], True
+        out["loss_mask"][i, :n] = a["sampled"] & bool(keep[b])
+        out["logprobs"][i, :n] = a["logprobs"]
+        out["advantages"][i], out["reward"][i], out["group"][i] = adv[b], reward[b], groups[b]
+    return out
+
+
 def _subagent_rows(res: TextRolloutResult, reward: np.ndarray, groups: np.ndarray, keep: np.ndarray, rcfg: TextRLConfig,
                    multiple: int) -> dict[str, np.ndarray] | None:
     """The sub-agents' conversations as training rows (co-trained sub-agents): ids,
@@ -287,6 +314,9 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
     rows = {"tokens": res.tokens[:, :L], "token_mask": np.arange(L)[None] < res.length[:, None],
             "loss_mask": res.loss_mask[:, :L] & keep[:, None], "logprobs": res.logprobs[:, :L],
             "advantages": adv, "group": groups, "reward": reward}
+    segs = _segment_rows(res, adv, reward, groups, keep, rcfg.update.splits)
+    if segs is not None:
+        rows = _stack_rows(rows, segs)
     subs = _subagent_rows(res, reward, groups, keep, rcfg, rcfg.update.splits) if subagents == "shared" else None
     if subs is not None:
         rows = _stack_rows(rows, subs)
@@ -369,7 +399,8 @@ def _stack_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
 
 # the figures of an evaluation and of every RL step
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
-           "subagents", "finished_subagents", "critical_steps", "total_steps")
+           "subagents", "finished_subagents", "critical_steps", "total_steps", "compactions", "peak_context",
+           "subagent_peak_context")
 
 
 def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, key: jax.Array, *,
@@ -402,13 +433,16 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
     verifier's score: item-F1 in wide search), tool calls and errors, orchestrator turns,
     whether it answered, whether its answer was cut by the turn limit, whether it ran out
     of context; sub-agents started and finished (returned before their turn limit),
-    critical and total steps."""
+    critical and total steps; the orchestrator's compactions (:mod:`swarmjax.swarm.context`)
+    and its longest segment (ids), and its sub-agents' longest conversation (0 without any)."""
     r = reward_terms(res.rewards, len(res.length))
     out = {"accuracy": r["r_perf"], "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
            "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
            "context_ended": res.end_reason == END_CONTEXT, "subagents": res.spawned,
            "finished_subagents": res.finished, "critical_steps": res.critical_steps,
-           "total_steps": res.total_steps}
+           "total_steps": res.total_steps, "compactions": [len(t.segments) for t in res.orchestrators],
+           "peak_context": [t.peak for t in res.orchestrators],
+           "subagent_peak_context": [max([len(t) for t in subs], default=0) for subs in res.subagents]}
     return {k: np.asarray(out[k], np.float32) for k in FIGURES}
 
 
