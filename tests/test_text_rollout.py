@@ -236,3 +236,39 @@ def test_context_strategies_split_an_episode_into_segments(world):
         np.testing.assert_array_equal(rows["advantages"][:count], adv[episode])
         assert rows["loss_mask"][:count].sum() == sum(s["sampled"].sum() for _, s in res.segment_rows())
         assert not rows["token_mask"][count:].any()
+
+
+def test_summary_strategy_restarts_from_the_agents_summary(world):
+    """ReSum: a turn that calls ``summarize`` ends its segment (the summary's ids sampled,
+    in that segment's loss) and the next segment is the first prompt with the summary,
+    as environment ids; past the threshold the reply asks for a summary (its last tool
+    response ends with the request); without the tool the strategy cannot act."""
+    from swarmjax.swarm.context import SUMMARY_NOTE, SUMMARY_REQUEST, ContextConfig
+
+    task, model, params = world
+    eps = _episodes([5, 5], seed=5)
+    summary = "Found so far: the first two values."
+    serial = [task.serial_script(ep) for ep in eps]
+    call = task.chat.assistant_ids("", [{"name": "summarize", "arguments": {"summary": summary}}])
+    scripts = TextScripts(orch=[[*serial[0][:2], call, *serial[0][2:]], serial[1]])
+    envs = [task.orchestrator(ep, summarize=True) for ep in eps]
+    prompt = len(envs[0].reset(eps[0]))                       # the threshold: about two rounds past it
+    rcfg = TextRolloutConfig(orch_context=2048, worker_context=1024, max_turn_tokens=512, worker_lanes=3,
+                             subagent_turns=CFG.subagent_steps, min_window=256,
+                             context=ContextConfig("summary", threshold=prompt + 150))
+    engine = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids)
+    envs = [task.orchestrator(ep, summarize=True) for ep in eps]
+    res = engine(params, params, envs, eps, jax.random.key(0), scripts=scripts)
+    assert res.rewards["r_perf"].tolist() == [1.0, 1.0] and res.orch_steps.tolist() == [7, 6], res.length
+    first, rest = res.orchestrators[0].segments[0], res.orchestrators[0].arrays()
+    np.testing.assert_array_equal(first["ids"][first["sampled"]][-len(call):], call)  # the summary, sampled
+    env = task.orchestrator(eps[0], summarize=True)
+    env.reset(eps[0])
+    head = env.restart_ids(SUMMARY_NOTE.format(summary=summary))
+    np.testing.assert_array_equal(rest["ids"][:len(head)], head)
+    assert not rest["sampled"][:len(head)].any()
+    text = task.chat.tokenizer.decode(res.orchestrators[1].arrays()["ids"])  # never summarised: asked
+    assert SUMMARY_REQUEST in text and not res.orchestrators[1].segments
+    with pytest.raises(ValueError, match="lacks restart_ids"):
+        from swarmjax.swarm.context import check_env
+        check_env("summary", object())

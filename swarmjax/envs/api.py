@@ -76,6 +76,9 @@ class Step:
              by a stop id, e.g. the token world driven one token per call): ``reply``
              (often empty) is appended and the agent samples on in the same turn; no step
              is counted. ``max_turn_tokens`` bounds the tokens between two ``step`` calls.
+    restart: [P] int32 ids that open a new segment of the conversation instead of a reply
+             (the agent summarised its context: :mod:`swarmjax.swarm.context`); the turn
+             counts as a step. Orchestrators (or single agents) only.
     """
 
     reply: np.ndarray = dataclasses.field(default_factory=lambda: EMPTY)
@@ -84,6 +87,7 @@ class Step:
     rewards: Mapping[str, float] = dataclasses.field(default_factory=dict)
     answer: str | None = None
     more: bool = False
+    restart: np.ndarray | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "reply", np.asarray(self.reply, np.int32).reshape(-1))
@@ -93,6 +97,11 @@ class Step:
         if self.more and (self.done or self.spawn):
             raise ValueError("a Step with more=True continues the turn: it neither ends the "
                              "episode nor spawns sub-agents")
+        if self.restart is not None:
+            object.__setattr__(self, "restart", np.asarray(self.restart, np.int32).reshape(-1))
+            if self.done or self.spawn or self.more or self.reply.size:
+                raise ValueError("a Step that restarts the conversation has no reply, does not end the "
+                                 "episode, spawn or continue the turn")
 
 
 @runtime_checkable

@@ -93,13 +93,15 @@ class Demo:
 @dataclasses.dataclass(frozen=True)
 class EnvContext:
     """What the job gives a task's environments: the chat format (tokenizer inside), the
-    shared tool runner (thread pool, timeout), the role and, for an orchestrator, the
-    most sub-agent assignments per episode."""
+    shared tool runner (thread pool, timeout), the role, for an orchestrator the most
+    sub-agent assignments per episode, and whether the agent has the ``summarize`` tool
+    (the rollout's ``"summary"`` context strategy: :mod:`swarmjax.swarm.context`)."""
 
     chat: ChatFormat
     runner: ToolRunner
     role: str = "single"
     max_subagents: int = 4
+    summarize: bool = False
 
 
 class Task:
@@ -197,7 +199,7 @@ def make_env(task: Any, problem: Any, ctx: EnvContext) -> HostEnv:
     elif ctx.role != "single":
         raise TaskError(f"unknown role {ctx.role!r}; known: {', '.join(ROLES)}")
     return ToolAgentEnv(ctx.chat, tools, runner=ctx.runner, messages=messages, verify=task.verify,
-                        orchestration=orchestration)
+                        orchestration=orchestration, summarize=ctx.summarize)
 
 
 def _with_note(messages: Messages, note: str) -> Messages:

@@ -32,6 +32,7 @@ import numpy as np
 
 from swarmjax.envs.api import Step, SubAgentResult
 from swarmjax.envs.orchestration import Orchestration, result_text
+from swarmjax.swarm.context import SUMMARIZE, SUMMARY_NOTE, SUMMARY_REQUEST, summarize_tool
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.toolcalls import ParsedTurn, parse_turn
@@ -55,23 +56,30 @@ class ToolAgentEnv:
       per_turn: most calls of a tool per turn (``{"lookup": 1}``); later calls of it in
         the same turn get an error reply and are not run.
       syntax: the tool-call syntax (key of ``toolcalls.CALL_SYNTAXES``; default the format's).
+      summarize: the agent also has ``summarize(summary)`` (the ``"summary"`` context
+        strategy, :mod:`swarmjax.swarm.context`): a turn with a well-formed call of it
+        restarts the conversation from the first prompt and the summary
+        (``Step(restart=...)``; the turn's other calls are not run).
     """
 
     def __init__(self, chat: ChatFormat, tools: Sequence[Tool], *, runner: ToolRunner,
                  messages: Callable[[Any], Messages],
                  verify: Callable[[Any, str], Mapping[str, float]] | None = None,
                  orchestration: Orchestration | None = None, per_turn: Mapping[str, int] | None = None,
-                 syntax: str | None = None):
+                 syntax: str | None = None, summarize: bool = False):
         self.chat, self.runner, self.messages, self.verify = chat, runner, messages, verify
         self.orchestration = orchestration
         self.own = ToolSet(tools)
-        self.tools = ToolSet(list(tools) + (orchestration.tools() if orchestration is not None else []))
+        self.tools = ToolSet(list(tools) + (orchestration.tools() if orchestration is not None else [])
+                             + ([summarize_tool()] if summarize else []))
+        self.summarize = summarize
         self.per_turn = dict(per_turn or {})
         self.syntax = syntax or chat.call_syntax
         self.task: Any = None
         self.tool_calls = 0           # calls of the agent's own tools that ran and returned
         self.errors = 0               # malformed, refused or failed calls
         self._pending: tuple | None = None
+        self._last: tuple | None = None        # (closing ids, tool responses) of the last reply
 
     def reset(self, task: Any) -> np.ndarray:
         """The first prompt ids (tool schemas in the system turn, generation prompt at the end)."""
@@ -101,6 +109,9 @@ class ToolAgentEnv:
                 terms.update(self.verify(self.task, parsed.content))
             return Step(done=True, answer=parsed.content, rewards=terms)
         calls = list(parsed.calls)
+        summary = next((c for c in calls if self.summarize and c.ok and c.name == SUMMARIZE), None)
+        if summary is not None:
+            return Step(restart=self.restart_ids(SUMMARY_NOTE.format(summary=summary.arguments["summary"])))
         stage, replies = self.orchestration.handle(calls) if self.orchestration is not None else ([], {})
         self.errors += sum(text.startswith("Error:") for text in replies.values())   # unknown agent, past K
         staged = {a.position for a in stage}
@@ -123,7 +134,7 @@ class ToolAgentEnv:
         if stage:
             self._pending = (closing, len(calls), replies, stage)
             return Step(spawn=tuple(a.task for a in stage))
-        return Step(reply=np.concatenate([closing, self._responses(len(calls), replies)]))
+        return self._reply(closing, [replies[i] for i in range(len(calls))])
 
     def resume(self, results: Sequence[SubAgentResult]) -> Step:
         """The turn's tool responses once its stage is over: sub-agents' answers at the
@@ -137,7 +148,18 @@ class ToolAgentEnv:
             replies[a.position] = result_text(res)
         self.orchestration.record(results)
         self._pending = None
-        return Step(reply=np.concatenate([closing, self._responses(count, replies)]))
+        return self._reply(closing, [replies[i] for i in range(count)])
 
-    def _responses(self, count: int, replies: dict[int, str]) -> np.ndarray:
-        return self.chat.tool_responses_ids([replies[i] for i in range(count)])
+    def _reply(self, closing: np.ndarray, responses: list[str]) -> Step:
+        self._last = (closing, responses)
+        return Step(reply=np.concatenate([closing, self.chat.tool_responses_ids(responses)]))
+
+    def summary_request_ids(self) -> np.ndarray | None:
+        """The last reply again with :data:`~swarmjax.swarm.context.SUMMARY_REQUEST` after
+        its last tool response (the ``"summary"`` strategy past its threshold); None
+        without a tool reply or without the ``summarize`` tool."""
+        if self._last is None or not self.summarize:
+            return None
+        closing, responses = self._last
+        asked = [*responses[:-1], f"{responses[-1]}\n\n{SUMMARY_REQUEST}"]
+        return np.concatenate([closing, self.chat.tool_responses_ids(asked)])

@@ -146,14 +146,15 @@ class WideSearchText(TaskNames):
             return values[ep.table[index[entity]]]
         return Tool.from_function(lookup)
 
-    def orchestrator(self, ep: Episode) -> ToolAgentEnv:
-        """A fresh orchestrator environment for one episode (``reset(ep)`` starts it)."""
+    def orchestrator(self, ep: Episode, *, summarize: bool = False) -> ToolAgentEnv:
+        """A fresh orchestrator environment for one episode (``reset(ep)`` starts it);
+        ``summarize``: with the ``summarize`` tool (:mod:`swarmjax.swarm.context`)."""
         orch = Orchestration(lambda system: self.worker(ep, system), max_subagents=self.cfg.max_subagents)
         env = ToolAgentEnv(self.chat, [self.lookup_tool(ep)], runner=self.runner,
                            messages=lambda ep: [{"role": "system", "content": ORCH_SYSTEM},
                                                 {"role": "user", "content": self.task_text(ep.task)}],
                            verify=lambda ep, answer: self.verify(ep, answer, orch),
-                           orchestration=orch, per_turn={"lookup": 1})
+                           orchestration=orch, per_turn={"lookup": 1}, summarize=summarize)
         return env
 
     def worker(self, ep: Episode, system_prompt: str) -> ToolAgentEnv:
@@ -163,13 +164,13 @@ class WideSearchText(TaskNames):
                                                      {"role": "user", "content": prompt}],
                             per_turn={"lookup": 1})
 
-    def single(self, ep: Episode) -> ToolAgentEnv:
+    def single(self, ep: Episode, *, summarize: bool = False) -> ToolAgentEnv:
         """A serial agent for one episode: ``lookup`` alone, no sub-agents; its verifier
-        reports :meth:`answer_terms`."""
+        reports :meth:`answer_terms` (``summarize``: as :meth:`orchestrator`)."""
         return ToolAgentEnv(self.chat, [self.lookup_tool(ep)], runner=self.runner,
                             messages=lambda ep: [{"role": "system", "content": WORKER_SYSTEM},
                                                  {"role": "user", "content": self.task_text(ep.task)}],
-                            verify=self.answer_terms, per_turn={"lookup": 1})
+                            verify=self.answer_terms, per_turn={"lookup": 1}, summarize=summarize)
 
     def answer_terms(self, ep: Episode, answer: str) -> dict[str, float]:
         """Item-F1 of the answer (``r_perf``) and its pair counts."""
@@ -267,7 +268,8 @@ class WideSearchTask(WideSearchProblems):
 
     def env(self, problem: Episode, ctx: EnvContext) -> ToolAgentEnv:
         world = WideSearchText(self.cfg, ctx.chat, ctx.runner, seed=self.names_seed)
-        return world.orchestrator(problem) if ctx.role == "orchestrator" else world.single(problem)
+        make = world.orchestrator if ctx.role == "orchestrator" else world.single
+        return make(problem, summarize=ctx.summarize)
 
     def demonstration(self, problem: Episode, chat: ChatFormat, rng: np.random.Generator, *,
                       role: str = "single") -> Demo:

@@ -11,7 +11,16 @@ turn would take the orchestrator's conversation past ``ContextConfig.threshold``
   (system turn, task) again, with :data:`DISCARD_NOTE` as a user turn; every tool call
   and result so far is dropped;
 * ``"keep_last_round"``: the first prompt with :data:`KEEP_NOTE`, then the latest round
-  only: the turn just sampled (its ids as sampled) and its reply.
+  only: the turn just sampled (its ids as sampled) and its reply;
+* ``"summary"`` (ReSum, Wu et al. 2025, arXiv 2509.13313): the agent has a ``summarize``
+  tool (:data:`SUMMARIZE`); a turn that calls it ends the segment, and the next one is the
+  first prompt with :data:`SUMMARY_NOTE` and the summary (the environment answers such a
+  turn with ``Step(restart=ids)``). Past the threshold the reply asks for it: its last
+  tool response ends with :data:`SUMMARY_REQUEST` (``HostEnv.summary_request_ids()``), and
+  the agent's next turn writes the summary. The summary's ids are sampled ids of the
+  segment that wrote them (in the loss) and prompt ids of the next one (not in the loss).
+  Set the threshold a turn or more below the context, so that the request and the
+  summary fit.
 
 Token in, token out: the episode's conversation becomes *segments*, each its own id
 stream. A segment's sampled ids stay as sampled (its loss mask and log-probs); the next
@@ -38,6 +47,17 @@ DISCARD_NOTE = ("Your earlier tool calls and their results were removed to free 
                 "Continue the task from the start of this conversation.")
 KEEP_NOTE = ("Earlier rounds of tool calls and their results were removed to free context; "
              "only the latest round follows. Continue the task.")
+SUMMARY_NOTE = ("Your earlier tool calls and their results were removed to free context. "
+                "Your summary of them:\n{summary}\nContinue the task.")
+SUMMARY_REQUEST = ("Your context is nearly full. Call summarize now with everything you found so far "
+                   "that the rest of the task needs; the conversation then restarts from your summary.")
+SUMMARIZE_PARAMETERS = {
+    "type": "object",
+    "properties": {"summary": {"type": "string", "description": "What you found so far that the rest of the "
+                                                                 "task needs: facts, values, what is left to do."}},
+    "required": ["summary"],
+}
+SUMMARIZE = "summarize"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,17 +100,58 @@ def _keep_last_round(env: Any, trace: dict[str, np.ndarray], turn: int, reply: n
     return np.concatenate([head, last, reply]).astype(np.int32)
 
 
-# strategy -> (env, the conversation's arrays (AgentTrace.arrays), the turn just
-# finished, its reply [R]) -> the next segment's ids (None: cannot compact)
-STRATEGIES: dict[str, Callable[..., np.ndarray | None] | None] = {
-    "none": None, "discard_all": _discard_all, "keep_last_round": _keep_last_round}
+def _summary(env: Any, trace: dict[str, np.ndarray], turn: int, reply: np.ndarray) -> np.ndarray | None:
+    fn = getattr(env, "summary_request_ids", None)
+    ids = fn() if callable(fn) else None
+    return None if ids is None else np.asarray(ids, np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """What a strategy does past the threshold: ``ids(env, the conversation's arrays
+    (AgentTrace.arrays), the turn just finished, its reply [R]) -> ids | None`` (None:
+    it cannot), and whether those ids open a new segment (``restart``) or replace the
+    reply in the current one (a request: ``summary``)."""
+
+    ids: Callable[..., np.ndarray | None]
+    restart: bool = True
+
+
+STRATEGIES: dict[str, Strategy | None] = {
+    "none": None, "discard_all": Strategy(_discard_all), "keep_last_round": Strategy(_keep_last_round),
+    "summary": Strategy(_summary, restart=False)}
 
 
 def compact(strategy: str, env: Any, trace: dict[str, np.ndarray], turn: int,
-            reply: np.ndarray) -> np.ndarray | None:
-    """The ids [P] that open the next segment of a conversation (``trace``: its current
-    segment's :meth:`~swarmjax.swarm.text_types.AgentTrace.arrays`; ``turn`` the turn
-    just finished; ``reply`` [R] the ids that did not fit), ending with the generation
-    prompt; None when ``strategy`` is ``"none"`` or the environment cannot restart."""
-    fn = STRATEGIES[strategy]
-    return None if fn is None else fn(env, trace, turn, np.asarray(reply, np.int32))
+            reply: np.ndarray) -> tuple[np.ndarray, bool] | None:
+    """Past the threshold: (ids [P], restart) — the ids that open the next segment of a
+    conversation (``restart``; ending with the generation prompt), or that the agent hears
+    instead of ``reply`` (a summary request) — or None when ``strategy`` is ``"none"`` or
+    the environment cannot. ``trace``: the current segment's
+    :meth:`~swarmjax.swarm.text_types.AgentTrace.arrays`; ``turn`` the turn just
+    finished; ``reply`` [R] its reply."""
+    s = STRATEGIES[strategy]
+    if s is None:
+        return None
+    ids = s.ids(env, trace, turn, np.asarray(reply, np.int32))
+    return None if ids is None else (ids, s.restart)
+
+
+def summarize_tool():
+    """The ``summarize`` tool's schema as a :class:`~swarmjax.text.tools.Tool` (answered by
+    the environment, never run: ``ToolAgentEnv(summarize=True)``)."""
+    from swarmjax.text.tools import Tool
+    return Tool(name=SUMMARIZE, description="Replace the conversation so far by your summary of it, to free "
+                "context. The conversation restarts from the task and your summary.",
+                parameters=SUMMARIZE_PARAMETERS, fn=None)
+
+
+def check_env(strategy: str, env: Any) -> None:
+    """Raise one ValueError when ``env`` (an agent's environment) cannot serve
+    ``strategy``: every strategy but ``"none"`` needs ``restart_ids``, ``"summary"``
+    also ``summary_request_ids`` (:class:`~swarmjax.envs.tool_env.ToolAgentEnv` has both)."""
+    need = [] if strategy == "none" else ["restart_ids"] + (["summary_request_ids"] if strategy == "summary" else [])
+    missing = [m for m in need if not callable(getattr(env, m, None))]
+    if missing:
+        raise ValueError(f"context strategy {strategy!r}: the task's environment ({type(env).__name__}) lacks "
+                         f"{', '.join(missing)}; use a ToolAgentEnv-based task or strategy 'none'")

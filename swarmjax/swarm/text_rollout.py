@@ -235,10 +235,26 @@ class TextRollout:
                 ep.stage.append(sub)
                 ep.subagents.append(sub)
             ep.spawned += len(step.spawn)
+        elif step.restart is not None:                 # the agent summarised: a new segment
+            if self._restart(ep, step.restart, dropped=len(ep.orch.trace) - len(step.restart)):
+                self._next_turn(ep)
+            else:
+                ep.end = END_CONTEXT
         elif not self._orch_hear(ep, step.reply):
             ep.end = END_CONTEXT
         else:
             self._next_turn(ep)
+
+    def _restart(self, ep: _Episode, ids: np.ndarray, *, dropped: int) -> bool:
+        """Close the orchestrator's segment and open the next with ``ids`` (its row starts
+        over); False when they do not fit its context."""
+        a = ep.orch
+        if len(ids) + 1 > self.rcfg.orch_context:
+            return False
+        a.trace.restart()
+        ep.dropped += dropped
+        a.pending, a.reset = None, True
+        return self._hear(a, ids)
 
     def _orch_hear(self, ep: _Episode, reply: np.ndarray) -> bool:
         """The orchestrator hears a finished turn's reply. Past the context strategy's
@@ -249,12 +265,13 @@ class TextRollout:
         ccfg = rcfg.context
         limit = rcfg.orch_context if ccfg.threshold is None else min(ccfg.threshold, rcfg.orch_context)
         if len(a.trace) + len(reply) + 1 > limit and len(a.trace.segments) < ccfg.max_compactions:
-            ids = compact(ccfg.strategy, a.env, a.trace.arrays(), a.trace.steps, reply)
-            if ids is not None and len(ids) + 1 <= rcfg.orch_context:
-                old = a.trace.restart()
-                ep.dropped += len(old["ids"]) + len(reply) - len(ids)
-                a.pending, a.reset = None, True
-                return self._hear(a, ids)
+            out = compact(ccfg.strategy, a.env, a.trace.arrays(), a.trace.steps, reply)
+            if out is not None:
+                ids, restart = out
+                if restart and self._restart(ep, ids, dropped=len(a.trace) + len(reply) - len(ids)):
+                    return True
+                if not restart and self._hear(a, ids):      # the reply with a request (summary)
+                    return True
         return self._hear(a, reply)
 
     def _worker_end(self, ep: _Episode, sub: _Agent, ok: bool, reason: str, answer: str | None,
@@ -295,6 +312,9 @@ class TextRollout:
     def _worker_step(self, ep: _Episode, sub: _Agent, step: Step, spawn_queue: list) -> None:
         if step.spawn:
             raise ValueError(f"sub-agent {sub.trace.name!r} asked for sub-agents: stages do not nest")
+        if step.restart is not None:
+            raise ValueError(f"sub-agent {sub.trace.name!r} restarted its conversation: only orchestrators "
+                             "compact their context")
         ep.add({f"subagent/{k}": v for k, v in step.rewards.items()})
         if step.done:
             self._worker_end(ep, sub, True, "answer", step.answer, spawn_queue)

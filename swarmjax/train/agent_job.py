@@ -47,6 +47,7 @@ from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
+from swarmjax.swarm.context import check_env
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.runner import ToolRunner
 from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, evaluate,
@@ -198,10 +199,12 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     else:
         log = TextJobLog(workdir, None, primary)
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
-    ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents)
+    ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
+                     summarize=job.rl.rollout.context.strategy == "summary")
     engine = HostEngine(_rollout(job, cfg, chat, greedy=False), lambda p: make_env(task, p, ctx),
                         greedy_rollout=_rollout(job, cfg, chat, greedy=True))
     splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
+    check_env(job.rl.rollout.context.strategy, make_env(task, splits["validation"][0], ctx))
     try:
         def run_eval(step: int, label: str, state: Any, split: str) -> dict[str, float]:
             res = mean_figures(evaluate(engine, state.params, subagent_params(state), splits[split],
@@ -312,7 +315,8 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     if differ:
         raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
-    ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents)
+    ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
+                     summarize=job.rl.rollout.context.strategy == "summary")
     engine = HostEngine(_rollout(job, cfg, chat, greedy=True), lambda p: make_env(task, p, ctx))
     t0 = time.perf_counter()
     problems = held_out(task, split, job.seed, job.eval_episodes)
