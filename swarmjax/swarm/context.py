@@ -22,7 +22,8 @@ turn would take the orchestrator's conversation past ``ContextConfig.threshold``
   Set the threshold a turn or more below the context, so that the request and the
   summary fit.
 
-Token in, token out: the episode's conversation becomes *segments*, each its own id
+Token in, token out: the episode's conversation becomes *segments* (of a conversation;
+not the rollout's decode segments, whose count its stats call ``segments``), each its own id
 stream. A segment's sampled ids stay as sampled (its loss mask and log-probs); the next
 segment's prompt is environment ids (loss mask 0), also where it repeats ids an earlier
 segment sampled (``keep_last_round``'s latest turn). The first prompt is re-rendered by

@@ -286,7 +286,10 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
     """One RL step on ``problems`` (each rolled out ``group_size`` times by ``engine``,
     :mod:`swarmjax.train.engines`): rollout, reward (:func:`episode_rewards`), group
     advantages, one learner update on exactly the rollout's ids, loss mask and sampler
-    log-probs. Returns the new state and the step's metrics (:func:`step_metrics`).
+    log-probs; a context strategy's earlier segments are rows of their own with their
+    episode's advantage (:func:`_segment_rows`). Returns the new state and the step's
+    metrics: the episodes' :func:`episode_figures`, reward channels, the rollout's counts
+    (:data:`COUNTS`), timings and the learner's figures (``learner/``).
 
     Rows are cut to a multiple of ``rcfg.bucket`` ids (few shapes to compile); with
     ``rcfg.head_multiple`` the ids every row opens with run once per forward
