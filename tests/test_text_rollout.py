@@ -204,6 +204,9 @@ def test_context_strategies_split_an_episode_into_segments(world):
     threshold = len(env.reset(eps[0])) + 250                    # about three lookup rounds past the prompt
     base = _rollout(world, eps, scripts=scripts, context=ContextConfig(threshold=threshold))
     assert base.stats["compactions"] == 0 and base.length.min() > threshold   # no strategy: nothing compacted
+    # no compaction, no extra rows: the RL step's batch is the plain GRPO/GSPO one
+    assert _segment_rows(base, np.zeros(2, np.float32), np.zeros(2, np.float32), np.arange(2), np.ones(2, bool), 4) \
+        is None
     for strategy, note in (("discard_all", DISCARD_NOTE), ("keep_last_round", KEEP_NOTE)):
         res = _rollout(world, eps, scripts=scripts, context=ContextConfig(strategy, threshold=threshold))
         assert res.stats["compactions"] >= 2 and res.stats["context_dropped"] > 0, strategy
