@@ -29,11 +29,13 @@ segment's prompt is environment ids (loss mask 0), also where it repeats ids an 
 segment sampled (``keep_last_round``'s latest turn). The first prompt is re-rendered by
 the environment with the note (``HostEnv.restart_ids(note)``, optional:
 :class:`~swarmjax.envs.tool_env.ToolAgentEnv` has it); an environment without it cannot
-be compacted and its episode ends at the context as with ``"none"``.
+be compacted and its episode ends at the context as with ``"none"`` (the agent job refuses
+such a task up front: :func:`check_env`).
 
 Compaction happens where a finished turn's reply is heard (after a turn or after a
 stage of sub-agents), for the orchestrator (or single agent); sub-agents keep their own
-bounded contexts. ``max_compactions`` bounds the segments of an episode.
+bounded contexts. ``max_compactions`` bounds the compactions the rollout starts (and the
+summary requests); a ``summarize`` call the agent makes on its own always restarts.
 """
 
 from __future__ import annotations
