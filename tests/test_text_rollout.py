@@ -199,7 +199,8 @@ def test_context_strategies_split_an_episode_into_segments(world):
     their conversations (drift); the counts are the reference simulator's (a compaction
     changes no count); the learner gets every earlier segment as a row with its episode's
     advantage."""
-    from swarmjax.swarm.context import DISCARD_NOTE, KEEP_NOTE, ContextConfig
+    from swarmjax.envs.context_notes import DISCARD_NOTE, KEEP_NOTE
+    from swarmjax.swarm.context import ContextConfig
     from swarmjax.train.agent import _segment_rows
 
     task, model, params = world
@@ -254,7 +255,8 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
     in that segment's loss) and the next segment is the first prompt with the summary,
     as environment ids; past the threshold the reply asks for a summary (its last tool
     response ends with the request); without the tool the strategy cannot act."""
-    from swarmjax.swarm.context import SUMMARY_NOTE, SUMMARY_REQUEST, ContextConfig
+    from swarmjax.envs.context_notes import SUMMARY_NOTE, SUMMARY_REQUEST
+    from swarmjax.swarm.context import ContextConfig
 
     task, model, params = world
     eps = _episodes([5, 5], seed=5)

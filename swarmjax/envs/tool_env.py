@@ -32,7 +32,7 @@ import numpy as np
 
 from swarmjax.envs.api import Step, SubAgentResult
 from swarmjax.envs.orchestration import Orchestration, result_text
-from swarmjax.swarm.context import SUMMARIZE, SUMMARY_NOTE, SUMMARY_REQUEST, summarize_tool
+from swarmjax.envs.context_notes import SUMMARIZE, SUMMARY_NOTE, SUMMARY_REQUEST, summarize_tool
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.toolcalls import ParsedTurn, parse_turn
@@ -155,7 +155,7 @@ class ToolAgentEnv:
         return Step(reply=np.concatenate([closing, self.chat.tool_responses_ids(responses)]))
 
     def summary_request_ids(self) -> np.ndarray | None:
-        """The last reply again with :data:`~swarmjax.swarm.context.SUMMARY_REQUEST` after
+        """The last reply again with :data:`~swarmjax.envs.context_notes.SUMMARY_REQUEST` after
         its last tool response (the ``"summary"`` strategy past its threshold); None
         without a tool reply or without the ``summarize`` tool."""
         if self._last is None or not self.summarize:

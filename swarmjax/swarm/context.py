@@ -8,15 +8,15 @@ turn would take the orchestrator's conversation past ``ContextConfig.threshold``
 * ``"none"``: nothing; an agent that cannot hear a reply ends (reason ``context``) and
   the episode's figures count it (``context_ended``);
 * ``"discard_all"`` (as Kimi K2.5 evaluates it, arXiv 2602.02276): the first prompt
-  (system turn, task) again, with :data:`DISCARD_NOTE` as a user turn; every tool call
+  (system turn, task) again, with :data:`~swarmjax.envs.context_notes.DISCARD_NOTE` as a user turn; every tool call
   and result so far is dropped;
-* ``"keep_last_round"``: the first prompt with :data:`KEEP_NOTE`, then the latest round
+* ``"keep_last_round"``: the first prompt with :data:`~swarmjax.envs.context_notes.KEEP_NOTE`, then the latest round
   only: the turn just sampled (its ids as sampled) and its reply;
 * ``"summary"`` (ReSum, Wu et al. 2025, arXiv 2509.13313): the agent has a ``summarize``
-  tool (:data:`SUMMARIZE`); a turn that calls it ends the segment, and the next one is the
-  first prompt with :data:`SUMMARY_NOTE` and the summary (the environment answers such a
+  tool (:data:`~swarmjax.envs.context_notes.SUMMARIZE`); a turn that calls it ends the segment, and the next one is the
+  first prompt with :data:`~swarmjax.envs.context_notes.SUMMARY_NOTE` and the summary (the environment answers such a
   turn with ``Step(restart=ids)``). Past the threshold the reply asks for it: its last
-  tool response ends with :data:`SUMMARY_REQUEST` (``HostEnv.summary_request_ids()``), and
+  tool response ends with :data:`~swarmjax.envs.context_notes.SUMMARY_REQUEST` (``HostEnv.summary_request_ids()``), and
   the agent's next turn writes the summary. The summary's ids are sampled ids of the
   segment that wrote them (in the loss) and prompt ids of the next one (not in the loss).
   Set the threshold a turn or more below the context, so that the request and the
@@ -46,22 +46,7 @@ from typing import Any
 
 import numpy as np
 
-DISCARD_NOTE = ("Your earlier tool calls and their results were removed to free context. "
-                "Continue the task from the start of this conversation.")
-KEEP_NOTE = ("Earlier rounds of tool calls and their results were removed to free context; "
-             "only the latest round follows. Continue the task.")
-SUMMARY_NOTE = ("Your earlier tool calls and their results were removed to free context. "
-                "Your summary of them:\n{summary}\nContinue the task.")
-SUMMARY_REQUEST = ("Your context is nearly full. Call summarize now with everything you found so far "
-                   "that the rest of the task needs; the conversation then restarts from your summary.")
-SUMMARIZE_PARAMETERS = {
-    "type": "object",
-    "properties": {"summary": {"type": "string", "description": "What you found so far that the rest of the "
-                                                                 "task needs: facts, values, what is left to do."}},
-    "required": ["summary"],
-}
-SUMMARIZE = "summarize"
-
+from swarmjax.envs.context_notes import DISCARD_NOTE, KEEP_NOTE
 
 @dataclasses.dataclass(frozen=True)
 class ContextConfig:
@@ -138,15 +123,6 @@ def compact(strategy: str, env: Any, trace: dict[str, np.ndarray], turn: int,
         return None
     ids = s.ids(env, trace, turn, np.asarray(reply, np.int32))
     return None if ids is None else (ids, s.restart)
-
-
-def summarize_tool():
-    """The ``summarize`` tool's schema as a :class:`~swarmjax.text.tools.Tool` (answered by
-    the environment, never run: ``ToolAgentEnv(summarize=True)``)."""
-    from swarmjax.text.tools import Tool
-    return Tool(name=SUMMARIZE, description="Replace the conversation so far by your summary of it, to free "
-                "context. The conversation restarts from the task and your summary.",
-                parameters=SUMMARIZE_PARAMETERS, fn=None)
 
 
 def check_env(strategy: str, env: Any) -> None:
