@@ -222,17 +222,17 @@ def test_played_demonstrations_match_the_rollouts(setup, scripted):
 
 
 def test_compacted_forward_equals_every_row_over_the_whole_cache():
-    """_compact_forward (the rows fed, gathered into a row bucket, over a window bucket;
+    """compact_forward (the rows fed, gathered into a row bucket, over a window bucket;
     only what they wrote scattered back) leaves the caches, logits and positions that
-    _forward of every row over the whole cache leaves, for every bucket choice: padding
+    forward_rows of every row over the whole cache leaves, for every bucket choice: padding
     entries of a bucket must write nothing (they once overwrote row 0)."""
     from swarmjax.models.transformer import init_cache
-    from swarmjax.swarm import text_engine as te
+    from swarmjax.swarm import text_engine_feed as te
     from swarmjax.swarm.text_device import Rows, make_prefix
     cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                       intermediate_size=64)
     params = init_params(cfg, jax.random.key(0))
-    m = te._Model(cfg, None, 64, None)
+    m = te.RoleModel(cfg, None, 64, None)
     R, X, P = 8, 48, 5
     rng = np.random.default_rng(0)
     trace = jax.numpy.asarray(rng.integers(0, 64, (R, 64)), jax.numpy.int32)
@@ -242,13 +242,13 @@ def test_compacted_forward_equals_every_row_over_the_whole_cache():
     def start():                 # rows over a shared prefix, filled to random lengths
         rows = Rows(cache=init_cache(cfg, R, X), logits=jax.numpy.zeros((R, 64)), pos=jax.numpy.zeros((R,), int),
                     offset=jax.numpy.full((R,), P, int), prefix=make_prefix(params, cfg, jax.numpy.arange(P), P))
-        return te._forward(params, m, rows, trace, fill, 20, rows.rope(cfg, X))
+        return te.forward_rows(params, m, rows, trace, fill, 20, rows.rope(cfg, X))
     rows = start()
     rope = rows.rope(cfg, X)
     assert te.sizes(8, 3) == (2, 4, 8) and te.sizes(48, 3, least=2, linear=True) == (16, 32, 48)
-    plain = jax.jit(lambda rows, counts, width: te._forward(params, m, rows, trace, counts, width, rope),
+    plain = jax.jit(lambda rows, counts, width: te.forward_rows(params, m, rows, trace, counts, width, rope),
                     static_argnums=2)
-    compact = jax.jit(lambda rows, counts, *static: te._compact_forward(params, m, rows, trace, counts, *static, rope),
+    compact = jax.jit(lambda rows, counts, *static: te.compact_forward(params, m, rows, trace, counts, *static, rope),
                       static_argnums=(2, 3, 4))
     for width, sizes, windows in [(1, (4, 8), (24, 48)), (4, (2, 4), (48,))]:
         for fed in (0.3, 0.9):

@@ -17,7 +17,8 @@ is one ``lax.while_loop`` of *ticks*, with no host round trip:
   feeding every row the ids of its trace it has not yet fed: 1 for a row that just
   sampled, up to ``chunk`` (F) environment ids for a row that was just answered (a
   chunked prefill; a tick where no row has more than one pending id runs the 1-wide
-  forward instead, and a model with nothing to feed is skipped).
+  forward instead, and a model with nothing to feed is skipped;
+  :mod:`swarmjax.swarm.text_engine_feed`).
 * **turn ends** (a stop id, or the turn's limit) are answered on the device
   (:mod:`swarmjax.envs.widesearch_relay_device`): the calls' responses are joined from
   token fragments and written to the trace (fed in the next ticks); ``assign_task``
@@ -36,7 +37,6 @@ sub-agent lane per slot) the two give the same trajectories (tests/test_text_eng
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -53,7 +53,8 @@ from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RU
 from swarmjax.envs.widesearch_relay import RelayTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
-from swarmjax.swarm.text_device import Rows, choose, gather_rows, make_prefix, scatter_rows
+from swarmjax.swarm.text_device import choose, make_prefix
+from swarmjax.swarm.text_engine_feed import RoleModel, feed
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
 from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
@@ -63,129 +64,6 @@ from swarmjax.text.fragments import render
 
 Array = jax.Array
 _NO_BUDGET = 2 ** 30          # the budget argument when it is lifted: never reached
-
-
-@dataclasses.dataclass(frozen=True)
-class _Model:
-    """What one role's rows need (static per rollout)."""
-
-    cfg: ModelConfig
-    grammar: dc.CallGrammar
-    context: int
-    sampling: Any
-
-
-def _forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, counts: Array, width: int, rope) -> Rows:
-    """Feed each row ``counts[r]`` (<= width) trace ids from its first unfed one; ``rope``:
-    the model's RoPE table over its whole cache (:meth:`Rows.rope`, built once outside the
-    tick loop: XLA evaluated it inside every forward of every tick otherwise)."""
-    fed = rows.offset + rows.pos
-    col = jnp.clip(fed[:, None] + jnp.arange(width)[None, :], 0, trace_ids.shape[1] - 1)
-    ids = jnp.take_along_axis(trace_ids, col, axis=1)                                   # [R, width]
-    out = rows.forward(params, m.cfg, ids, token_mask=jnp.arange(width)[None, :] < counts[:, None],
-                       rope=rope, logits_at=jnp.maximum(counts - 1, 0))
-    write = counts > 0
-    return rows.replace(cache=out.cache, logits=jnp.where(write[:, None], out.logits[:, 0], rows.logits),
-                        pos=rows.pos + counts)
-
-
-def sizes(full: int, count: int, *, least: int = 1, linear: bool = False) -> tuple[int, ...]:
-    """``count`` static sizes, ascending, the largest ``full``, none below ``least``
-    (duplicates dropped): ``ceil(full / 2^i)``, or ``ceil(full i / count)`` with
-    ``linear`` (windows: a conversation's reach grows evenly, and a window's cost is
-    linear in it). The shapes a compacted forward is compiled for."""
-    cut = (lambda i: -(-full * (count - i) // count)) if linear else (lambda i: -(-full // 2 ** i))
-    return tuple(sorted({max(least, cut(i)) for i in range(count)} | {full}))
-
-
-def _compact_forward(params: Any, m: _Model, rows: Rows, trace_ids: Array, counts: Array, width: int,
-                     row_sizes: tuple[int, ...], windows: tuple[int, ...], rope) -> Rows:
-    """:func:`_forward` of only the rows with ``counts > 0`` over only the slots they use.
-
-    A tick feeds few rows (most are waiting: for their sub-agents, for their turn's
-    replies, or ended), and a conversation fills its cache slowly, so the rows fed are
-    gathered into the smallest of ``row_sizes`` that holds them over the smallest of
-    ``windows`` slots past every one's ``pos + width`` (both static: ``lax.switch``
-    over the ``len(row_sizes) x len(windows)`` compiled forwards). The branch returns
-    only what the rows wrote (keys and values of their ``width`` new slots, their
-    logits), scattered into the caches after it: a conditional that updated the whole
-    cache would copy it every tick (measured: 15 ms on a 1m model's 128 x 528 sub-agent
-    cache). The cost is then ~ rows fed x slots used, as in the host rollout's compact
-    windows, not every row over the whole cache; the values are :func:`_forward`'s
-    (a row's attention reads only its own slots and the shared prefix). At most
-    ``row_sizes[-1]`` rows may be fed."""
-    R = counts.shape[0]
-    feed = counts > 0
-    order = jnp.argsort(~feed, stable=True)                                              # [R] fed rows first
-    reach = jnp.max(jnp.where(feed, rows.pos + width, 0))
-    pick = lambda table, x: jnp.minimum(jnp.searchsorted(jnp.asarray(table), x), len(table) - 1)
-    top = row_sizes[-1]
-
-    def branch(nr: int, w: int):
-        def run(rows: Rows):
-            idx = order[:nr]
-            live = feed[idx]
-            sub = gather_rows(rows, idx, w)
-            sub = sub.replace(pos=jnp.where(live, sub.pos, 0))          # padding writes inside its window
-            out = _forward(params, m, sub, trace_ids[idx], jnp.where(live, counts[idx], 0), width, rope)
-            pad = lambda a: jnp.pad(a, [(0, top - nr)] + [(0, 0)] * (a.ndim - 1))
-            new = lambda buf, axis: pad(jax.vmap(lambda b, p: lax.dynamic_slice_in_dim(b, p, width, axis))(
-                buf, sub.pos))
-            drop = jnp.full((top,), R, jnp.int32).at[:nr].set(jnp.where(live, idx, R))    # R: dropped
-            return (drop, tuple(new(k, 2) for k in out.cache.k),                              # [top, K, hd, width]
-                    tuple(new(v, 1) for v in out.cache.v), pad(out.logits))              # [top, K, width, hd]
-        return run
-    branches = [branch(nr, w) for nr in row_sizes for w in windows]
-    shapes = jax.eval_shape(branches[0], rows)
-
-    def idle(rows: Rows):              # no row fed: nothing computed, every entry dropped
-        return (jnp.full((top,), R, jnp.int32),) + jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes[1:])
-    n = jnp.sum(feed)
-    index = jnp.where(n > 0, 1 + pick(row_sizes, n) * len(windows) + pick(windows, reach), 0)
-    idx, ks, vs, logits = lax.switch(index, [idle] + branches, rows)
-    at = jnp.minimum(idx, R - 1)                                                         # entries at R: dropped
-    r = idx[:, None]                                                                     # [top, 1]
-    slot = rows.pos[at][:, None] + jnp.arange(width)[None, :]                            # [top, width]
-    written = jnp.arange(width)[None, :] < counts[at][:, None]                           # [top, width]
-    put = lambda a, u, *index: a.at[index].set(u, mode="drop")                          # updates [top, width, ...]
-    cache = rows.cache.replace(k=tuple(put(a, u.transpose(0, 3, 1, 2), r, slice(None), slice(None), slot)
-                                       for a, u in zip(rows.cache.k, ks)),
-                               v=tuple(put(a, u.transpose(0, 2, 1, 3), r, slice(None), slot)
-                                       for a, u in zip(rows.cache.v, vs)),
-                               valid=put(rows.cache.valid, written, r, slot))
-    return rows.replace(cache=cache, logits=rows.logits.at[idx].set(logits, mode="drop"), pos=rows.pos + counts)
-
-
-def _feed(params: Any, m: _Model, a: Agents, mask: Array, chunk: int, wide_rows: int,
-          buckets: int, rope) -> Agents:
-    """Feed every row in ``mask`` [R] what it has not yet fed of its trace: one
-    1-wide forward (a row that just sampled, or one id of a longer backlog), and one
-    ``chunk``-wide forward over at most ``wide_rows`` rows with a backlog. Each is
-    compacted to the rows it feeds and the slots they use (:func:`_compact_forward`,
-    ``buckets`` sizes of each) and skipped when no row needs it; ``buckets`` = 1: the
-    1-wide forward runs every row over the whole cache, the wide one the ``wide_rows``
-    rows gathered whole."""
-    rows, ids = a.rows, a.trace.ids
-    pending = jnp.where(mask, a.trace.length - rows.offset - rows.pos, 0)                # [R]
-    wide = pending > 1
-    R, X = pending.shape[0], rows.cache.max_len
-    idx = jnp.argsort(~wide, stable=True)[:wide_rows]                                    # [Rf] backlog rows first
-    chosen = jnp.zeros((R,), bool).at[idx].set(wide[idx])
-    narrow = jnp.where(chosen, 0, jnp.minimum(pending, 1))
-    counts = jnp.where(chosen, jnp.minimum(pending, chunk), 0)
-    if buckets == 1:           # every row over the whole cache (on a mesh: no gathers across shards)
-        rows = lax.cond(jnp.any(narrow > 0), lambda r: _forward(params, m, r, ids, narrow, 1, rope), lambda r: r,
-                        rows)
-
-        def go_wide(rows: Rows) -> Rows:
-            sub = gather_rows(rows, idx, rows.cache.max_len)
-            return scatter_rows(rows, idx, _forward(params, m, sub, ids[idx], counts[idx], chunk, rope))
-        return a.replace(rows=lax.cond(jnp.any(chosen), go_wide, lambda r: r, rows))
-    windows = lambda width: sizes(X, buckets, least=min(X, width + 1), linear=True)
-    rows = _compact_forward(params, m, rows, ids, narrow, 1, sizes(R, buckets), windows(1), rope)
-    rows = _compact_forward(params, m, rows, ids, counts, chunk, sizes(wide_rows, buckets), windows(chunk),
-                            rope)
-    return a.replace(rows=rows)
 
 
 class TextSwarm:
@@ -202,7 +80,7 @@ class TextSwarm:
         tick; the others with a backlog are fed one id that tick.
       buckets: how many sizes of rows and of cache windows each forward of a tick is
         compiled for (``lax.switch`` picks the smallest that holds the rows it feeds and
-        the slots they use, :func:`_compact_forward`); 1 runs every row over its whole
+        the slots they use, :func:`compact_forward`); 1 runs every row over its whole
         cache each tick. Without a mesh only: on a mesh the rows stay where they are
         sharded (buckets = 1).
       mesh: optional mesh: episodes (and their sub-agent slots, ``b K + j``) are split
@@ -235,8 +113,8 @@ class TextSwarm:
         grammar = lambda role: dc.CallGrammar.build(tok, task.tools(role), max_calls=task.max_calls,
                                                     max_mentions=task.max_mentions, mention_phrases=task.entity_names)
         self.answers = da.AnswerGrammar.build(tok, task.entity_names, task.value_names, max_pairs=task.max_pairs)
-        self.orch = _Model(orch_cfg, grammar("orchestrator"), rcfg.orch_context, rcfg.orch_sampling)
-        self.work = _Model(worker_cfg or orch_cfg, grammar("worker"), rcfg.worker_context, rcfg.worker_sampling)
+        self.orch = RoleModel(orch_cfg, grammar("orchestrator"), rcfg.orch_context, rcfg.orch_sampling)
+        self.work = RoleModel(worker_cfg or orch_cfg, grammar("worker"), rcfg.worker_context, rcfg.worker_sampling)
         self.stop_ids = jnp.asarray(task.chat.stop_ids)
         self.pad_id = tok.token_id(task.chat.pad_token)
         self.mesh, self.rules = mesh, rules
@@ -259,7 +137,7 @@ class TextSwarm:
                     NamedSharding(self.mesh, PartitionSpec()), NamedSharding(self.mesh, PartitionSpec())))
         return self._jitted[batch]
 
-    def _agents(self, params: Any, m: _Model, role: str, rows: int) -> Agents:
+    def _agents(self, params: Any, m: RoleModel, role: str, rows: int) -> Agents:
         """``rows`` fresh rows of ``role`` attending over the role's shared prefix: the
         prompt's head (system turn, tool schemas, the user turn's opening), prefilled
         once (:func:`~swarmjax.swarm.text_device.make_prefix`, cascade attention as in
@@ -339,7 +217,7 @@ class TextSwarm:
 
     # ------------------------------------------------------------------ the device program
 
-    def _open(self, m: _Model, a: Agents, mask: Array, script: Array) -> Agents:
+    def _open(self, m: RoleModel, a: Agents, mask: Array, script: Array) -> Agents:
         """Open a turn on the rows in ``mask``: limit = min(T, context - length, scripted length)."""
         T = self.rcfg.max_turn_tokens
         k = jnp.minimum(a.steps, script.shape[1] - 1)
@@ -351,7 +229,7 @@ class TextSwarm:
                          limit=jnp.where(mask, limit, a.limit), calls=dc.reset_turn(m.grammar, a.calls, mask),
                          answers=da.reset(self.answers, a.answers, mask))
 
-    def _sample(self, params: Any, m: _Model, a: Agents, alive: Array, key: Array, script: Array, greedy: Array
+    def _sample(self, params: Any, m: RoleModel, a: Agents, alive: Array, key: Array, script: Array, greedy: Array
                 ) -> tuple[Agents, Array, Array]:
         """One id for every row whose turn is open and which has heard everything.
         Returns the agents and the rows whose turn ended: (ended [R], cut [R])."""
@@ -372,7 +250,7 @@ class TextSwarm:
         return a.replace(trace=trace, turn_len=turn_len, calls=calls, answers=answers,
                          turning=a.turning & ~ended), ended, cut
 
-    def _reply(self, m: _Model, a: Agents, mask: Array, grid: Array, responses: Array, cut: Array
+    def _reply(self, m: RoleModel, a: Agents, mask: Array, grid: Array, responses: Array, cut: Array
                ) -> tuple[Agents, Array]:
         """Write the responses of each row in ``mask`` to its trace if its context holds
         them and one more id. Returns the agents and which rows heard them."""
@@ -515,9 +393,9 @@ class TextSwarm:
         w, w_end, w_cut = self._sample(work_params, self.work, c.work, c.eps.slot == RUNNING_SLOT, kw, w_script,
                                        c.greedy)
         wide = lambda rows: max(1, int(round(self.wide_rows * rows)))
-        o = _feed(orch_params, self.orch, o, c.eps.end == RUNNING, self.chunk, wide(o.turning.shape[0]),
+        o = feed(orch_params, self.orch, o, c.eps.end == RUNNING, self.chunk, wide(o.turning.shape[0]),
                   self.buckets, o_rope)
-        w = _feed(work_params, self.work, w, c.eps.slot == RUNNING_SLOT, self.chunk, wide(w.turning.shape[0]),
+        w = feed(work_params, self.work, w, c.eps.slot == RUNNING_SLOT, self.chunk, wide(w.turning.shape[0]),
                   self.buckets, w_rope)
         c = c.replace(tick=c.tick + 1, key=key, orch=o, work=w)
 
