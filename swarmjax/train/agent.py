@@ -225,59 +225,57 @@ def episode_rewards(res: TextRolloutResult, rcfg: TextRLConfig, step: int = 0
     return np.asarray(reward), channels
 
 
-def _segment_rows(res: TextRolloutResult, adv: np.ndarray, reward: np.ndarray, groups: np.ndarray,
-                  keep: np.ndarray, multiple: int) -> dict[str, np.ndarray] | None:
-    """The orchestrators' earlier segments (a context strategy compacted their episodes:
-    :mod:`swarmjax.swarm.context`) as training rows of their own: each segment's ids, its
-    sampled ids as the loss mask, the sampler's log-probs, and its episode's advantage,
-    reward and group (group statistics are over episodes; every segment of an episode
-    shares its advantage, as ReSum-GRPO does). Padded with empty rows to a multiple of
-    ``multiple`` rows, the same count on every process; None when no process has any."""
-    segs = res.segment_rows()
-    count = int(allgather(np.asarray([len(segs)], np.int64)).max())
-    if count == 0:
-        return None
+def _trace_rows(traces: list[tuple[int, dict[str, np.ndarray]]], count: int, reward: np.ndarray,
+                groups: np.ndarray, keep: np.ndarray, multiple: int) -> dict[str, np.ndarray]:
+    """Conversations (episode b, :meth:`~swarmjax.swarm.text_types.AgentTrace.arrays`) as
+    training rows: ids, the conversation's own sampled ids as the loss mask (none in a
+    group dynamic sampling dropped), the sampler's log-probs, the episode's reward and
+    group; padded with empty rows (groups of their own) to ``count`` rounded up to a
+    multiple of ``multiple``. The caller adds the advantages."""
     S = -(-count // multiple) * multiple
-    W = max([len(a["ids"]) for _, a in segs], default=1)
+    W = max([len(a["ids"]) for _, a in traces], default=1)
     out = {"tokens": np.zeros((S, W), np.int32), "token_mask": np.zeros((S, W), bool),
            "loss_mask": np.zeros((S, W), bool), "logprobs": np.zeros((S, W), np.float32),
-           "advantages": np.zeros((S,), np.float32), "reward": np.zeros((S,), np.float32),
-           "group": groups.max() + 1 + np.arange(S, dtype=groups.dtype)}
-    for i, (b, a) in enumerate(segs):
-        n = len(a["ids"])
-        out["tokens"][i, :n], out["token_mask"][i, :n] = a["ids"], True
-        out["loss_mask"][i, :n] = a["sampled"] & bool(keep[b])
-        out["logprobs"][i, :n] = a["logprobs"]
-        out["advantages"][i], out["reward"][i], out["group"][i] = adv[b], reward[b], groups[b]
-    return out
-
-
-def _subagent_rows(res: TextRolloutResult, reward: np.ndarray, groups: np.ndarray, keep: np.ndarray, rcfg: TextRLConfig,
-                   multiple: int) -> dict[str, np.ndarray] | None:
-    """The sub-agents' conversations as training rows (co-trained sub-agents): ids,
-    their own sampled ids as the loss mask, the sampler's log-probs, and per-role
-    advantages (the episode rewards normalised over the sub-agent rows of each group).
-    Padded with empty rows to a multiple of ``multiple``; None without sub-agents."""
-    traces = [(b, t.arrays()) for b, subs in enumerate(res.subagents) for t in subs]
-    if not traces:
-        return None
-    S = -(-len(traces) // multiple) * multiple
-    W = max(len(a["ids"]) for _, a in traces)
-    out = {"tokens": np.zeros((S, W), np.int32), "token_mask": np.zeros((S, W), bool),
-           "loss_mask": np.zeros((S, W), bool), "logprobs": np.zeros((S, W), np.float32),
-           "reward": np.zeros((S,), np.float32), "group": np.full((S,), -1, np.int32)}
+           "reward": np.zeros((S,), np.float32), "group": groups.max() + 1 + np.arange(S, dtype=groups.dtype)}
     for i, (b, a) in enumerate(traces):
         n = len(a["ids"])
         out["tokens"][i, :n], out["token_mask"][i, :n] = a["ids"], True
         out["loss_mask"][i, :n] = a["sampled"] & bool(keep[b])
         out["logprobs"][i, :n] = a["logprobs"]
         out["reward"][i], out["group"][i] = reward[b], groups[b]
-    real = out["group"] >= 0
-    adv = np.zeros((S,), np.float32)
-    adv[real] = np.asarray(compute_advantages(rcfg.advantage, jnp.asarray(out["reward"][real]),
-                                              jnp.asarray(out["group"][real])))
-    out["advantages"] = adv
-    out["group"] = np.where(real, out["group"], groups.max() + 1 + np.arange(S))
+    return out
+
+
+def _segment_rows(res: TextRolloutResult, adv: np.ndarray, reward: np.ndarray, groups: np.ndarray,
+                  keep: np.ndarray, multiple: int) -> dict[str, np.ndarray] | None:
+    """The orchestrators' earlier segments (a context strategy compacted their episodes:
+    :mod:`swarmjax.swarm.context`) as training rows of their own (:func:`_trace_rows`)
+    with their episode's advantage (group statistics are over episodes; every segment of
+    an episode shares its advantage, as ReSum-GRPO does). The same row count on every
+    process; None when no process has any."""
+    segs = res.segment_rows()
+    count = int(allgather(np.asarray([len(segs)], np.int64)).max())
+    if count == 0:
+        return None
+    out = _trace_rows(segs, count, reward, groups, keep, multiple)
+    out["advantages"] = np.zeros(out["reward"].shape, np.float32)
+    out["advantages"][:len(segs)] = adv[[b for b, _ in segs]]
+    return out
+
+
+def _subagent_rows(res: TextRolloutResult, reward: np.ndarray, groups: np.ndarray, keep: np.ndarray, rcfg: TextRLConfig,
+                   multiple: int) -> dict[str, np.ndarray] | None:
+    """The sub-agents' conversations as training rows (co-trained sub-agents,
+    :func:`_trace_rows`) with per-role advantages (the episode rewards normalised over
+    the sub-agent rows of each group). None without sub-agents."""
+    traces = [(b, t.arrays()) for b, subs in enumerate(res.subagents) for t in subs]
+    if not traces:
+        return None
+    out = _trace_rows(traces, len(traces), reward, groups, keep, multiple)
+    n = len(traces)
+    out["advantages"] = np.zeros(out["reward"].shape, np.float32)
+    out["advantages"][:n] = np.asarray(compute_advantages(rcfg.advantage, jnp.asarray(out["reward"][:n]),
+                                                          jnp.asarray(out["group"][:n])))
     return out
 
 
