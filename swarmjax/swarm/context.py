@@ -98,16 +98,18 @@ def _summary(env: Any, trace: dict[str, np.ndarray], turn: int, reply: np.ndarra
 class Strategy:
     """What a strategy does past the threshold: ``ids(env, the conversation's arrays
     (AgentTrace.arrays), the turn just finished, its reply [R]) -> ids | None`` (None:
-    it cannot), and whether those ids open a new segment (``restart``) or replace the
-    reply in the current one (a request: ``summary``)."""
+    it cannot), whether those ids open a new segment (``restart``) or replace the
+    reply in the current one (a request: ``summary``), and the environment methods it
+    calls (``needs``: :func:`check_env`)."""
 
     ids: Callable[..., np.ndarray | None]
     restart: bool = True
+    needs: tuple[str, ...] = ("restart_ids",)
 
 
 STRATEGIES: dict[str, Strategy | None] = {
     "none": None, "discard_all": Strategy(_discard_all), "keep_last_round": Strategy(_keep_last_round),
-    "summary": Strategy(_summary, restart=False)}
+    "summary": Strategy(_summary, restart=False, needs=("restart_ids", "summary_request_ids"))}
 
 
 def compact(strategy: str, env: Any, trace: dict[str, np.ndarray], turn: int,
@@ -126,11 +128,11 @@ def compact(strategy: str, env: Any, trace: dict[str, np.ndarray], turn: int,
 
 
 def check_env(strategy: str, env: Any) -> None:
-    """Raise one ValueError when ``env`` (an agent's environment) cannot serve
-    ``strategy``: every strategy but ``"none"`` needs ``restart_ids``, ``"summary"``
-    also ``summary_request_ids`` (:class:`~swarmjax.envs.tool_env.ToolAgentEnv` has both)."""
-    need = [] if strategy == "none" else ["restart_ids"] + (["summary_request_ids"] if strategy == "summary" else [])
-    missing = [m for m in need if not callable(getattr(env, m, None))]
+    """Raise one ValueError when ``env`` (an agent's environment) lacks a method
+    ``strategy`` calls (:attr:`Strategy.needs`: ``restart_ids``, and for ``"summary"``
+    ``summary_request_ids``; :class:`~swarmjax.envs.tool_env.ToolAgentEnv` has both)."""
+    s = STRATEGIES[strategy]
+    missing = [m for m in (s.needs if s is not None else ()) if not callable(getattr(env, m, None))]
     if missing:
         raise ValueError(f"context strategy {strategy!r}: the task's environment ({type(env).__name__}) lacks "
                          f"{', '.join(missing)}; use a ToolAgentEnv-based task or strategy 'none'")

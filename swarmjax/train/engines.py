@@ -59,8 +59,9 @@ class HostEngine:
                    episode_ids=episode_ids)
 
     def close(self) -> None:
-        for r in {id(r): r for r in (self.rollout, self.greedy_rollout) if r is not None}.values():
-            r.close()
+        self.rollout.close()
+        if self.greedy_rollout is not None and self.greedy_rollout is not self.rollout:
+            self.greedy_rollout.close()
 
 
 @dataclasses.dataclass
