@@ -56,7 +56,7 @@ from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
 from swarmjax.swarm.text_device import choose, make_prefix
 from swarmjax.swarm.text_engine_feed import RoleModel, feed
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
-from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult
+from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult, check_budget
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
 from swarmjax.text import device_answers as da
 from swarmjax.text import device_calls as dc
@@ -171,8 +171,7 @@ class TextSwarm:
         the same batch size share it."""
         if budget == "config":
             budget = self.rcfg.budget
-        if budget is not None and budget < 2:
-            raise ValueError(f"budget {budget} is below 2 (one turn and an answer)")
+        check_budget(budget)
         cfg = self.task.cfg
         if not episodes:
             raise ValueError("no episodes")

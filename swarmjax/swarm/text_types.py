@@ -72,8 +72,13 @@ class TextRolloutConfig:
             raise ValueError(f"decode_slack must be >= 1 or None, got {self.decode_slack}")
         if not 0.0 < self.segment_exit <= 1.0:
             raise ValueError(f"segment_exit must be in (0, 1], got {self.segment_exit}")
-        if self.budget is not None and self.budget < 2:
-            raise ValueError(f"budget {self.budget} is below 2 (one turn and an answer)")
+        check_budget(self.budget)
+
+
+def check_budget(budget: int | None) -> None:
+    """A critical-step budget (None: lifted) must allow one turn and an answer."""
+    if budget is not None and budget < 2:
+        raise ValueError(f"budget {budget} is below 2 (one turn and an answer)")
 
 
 @dataclasses.dataclass(frozen=True)
