@@ -220,3 +220,35 @@ def test_chunked_token_logprobs_equal_the_full_ones_with_their_gradients():
     g_chunk = jax.grad(lambda h, W: jnp.sum(chunked(h, W) * w), argnums=(0, 1))(hidden, head)
     for a, b in zip(g_full, g_chunk):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", [LossConfig("gspo"), LossConfig("grpo", eps_low=0.2, eps_high=0.28),
+                                 LossConfig("grpo", eps_low=0.2, eps_high=0.28, aggregation="token_mean")],
+                         ids=lambda c: c.name + "-" + c.aggregation)
+def test_segment_weights_folded_into_the_advantage_weigh_each_row_exactly(cfg):
+    """ReSum-GRPO's rows: episode e split into K_e + 1 segment rows sharing its advantage.
+    Folding a segment weight into the advantage scales that row's term of J by exactly the
+    weight (NumPy reference: each row's own objective, weighted, over the batch's
+    normaliser); "episode" weights sum to 1 per episode, and an episode never compacted
+    has weight 1 under both choices (the plain GRPO/GSPO row)."""
+    from swarmjax.train.agent import SEGMENT_WEIGHTS, segment_weights
+
+    logp, old, _, mask, _, _ = _inputs(3)
+    mask[0, 0] = mask[1, 1] = 1                       # every row has loss tokens
+    episode = np.array([0, 0, 1, 2, 2])               # rows -> episode: K = 1, 0, 1
+    A = np.array([0.8, -1.3, 0.5])
+    K = np.bincount(episode) - 1
+    n_rows, n_tok = len(episode), mask.sum()
+    assert segment_weights(np.zeros(4, int), "segment").tolist() == segment_weights(np.zeros(4, int), "episode").tolist() \
+        == [1.0] * 4
+    for mode in SEGMENT_WEIGHTS:
+        w = segment_weights(K, mode)
+        np.testing.assert_allclose(np.bincount(episode, w[episode]), K + 1.0 if mode == "segment" else 1.0)
+        loss, _ = policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray((A * w)[episode]), jnp.asarray(mask),
+                              cfg)
+        rows = [-np_loss(logp[i:i + 1], old[i:i + 1], A[episode[i:i + 1]], mask[i:i + 1], cfg) for i in range(n_rows)]
+        if cfg.aggregation == "token_mean":           # row i's mean over its tokens, back to a sum over N_tok
+            J = sum(w[episode[i]] * rows[i] * mask[i].sum() for i in range(n_rows)) / n_tok
+        else:
+            J = sum(w[episode[i]] * rows[i] for i in range(n_rows)) / n_rows
+        np.testing.assert_allclose(float(loss), -J, rtol=1e-5, atol=1e-6)

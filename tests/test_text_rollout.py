@@ -245,9 +245,25 @@ def test_context_strategies_split_an_episode_into_segments(world):
         np.testing.assert_array_equal(rows["advantages"][:count], adv[episode])
         assert rows["loss_mask"][:count].sum() == sum(s["sampled"].sum() for _, s in res.segment_rows())
         assert not rows["token_mask"][count:].any()
+        for b in range(2):                  # the compactions as trace events, valid against the schemas
+            trace = _checked_trace(task, res, b, len(eps[b].task))
+            compactions = [e for e in trace["events"] if e.get("role") == "context_compaction"]
+            assert len(compactions) == len(res.orchestrators[b].segments) == trace["metrics"]["compactions"]
+            assert note in compactions[0]["text"] and compactions[0]["content_ref"].startswith("orchestrator_s1[")
     for conv, tf in zip(convs, _teacher_forced(params, model, [c["ids"] for c in convs])):
         mask = conv["sampled"][1:]
         np.testing.assert_allclose(conv["model_logprobs"][1:][mask], tf[mask], atol=1e-4)
+
+
+def _checked_trace(task, res, b, size):
+    """Episode ``b`` of a text rollout as an orchestration trace, checked against the
+    project's schema (and the survey's, when at hand) and for a consistent graph."""
+    from test_traces import check
+    from swarmjax.traces.text import text_trace
+
+    trace = text_trace(res, b, task.chat.tokenizer.decode, trace_id=f"ep{b}", task_id=f"task{b}", task_size=size)
+    check(trace)
+    return trace
 
 
 def test_summary_strategy_restarts_from_the_agents_summary(world):
@@ -280,6 +296,9 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
     head = env.restart_ids(SUMMARY_NOTE.format(summary=summary))
     np.testing.assert_array_equal(rest["ids"][:len(head)], head)
     assert not rest["sampled"][:len(head)].any()
+    trace = _checked_trace(task, res, 0, 5)
+    (event,) = [e for e in trace["events"] if e.get("role") == "context_compaction"]
+    assert summary in event["text"] and trace["metrics"]["context_dropped"] == res.orchestrators[0].dropped > 0
     text = task.chat.tokenizer.decode(res.orchestrators[1].arrays()["ids"])  # never summarised: asked
     assert SUMMARY_REQUEST in text and not res.orchestrators[1].segments
     with pytest.raises(ValueError, match="lacks restart_ids"):

@@ -120,13 +120,16 @@ class HostEnv(Protocol):
 
 @dataclasses.dataclass
 class Played:
-    """A scripted episode of one agent: ids [T] and the mask [T] of its own ids, the
-    last :class:`Step` (None without turns), and the sub-agents' ``Played`` in spawn order."""
+    """A scripted episode of one agent: ids [T] and the mask [T] of its own ids (the last
+    segment's, when a ``Step.restart`` split the conversation), the last :class:`Step`
+    (None without turns), the sub-agents' ``Played`` in spawn order, and the earlier
+    segments as (ids, mask) pairs, oldest first."""
 
     ids: np.ndarray
     mask: np.ndarray
     last: Step | None
     subagents: list[Played]
+    segments: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
 
 
 def play(env: HostEnv, task: Any, turns: Sequence[Sequence[int]], *,
@@ -135,9 +138,11 @@ def play(env: HostEnv, task: Any, turns: Sequence[Sequence[int]], *,
     conversation exactly as a rollout that sampled those turns builds it (a warm
     start's demonstrations). A stage's sub-agents play the next scripts of
     ``workers`` (in spawn order, over all stages); one counts as finished (``ok``)
-    when its script ends with a ``done`` step, and took ``len(script)`` steps."""
+    when its script ends with a ``done`` step, and took ``len(script)`` steps. A step that
+    restarts the conversation (``Step.restart``: a summary) closes a segment; the next
+    opens with the restart ids (:class:`Played` ``segments``)."""
     prompt = np.asarray(env.reset(task), np.int32)
-    ids, mask, subs, step = [prompt], [np.zeros(len(prompt), bool)], [], None
+    ids, mask, subs, step, segments = [prompt], [np.zeros(len(prompt), bool)], [], None, []
     scripts = iter(workers)
     for turn in turns:
         turn = np.asarray(turn, np.int32)
@@ -158,6 +163,10 @@ def play(env: HostEnv, task: Any, turns: Sequence[Sequence[int]], *,
             step = env.resume(results)
         if step.done:
             break
+        if step.restart is not None:
+            segments.append((np.concatenate(ids), np.concatenate(mask)))
+            ids, mask = [step.restart], [np.zeros(len(step.restart), bool)]
+            continue
         ids.append(step.reply)
         mask.append(np.zeros(len(step.reply), bool))
-    return Played(np.concatenate(ids), np.concatenate(mask), step, subs)
+    return Played(np.concatenate(ids), np.concatenate(mask), step, subs, segments)

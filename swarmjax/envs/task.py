@@ -34,7 +34,9 @@ Optional:
 
 * ``demonstration(problem, chat, rng, *, role) -> Demo | list[turns] | None``: scripted
   turns (ids as a model would sample them) for a warm start; ``role`` is ``"single"``
-  or ``"orchestrator"`` (sub-agents' scripts in :attr:`Demo.workers`);
+  or ``"orchestrator"`` (sub-agents' scripts in :attr:`Demo.workers`); with the
+  ``"summary"`` context strategy it is called with ``summarize=True`` as well, and its
+  turns may call the ``summarize`` tool (the conversation restarts from the summary);
 * ``corpus() -> list[str]``: text to train a local tokenizer on (jobs with no
   tokenizer of their own);
 * ``subagent_messages(system_prompt, prompt) -> list[dict]``: a sub-agent's first turns
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -109,7 +112,7 @@ class Task:
     module docstring for the whole protocol)."""
 
     def demonstration(self, problem: Any, chat: ChatFormat, rng: np.random.Generator, *,
-                      role: str = "single") -> Demo | None:
+                      role: str = "single", summarize: bool = False) -> Demo | None:
         return None
 
     def subagent_messages(self, system_prompt: str, prompt: str) -> Messages:
@@ -212,13 +215,24 @@ def _with_note(messages: Messages, note: str) -> Messages:
     return [{"role": "system", "content": note}, *out]
 
 
-def demonstration(task: Any, problem: Any, chat: ChatFormat, rng: np.random.Generator, role: str) -> Demo | None:
+def demonstration(task: Any, problem: Any, chat: ChatFormat, rng: np.random.Generator, role: str, *,
+                  summarize: bool = False) -> Demo | None:
     """The task's demonstration of ``problem`` for ``role`` as a :class:`Demo` (None: it
-    has none)."""
+    has none). ``summarize``: the agent has the ``summarize`` tool (the ``"summary"``
+    context strategy); the task's method is then called with ``summarize=True`` and its
+    demonstration may call it (a task whose method takes no such argument is an error)."""
     fn = getattr(task, "demonstration", None)
     if not callable(fn):
         return None
-    demo = fn(problem, chat, rng, role=role)
+    if summarize:
+        try:
+            inspect.signature(fn).bind(problem, chat, rng, role=role, summarize=True)
+        except TypeError:
+            raise TaskError(f"task {task_name(task)}: the summary context strategy needs demonstration(..., "
+                            "summarize=) (demonstrations that may call the summarize tool), or sft=None") from None
+        demo = fn(problem, chat, rng, role=role, summarize=True)
+    else:
+        demo = fn(problem, chat, rng, role=role)
     if demo is None or isinstance(demo, Demo):
         return demo
     return Demo(turns=demo)

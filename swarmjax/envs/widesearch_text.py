@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import random
 import re
 from collections.abc import Sequence
 
 import numpy as np
 
+from swarmjax.envs.context_notes import SUMMARIZE, summarize_tool
 from swarmjax.envs.orchestration import ASSIGN, CREATE, Orchestration
 from swarmjax.envs.task import Demo, EnvContext, Task
 from swarmjax.envs.tool_env import ToolAgentEnv
@@ -204,6 +206,20 @@ class WideSearchText(TaskNames):
         return [self.turn_ids(calls=[("lookup", {"entity": self.entity_names[e]})]) for e in ep.task] \
             + [self.answer_turn(ep)]
 
+    def summary_script(self, ep: Episode, every: int) -> list[list[int]]:
+        """:meth:`serial_script` that calls ``summarize`` after every ``every`` lookups
+        while entities are left (the ``"summary"`` context strategy): the summary is the
+        answer lines of every entity found so far, so each segment opens with the task
+        and what the earlier ones found; n + 1 + (n - 1) // every turns."""
+        turns, found = [], []
+        for i, e in enumerate(ep.task):
+            if i and i % every == 0:
+                text = format_pairs(self.entity_names, self.value_names, [(f, ep.table[f]) for f in found])
+                turns.append(self.turn_ids(calls=[(SUMMARIZE, {"summary": text})]))
+            turns.append(self.turn_ids(calls=[("lookup", {"entity": self.entity_names[e]})]))
+            found.append(e)
+        return turns + [self.answer_turn(ep)]
+
     def worker_script(self, ep: Episode, entities: Sequence[int]) -> list[list[int]]:
         return self.serial_script(Episode(table=ep.table, task=list(entities)))
 
@@ -223,16 +239,18 @@ class WideSearchProblems(Task):
     """What the wide-search task plug-ins share: the task sizes (``cfg``: E, V, N range, K),
     the generated names' seed, the episode stream and how demonstrations split a task
     (with probability ``split_fraction``, tasks of 2 or more entities go to sub-agents in
-    chunks of 1..``max_chunk`` entities)."""
+    chunks of 1..``max_chunk`` entities; with the ``summarize`` tool, a serial demonstration
+    summarises after every ``summary_every`` lookups)."""
 
     cfg: WideSearchConfig = WideSearchConfig(num_entities=32, num_values=32, max_task_size=8, max_subagents=4)
     names_seed: int = 0
     split_fraction: float = 0.5
     max_chunk: int = 2
+    summary_every: int = 8
 
     def __post_init__(self):
-        if not 0.0 <= self.split_fraction <= 1.0 or self.max_chunk < 1:
-            raise ValueError("split_fraction must be in [0, 1] and max_chunk >= 1")
+        if not 0.0 <= self.split_fraction <= 1.0 or self.max_chunk < 1 or self.summary_every < 1:
+            raise ValueError("split_fraction must be in [0, 1], max_chunk and summary_every >= 1")
 
     def sample(self, rng: np.random.Generator, count: int, *, split: str = "train") -> list[Episode]:
         """``count`` episodes: a random table and task of ``min..max_task_size`` entities."""
@@ -272,16 +290,21 @@ class WideSearchTask(WideSearchProblems):
         return make(problem, summarize=ctx.summarize)
 
     def demonstration(self, problem: Episode, chat: ChatFormat, rng: np.random.Generator, *,
-                      role: str = "single") -> Demo:
+                      role: str = "single", summarize: bool = False) -> Demo:
         world = WideSearchText(self.cfg, chat, None, seed=self.names_seed)      # scripts run no tool
         parts = self.split_parts(problem, rng) if role == "orchestrator" else 0
         if parts:
             turns, workers = world.split_script(problem, parts)
             return Demo(turns, workers)
-        return Demo(world.serial_script(problem))
+        return Demo(world.summary_script(problem, self.summary_every) if summarize else world.serial_script(problem))
 
     def corpus(self, *, seed: int = 0) -> list[str]:
-        return text_corpus(self.cfg, seed=self.names_seed)
+        """:func:`text_corpus`, and the tools' JSON schemas (the system turns render them:
+        a tokenizer that has seen them writes a prompt in about half the ids)."""
+        world = WideSearchText(self.cfg, None, None, seed=self.names_seed)
+        ep = Episode(table=[0] * self.cfg.num_entities, task=[0])
+        tools = [world.lookup_tool(ep), *Orchestration(lambda _: None).tools(), summarize_tool()]
+        return text_corpus(self.cfg, seed=self.names_seed) + [json.dumps(t.schema()) for t in tools] * 20
 
 
 def text_corpus(cfg: WideSearchConfig, *, seed: int = 0, episodes: int = 200) -> list[str]:

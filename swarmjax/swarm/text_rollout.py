@@ -84,7 +84,6 @@ class _Episode:
     rewards: dict = dataclasses.field(default_factory=dict)
     stage: list = dataclasses.field(default_factory=list)     # running stage's sub-agents
     subagents: list = dataclasses.field(default_factory=list)
-    dropped: int = 0             # ids a context strategy took out of the orchestrator's conversation
 
     def add(self, rewards):
         for k, v in rewards.items():
@@ -252,7 +251,7 @@ class TextRollout:
         if len(ids) + 1 > self.rcfg.orch_context:
             return False
         a.trace.restart()
-        ep.dropped += dropped
+        a.trace.dropped += dropped
         a.pending, a.reset = None, True
         return self._hear(a, ids)
 
@@ -502,7 +501,7 @@ class TextRollout:
 
         stats["total_s"] = time.perf_counter() - t_start
         stats["compactions"] = sum(len(ep.orch.trace.segments) for ep in eps)
-        stats["context_dropped"] = sum(ep.dropped for ep in eps)
+        stats["context_dropped"] = sum(ep.orch.trace.dropped for ep in eps)
         return self._result(eps, stats)
 
     def _result(self, eps: list[_Episode], stats: dict) -> TextRolloutResult:

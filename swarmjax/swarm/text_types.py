@@ -98,7 +98,9 @@ class AgentTrace:
     ids [T] int32, sampled [T] bool (ids this agent sampled), logprobs / model_logprobs
     [T] f32 (0 off ``sampled``), turn [T] int32 (its own turn a token belongs to, 0: prompt):
     the current segment. ``segments``: the :meth:`arrays` of earlier segments, each its
-    own id stream (a context strategy restarted the conversation: :mod:`swarmjax.swarm.context`).
+    own id stream (a context strategy restarted the conversation: :mod:`swarmjax.swarm.context`);
+    ``dropped``: the ids those restarts took out of the conversation (what the next
+    segment no longer holds: net of the ids it opens with).
     """
 
     name: str
@@ -113,6 +115,7 @@ class AgentTrace:
     reason: str = "running"
     answer: str | None = None
     segments: list = dataclasses.field(default_factory=list)
+    dropped: int = 0
 
     def restart(self) -> dict[str, np.ndarray]:
         """Close the current segment (kept in ``segments``, returned) and start an empty

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swarmjax.envs.api import play
-from swarmjax.envs.task import EnvContext, demonstration, make_env, reward_terms
+from swarmjax.envs.api import Played, play
+from swarmjax.envs.task import ROLES, EnvContext, demonstration, make_env, reward_terms
 from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.advantages import compute_advantages, overlong_penalty, uniform_groups
@@ -47,22 +47,47 @@ from swarmjax.train.engines import Engine
 from swarmjax.train.sft import sft_step
 
 SUBAGENTS = ("frozen", "shared")
+OVERLONG = ("error", "skip")           # what the warm start does with a demonstration longer than its context
+SEGMENT_WEIGHTS = ("segment", "episode")
 
 
 @dataclasses.dataclass(frozen=True)
 class TextSFTConfig:
     """The warm start: ``steps`` batches of ``batch`` rows from ``demos`` played
-    episodes (every agent's conversation a row), cut to a multiple of ``bucket``."""
+    episodes (every agent's conversation a row), cut to a multiple of ``bucket``.
+
+    mix: more ways of working whose demonstrations of the same problems join the job's
+      own (:func:`demonstrations`), each ``"single"`` or ``"orchestrator"``, with
+      ``"+summary"`` for the ``summarize`` tool (e.g. ``("single+summary",
+      "orchestrator")``): one policy for several roles and context strategies.
+    overlong: a demonstration with a conversation longer than its context: ``"error"``,
+      or ``"skip"`` (left out; the count is logged as ``sft/skipped_demos``).
+    """
 
     steps: int = 600
     batch: int = 32
     demos: int = 4096
     bucket: int = 64
     optim: OptimConfig = OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=600)
+    mix: tuple[str, ...] = ()
+    overlong: str = "error"
 
     def __post_init__(self):
         if min(self.steps, self.batch, self.demos, self.bucket) < 1:
             raise ValueError("sft steps, batch, demos and bucket must be >= 1")
+        if self.overlong not in OVERLONG:
+            raise ValueError(f"unknown sft.overlong {self.overlong!r}; known: {', '.join(OVERLONG)}")
+        for way in self.mix:
+            mix_context(way, None)
+
+
+def mix_context(way: str, ctx: EnvContext | None) -> EnvContext | None:
+    """The :class:`EnvContext` of a ``TextSFTConfig.mix`` entry (``"<role>[+summary]"``)
+    over ``ctx``'s chat and runner (None: only check the entry)."""
+    role, _, extra = way.partition("+")
+    if role not in ROLES or extra not in ("", "summary"):
+        raise ValueError(f"unknown sft.mix entry {way!r}: '<role>' or '<role>+summary' with role in {', '.join(ROLES)}")
+    return None if ctx is None else dataclasses.replace(ctx, role=role, summarize=extra == "summary")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +128,10 @@ class TextRLConfig:
     bucket: learner rows are cut to a multiple of this length (one compile each).
     head_multiple: the ids every learner row opens with (system turn, tool schemas) run
       once per forward (``Learner.update(head=)``), cut to a multiple of this; 0: off.
+    segment_weight: how the rows of an episode a context strategy split into K + 1
+      segments count in the loss (:func:`segment_weights`): ``"segment"`` (each a row of
+      weight 1, as ReSum-GRPO trains them) or ``"episode"`` (each 1 / (K + 1): under a
+      per-sequence aggregation the episode counts as much as one that never compacted).
     """
 
     steps: int = 60
@@ -119,8 +148,11 @@ class TextRLConfig:
                                                    worker_lanes=8, subagent_turns=3)
     bucket: int = 64
     head_multiple: int = 0
+    segment_weight: str = "segment"
 
     def __post_init__(self):
+        if self.segment_weight not in SEGMENT_WEIGHTS:
+            raise ValueError(f"unknown segment_weight {self.segment_weight!r}; known: {', '.join(SEGMENT_WEIGHTS)}")
         if self.bucket < 1 or self.head_multiple < 0:
             raise ValueError(f"bucket must be >= 1 and head_multiple >= 0, got {self.bucket}, {self.head_multiple}")
         if min(self.steps, self.tasks_per_step, self.group_size) < 0:
@@ -132,38 +164,60 @@ class TextRLConfig:
 
 
 def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Generator,
-                   limits: TextRolloutConfig | None = None) -> Demos | None:
+                   limits: TextRolloutConfig | None = None, *, mix: Sequence[EnvContext] = (),
+                   overlong: str = "error") -> Demos | None:
     """Every agent's conversation of the task's demonstrations of ``problems`` in
-    ``ctx.role``, played through fresh environments (:func:`swarmjax.envs.api.play`:
-    the ids a rollout that sampled those turns builds), as rows [N, T] right-padded with
-    the pad id; None when the task has no demonstrations for the role. With ``limits``
-    (the RL rollout's config) a turn longer than ``max_turn_tokens`` or a conversation
-    longer than its role's context is an error: the rollout could never produce it."""
-    rows = []
-    for p in problems:
-        demo = demonstration(task, p, ctx.chat, rng, ctx.role)
-        if demo is None:
-            continue
-        if limits is not None:
-            longest = max(len(t) for t in [*demo.turns, *(t for w in demo.workers for t in w)])
-            if longest > limits.max_turn_tokens:
-                raise ValueError(f"a demonstration turn holds {longest} ids, more than rl.rollout.max_turn_tokens="
-                                 f"{limits.max_turn_tokens}: the rollout would cut it; raise the limit")
-        played = play(make_env(task, p, ctx), p, demo.turns, workers=demo.workers)
-        stack = [(played, True)]
-        while stack:
-            agent, orch = stack.pop()
-            context = None if limits is None else limits.orch_context if orch else limits.worker_context
-            if context is not None and len(agent.ids) > context:
-                raise ValueError(f"a demonstration's {'orchestrator' if orch else 'sub-agent'} conversation holds "
-                                 f"{len(agent.ids)} ids, more than its context ({context}, rl.rollout."
-                                 f"{'orch' if orch else 'worker'}_context): raise it (nothing is cut)")
-            rows.append((agent.ids, agent.mask))
-            stack.extend((sub, False) for sub in agent.subagents)
+    ``ctx.role`` (with the ``summarize`` tool when ``ctx.summarize``: each segment of a
+    conversation a summary restarted is a row of its own), played through fresh
+    environments (:func:`swarmjax.envs.api.play`: the ids a rollout that sampled those
+    turns builds), as rows [N, T] right-padded with the pad id; None when the task has no
+    demonstrations for the role. ``mix``: more contexts (another role, the ``summarize``
+    tool) whose demonstrations of the same problems join the rows: one policy warm-started
+    for several ways of working.
+
+    With ``limits`` (the RL rollout's config) a turn longer than ``max_turn_tokens`` is an
+    error (the rollout could never produce it), and so is a conversation longer than its
+    role's context, unless ``overlong="skip"``: then that demonstration is left out and
+    counted (``Demos.skipped``)."""
+    if overlong not in OVERLONG:
+        raise ValueError(f"unknown overlong {overlong!r}; known: {', '.join(OVERLONG)}")
+    rows, skipped = [], 0
+    for c in (ctx, *mix):
+        for p in problems:
+            demo = demonstration(task, p, c.chat, rng, c.role, summarize=c.summarize)
+            if demo is None:
+                continue
+            if limits is not None:
+                longest = max(len(t) for t in [*demo.turns, *(t for w in demo.workers for t in w)])
+                if longest > limits.max_turn_tokens:
+                    raise ValueError(f"a demonstration turn holds {longest} ids, more than rl.rollout."
+                                     f"max_turn_tokens={limits.max_turn_tokens}: the rollout would cut it; raise it")
+            mine, over = _played_rows(play(make_env(task, p, c), p, demo.turns, workers=demo.workers), limits)
+            if over is not None and overlong == "error":
+                raise ValueError(f"a demonstration's {over}: raise it, or summarise sooner, or set sft.overlong="
+                                 "'skip' (nothing is cut)")
+            skipped += over is not None
+            rows += mine if over is None else []
     if not rows:
         return None
     pad = int(ctx.chat.ids[ctx.chat.pad_token][0])
-    return pack_rows(rows, max(len(ids) for ids, _ in rows), pad=pad)
+    return pack_rows(rows, max(len(ids) for ids, _ in rows), pad=pad, skipped=skipped)
+
+
+def _played_rows(played: Played, limits: TextRolloutConfig | None) -> tuple[list, str | None]:
+    """The (ids, own-ids mask) rows of a played demonstration (every agent, every segment)
+    and, when one exceeds its role's context in ``limits``, what (else None)."""
+    rows, over, stack = [], None, [(played, True)]
+    while stack:
+        agent, orch = stack.pop()
+        context = None if limits is None else limits.orch_context if orch else limits.worker_context
+        for ids, mask in [*agent.segments, (agent.ids, agent.mask)]:         # each segment a row of its own
+            if context is not None and len(ids) > context and over is None:
+                over = (f"{'orchestrator' if orch else 'sub-agent'} conversation holds {len(ids)} ids, more than "
+                        f"its context ({context}, rl.rollout.{'orch' if orch else 'worker'}_context)")
+            rows.append((ids, mask))
+        stack.extend((sub, False) for sub in agent.subagents)
+    return rows, over
 
 
 def warm_start(params: Any, cfg: ModelConfig, data: Demos, scfg: TextSFTConfig, seed: int,
@@ -246,6 +300,29 @@ def _trace_rows(traces: list[tuple[int, dict[str, np.ndarray]]], count: int, rew
     return out
 
 
+def segment_weights(segments: np.ndarray, mode: str) -> np.ndarray:
+    """The loss weight [B] of each row of an episode whose conversation a context strategy
+    split into ``segments`` [B] + 1 rows (:mod:`swarmjax.swarm.context`): 1 (``"segment"``)
+    or ``1 / (segments + 1)`` (``"episode"``).
+
+    The weight is folded into the advantage: the clipped objectives are positively
+    homogeneous in it (``min(r wA, clip(r) wA) = w min(r A, clip(r) A)`` for ``w > 0``, per
+    token and per sequence), so the row's term of ``J`` is scaled by exactly ``w``. With
+    the per-sequence aggregations (``seq_mean_token_mean``: GRPO, GSPO)::
+
+        J = sum_b w_b sum_{s <= K_b} mean_t o_{b,s,t} / N_rows
+
+    ``"episode"`` makes an episode's rows weigh 1 together, the normaliser ``N_rows``
+    still counts rows; with ``token_mean`` (DAPO) every token counts once whatever the
+    split, so ``"segment"`` is the one that keeps that. A ``kl_beta`` penalty is not
+    weighted. An episode without a compaction has weight 1 under both: exactly the plain
+    GRPO / GSPO row."""
+    segments = np.asarray(segments)
+    if mode not in SEGMENT_WEIGHTS:
+        raise ValueError(f"unknown segment_weight {mode!r}; known: {', '.join(SEGMENT_WEIGHTS)}")
+    return np.ones(segments.shape, np.float32) if mode == "segment" else (1.0 / (segments + 1)).astype(np.float32)
+
+
 def _segment_rows(res: TextRolloutResult, adv: np.ndarray, reward: np.ndarray, groups: np.ndarray,
                   keep: np.ndarray, multiple: int) -> dict[str, np.ndarray] | None:
     """The orchestrators' earlier segments (a context strategy compacted their episodes:
@@ -285,7 +362,7 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
     :mod:`swarmjax.train.engines`): rollout, reward (:func:`episode_rewards`), group
     advantages, one learner update on exactly the rollout's ids, loss mask and sampler
     log-probs; a context strategy's earlier segments are rows of their own with their
-    episode's advantage (:func:`_segment_rows`). Returns the new state and the step's
+    episode's advantage (:func:`_segment_rows`; weighted by ``rcfg.segment_weight``). Returns the new state and the step's
     metrics: the episodes' :func:`episode_figures`, reward channels, the rollout's counts
     (:data:`COUNTS`), timings and the learner's figures (``learner/``).
 
@@ -309,6 +386,7 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
     local = np.repeat(np.arange(len(mine)), G)
     groups = local + start
     adv = np.asarray(compute_advantages(rcfg.advantage, jnp.asarray(reward), jnp.asarray(local)))
+    adv = adv * segment_weights([len(t.segments) for t in res.orchestrators], rcfg.segment_weight)
     keep = ~np.asarray(uniform_groups(jnp.asarray(reward), jnp.asarray(local))) if rcfg.dynamic_sampling \
         else np.ones(len(episodes), bool)
     L = int(allgather(res.length.max(initial=1)[None]).max())           # one width on every process
@@ -400,8 +478,8 @@ def _stack_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
 
 # the figures of an evaluation and of every RL step
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
-           "subagents", "finished_subagents", "critical_steps", "total_steps", "compactions", "peak_context",
-           "subagent_peak_context")
+           "subagents", "finished_subagents", "critical_steps", "total_steps", "compactions", "context_dropped",
+           "peak_context", "subagent_peak_context")
 
 
 def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, key: jax.Array, *,
@@ -434,14 +512,15 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
     verifier's score: item-F1 in wide search), tool calls and errors, orchestrator turns,
     whether it answered, whether its answer was cut by the turn limit, whether it ran out
     of context; sub-agents started and finished (returned before their turn limit),
-    critical and total steps; the orchestrator's compactions (:mod:`swarmjax.swarm.context`)
-    and its longest segment (ids), and its sub-agents' longest conversation (0 without any)."""
+    critical and total steps; the orchestrator's compactions (:mod:`swarmjax.swarm.context`),
+    the ids they took out of its conversation, its longest segment (ids), and its sub-agents' longest conversation (0 without any)."""
     r = reward_terms(res.rewards, len(res.length))
     out = {"accuracy": r["r_perf"], "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
            "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
            "context_ended": res.end_reason == END_CONTEXT, "subagents": res.spawned,
            "finished_subagents": res.finished, "critical_steps": res.critical_steps,
            "total_steps": res.total_steps, "compactions": [len(t.segments) for t in res.orchestrators],
+           "context_dropped": [t.dropped for t in res.orchestrators],
            "peak_context": [t.peak for t in res.orchestrators],
            "subagent_peak_context": [max([len(t) for t in subs], default=0) for subs in res.subagents]}
     return {k: np.asarray(out[k], np.float32) for k in FIGURES}

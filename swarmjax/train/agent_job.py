@@ -34,6 +34,7 @@ host-driven text rollouts (single agent, or an orchestrator with sub-agents).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any
 
@@ -51,7 +52,7 @@ from swarmjax.swarm.context import check_env
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.runner import ToolRunner
 from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, evaluate,
-                                  mean_figures, rl_step, subagent_params, warm_start)
+                                  mean_figures, mix_context, rl_step, subagent_params, warm_start)
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier
 from swarmjax.train.engines import HostEngine
@@ -234,7 +235,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
             meta = {"rl_step": 0, "job": job.identity(), "wall_clock_s": 0.0, "warm_start_s": 0.0,
                     "held_out": {s: len(p) for s, p in splits.items()}}
             if job.sft is not None:
-                params = _warm_start_stage(job, task, ctx, cfg, params, stream, log, watch, workdir, progress, mesh)
+                params, meta["warm_start_data"] = _warm_start_stage(job, task, ctx, cfg, params, stream, log, watch,
+                                                                    workdir, progress, mesh)
                 meta["warm_start_s"] = time.perf_counter() - clock
             state = learner.init(params, _frozen(job, params))
             run_evals(0, "initial", state)
@@ -267,22 +269,30 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                "held_out": meta["held_out"], "rl_steps": meta["rl_step"], "warm_start_steps": 0 if job.sft is None
                else job.sft.steps, "initial": meta["initial"], "final": meta.get("final", meta["initial"]),
                "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - clock,
-               "warm_start_s": meta["warm_start_s"], "backend": jax.default_backend()}
+               "warm_start_s": meta["warm_start_s"], "warm_start_data": meta.get("warm_start_data"),
+               "backend": jax.default_backend()}
     if primary:
         write_summary(workdir, summary, agent_summary_table)
     return summary
 
 
 def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, params: Any, stream: TaskStream,
-                      log: TextJobLog, watch: PreemptionWatch, workdir: str, progress: bool, mesh: Any) -> Any:
-    """The task's demonstrations for the job's role (drawn from the train stream), then
-    :func:`warm_start`; raises :class:`Preempted` at the end of the SFT step where a
+                      log: TextJobLog, watch: PreemptionWatch, workdir: str, progress: bool, mesh: Any
+                      ) -> tuple[Any, dict[str, int]]:
+    """The task's demonstrations for the job's role and ``sft.mix`` (drawn from the train
+    stream), then :func:`warm_start`: (params, the demonstrations' ``rows`` and
+    ``skipped_demos``); raises :class:`Preempted` at the end of the SFT step where a
     SIGTERM arrived."""
     rng = np.random.default_rng(job.seed)
-    data = demonstrations(task, stream.take(job.sft.demos), ctx, rng, job.rl.rollout)
+    data = demonstrations(task, stream.take(job.sft.demos), ctx, rng, job.rl.rollout,
+                          mix=[mix_context(w, ctx) for w in job.sft.mix], overlong=job.sft.overlong)
     if data is None:
         raise ValueError(f"the warm start needs demonstrations: task {task_name(task)} gives none for role "
                          f"{job.role!r}; set sft=None to start RL from the policy as loaded")
+    counts = {"rows": len(data), "skipped_demos": data.skipped}
+    if data.skipped and jax.process_index() == 0:
+        print(f"warm start: {data.skipped} demonstrations longer than their context left out (sft.overlong='skip'); "
+              f"{len(data)} rows", file=sys.stderr)
     bar = progress_bar(job.sft.steps, "warm start", progress)
 
     def on_sft(i, m):
@@ -295,14 +305,18 @@ def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfi
             raise Preempted(None, workdir)
     params = warm_start(params, cfg, data, job.sft, job.seed, on_sft, mesh=mesh)
     bar.close()
-    return params
+    return params, counts
 
 
-def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
+def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "latest", split: str = "test",
+                              problems: list | None = None) -> dict:
     """Evaluate checkpoint ``which`` ("latest", "best" by validation accuracy, or an RL
-    step) of the run in ``workdir`` on ``split`` (greedy, the run's held-out problems).
-    Returns what :func:`agent_summary_table` prints (``final``: that checkpoint), with
-    ``step``; ``initial`` is the run's own evaluation of its start on the test split."""
+    step) of the run in ``workdir`` on ``split`` (greedy, the run's held-out problems) or
+    on ``problems`` (e.g. tasks of one size). ``job`` may differ from the run's in its RL
+    settings: e.g. another context strategy (``rl.rollout.context``). Returns what
+    :func:`agent_summary_table` prints (``final``: that checkpoint), with ``step`` and
+    ``episodes`` (each figure per problem, in order); ``initial`` is the run's own
+    evaluation of its start on the test split."""
     job.validate()
     cfg, chat = read_policy(workdir)
     task = resolve_task(job.task)
@@ -319,16 +333,18 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
                      summarize=job.rl.rollout.context.strategy == "summary")
     engine = HostEngine(_rollout(job, cfg, chat, greedy=True), lambda p: make_env(task, p, ctx))
     t0 = time.perf_counter()
-    problems = held_out(task, split, job.seed, job.eval_episodes)
+    given = problems
+    problems = held_out(task, split, job.seed, job.eval_episodes) if given is None else list(given)
     try:
-        final = mean_figures(evaluate(engine, state.params, subagent_params(state), problems,
-                                      jax.random.fold_in(jax.random.key(job.seed), 1)))
+        episodes = evaluate(engine, state.params, subagent_params(state), problems,
+                            jax.random.fold_in(jax.random.key(job.seed), 1))
     finally:
         runner.close()
         engine.close()
-    out = {"step": step, "final": final, "held_out": {split: len(problems)}, "rl_steps": step,
+    out = {"step": step, "final": mean_figures(episodes), "episodes": {k: v.tolist() for k, v in episodes.items()},
+           "held_out": {split if given is None else "given": len(problems)}, "rl_steps": step,
            "wall_clock_s": time.perf_counter() - t0, "backend": jax.default_backend()}
-    if split == "test" and meta.get("held_out", {}).get("test") == len(problems):
+    if given is None and split == "test" and meta.get("held_out", {}).get("test") == len(problems):
         out["initial"] = meta["initial"]
     return out
 

@@ -28,11 +28,14 @@ from swarmjax.envs.widesearch import Episode, WideSearchConfig, scripted, simula
 
 @dataclasses.dataclass
 class Demos:
-    """Right-padded trajectories of one role: tokens, token_mask, loss_mask [N, T]."""
+    """Right-padded trajectories of one role: tokens, token_mask, loss_mask [N, T];
+    ``skipped``: demonstrations left out because a conversation did not fit its context
+    (``TextSFTConfig.overlong="skip"``)."""
 
     tokens: np.ndarray
     token_mask: np.ndarray
     loss_mask: np.ndarray
+    skipped: int = 0
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -81,7 +84,7 @@ def episode_demo(cfg: WideSearchConfig, ep: Episode, rng: random.Random, spawn_f
     return out
 
 
-def pack_rows(rows, length: int, pad: int) -> Demos:
+def pack_rows(rows, length: int, pad: int, *, skipped: int = 0) -> Demos:
     """(ids, own-ids mask) rows right-padded with ``pad`` into :class:`Demos` [N, length]."""
     tokens = np.full((len(rows), length), pad, np.int32)
     token_mask = np.zeros((len(rows), length), bool)
@@ -90,7 +93,7 @@ def pack_rows(rows, length: int, pad: int) -> Demos:
         tokens[i, :len(toks)] = toks
         token_mask[i, :len(toks)] = True
         loss_mask[i, :len(toks)] = said
-    return Demos(tokens, token_mask, loss_mask)
+    return Demos(tokens, token_mask, loss_mask, skipped)
 
 
 def make_demos(cfg: WideSearchConfig, count: int, seed: int, *, spawn_fraction: float = 0.25,

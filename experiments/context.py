@@ -1,0 +1,245 @@
+"""The K2.5 context-management table on a task whose binding constraint is the context.
+
+    python experiments/context.py                      # seeds 0 1 2, one after the other
+    python experiments/context.py --jobs 3             # the seeds side by side
+    python experiments/context.py --set sft.steps=50 --set rl.steps=2 --episodes 2   # a try on a CPU
+
+Claims (Kimi K2.5, arXiv 2602.02276, BrowseComp: single agent 60.6, discard-all context
+management 74.9, Agent Swarm 78.4; ReSum, arXiv 2509.13313: summaries help untrained,
++4.5%, and more after ReSum-GRPO, +8.2%): swarm > discard_all > single agent; summary >
+none untrained, and ReSum-GRPO improves on it.
+
+Per seed, on ``configs/context_widesearch.py`` (every agent limited to 2048 ids):
+
+1. ``warm_s<seed>``: the config's job (its warm start: one policy for the serial agent,
+   the serial agent with ``summarize`` and the orchestrator), exported as a Hugging Face
+   checkpoint (``warm_s<seed>/hf``) that the other runs load;
+2. ``resum_s<seed>``: RL as a single agent with the ``summary`` strategy (ReSum-GRPO: an
+   episode's segments are rows that share its advantage);
+3. ``parl_s<seed>``: RL as an orchestrator with frozen sub-agents (PARL reward);
+4. greedy evaluations on ``--episodes`` tasks of each size in ``--sizes`` of
+   the arms: the warm start as a single agent with ``none``, ``discard_all``,
+   ``keep_last_round`` and ``summary`` (untrained), and as an orchestrator (``swarm``);
+   ``resum_grpo`` and ``parl_swarm`` after their RL.
+
+Outputs: ``<runs>/results_s<seed>.json`` (every arm's figures per size), then
+``<out>/context.md`` (the table: mean and worst seed per arm and size) and
+``<out>/context.png`` (the RL arms' training curves, mean over seeds). Runs found finished
+are reused. ``--set`` overrides go to every job of the experiment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+from common import ROOT, save_figure
+
+CONFIG = os.path.join(ROOT, "configs", "context_widesearch.py")
+STRATEGIES = ("none", "discard_all", "keep_last_round", "summary")
+ARMS = ("none", "discard_all", "keep_last_round", "summary", "resum_grpo", "swarm", "parl_swarm")
+# (figure, header, worst of the seeds)
+COLUMNS = (("accuracy", "item-F1", min), ("answered", "answered", min), ("context_ended", "ran out of context", max),
+           ("critical_steps", "critical steps", max), ("peak_context", "peak context", max),
+           ("subagent_peak_context", "sub-agent peak", max), ("compactions", "compactions", max),
+           ("context_dropped", "ids dropped", max))
+CURVES = ("accuracy", "reward", "compactions", "peak_context")
+
+
+def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
+    """The experiment's jobs for ``seed``: {name: (AgentJob, workdir)}."""
+    from swarmjax.config_file import apply_overrides, load_config
+    from swarmjax.rl.parl import PARLConfig
+    from swarmjax.train.agent_job import AgentJob
+
+    base = apply_overrides(load_config(CONFIG, AgentJob), [*overrides, f"seed={seed}"])
+    warm = os.path.join(runs, f"warm_s{seed}")
+    hf = os.path.join(warm, "hf")
+    steps = rl_steps if rl_steps >= 0 else 20
+
+    def rl(job, strategy: str = "none", **rl_fields):
+        return dataclasses.replace(_with_strategy(job, strategy).rl, steps=steps, **rl_fields)
+
+    from_warm = dataclasses.replace(base, hf_path=hf, chat=base.chat, sft=None)
+    jobs = {"warm": (base, warm),
+            "resum": (dataclasses.replace(from_warm, rl=rl(from_warm, strategy="summary")),
+                      os.path.join(runs, f"resum_s{seed}")),
+            "parl": (dataclasses.replace(from_warm, role="orchestrator", rl=rl(
+                from_warm, parl=PARLConfig(lambda1=0.1, lambda2=0.1, anneal_steps=max(steps, 1), parallel="novel",
+                                           parallel_target=8, step_cost=0.0))),
+                     os.path.join(runs, f"parl_s{seed}"))}
+    return jobs
+
+
+def _with_strategy(job, strategy: str):
+    ctx = dataclasses.replace(job.rl.rollout.context, strategy=strategy)
+    return dataclasses.replace(job, rl=dataclasses.replace(
+        job.rl, rollout=dataclasses.replace(job.rl.rollout, context=ctx)))
+
+
+def _problems(job, n: int, count: int, seed: int) -> list:
+    """``count`` tasks of ``n`` entities (the same for every arm of a seed)."""
+    from swarmjax.envs.task import resolve_task
+    from swarmjax.envs.widesearch import Episode
+
+    cfg = resolve_task(job.task).cfg
+    rng = random.Random(1_000_003 * (seed + 1) + n)
+    return [Episode.sample(cfg, rng, n=n) for _ in range(count)]
+
+
+def run_seed(seed: int, args) -> dict:
+    """Train what is missing for ``seed`` and evaluate every arm; writes and returns
+    ``results_s<seed>.json``."""
+    from swarmjax.train.agent_job import evaluate_agent_checkpoint, run_agent_job
+    from swarmjax.train.export import export_run
+
+    out_file = os.path.join(args.runs, f"results_s{seed}.json")
+    if os.path.exists(out_file):
+        return json.load(open(out_file))
+    jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
+    clock = {}
+    for name in ("warm", "resum", "parl"):
+        job, workdir = jobs[name]
+        if not os.path.exists(os.path.join(workdir, "summary.json")):
+            t0 = time.perf_counter()
+            print(f"[context s{seed}] {name} -> {workdir}", flush=True)
+            run_agent_job(job, workdir, progress=False, resume="auto")
+            clock[name] = time.perf_counter() - t0
+        if name == "warm" and not os.path.exists(os.path.join(workdir, "hf", "config.json")):
+            export_run(workdir, os.path.join(workdir, "hf"), which="0")
+    warm, resum, parl = jobs["warm"], jobs["resum"], jobs["parl"]
+    arms = {s: (_with_strategy(warm[0], s), warm[1], "0") for s in STRATEGIES}
+    arms.update(resum_grpo=(resum[0], resum[1], "latest"), swarm=(parl[0], parl[1], "0"),
+                parl_swarm=(parl[0], parl[1], "latest"))
+    results = {"seed": seed, "sizes": args.sizes, "episodes": args.episodes, "train_s": clock, "arms": {}}
+    partial = out_file + ".partial"
+    if os.path.exists(partial):                      # arms an interrupted attempt evaluated
+        results["arms"] = json.load(open(partial))["arms"]
+    E = args.episodes
+    for arm, (job, workdir, which) in arms.items():
+        if arm in results["arms"]:
+            continue
+        t0 = time.perf_counter()                     # every size in one call: one compiled rollout
+        problems = [p for n in args.sizes for p in _problems(job, n, E, seed)]
+        got = evaluate_agent_checkpoint(job, workdir, which=which, problems=problems)["episodes"]
+        results["arms"][arm] = {str(n): {k: sum(v[i * E:(i + 1) * E]) / E for k, v in got.items()}
+                                for i, n in enumerate(args.sizes)}
+        results["arms"][arm]["eval_s"] = time.perf_counter() - t0
+        for n in args.sizes:
+            r = results["arms"][arm][str(n)]
+            print(f"[context s{seed}] {arm} n={n}: item-F1 {r['accuracy']:.3f}, peak context "
+                  f"{r['peak_context']:.0f}, compactions {r['compactions']:.2f}", flush=True)
+        with open(partial, "w") as f:
+            json.dump(results, f, indent=1)
+    with open(out_file, "w") as f:
+        json.dump(results, f, indent=1)
+    return results
+
+
+def load_results(runs: str, seed: int) -> dict:
+    """A seed's ``results_s<seed>.json`` (or the arms an interrupted attempt finished)."""
+    path = os.path.join(runs, f"results_s{seed}.json")
+    return json.load(open(path if os.path.exists(path) else path + ".partial"))
+
+
+def _curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
+    rows = [r for r in rows if r.get("stage") == "rl"]
+    return [r["step"] + 1 for r in rows], [float(r[key]) for r in rows]
+
+
+def report(results: list[dict], args) -> str:
+    """``<out>/context.md`` (tables) and ``context.png`` (RL curves); returns the markdown."""
+    seeds = [r["seed"] for r in results]
+    lines = [f"Seeds {', '.join(map(str, seeds))}; {results[0]['episodes']} held-out tasks per size and seed, "
+             "greedy, budget none; every agent's context 2048 ids (`configs/context_widesearch.py`). "
+             "Each cell: mean over seeds (worst seed).", ""]
+    for n in results[0]["sizes"]:
+        lines += [f"**n = {n}**", "", "| arm | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+                  "|---|" + "---|" * len(COLUMNS)]
+        for arm in ARMS:
+            if any(arm not in r["arms"] for r in results):     # an attempt cut short: not every seed has it
+                continue
+            cells = []
+            for key, _, worst in COLUMNS:
+                xs = [r["arms"][arm][str(n)][key] for r in results]
+                fmt = "{:.3f}" if key in ("accuracy", "answered", "context_ended") else "{:.1f}" \
+                    if key in ("critical_steps", "compactions") else "{:.0f}"
+                cells.append(f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(worst(xs))})")
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines.append("")
+    md = "\n".join(lines)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "context.md"), "w") as f:
+        f.write(md + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return md
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
+    for name, label in (("resum", "ReSum-GRPO"), ("parl", "PARL swarm")):
+        dirs = [os.path.join(args.runs, f"{name}_s{s}") for s in seeds]
+        for ax, key in zip(axes, CURVES):
+            curves = [_curve(d, key) for d in dirs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+            if not curves or not curves[0][0]:
+                continue
+            T = min(len(c[1]) for c in curves)
+            ax.plot(curves[0][0][:T], [sum(c[1][t] for c in curves) / len(curves) for t in range(T)], label=label)
+            ax.set_title(key)
+            ax.set_xlabel("RL step")
+    save_figure(fig, axes, "context experiment: RL arms, mean over seeds", os.path.join(args.out, "context.png"))
+    return md
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 48])
+    p.add_argument("--episodes", type=int, default=16, help="held-out tasks per size")
+    p.add_argument("--rl-steps", type=int, default=-1, help="RL steps of the two RL arms (default 20)")
+    p.add_argument("--set", action="append", default=[], help="an override of every job (field=value)")
+    p.add_argument("--jobs", type=int, default=1, help="seeds run side by side (one process each)")
+    p.add_argument("--runs", default="runs/experiments/context")
+    p.add_argument("--out", default="docs/experiments")
+    p.add_argument("--no-report", action="store_true", help="only run the seeds (a --jobs worker)")
+    p.add_argument("--report-only", action="store_true", help="the report of the seeds' results found in --runs")
+    args = p.parse_args()
+    os.makedirs(args.runs, exist_ok=True)
+    if args.report_only:
+        results = [load_results(args.runs, s) for s in args.seeds]
+    elif args.jobs > 1 and len(args.seeds) > 1:       # one process per seed, then the report here
+        base = [sys.executable, os.path.abspath(__file__), "--sizes", *map(str, args.sizes), "--episodes",
+                str(args.episodes), "--rl-steps", str(args.rl_steps), "--runs", args.runs, "--out", args.out,
+                "--jobs", "1", *(a for o in args.set for a in ("--set", o))]
+        pending = list(args.seeds)
+        running: list[subprocess.Popen] = []
+        while pending or running:
+            while pending and len(running) < args.jobs:
+                s = pending.pop(0)
+                log = open(os.path.join(args.runs, f"seed{s}.log"), "w")
+                running.append(subprocess.Popen([*base, "--seeds", str(s), "--no-report"], stdout=log,
+                                                stderr=subprocess.STDOUT, cwd=ROOT))
+            time.sleep(2)
+            for proc in [r for r in running if r.poll() is not None]:
+                running.remove(proc)
+                if proc.returncode:
+                    for other in running:
+                        other.kill()
+                    raise SystemExit(f"a seed's process failed ({proc.returncode}): see {args.runs}/seed*.log")
+        results = [load_results(args.runs, s) for s in args.seeds]
+    else:
+        results = [run_seed(s, args) for s in args.seeds]
+    if not args.no_report:
+        print(report(results, args))
+
+
+if __name__ == "__main__":
+    main()
