@@ -9,7 +9,8 @@ management 74.9, Agent Swarm 78.4; ReSum, arXiv 2509.13313: summaries help untra
 +4.5%, and more after ReSum-GRPO, +8.2%): swarm > discard_all > single agent; summary >
 none untrained, and ReSum-GRPO improves on it.
 
-Per seed, on ``configs/context_widesearch.py`` (every agent limited to 2048 ids):
+Per seed, on ``configs/context_widesearch.py`` (wide search with pages for lookup results,
+every agent limited to 1280 ids):
 
 1. ``warm_s<seed>``: the config's job (its warm start: one policy for the serial agent,
    the serial agent with ``summarize`` and the orchestrator), exported as a Hugging Face
@@ -61,7 +62,7 @@ def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
     base = apply_overrides(load_config(CONFIG, AgentJob), [*overrides, f"seed={seed}"])
     warm = os.path.join(runs, f"warm_s{seed}")
     hf = os.path.join(warm, "hf")
-    steps = rl_steps if rl_steps >= 0 else 20
+    steps = rl_steps
 
     def rl(job, strategy: str = "none", **rl_fields):
         return dataclasses.replace(_with_strategy(job, strategy).rl, steps=steps, **rl_fields)
@@ -158,7 +159,7 @@ def report(results: list[dict], args) -> str:
     """``<out>/context.md`` (tables) and ``context.png`` (RL curves); returns the markdown."""
     seeds = [r["seed"] for r in results]
     lines = [f"Seeds {', '.join(map(str, seeds))}; {results[0]['episodes']} held-out tasks per size and seed, "
-             "greedy, budget none; every agent's context 2048 ids (`configs/context_widesearch.py`). "
+             "greedy, no budget; every agent's context as in `configs/context_widesearch.py`. "
              "Each cell: mean over seeds (worst seed).", ""]
     for n in results[0]["sizes"]:
         lines += [f"**n = {n}**", "", "| arm | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
@@ -202,9 +203,9 @@ def report(results: list[dict], args) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 48])
-    p.add_argument("--episodes", type=int, default=16, help="held-out tasks per size")
-    p.add_argument("--rl-steps", type=int, default=-1, help="RL steps of the two RL arms (default 20)")
+    p.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--episodes", type=int, default=12, help="held-out tasks per size")
+    p.add_argument("--rl-steps", type=int, default=10, help="RL steps of the two RL arms")
     p.add_argument("--set", action="append", default=[], help="an override of every job (field=value)")
     p.add_argument("--jobs", type=int, default=1, help="seeds run side by side (one process each)")
     p.add_argument("--runs", default="runs/experiments/context")

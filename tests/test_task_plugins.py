@@ -189,3 +189,56 @@ def test_wide_search_tasks_are_builtin(tmp_path, name, roles):
     finally:
         runner.close()
     assert spawned > 0
+
+
+def test_summary_demonstrations_pages_and_a_mixed_warm_start(tmp_path):
+    """Wide search with pages for lookup results and the summarize tool: a demonstration
+    summarises every ``summary_every`` lookups; played (``play`` follows the restart) it
+    is one row per segment, each opening with the task and the pairs found so far, and
+    still answers every pair right. ``demonstrations(mix=...)`` adds the other ways of
+    working on the same problems; a context too small for some demonstrations is an error,
+    or (``overlong="skip"``) leaves them out and counts them."""
+    from swarmjax.envs.api import play
+    from swarmjax.envs.task import EnvContext, demonstration, make_env
+    from swarmjax.envs.widesearch import Episode, WideSearchConfig
+    from swarmjax.envs.widesearch_text import WideSearchTask, WideSearchText
+    from swarmjax.swarm.text_types import TextRolloutConfig
+    from swarmjax.text.chat import chat_format
+    from swarmjax.text.runner import ToolRunner
+    from swarmjax.train.agent import demonstrations, mix_context
+
+    task = WideSearchTask(WideSearchConfig(num_entities=12, num_values=12, max_task_size=8, max_subagents=4),
+                          summary_every=3, page_words=10)
+    chat = chat_format("qwen3", TextTokenizer.from_dir(train_bpe_tokenizer(task.corpus(), str(tmp_path / "bpe"),
+                                                                            vocab_size=600, chat_format="qwen3")))
+    runner = ToolRunner([])
+    try:
+        ctx = EnvContext(chat, runner, role="single", summarize=True)
+        ep = Episode(table=list(range(12)), task=[5, 2, 7, 0, 9, 4, 1])
+        demo = demonstration(task, ep, chat, np.random.default_rng(0), "single", summarize=True)
+        played = play(make_env(task, ep, ctx), ep, demo.turns)
+        assert played.last.rewards["r_perf"] == 1.0 and len(played.segments) == 2      # 7 lookups: after 3 and 6
+        text = chat.tokenizer.decode(played.segments[0][0])
+        assert "Value: " in text and text.count("<tool_response>") == 3
+        ids, mask = played.segments[1]
+        opening = chat.tokenizer.decode(ids[:int(np.argmax(mask))])          # the ids before its first turn
+        world = WideSearchText(task.cfg, chat, None)
+        found = [f"{world.entity_names[e]}: {world.value_names[ep.table[e]]}" for e in ep.task[:3]]
+        assert "Entities:" in opening and "Your summary of them" in opening and all(f in opening for f in found)
+        problems = task.sample(np.random.default_rng(0), 16)
+        limits = TextRolloutConfig(orch_context=4096, worker_context=4096, max_turn_tokens=512)
+        alone = demonstrations(task, problems, ctx, np.random.default_rng(1), limits)
+        mixed = demonstrations(task, problems, ctx, np.random.default_rng(1), limits,
+                               mix=[mix_context("orchestrator", ctx), mix_context("single", ctx)])
+        assert len(alone) > len(problems) and len(mixed) > 2 * len(alone) and mixed.skipped == alone.skipped == 0
+        fits = alone.tokens.shape[1]                  # every summarised segment fits; long serial ones do not
+        small = TextRolloutConfig(orch_context=fits, worker_context=4096, max_turn_tokens=512)
+        with pytest.raises(ValueError, match="more than its context"):
+            demonstrations(task, problems, ctx, np.random.default_rng(1), small, mix=[mix_context("single", ctx)])
+        kept = demonstrations(task, problems, ctx, np.random.default_rng(1), small, mix=[mix_context("single", ctx)],
+                              overlong="skip")
+        assert 0 < kept.skipped < len(problems) and kept.tokens.shape[1] <= fits
+        with pytest.raises(ValueError, match="sft.mix entry"):
+            mix_context("critic", ctx)
+    finally:
+        runner.close()

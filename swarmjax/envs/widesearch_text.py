@@ -100,12 +100,17 @@ class WideSearchText(TaskNames):
       chat: the chat format (its tokenizer tokenises prompts and replies).
       runner: a shared :class:`ToolRunner` for the ``lookup`` calls.
       seed: seed of the generated names.
+      page_words: ``lookup`` answers with a page: this many filler words about the entity,
+        then ``Value: <value>`` (:func:`page`); 0: the value alone. Long tool results
+        are what fills a serial agent's context (web pages in a browsing task) while an
+        orchestrator hears only its sub-agents' answers.
     """
 
     cfg: WideSearchConfig
     chat: ChatFormat
     runner: ToolRunner
     seed: int = 0
+    page_words: int = 0
 
 
     # ---------------------------------------------------------------- reading text
@@ -145,7 +150,8 @@ class WideSearchText(TaskNames):
             """
             if entity not in index:
                 raise KeyError(f"unknown entity {entity!r}")
-            return values[ep.table[index[entity]]]
+            value = values[ep.table[index[entity]]]
+            return page(index[entity], value, self.page_words, seed=self.seed) if self.page_words else value
         return Tool.from_function(lookup)
 
     def orchestrator(self, ep: Episode, *, summarize: bool = False) -> ToolAgentEnv:
@@ -239,18 +245,16 @@ class WideSearchProblems(Task):
     """What the wide-search task plug-ins share: the task sizes (``cfg``: E, V, N range, K),
     the generated names' seed, the episode stream and how demonstrations split a task
     (with probability ``split_fraction``, tasks of 2 or more entities go to sub-agents in
-    chunks of 1..``max_chunk`` entities; with the ``summarize`` tool, a serial demonstration
-    summarises after every ``summary_every`` lookups)."""
+    chunks of 1..``max_chunk`` entities)."""
 
     cfg: WideSearchConfig = WideSearchConfig(num_entities=32, num_values=32, max_task_size=8, max_subagents=4)
     names_seed: int = 0
     split_fraction: float = 0.5
     max_chunk: int = 2
-    summary_every: int = 8
 
     def __post_init__(self):
-        if not 0.0 <= self.split_fraction <= 1.0 or self.max_chunk < 1 or self.summary_every < 1:
-            raise ValueError("split_fraction must be in [0, 1], max_chunk and summary_every >= 1")
+        if not 0.0 <= self.split_fraction <= 1.0 or self.max_chunk < 1:
+            raise ValueError("split_fraction must be in [0, 1] and max_chunk >= 1")
 
     def sample(self, rng: np.random.Generator, count: int, *, split: str = "train") -> list[Episode]:
         """``count`` episodes: a random table and task of ``min..max_task_size`` entities."""
@@ -280,18 +284,28 @@ class WideSearchTask(WideSearchProblems):
 
     Sub-agent turns and the critical-step budget are the rollout's
     (``TextRolloutConfig.subagent_turns`` / ``budget``). Demonstrations: the serial
-    script, or (orchestrators, :meth:`WideSearchProblems.split_parts`) one turn delegating
-    chunks of the task.
+    script (with the ``summarize`` tool: a summary after every ``summary_every`` lookups,
+    :meth:`WideSearchText.summary_script`), or (orchestrators,
+    :meth:`WideSearchProblems.split_parts`) one turn delegating chunks of the task.
+    ``page_words``: the length of ``lookup``'s pages (:class:`WideSearchText`).
     """
 
+    summary_every: int = 8
+    page_words: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.summary_every < 1 or self.page_words < 0:
+            raise ValueError("summary_every must be >= 1 and page_words >= 0")
+
     def env(self, problem: Episode, ctx: EnvContext) -> ToolAgentEnv:
-        world = WideSearchText(self.cfg, ctx.chat, ctx.runner, seed=self.names_seed)
+        world = WideSearchText(self.cfg, ctx.chat, ctx.runner, seed=self.names_seed, page_words=self.page_words)
         make = world.orchestrator if ctx.role == "orchestrator" else world.single
         return make(problem, summarize=ctx.summarize)
 
     def demonstration(self, problem: Episode, chat: ChatFormat, rng: np.random.Generator, *,
                       role: str = "single", summarize: bool = False) -> Demo:
-        world = WideSearchText(self.cfg, chat, None, seed=self.names_seed)      # scripts run no tool
+        world = WideSearchText(self.cfg, chat, None, seed=self.names_seed, page_words=self.page_words)  # runs no tool
         parts = self.split_parts(problem, rng) if role == "orchestrator" else 0
         if parts:
             turns, workers = world.split_script(problem, parts)
@@ -304,7 +318,9 @@ class WideSearchTask(WideSearchProblems):
         world = WideSearchText(self.cfg, None, None, seed=self.names_seed)
         ep = Episode(table=[0] * self.cfg.num_entities, task=[0])
         tools = [world.lookup_tool(ep), *Orchestration(lambda _: None).tools(), summarize_tool()]
-        return text_corpus(self.cfg, seed=self.names_seed) + [json.dumps(t.schema()) for t in tools] * 20
+        pages = [page(e, "", self.page_words, seed=self.names_seed) for e in range(self.cfg.num_entities)] \
+            if self.page_words else []
+        return text_corpus(self.cfg, seed=self.names_seed) + [json.dumps(t.schema()) for t in tools] * 20 + pages
 
 
 def text_corpus(cfg: WideSearchConfig, *, seed: int = 0, episodes: int = 200) -> list[str]:
@@ -322,6 +338,18 @@ def text_corpus(cfg: WideSearchConfig, *, seed: int = 0, episodes: int = 200) ->
         out.append(f'{{"name": "lookup", "arguments": {{"entity": "{ents[e]}"}}}}')
         out.append(f"Sub-agent 'worker{rng.randrange(8)}' answered:\n{ents[e]}: {vals[ep.table[e]]}")
     return out
+
+
+FILLER = ("the", "record", "for", "this", "entry", "was", "updated", "in", "an", "archive", "with", "notes",
+          "from", "several", "older", "sources", "and", "a", "short", "history", "of", "its", "earlier", "listing")
+
+
+def page(entity: int, value: str, words: int, *, seed: int = 0) -> str:
+    """The page ``lookup`` returns for entity ``entity`` (``page_words``): ``words``
+    filler words drawn from :data:`FILLER` (the same for an entity every time), then
+    ``Value: <value>``."""
+    rng = random.Random(seed * 1_000_003 + entity)
+    return " ".join(rng.choice(FILLER) for _ in range(words)) + f". Value: {value}"
 
 
 @functools.cache
