@@ -14,7 +14,9 @@ every agent limited to 1280 ids):
 
 1. ``warm_s<seed>``: the config's job (its warm start: one policy for the serial agent,
    the serial agent with ``summarize`` and the orchestrator), exported as a Hugging Face
-   checkpoint (``warm_s<seed>/hf``) that the other runs load;
+   checkpoint (``warm_s<seed>/hf``) that the other runs load (``--warm-only`` stops
+   there: the warm starts can run on an accelerator, the rest where ``hf/`` is copied);
+   ``single_s<seed>``: that policy as a single agent (no RL: the strategies' arms);
 2. ``resum_s<seed>``: RL as a single agent with the ``summary`` strategy (ReSum-GRPO: an
    episode's segments are rows that share its advantage);
 3. ``parl_s<seed>``: RL as an orchestrator with frozen sub-agents (PARL reward);
@@ -60,6 +62,7 @@ def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
     from swarmjax.train.agent_job import AgentJob
 
     base = apply_overrides(load_config(CONFIG, AgentJob), [*overrides, f"seed={seed}"])
+    base = dataclasses.replace(base, eval_episodes=2)    # the jobs' own evaluations; the table's are run_seed's
     warm = os.path.join(runs, f"warm_s{seed}")
     hf = os.path.join(warm, "hf")
     steps = rl_steps
@@ -69,6 +72,7 @@ def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
 
     from_warm = dataclasses.replace(base, hf_path=hf, chat=base.chat, sft=None)
     jobs = {"warm": (base, warm),
+            "single": (from_warm, os.path.join(runs, f"single_s{seed}")),
             "resum": (dataclasses.replace(from_warm, rl=rl(from_warm, strategy="summary")),
                       os.path.join(runs, f"resum_s{seed}")),
             "parl": (dataclasses.replace(from_warm, role="orchestrator", rl=rl(
@@ -105,7 +109,7 @@ def run_seed(seed: int, args) -> dict:
         return json.load(open(out_file))
     jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
     clock = {}
-    for name in ("warm", "resum", "parl"):
+    for name in ("warm",) if args.warm_only else ("warm", "single", "resum", "parl"):
         job, workdir = jobs[name]
         if not os.path.exists(os.path.join(workdir, "summary.json")):
             t0 = time.perf_counter()
@@ -114,8 +118,10 @@ def run_seed(seed: int, args) -> dict:
             clock[name] = time.perf_counter() - t0
         if name == "warm" and not os.path.exists(os.path.join(workdir, "hf", "config.json")):
             export_run(workdir, os.path.join(workdir, "hf"), which="0")
-    warm, resum, parl = jobs["warm"], jobs["resum"], jobs["parl"]
-    arms = {s: (_with_strategy(warm[0], s), warm[1], "0") for s in STRATEGIES}
+    if args.warm_only:
+        return {}
+    single, resum, parl = jobs["single"], jobs["resum"], jobs["parl"]
+    arms = {s: (_with_strategy(single[0], s), single[1], "0") for s in STRATEGIES}
     arms.update(resum_grpo=(resum[0], resum[1], "latest"), swarm=(parl[0], parl[1], "0"),
                 parl_swarm=(parl[0], parl[1], "latest"))
     results = {"seed": seed, "sizes": args.sizes, "episodes": args.episodes, "train_s": clock, "arms": {}}
@@ -212,6 +218,8 @@ def main() -> None:
     p.add_argument("--out", default="docs/experiments")
     p.add_argument("--no-report", action="store_true", help="only run the seeds (a --jobs worker)")
     p.add_argument("--report-only", action="store_true", help="the report of the seeds' results found in --runs")
+    p.add_argument("--warm-only", action="store_true", help="only the warm starts (e.g. on an accelerator; the rest "
+                                                             "then runs where their hf/ directories are copied)")
     args = p.parse_args()
     os.makedirs(args.runs, exist_ok=True)
     if args.report_only:
@@ -219,7 +227,7 @@ def main() -> None:
     elif args.jobs > 1 and len(args.seeds) > 1:       # one process per seed, then the report here
         base = [sys.executable, os.path.abspath(__file__), "--sizes", *map(str, args.sizes), "--episodes",
                 str(args.episodes), "--rl-steps", str(args.rl_steps), "--runs", args.runs, "--out", args.out,
-                "--jobs", "1", *(a for o in args.set for a in ("--set", o))]
+                "--jobs", "1", *(a for o in args.set for a in ("--set", o)), *(["--warm-only"] if args.warm_only else [])]
         pending = list(args.seeds)
         running: list[subprocess.Popen] = []
         while pending or running:
@@ -235,10 +243,10 @@ def main() -> None:
                     for other in running:
                         other.kill()
                     raise SystemExit(f"a seed's process failed ({proc.returncode}): see {args.runs}/seed*.log")
-        results = [load_results(args.runs, s) for s in args.seeds]
+        results = [] if args.warm_only else [load_results(args.runs, s) for s in args.seeds]
     else:
         results = [run_seed(s, args) for s in args.seeds]
-    if not args.no_report:
+    if not args.no_report and not args.warm_only:
         print(report(results, args))
 
 
