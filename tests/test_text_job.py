@@ -54,12 +54,18 @@ def test_text_job_runs_and_writes_its_summary(small_run, capsys):
         ("initial", 0, "validation"), ("initial", 0, "test"), ("rl", 1, "validation"),
         ("final", 2, "validation"), ("final", 2, "test")]
     assert evals[-1]["accuracy"] == summary["final"]["accuracy"]
+    from test_traces import check                       # the final test episodes as orchestration traces
+    traces = [json.loads(line) for line in open(os.path.join(workdir, "traces.jsonl"))]
+    assert [t["trace_id"] for t in traces] == [f"final-s2-n1-{b}" for b in range(4)]
+    for t in traces:
+        check(t)
+    assert np.mean([t["rewards"]["r_perf"] for t in traces]) == pytest.approx(summary["final"]["accuracy"])
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) >= ["1", "2"]
     # a finished workdir is refused; resumed, it recomputes nothing
     assert main(args) == 2
     assert "already holds a finished run" in capsys.readouterr().err
-    logs = {name: open(os.path.join(workdir, name)).read() for name in ("metrics.jsonl", "eval.jsonl")}
+    logs = {name: open(os.path.join(workdir, name)).read() for name in ("metrics.jsonl", "eval.jsonl", "traces.jsonl")}
     assert main(args + ["--resume", "auto"]) == 0
     assert {name: open(os.path.join(workdir, name)).read() for name in logs} == logs
     # `swarmjax eval` of the last checkpoint: the run's final row again (the same problems, greedy)

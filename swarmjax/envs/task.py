@@ -40,7 +40,9 @@ Optional:
 * ``corpus() -> list[str]``: text to train a local tokenizer on (jobs with no
   tokenizer of their own);
 * ``subagent_messages(system_prompt, prompt) -> list[dict]``: a sub-agent's first turns
-  (default: the orchestrator's ``system_prompt`` and its ``prompt`` as the user turn).
+  (default: the orchestrator's ``system_prompt`` and its ``prompt`` as the user turn);
+* ``size(problem) -> int``: how large a problem is (>= 1; e.g. the entities of a wide
+  search), the ``task_size`` of its orchestration traces (default 1).
 
 Roles: a job runs the task as a single agent, or as an orchestrator that may
 ``create_subagent`` / ``assign_task`` (:mod:`swarmjax.envs.orchestration`); its
@@ -117,6 +119,12 @@ class Task:
 
     def subagent_messages(self, system_prompt: str, prompt: str) -> Messages:
         return [{"role": "system", "content": system_prompt}, {"role": "user", "content": prompt}]
+
+
+def problem_size(task: Any, problem: Any) -> int:
+    """``task.size(problem)`` when the task has it, else 1 (module docstring)."""
+    fn = getattr(task, "size", None)
+    return max(int(fn(problem)), 1) if callable(fn) else 1
 
 
 def task_name(task: Any) -> str:

@@ -261,6 +261,10 @@ class WideSearchProblems(Task):
         py = random.Random(int(rng.integers(2 ** 63)))
         return [Episode.sample(self.cfg, py) for _ in range(count)]
 
+    def size(self, problem: Episode) -> int:
+        """The entities asked for."""
+        return len(problem.task)
+
     def split_parts(self, problem: Episode, rng: np.random.Generator) -> int:
         """How many sub-agents a demonstration gives ``problem`` (0: it is done serially)."""
         n = len(problem.task)

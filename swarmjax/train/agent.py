@@ -483,13 +483,16 @@ FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "trunca
 
 
 def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, key: jax.Array, *,
-             mesh: Any = None) -> dict[str, np.ndarray]:
+             mesh: Any = None, on_result: Callable[[TextRolloutResult, list, int], None] | None = None
+             ) -> dict[str, np.ndarray]:
     """Greedy episodes of ``problems``: :func:`episode_figures` of each [N], in order
     (:func:`mean_figures` averages them). Calls of ``engine.batch`` episodes when it has
     one (the last filled up with repeats of its first problem, dropped from the figures):
     the training rollout's compiled program. With several processes each runs a share
     (episode ``e`` keyed as on one process) and every process gets all the figures
-    (``params`` global arrays over ``mesh``)."""
+    (``params`` global arrays over ``mesh``). ``on_result(res, problems, first)``: called
+    with each call's result, its problems (repeats left out) and the index of its first
+    one (e.g. to export traces)."""
     procs, n = jax.process_count(), len(problems)
     per = -(-n // procs)
     start = min(jax.process_index() * per, n)
@@ -503,6 +506,8 @@ def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, ke
                      episode_ids=range(start + at, start + at + size), greedy=True)
         for k, v in episode_figures(res).items():
             figures[k][at:at + len(call)] = v[:len(call)]
+        if on_result is not None:
+            on_result(res, call, start + at)
     figures = allgather(figures)                                       # [procs, per]
     return {k: v.reshape(-1)[:n] for k, v in figures.items()}
 

@@ -19,7 +19,9 @@ host-driven text rollouts (single agent, or an orchestrator with sub-agents).
    ``eval_every`` steps and at the end (the best checkpoint is chosen by its accuracy);
    on the **test** split at the start and the end (the summary's table).
    ``metrics.jsonl``, ``eval.jsonl``, ``summary.json`` / ``summary.md``, TensorBoard
-   events; a log line every ``log_every`` steps when progress bars are off.
+   events, ``traces.jsonl`` (orchestration traces of the final test evaluation's first
+   batch of episodes, compactions included: :mod:`swarmjax.traces.text`); a log line
+   every ``log_every`` steps when progress bars are off.
 6. **Meshes and processes** (``mesh``): the warm start and the learner's state sharded
    over a ``(data, fsdp, tensor)`` mesh; with several processes (``swarmjax train
    --coordinator ...``) each rolls out its share of a step's problems (whole groups,
@@ -42,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swarmjax.envs.task import ROLES, EnvContext, make_env, resolve_task, task_name
+from swarmjax.envs.task import ROLES, EnvContext, make_env, problem_size, resolve_task, task_name
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
@@ -51,6 +53,7 @@ from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.context import check_env
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.runner import ToolRunner
+from swarmjax.traces.text import text_trace
 from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, evaluate,
                                   mean_figures, mix_context, rl_step, subagent_params, warm_start)
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
@@ -207,9 +210,21 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
     check_env(job.rl.rollout.context.strategy, make_env(task, splits["validation"][0], ctx))
     try:
+        def traces(step: int, label: str):
+            """The final test evaluation's traces (its first call's episodes) to ``traces.jsonl``."""
+            def write(res, problems, first):
+                for b, p in enumerate(problems if first == 0 else ()):
+                    size = problem_size(task, p)
+                    log.write("traces.jsonl", text_trace(res, b, chat.tokenizer.decode, task_size=size,
+                                                         trace_id=f"{label}-s{step}-n{size}-{b}",
+                                                         task_id=f"test-{b}"))
+            return write
+
         def run_eval(step: int, label: str, state: Any, split: str) -> dict[str, float]:
             res = mean_figures(evaluate(engine, state.params, subagent_params(state), splits[split],
-                                        jax.random.fold_in(key, 1), mesh=mesh))
+                                        jax.random.fold_in(key, 1), mesh=mesh,
+                                        on_result=traces(step, label) if (label, split) == ("final", "test")
+                                        else None))
             log.write("eval.jsonl", {"step": step, "policy": label, "split": split, **res})
             return res
 

@@ -134,9 +134,7 @@ class JobLog:
 
 
 class TextJobLog(JobLog):
-    """The text jobs' logs: ``metrics.jsonl`` and ``eval.jsonl`` (no traces)."""
-
-    NAMES = ("metrics.jsonl", "eval.jsonl")
+    """The text jobs' logs: ``metrics.jsonl``, ``eval.jsonl`` and ``traces.jsonl``."""
 
 
 def keep_line(row: dict, step: int, *, keep_final: bool = False) -> bool:
