@@ -227,7 +227,8 @@ def main() -> None:
     elif args.jobs > 1 and len(args.seeds) > 1:       # one process per seed, then the report here
         base = [sys.executable, os.path.abspath(__file__), "--sizes", *map(str, args.sizes), "--episodes",
                 str(args.episodes), "--rl-steps", str(args.rl_steps), "--runs", args.runs, "--out", args.out,
-                "--jobs", "1", *(a for o in args.set for a in ("--set", o)), *(["--warm-only"] if args.warm_only else [])]
+                "--jobs", "1", *(a for o in args.set for a in ("--set", o)),
+                *(["--warm-only"] if args.warm_only else [])]
         pending = list(args.seeds)
         running: list[subprocess.Popen] = []
         while pending or running:

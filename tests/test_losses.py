@@ -239,8 +239,8 @@ def test_segment_weights_folded_into_the_advantage_weigh_each_row_exactly(cfg):
     A = np.array([0.8, -1.3, 0.5])
     K = np.bincount(episode) - 1
     n_rows, n_tok = len(episode), mask.sum()
-    assert segment_weights(np.zeros(4, int), "segment").tolist() == segment_weights(np.zeros(4, int), "episode").tolist() \
-        == [1.0] * 4
+    never = np.zeros(4, int)                          # no compaction: weight 1 either way
+    assert segment_weights(never, "segment").tolist() == segment_weights(never, "episode").tolist() == [1.0] * 4
     for mode in SEGMENT_WEIGHTS:
         w = segment_weights(K, mode)
         np.testing.assert_allclose(np.bincount(episode, w[episode]), K + 1.0 if mode == "segment" else 1.0)

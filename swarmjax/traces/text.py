@@ -46,19 +46,11 @@ import numpy as np
 
 from swarmjax.envs.widesearch_jax import END_REASONS
 from swarmjax.swarm.text_types import AgentTrace, TextRolloutResult
-from swarmjax.traces.export import Edge, Event, _edge
-
-
-def _spans(sampled: np.ndarray) -> list[tuple[int, int, int]]:
-    """(start, end, reply end) of every sampled run of a conversation: a turn and the
-    environment ids after it."""
-    starts = np.flatnonzero(sampled & ~np.concatenate([[False], sampled[:-1]]))
-    ends = np.flatnonzero(sampled & ~np.concatenate([sampled[1:], [False]])) + 1
-    nxt = [*starts[1:], len(sampled)]
-    return [(int(a), int(b), int(c)) for a, b, c in zip(starts, ends, nxt)]
+from swarmjax.traces.export import Edge, Event, _edge, turn_spans
 
 
 def _text(decode, agent: str, ids: np.ndarray, a: int, b: int) -> dict[str, str]:
+    """An event's ``content_ref`` / ``text`` for ids ``[a, b)`` of ``agent``'s context."""
     return {"content_ref": f"{agent}[{a}:{b}]", "text": decode(ids[a:b].tolist())}
 
 
@@ -82,9 +74,8 @@ def text_trace(res: TextRolloutResult, b: int, decode, *, trace_id: str, task_id
     last = None
     for s, seg in enumerate(segments):
         name = "orchestrator" if s == 0 else f"orchestrator_s{s}"
-        ids, sampled, turn = seg["ids"], seg["sampled"], seg["turn"]
-        spans = _spans(sampled)
-        head = spans[0][0] if spans else len(ids)
+        ids, turn = seg["ids"], seg["turn"]
+        head, spans = turn_spans(seg["sampled"].tolist())
         first_turn = int(turn[spans[0][0]]) if spans else orch.steps + 1
         if s == 0:
             events.append({"id": "prompt", "t": 0, "type": "message", "agent": "environment", "role": "task",

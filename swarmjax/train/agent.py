@@ -61,7 +61,8 @@ class TextSFTConfig:
       ``"+summary"`` for the ``summarize`` tool (e.g. ``("single+summary",
       "orchestrator")``): one policy for several roles and context strategies.
     overlong: a demonstration with a conversation longer than its context: ``"error"``,
-      or ``"skip"`` (left out; the count is logged as ``sft/skipped_demos``).
+      or ``"skip"`` (left out; the agent job prints the count and keeps it in its summary,
+      ``warm_start_data``).
     """
 
     steps: int = 600
@@ -362,9 +363,10 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
     :mod:`swarmjax.train.engines`): rollout, reward (:func:`episode_rewards`), group
     advantages, one learner update on exactly the rollout's ids, loss mask and sampler
     log-probs; a context strategy's earlier segments are rows of their own with their
-    episode's advantage (:func:`_segment_rows`; weighted by ``rcfg.segment_weight``). Returns the new state and the step's
-    metrics: the episodes' :func:`episode_figures`, reward channels, the rollout's counts
-    (:data:`COUNTS`), timings and the learner's figures (``learner/``).
+    episode's advantage (:func:`_segment_rows`; weighted by ``rcfg.segment_weight``).
+    Returns the new state and the step's metrics: the episodes' :func:`episode_figures`,
+    reward channels, the rollout's counts (:data:`COUNTS`), timings and the learner's
+    figures (``learner/``).
 
     Rows are cut to a multiple of ``rcfg.bucket`` ids (few shapes to compile); with
     ``rcfg.head_multiple`` the ids every row opens with run once per forward
@@ -518,7 +520,8 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
     whether it answered, whether its answer was cut by the turn limit, whether it ran out
     of context; sub-agents started and finished (returned before their turn limit),
     critical and total steps; the orchestrator's compactions (:mod:`swarmjax.swarm.context`),
-    the ids they took out of its conversation, its longest segment (ids), and its sub-agents' longest conversation (0 without any)."""
+    the ids they took out of its conversation, its longest segment (ids), and its
+    sub-agents' longest conversation (0 without any)."""
     r = reward_terms(res.rewards, len(res.length))
     out = {"accuracy": r["r_perf"], "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
            "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
