@@ -245,6 +245,12 @@ def test_context_strategies_split_an_episode_into_segments(world):
         np.testing.assert_array_equal(rows["advantages"][:count], adv[episode])
         assert rows["loss_mask"][:count].sum() == sum(s["sampled"].sum() for _, s in res.segment_rows())
         assert not rows["token_mask"][count:].any()
+        for i, (_, seg) in enumerate(res.segment_rows()):     # each row: the segment's ids and log-probs as recorded
+            n = len(seg["ids"])
+            np.testing.assert_array_equal(rows["tokens"][i, :n], seg["ids"])
+            np.testing.assert_array_equal(rows["logprobs"][i, :n], seg["logprobs"])
+            np.testing.assert_array_equal(rows["loss_mask"][i, :n], seg["sampled"])
+            assert rows["token_mask"][i].sum() == n
         for b in range(2):                  # the compactions as trace events, valid against the schemas
             trace = _checked_trace(task, res, b, len(eps[b].task))
             compactions = [e for e in trace["events"] if e.get("role") == "context_compaction"]
