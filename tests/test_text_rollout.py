@@ -2,6 +2,7 @@
 world's reference simulator, drift (recorded log-probs == a teacher-forced forward),
 limits (budget, sub-agent turns) and malformed calls."""
 
+import dataclasses
 import random
 
 import jax
@@ -276,7 +277,10 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
     """ReSum: a turn that calls ``summarize`` ends its segment (the summary's ids sampled,
     in that segment's loss) and the next segment is the first prompt with the summary,
     as environment ids; past the threshold the reply asks for a summary (its last tool
-    response ends with the request); without the tool the strategy cannot act."""
+    response ends with the request); without the tool the strategy cannot act. A frozen
+    summariser instead: a one-turn agent with other params reads the segment and the
+    request in a lane of its own, the conversation restarts from its answer, the policy
+    samples only its own turns, and the summariser's log-probs are its params' (drift)."""
     from swarmjax.envs.context_notes import SUMMARY_NOTE, SUMMARY_REQUEST
     from swarmjax.swarm.context import ContextConfig
 
@@ -310,3 +314,32 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
     with pytest.raises(ValueError, match="lacks restart_ids"):
         from swarmjax.swarm.context import check_env
         check_env("summary", object())
+
+    # a frozen summariser (other params, in a sub-agent lane) writes the summaries instead
+    frozen = init_params(model, jax.random.key(7))
+    rcfg = dataclasses.replace(rcfg, worker_context=2048, max_turn_tokens=64,
+                               worker_sampling=SamplingConfig(temperature=1.0),
+                               context=ContextConfig("summary", threshold=prompt + 150, summarizer="frozen"))
+    engine = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids)
+    envs = [task.orchestrator(ep, summarize=True) for ep in eps]
+    res = engine(params, frozen, envs, eps, jax.random.key(0), scripts=TextScripts(orch=serial))
+    assert res.rewards["r_perf"].tolist() == [1.0, 1.0] and res.spawned.tolist() == [0, 0] and not any(res.subagents)
+    for b in range(2):
+        trace, sums = res.orchestrators[b], res.summarizers[b]
+        segs = [*trace.segments, trace.arrays()]
+        assert len(sums) == len(trace.segments) >= 1 and all(s.ok and s.steps == 1 for s in sums)
+        sampled = np.concatenate([s["ids"][s["sampled"]] for s in segs])     # the policy wrote its turns only
+        np.testing.assert_array_equal(sampled, np.concatenate(serial[b]))
+        env = task.orchestrator(eps[b], summarize=True)
+        env.reset(eps[b])
+        for before, after, summarizer in zip(segs, segs[1:], sums):
+            said = summarizer.arrays()
+            np.testing.assert_array_equal(said["ids"][:len(before["ids"])], before["ids"])   # it read the segment
+            head = env.restart_ids(SUMMARY_NOTE.format(summary=summarizer.answer))
+            np.testing.assert_array_equal(after["ids"][:len(head)], head)
+        convs = [s.arrays() for s in sums]                 # decoded with the frozen params: drift
+        for conv, tf in zip(convs, _teacher_forced(frozen, model, [c["ids"] for c in convs])):
+            mask = conv["sampled"][1:]
+            np.testing.assert_allclose(conv["model_logprobs"][1:][mask], tf[mask], atol=1e-4)
+    with pytest.raises(ValueError, match="needs strategy='summary'"):
+        ContextConfig("discard_all", summarizer="frozen")

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from swarmjax.envs.api import Step, SubAgentResult
+from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.orchestration import Orchestration, result_text
 from swarmjax.envs.context_notes import SUMMARIZE, SUMMARY_NOTE, SUMMARY_REQUEST, summarize_tool
 from swarmjax.text.chat import ChatFormat
@@ -154,6 +154,18 @@ class ToolAgentEnv:
         self._last = (closing, responses)
         return Step(reply=np.concatenate([closing, self.chat.tool_responses_ids(responses)]))
 
+    def summarizer(self, conversation: np.ndarray) -> SubAgentTask | None:
+        """The frozen summariser of this conversation (``ContextConfig(summarizer="frozen")``):
+        a one-turn agent whose prompt is ``conversation`` [T] (ids as the agent heard and
+        said them) and the last reply with the summary request (:meth:`summary_request_ids`);
+        its answer is the ``summary`` argument of its ``summarize`` call, or its text
+        without one. None where :meth:`summary_request_ids` is."""
+        request = self.summary_request_ids()
+        if request is None:
+            return None
+        prompt = np.concatenate([np.asarray(conversation, np.int32), request])
+        return SubAgentTask(agent="summarizer", env=_Summarizer(self, prompt), task=None)
+
     def summary_request_ids(self) -> np.ndarray | None:
         """The last reply again with :data:`~swarmjax.envs.context_notes.SUMMARY_REQUEST` after
         its last tool response (the ``"summary"`` strategy past its threshold); None
@@ -163,3 +175,21 @@ class ToolAgentEnv:
         closing, responses = self._last
         asked = [*responses[:-1], f"{responses[-1]}\n\n{SUMMARY_REQUEST}"]
         return np.concatenate([closing, self.chat.tool_responses_ids(asked)])
+
+
+class _Summarizer:
+    """A frozen summariser's one-turn episode (:meth:`ToolAgentEnv.summarizer`)."""
+
+    def __init__(self, agent: ToolAgentEnv, prompt: np.ndarray):
+        self.agent, self.prompt = agent, prompt
+
+    def reset(self, task: Any) -> np.ndarray:
+        return self.prompt
+
+    def step(self, turn: np.ndarray, *, truncated: bool = False) -> Step:
+        parsed = self.agent.parse(turn)
+        call = next((c for c in parsed.calls if c.ok and c.name == SUMMARIZE), None)
+        return Step(done=True, answer=call.arguments["summary"] if call is not None else parsed.content)
+
+    def resume(self, results: Sequence[SubAgentResult]) -> Step:
+        raise RuntimeError("a summariser starts no sub-agents")

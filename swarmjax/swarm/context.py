@@ -20,7 +20,12 @@ turn would take the orchestrator's conversation past ``ContextConfig.threshold``
   the agent's next turn writes the summary. The summary's ids are sampled ids of the
   segment that wrote them (in the loss) and prompt ids of the next one (not in the loss).
   Set the threshold a turn or more below the context, so that the request and the
-  summary fit.
+  summary fit. With ``summarizer="frozen"`` a frozen copy of the policy writes it instead:
+  the rollout runs it as a one-turn sub-agent (the sub-agents' params, a lane of its own)
+  whose prompt is the conversation so far and the request, and restarts the conversation
+  from its answer; its ids are in no training row, its steps are on the critical path
+  (a sub-agent's context must hold the conversation at the threshold; a summariser that
+  fails leaves the reply as it was).
 
 Token in, token out: the episode's conversation becomes *segments* (of a conversation;
 not the rollout's decode segments, whose count its stats call ``segments``), each its own id
@@ -46,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from swarmjax.envs.context_notes import DISCARD_NOTE, KEEP_NOTE
+from swarmjax.envs.context_notes import DISCARD_NOTE, KEEP_NOTE, SUMMARY_NOTE
 
 @dataclasses.dataclass(frozen=True)
 class ContextConfig:
@@ -56,15 +61,23 @@ class ContextConfig:
     threshold: ids past which a heard reply triggers a compaction (None: the
       orchestrator's context itself, i.e. only when the reply would not fit).
     max_compactions: compactions per episode; past them the strategy is ``"none"``.
+    summarizer: who writes a ``"summary"`` past the threshold: ``"policy"`` (the agent's
+      own next turn) or ``"frozen"`` (a frozen copy of the policy, the sub-agents' params,
+      run as a one-turn sub-agent over the conversation: :func:`summarizer_task`).
     """
 
     strategy: str = "none"
     threshold: int | None = None
     max_compactions: int = 8
+    summarizer: str = "policy"
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown context strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
+        if self.summarizer not in SUMMARIZERS:
+            raise ValueError(f"unknown summarizer {self.summarizer!r}; known: {', '.join(SUMMARIZERS)}")
+        if self.summarizer == "frozen" and self.strategy != "summary":
+            raise ValueError("summarizer='frozen' writes summaries: it needs strategy='summary'")
         if self.threshold is not None and self.threshold < 1:
             raise ValueError(f"context threshold must be >= 1 or None, got {self.threshold}")
         if self.max_compactions < 0:
@@ -127,12 +140,32 @@ def compact(strategy: str, env: Any, trace: dict[str, np.ndarray], turn: int,
     return None if ids is None else (ids, s.restart)
 
 
-def check_env(strategy: str, env: Any) -> None:
+SUMMARIZERS = ("policy", "frozen")
+
+
+def summarizer_task(env: Any, conversation: np.ndarray) -> Any:
+    """The frozen summariser of a conversation past the threshold (``summarizer="frozen"``):
+    ``env.summarizer(conversation [T])``, a :class:`~swarmjax.envs.api.SubAgentTask` whose
+    environment opens with the conversation and the summary request and ends after one
+    turn with the summary as its answer; None when the environment has no summariser."""
+    fn = getattr(env, "summarizer", None)
+    return fn(np.asarray(conversation, np.int32)) if callable(fn) else None
+
+
+def summary_restart(env: Any, summary: str) -> np.ndarray | None:
+    """The ids a conversation restarts from after ``summary`` (the first prompt and
+    :data:`~swarmjax.envs.context_notes.SUMMARY_NOTE`), or None."""
+    return _restart(env, SUMMARY_NOTE.format(summary=summary))
+
+
+def check_env(strategy: str, env: Any, *, summarizer: str = "policy") -> None:
     """Raise one ValueError when ``env`` (an agent's environment) lacks a method
     ``strategy`` calls (:attr:`Strategy.needs`: ``restart_ids``, and for ``"summary"``
-    ``summary_request_ids``; :class:`~swarmjax.envs.tool_env.ToolAgentEnv` has both)."""
+    ``summary_request_ids``; with ``summarizer="frozen"`` ``summarizer`` too;
+    :class:`~swarmjax.envs.tool_env.ToolAgentEnv` has them all)."""
     s = STRATEGIES[strategy]
-    missing = [m for m in (s.needs if s is not None else ()) if not callable(getattr(env, m, None))]
+    needs = (*(s.needs if s is not None else ()), *(("summarizer",) if summarizer == "frozen" else ()))
+    missing = [m for m in needs if not callable(getattr(env, m, None))]
     if missing:
         raise ValueError(f"context strategy {strategy!r}: the task's environment ({type(env).__name__}) lacks "
                          f"{', '.join(missing)}; use a ToolAgentEnv-based task or strategy 'none'")

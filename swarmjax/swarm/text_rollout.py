@@ -47,12 +47,13 @@ from swarmjax.envs.api import HostEnv, Step, SubAgentResult
 # the token world's end reasons (re-exported: a text result's end_reason indexes END_REASONS)
 from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, END_REASONS, RUNNING  # noqa: F401
 from swarmjax.models.config import ModelConfig
-from swarmjax.swarm.context import compact
+from swarmjax.swarm.context import compact, summarizer_task, summary_restart
 from swarmjax.swarm.text_device import Rows, decode_segment_jit, init_rows, make_prefix_jit, prefill_chunk_jit
 from swarmjax.swarm.text_types import (AgentTrace, TextRolloutConfig, TextRolloutResult,  # noqa: F401  (re-exported)
                                       TextScripts)
 
 SEGMENT_KEY = 1 << 20        # the key's agent id of an orchestrator's segment s: s * SEGMENT_KEY (sub-agents: 1..)
+SUMMARIZER_INDEX = 1 << 16   # spawn index (key id - 1) of an episode's first frozen summariser
 
 @dataclasses.dataclass
 class _Agent:
@@ -84,6 +85,8 @@ class _Episode:
     rewards: dict = dataclasses.field(default_factory=dict)
     stage: list = dataclasses.field(default_factory=list)     # running stage's sub-agents
     subagents: list = dataclasses.field(default_factory=list)
+    summarizers: list = dataclasses.field(default_factory=list)   # frozen summarisers' agents
+    held: np.ndarray | None = None   # the reply a running frozen summariser's summary replaces
 
     def add(self, rewards):
         for k, v in rewards.items():
@@ -227,22 +230,25 @@ class TextRollout:
             ep.orch.trace.reason, ep.orch.trace.ok = "answer", True
         elif step.spawn:
             for req in step.spawn:
-                trace = AgentTrace(name=req.agent, stage=ep.orch.trace.steps)
-                sub = _Agent(env=req.env, trace=trace, episode=ep.orch.episode, is_orch=False,
-                             index=len(ep.subagents))
-                spawn_queue.append((sub, req.task))
-                ep.stage.append(sub)
-                ep.subagents.append(sub)
+                ep.subagents.append(self._spawn(ep, req, len(ep.subagents), spawn_queue))
             ep.spawned += len(step.spawn)
         elif step.restart is not None:                 # the agent summarised: a new segment
             if self._restart(ep, step.restart, dropped=len(ep.orch.trace) - len(step.restart)):
                 self._next_turn(ep)
             else:
                 ep.end = END_CONTEXT
-        elif not self._orch_hear(ep, step.reply):
+        elif not self._orch_hear(ep, step.reply, spawn_queue):
             ep.end = END_CONTEXT
-        else:
+        elif ep.held is None:                          # (else a frozen summariser runs first)
             self._next_turn(ep)
+
+    def _spawn(self, ep: _Episode, req: Any, index: int, spawn_queue: list) -> _Agent:
+        """Queue a sub-agent of the stage the orchestrator's latest turn opened."""
+        sub = _Agent(env=req.env, trace=AgentTrace(name=req.agent, stage=ep.orch.trace.steps),
+                     episode=ep.orch.episode, is_orch=False, index=index)
+        spawn_queue.append((sub, req.task))
+        ep.stage.append(sub)
+        return sub
 
     def _restart(self, ep: _Episode, ids: np.ndarray, *, dropped: int) -> bool:
         """Close the orchestrator's segment and open the next with ``ids`` (its row starts
@@ -255,15 +261,21 @@ class TextRollout:
         a.pending, a.reset = None, True
         return self._hear(a, ids)
 
-    def _orch_hear(self, ep: _Episode, reply: np.ndarray) -> bool:
+    def _orch_hear(self, ep: _Episode, reply: np.ndarray, spawn_queue: list) -> bool:
         """The orchestrator hears a finished turn's reply. Past the context strategy's
         threshold its conversation is compacted first (:mod:`swarmjax.swarm.context`): the
         current segment is closed and the strategy's ids open the next one (the row starts
-        over). False when the reply (or the new segment) does not fit: the episode ends."""
+        over), or a frozen summariser is started (the reply held until it answers). False
+        when the reply (or the new segment) does not fit: the episode ends."""
         a, rcfg = ep.orch, self.rcfg
         ccfg = rcfg.context
         limit = rcfg.orch_context if ccfg.threshold is None else min(ccfg.threshold, rcfg.orch_context)
         if len(a.trace) + len(reply) + 1 > limit and len(a.trace.segments) < ccfg.max_compactions:
+            req = summarizer_task(a.env, a.trace.arrays()["ids"]) if ccfg.summarizer == "frozen" else None
+            if req is not None:
+                ep.summarizers.append(self._spawn(ep, req, SUMMARIZER_INDEX + len(ep.summarizers), spawn_queue))
+                ep.held = reply
+                return True
             out = compact(ccfg.strategy, a.env, a.trace.arrays(), a.trace.steps, reply)
             if out is not None:
                 ids, restart = out
@@ -281,11 +293,27 @@ class TextRollout:
             steps = [s.trace.steps for s in ep.stage]
             ep.critical += max(steps)
             ep.total += sum(steps)
+            if ep.held is not None:                    # a frozen summariser's stage
+                self._summarized(ep, sub)
+                return
             ep.finished += sum(s.trace.ok for s in ep.stage)
             results = [SubAgentResult(agent=s.trace.name, answer=s.trace.answer, steps=s.trace.steps,
                                       ok=s.trace.ok, reason=s.trace.reason) for s in ep.stage]
             ep.stage = []
             self._orch_step(ep, ep.orch.env.resume(results), spawn_queue)
+
+    def _summarized(self, ep: _Episode, sub: _Agent) -> None:
+        """A frozen summariser ended: the conversation restarts from its summary, or (it
+        failed, or the restart does not fit) the orchestrator hears the held reply."""
+        reply, ep.held, ep.stage = ep.held, None, []
+        a = ep.orch
+        ids = summary_restart(a.env, sub.trace.answer) if sub.trace.ok and sub.trace.answer is not None else None
+        if ids is not None and self._restart(ep, ids, dropped=len(a.trace) + len(reply) - len(ids)):
+            self._next_turn(ep)
+        elif self._hear(a, reply):
+            self._next_turn(ep)
+        else:
+            ep.end = END_CONTEXT
 
     def _count_step(self, ep: _Episode, agent: _Agent) -> None:
         agent.trace.steps += 1
@@ -528,7 +556,8 @@ class TextRollout:
             end_reason=count(lambda e: e.end),
             rewards={k: np.asarray([ep.rewards.get(k, 0.0) for ep in eps], np.float32) for k in terms},
             answers=[ep.orch.trace.answer for ep in eps], orchestrators=[ep.orch.trace for ep in eps],
-            subagents=[[s.trace for s in ep.subagents] for ep in eps], stats=stats)
+            subagents=[[s.trace for s in ep.subagents] for ep in eps], stats=stats,
+            summarizers=[[s.trace for s in ep.summarizers] for ep in eps])
 
     def close(self):
         self._pool.shutdown(wait=False)

@@ -163,7 +163,9 @@ class TextRolloutResult:
     :data:`swarmjax.envs.widesearch_jax.END_REASONS`);
     rewards: term -> [B] f32 (summed over each episode's steps); answers: final answer
     text per episode (None without one); orchestrators / subagents: the
-    :class:`AgentTrace` of every agent; stats: timings and counts of the rollout.
+    :class:`AgentTrace` of every agent; stats: timings and counts of the rollout;
+    summarizers: per episode, the frozen summarisers' traces (``ContextConfig(summarizer=
+    "frozen")``; in no training row).
     """
 
     tokens: np.ndarray
@@ -183,6 +185,7 @@ class TextRolloutResult:
     orchestrators: list[AgentTrace]
     subagents: list[list[AgentTrace]]
     stats: dict[str, float]
+    summarizers: list[list[AgentTrace]] = dataclasses.field(default_factory=list)
 
     def segment_rows(self) -> list[tuple[int, dict[str, np.ndarray]]]:
         """(episode, :meth:`AgentTrace.arrays`) of every orchestrator segment before the

@@ -136,6 +136,10 @@ class AgentJob:
             if self.role == "orchestrator" and self.subagents == "shared":
                 raise ValueError("subagents='shared' runs in one process (its sub-agent rows differ in number "
                                  "between processes); use subagents='frozen' or one process")
+        if self.role == "orchestrator" and self.subagents == "shared" and \
+                self.rl.rollout.context.summarizer == "frozen":
+            raise ValueError("rl.rollout.context.summarizer='frozen' decodes with the sub-agents' params, which "
+                             "subagents='shared' trains: use subagents='frozen' or summarizer='policy'")
 
 
 def run_agent_job(job: AgentJob, workdir: str, *, progress: bool = True, resume: bool | str = False,
@@ -154,8 +158,9 @@ def run_agent_job(job: AgentJob, workdir: str, *, progress: bool = True, resume:
 
 
 def _frozen(job: AgentJob, params: Any) -> dict | None:
-    """The frozen trees of the RL state: a copy of ``params`` for frozen sub-agents."""
-    if job.role == "orchestrator" and job.subagents == "frozen":
+    """The frozen trees of the RL state: a copy of ``params`` for frozen sub-agents and a
+    frozen summariser (``rl.rollout.context.summarizer="frozen"``)."""
+    if job.role == "orchestrator" and job.subagents == "frozen" or job.rl.rollout.context.summarizer == "frozen":
         return {"subagents": jax.tree.map(jnp.copy, params)}
     return None
 
@@ -208,7 +213,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     engine = HostEngine(_rollout(job, cfg, chat, greedy=False), lambda p: make_env(task, p, ctx),
                         greedy_rollout=_rollout(job, cfg, chat, greedy=True))
     splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
-    check_env(job.rl.rollout.context.strategy, make_env(task, splits["validation"][0], ctx))
+    check_env(job.rl.rollout.context.strategy, make_env(task, splits["validation"][0], ctx),
+              summarizer=job.rl.rollout.context.summarizer)
     try:
         def traces(step: int, label: str):
             """The final test evaluation's traces (its first call's episodes) to ``traces.jsonl``."""
