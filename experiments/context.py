@@ -2,7 +2,8 @@
 
     python experiments/context.py                      # seeds 0 1 2, one after the other
     python experiments/context.py --jobs 3             # the seeds side by side
-    python experiments/context.py --set sft.steps=50 --set rl.steps=2 --episodes 2   # a try on a CPU
+    python experiments/context.py --warm-only --jobs 3    # the warm starts alone (e.g. on an accelerator)
+    python experiments/context.py --set sft.steps=5 --rl-steps 1 --episodes 2   # a try of the pipeline
 
 Claims (Kimi K2.5, arXiv 2602.02276, BrowseComp: single agent 60.6, discard-all context
 management 74.9, Agent Swarm 78.4; ReSum, arXiv 2509.13313: summaries help untrained,
@@ -65,10 +66,9 @@ def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
     base = dataclasses.replace(base, eval_episodes=2)    # the jobs' own evaluations; the table's are run_seed's
     warm = os.path.join(runs, f"warm_s{seed}")
     hf = os.path.join(warm, "hf")
-    steps = rl_steps
 
     def rl(job, strategy: str = "none", **rl_fields):
-        return dataclasses.replace(_with_strategy(job, strategy).rl, steps=steps, **rl_fields)
+        return dataclasses.replace(_with_strategy(job, strategy).rl, steps=rl_steps, **rl_fields)
 
     from_warm = dataclasses.replace(base, hf_path=hf, chat=base.chat, sft=None)
     jobs = {"warm": (base, warm),
@@ -76,7 +76,7 @@ def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
             "resum": (dataclasses.replace(from_warm, rl=rl(from_warm, strategy="summary")),
                       os.path.join(runs, f"resum_s{seed}")),
             "parl": (dataclasses.replace(from_warm, role="orchestrator", rl=rl(
-                from_warm, parl=PARLConfig(lambda1=0.1, lambda2=0.1, anneal_steps=max(steps, 1), parallel="novel",
+                from_warm, parl=PARLConfig(lambda1=0.1, lambda2=0.1, anneal_steps=max(rl_steps, 1), parallel="novel",
                                            parallel_target=8, step_cost=0.0))),
                      os.path.join(runs, f"parl_s{seed}"))}
     return jobs
