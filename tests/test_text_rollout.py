@@ -3,6 +3,7 @@ world's reference simulator, drift (recorded log-probs == a teacher-forced forwa
 limits (budget, sub-agent turns) and malformed calls."""
 
 import dataclasses
+import functools
 import random
 
 import jax
@@ -85,14 +86,20 @@ def test_scripted_policies_match_the_token_world(world):
         assert res.rewards["tool_errors"][b] == 0
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _logits(params, model, ids, mask):
+    return forward(params, model, ids, token_mask=mask).logits
+
+
 def _teacher_forced(params, model, seqs):
-    """log p(ids[t] | ids[<t]) [T - 1] of each sequence, by one forward over them all (right-padded)."""
-    T = max(len(x) for x in seqs)
-    ids = np.zeros((len(seqs), T), np.int32)
-    mask = np.zeros((len(seqs), T), bool)
+    """log p(ids[t] | ids[<t]) [T - 1] of each sequence, by one forward over them all
+    (right-padded to a multiple of 256 ids and 4 rows: few shapes to compile)."""
+    T = -(-max(len(x) for x in seqs) // 256) * 256
+    ids = np.zeros((-(-len(seqs) // 4) * 4, T), np.int32)
+    mask = np.zeros(ids.shape, bool)
     for i, x in enumerate(seqs):
         ids[i, :len(x)], mask[i, :len(x)] = x, True
-    logits = jax.jit(lambda p, t, m: forward(p, model, t, token_mask=m).logits)(params, ids, mask)
+    logits = _logits(params, model, ids, mask)
     logp = np.asarray(jax.nn.log_softmax(logits), np.float64)                        # [N, T, V]
     return [np.take_along_axis(logp[i, :len(x) - 1], np.asarray(x)[1:, None], axis=1)[:, 0]
             for i, x in enumerate(seqs)]
@@ -292,9 +299,9 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
     scripts = TextScripts(orch=[[*serial[0][:2], call, *serial[0][2:]], serial[1]])
     envs = [task.orchestrator(ep, summarize=True) for ep in eps]
     prompt = len(envs[0].reset(eps[0]))                       # the threshold: about two rounds past it
-    rcfg = TextRolloutConfig(orch_context=2048, worker_context=1024, max_turn_tokens=512, worker_lanes=3,
-                             subagent_turns=CFG.subagent_steps, min_window=256,
-                             context=ContextConfig("summary", threshold=prompt + 150))
+    rcfg = TextRolloutConfig(orch_context=2048, worker_context=2048, max_turn_tokens=64, worker_lanes=3,
+                             subagent_turns=CFG.subagent_steps, min_window=256,     # a summariser's lane (below)
+                             context=ContextConfig("summary", threshold=prompt + 150))  # holds the conversation
     engine = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids)
     envs = [task.orchestrator(ep, summarize=True) for ep in eps]
     res = engine(params, params, envs, eps, jax.random.key(0), scripts=scripts)
@@ -317,12 +324,12 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
 
     # a frozen summariser (other params, in a sub-agent lane) writes the summaries instead
     frozen = init_params(model, jax.random.key(7))
-    rcfg = dataclasses.replace(rcfg, worker_context=2048, max_turn_tokens=64,
-                               worker_sampling=SamplingConfig(temperature=1.0),
-                               context=ContextConfig("summary", threshold=prompt + 150, summarizer="frozen"))
+    rcfg = dataclasses.replace(rcfg, context=ContextConfig("summary", threshold=prompt + 150, summarizer="frozen"))
     engine = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids)
     envs = [task.orchestrator(ep, summarize=True) for ep in eps]
-    res = engine(params, frozen, envs, eps, jax.random.key(0), scripts=TextScripts(orch=serial))
+    written = [[task.chat.assistant_ids("", [{"name": "summarize", "arguments": {"summary": f"part {b}.{k}"}}])
+                for k in range(4)] for b in range(2)]            # the summarisers' turns, forced
+    res = engine(params, frozen, envs, eps, jax.random.key(0), scripts=TextScripts(orch=serial, summarizers=written))
     assert res.rewards["r_perf"].tolist() == [1.0, 1.0] and res.spawned.tolist() == [0, 0] and not any(res.subagents)
     for b in range(2):
         trace, sums = res.orchestrators[b], res.summarizers[b]
@@ -335,11 +342,12 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
         for before, after, summarizer in zip(segs, segs[1:], sums):
             said = summarizer.arrays()
             np.testing.assert_array_equal(said["ids"][:len(before["ids"])], before["ids"])   # it read the segment
+            assert summarizer.answer == f"part {b}.{sums.index(summarizer)}"
             head = env.restart_ids(SUMMARY_NOTE.format(summary=summarizer.answer))
             np.testing.assert_array_equal(after["ids"][:len(head)], head)
-        convs = [s.arrays() for s in sums]                 # decoded with the frozen params: drift
-        for conv, tf in zip(convs, _teacher_forced(frozen, model, [c["ids"] for c in convs])):
-            mask = conv["sampled"][1:]
-            np.testing.assert_allclose(conv["model_logprobs"][1:][mask], tf[mask], atol=1e-4)
+    convs = [s.arrays() for sums in res.summarizers for s in sums]     # read with the frozen params: drift
+    for conv, tf in zip(convs, _teacher_forced(frozen, model, [c["ids"] for c in convs])):
+        mask = conv["sampled"][1:]
+        np.testing.assert_allclose(conv["model_logprobs"][1:][mask], tf[mask], atol=1e-4)
     with pytest.raises(ValueError, match="needs strategy='summary'"):
         ContextConfig("discard_all", summarizer="frozen")

@@ -436,6 +436,10 @@ class TextRollout:
                 return None
             if agent.is_orch:
                 turns = scripts.orch[agent.episode] if agent.episode < len(scripts.orch) else ()
+            elif agent.index >= SUMMARIZER_INDEX:
+                per_ep = scripts.summarizers[agent.episode] if agent.episode < len(scripts.summarizers) else ()
+                k = agent.index - SUMMARIZER_INDEX
+                turns = per_ep[k:k + 1]
             else:
                 per_ep = scripts.workers[agent.episode] if agent.episode < len(scripts.workers) else ()
                 turns = per_ep[agent.index] if agent.index < len(per_ep) else ()

@@ -84,11 +84,13 @@ def check_budget(budget: int | None) -> None:
 @dataclasses.dataclass(frozen=True)
 class TextScripts:
     """Forced turns (tests, replays): ``orch[b]`` the ids of episode b's orchestrator
-    turns in order; ``workers[b][k]`` those of its k-th sub-agent (spawn order). An
-    agent whose script has run out samples."""
+    turns in order; ``workers[b][k]`` those of its k-th sub-agent (spawn order);
+    ``summarizers[b][k]`` the turn of its k-th frozen summariser. An agent whose script
+    has run out samples."""
 
     orch: Sequence[Sequence[np.ndarray]]
     workers: Sequence[Sequence[Sequence[np.ndarray]]] = ()
+    summarizers: Sequence[Sequence[np.ndarray]] = ()
 
 
 @dataclasses.dataclass
