@@ -15,8 +15,9 @@ its steps``.
   sampled), and ``o{k}.reply``, the environment's reply (tool responses or sub-agents'
   answers: a ``message`` to the orchestrator) when it has one;
 * per sub-agent ``j``: ``w{j}.spawn`` (``spawn``, the sub-agent's name in ``to``) at its
-  turn's time and ``w{j}.end`` (``return`` with its whole conversation, or ``despawn``
-  with the ``reason``);
+  turn's time and ``w{j}.end`` (by that name: ``return`` with its whole conversation,
+  ``content_ref`` ``w{j}[0:T]``, or ``despawn`` with the ``reason``), so
+  ``swarmjax trace show`` draws its bar;
 * per compaction ``c`` (a context strategy restarted the conversation,
   :mod:`swarmjax.swarm.context`): ``compact{c}``, a ``message`` from the environment with
   ``role`` ``"context_compaction"`` and the ids the new segment opens with (the first
@@ -102,7 +103,7 @@ def text_trace(res: TextRolloutResult, b: int, decode, *, trace_id: str, task_id
                                "from": "orchestrator", "to": sub.name})
                 arr = sub.arrays()
                 end = {"id": eid, "t": times[k] + 1 + sub.steps, "type": "return" if sub.ok else "despawn",
-                       "agent": f"w{j}", "role": "subagent", "to": "orchestrator",
+                       "agent": sub.name, "role": "subagent", "to": "orchestrator",
                        **_text(decode, f"w{j}", arr["ids"], 0, len(arr["ids"]))}
                 if not sub.ok:
                     end["reason"] = "step_limit" if sub.reason == "turns" else "context_full"
