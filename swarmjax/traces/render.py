@@ -65,8 +65,9 @@ def select(traces: list[dict[str, Any]], *, index: int | None = None, trace_id: 
 def _turn_kind(event: dict[str, Any]) -> str:
     """An orchestrator turn's kind: the first token it said (``text``), or in traces of
     the first format the ``content_ref`` ``turn:<i>:<kind>``."""
-    if event.get("text"):
-        return event["text"].split()[0]
+    words = event.get("text", "").split()
+    if words:
+        return words[0]
     ref = event.get("content_ref", "")
     return ref.split(":", 2)[2] if ref.count(":") >= 2 else event["type"]
 
@@ -83,7 +84,7 @@ def end_reason(trace: dict[str, Any]) -> str:
 
 def _detail(event: dict[str, Any], width: int = 72) -> str:
     """One line about an event: its text (cut to ``width``), tool, outcome, reason, addressee."""
-    text = event["text"] if "text" in event else event.get("content_ref", "")
+    text = " ".join(event["text"].split()) if "text" in event else event.get("content_ref", "")   # one line
     if len(text) > width:
         text = text[:width - 3] + "..."
     parts = [text, event.get("tool", ""), {True: "ok", False: "failed"}.get(event.get("ok"), ""),
