@@ -109,7 +109,7 @@ class ToolAgentEnv:
                 terms.update(self.verify(self.task, parsed.content))
             return Step(done=True, answer=parsed.content, rewards=terms)
         calls = list(parsed.calls)
-        summary = next((c for c in calls if self.summarize and c.ok and c.name == SUMMARIZE), None)
+        summary = _summary_call(calls) if self.summarize else None
         if summary is not None:
             return Step(restart=self.restart_ids(SUMMARY_NOTE.format(summary=summary.arguments["summary"])))
         stage, replies = self.orchestration.handle(calls) if self.orchestration is not None else ([], {})
@@ -177,6 +177,11 @@ class ToolAgentEnv:
         return np.concatenate([closing, self.chat.tool_responses_ids(asked)])
 
 
+def _summary_call(calls: Sequence[Any]) -> Any:
+    """The first well-formed ``summarize`` call of a turn's parsed calls, or None."""
+    return next((c for c in calls if c.ok and c.name == SUMMARIZE), None)
+
+
 class _Summarizer:
     """A frozen summariser's one-turn episode (:meth:`ToolAgentEnv.summarizer`)."""
 
@@ -188,7 +193,7 @@ class _Summarizer:
 
     def step(self, turn: np.ndarray, *, truncated: bool = False) -> Step:
         parsed = self.agent.parse(turn)
-        call = next((c for c in parsed.calls if c.ok and c.name == SUMMARIZE), None)
+        call = _summary_call(parsed.calls)
         return Step(done=True, answer=call.arguments["summary"] if call is not None else parsed.content)
 
     def resume(self, results: Sequence[SubAgentResult]) -> Step:

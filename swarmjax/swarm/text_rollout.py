@@ -271,12 +271,13 @@ class TextRollout:
         ccfg = rcfg.context
         limit = rcfg.orch_context if ccfg.threshold is None else min(ccfg.threshold, rcfg.orch_context)
         if len(a.trace) + len(reply) + 1 > limit and len(a.trace.segments) < ccfg.max_compactions:
-            req = summarizer_task(a.env, a.trace.arrays()["ids"]) if ccfg.summarizer == "frozen" else None
+            trace = a.trace.arrays()
+            req = summarizer_task(a.env, trace["ids"]) if ccfg.summarizer == "frozen" else None
             if req is not None:
                 ep.summarizers.append(self._spawn(ep, req, SUMMARIZER_INDEX + len(ep.summarizers), spawn_queue))
                 ep.held = reply
                 return True
-            out = compact(ccfg.strategy, a.env, a.trace.arrays(), a.trace.steps, reply)
+            out = compact(ccfg.strategy, a.env, trace, a.trace.steps, reply)
             if out is not None:
                 ids, restart = out
                 if restart and self._restart(ep, ids, dropped=len(a.trace) + len(reply) - len(ids)):

@@ -63,9 +63,10 @@ def text_trace(res: TextRolloutResult, b: int, decode, *, trace_id: str, task_id
     orch: AgentTrace = res.orchestrators[b]
     segments = [*orch.segments, orch.arrays()]
     subs = res.subagents[b]
-    longest: dict[int, int] = {}
-    for s in subs:
-        longest[s.stage] = max(longest.get(s.stage, 0), s.steps)
+    started: dict[int, list[int]] = {}                 # orchestrator turn -> the sub-agents it started
+    for j, s in enumerate(subs):
+        started.setdefault(s.stage, []).append(j)
+    longest = {k: max(subs[j].steps for j in js) for k, js in started.items()}
     times, t = {}, 0
     for k in range(1, orch.steps + 2):
         times[k] = t
@@ -95,9 +96,8 @@ def text_trace(res: TextRolloutResult, b: int, decode, *, trace_id: str, task_id
                            "role": "orchestrator", **_text(decode, name, ids, a, e)})
             edges.append(_edge(last, oid, "message" if last == "prompt" else "temporal"))
             last = oid
-            for j, sub in enumerate(subs):
-                if sub.stage != k:
-                    continue
+            for j in started.get(k, ()):
+                sub = subs[j]
                 sid, eid = f"w{j}.spawn", f"w{j}.end"
                 events.append({"id": sid, "t": times[k], "type": "spawn", "agent": "orchestrator",
                                "from": "orchestrator", "to": sub.name})
@@ -114,7 +114,7 @@ def text_trace(res: TextRolloutResult, b: int, decode, *, trace_id: str, task_id
                 events.append({"id": rid, "t": times[k + 1], "type": "message", "agent": "environment",
                                "to": "orchestrator", **_text(decode, name, ids, e, r)})
                 edges.append(_edge(oid, rid, "temporal"))
-                edges += [_edge(f"w{j}.end", rid, "return") for j, sub in enumerate(subs) if sub.stage == k]
+                edges += [_edge(f"w{j}.end", rid, "return") for j in started.get(k, ())]
                 last = rid
     reason = END_REASONS[int(res.end_reason[b])]
     events.append({"id": "end", "t": times[orch.steps + 1] if reason != "answer" else times[orch.steps],
