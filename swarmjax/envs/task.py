@@ -28,7 +28,10 @@ Required:
   generic tool agent (:class:`~swarmjax.envs.tool_env.ToolAgentEnv`) is built from:
   ``tools() -> list[Tool]``, ``messages(problem) -> list[dict]`` (the first prompt's
   system / user turns) and ``verify(problem, answer_text) -> dict[str, float]``
-  (reward terms; ``"r_perf"`` is the task reward, the rest are logged).
+  (reward terms; ``"r_perf"`` is the task reward, the rest are logged); a *stateful*
+  task gives ``messages`` and ``world(problem)`` instead of ``tools`` and ``verify``:
+  a fresh object per episode whose ``tools()`` act on its state (the orchestrator and
+  its sub-agents share it) and whose ``verify(answer_text)`` can read the final state.
 
 Optional:
 
@@ -142,7 +145,8 @@ def check_task(task: Any, *, name: str | None = None) -> Any:
     if not has_stream(task):
         missing.append("a stream: sample(rng, count, *, split) or records(split)")
     if not callable(getattr(task, "env", None)):
-        missing += [m for m in ("tools", "messages", "verify") if not callable(getattr(task, m, None))]
+        needs = ("messages",) if callable(getattr(task, "world", None)) else ("tools", "messages", "verify")
+        missing += [m for m in needs if not callable(getattr(task, m, None))]
     if missing:
         raise TaskError(f"task {label!r} lacks {', '.join(missing)} (see swarmjax.envs.task)")
     return task
@@ -193,10 +197,13 @@ def make_env(task: Any, problem: Any, ctx: EnvContext) -> HostEnv:
     """A fresh environment for one episode of ``problem`` in ``ctx.role``: the task's own
     ``env`` when it has one, else the generic tool agent over its ``tools``,
     ``messages`` and ``verify``; an orchestrator's gets the orchestration tools (a note
-    on them appended to its system turn) and sub-agents with the task's tools."""
+    on them appended to its system turn) and sub-agents with the task's tools (a stateful
+    task's: its world's, one world per episode)."""
     if callable(getattr(task, "env", None)):
         return task.env(problem, ctx)
-    tools = list(task.tools())
+    world = task.world(problem) if callable(getattr(task, "world", None)) else None
+    tools = list(world.tools() if world is not None else task.tools())
+    verify = (lambda _, answer: world.verify(answer)) if world is not None else task.verify
     orchestration = None
     messages: Callable[[Any], Messages] = task.messages
     if ctx.role == "orchestrator":
@@ -209,7 +216,7 @@ def make_env(task: Any, problem: Any, ctx: EnvContext) -> HostEnv:
         messages = lambda p: _with_note(task.messages(p), ORCHESTRATOR_NOTE)      # noqa: E731
     elif ctx.role != "single":
         raise TaskError(f"unknown role {ctx.role!r}; known: {', '.join(ROLES)}")
-    return ToolAgentEnv(ctx.chat, tools, runner=ctx.runner, messages=messages, verify=task.verify,
+    return ToolAgentEnv(ctx.chat, tools, runner=ctx.runner, messages=messages, verify=verify,
                         orchestration=orchestration, summarize=ctx.summarize)
 
 
