@@ -44,7 +44,7 @@ from typing import Any
 import networkx as nx
 
 from swarmjax.envs.synth.graph import communities, graph_stats, tool_graph
-from swarmjax.envs.synth.world import (READ, WRITE, EnvSpec, Kind, State, ToolError, ToolSpec, broken, changes,
+from swarmjax.envs.synth.world import (OPS, READ, WRITE, EnvSpec, Kind, State, ToolError, ToolSpec, broken, changes,
                                        converter_tools, execute, generate_domain, initial_state, kind_tools,
                                        parameters)
 
@@ -60,6 +60,8 @@ class SynthConfig:
     Args:
       domains: domains in the universe (Louvain finds the environments among their tools).
       kinds: (min, max) entity kinds per domain.
+      categories, measures: (min, max) category and measure fields per kind.
+      ops: the operations tools are generated for (:data:`~swarmjax.envs.synth.world.OPS`).
       rows: rows per table in a task's initial state.
       max_calls: most calls in one part of a task.
       max_parts: most independent parts in one task (read-only when more than one).
@@ -76,6 +78,9 @@ class SynthConfig:
 
     domains: int = 16
     kinds: tuple[int, int] = (2, 3)
+    categories: tuple[int, int] = (1, 2)
+    measures: tuple[int, int] = (1, 2)
+    ops: tuple[str, ...] = OPS
     rows: int = 4
     max_calls: int = 3
     max_parts: int = 1
@@ -93,6 +98,11 @@ class SynthConfig:
         lo, hi = self.kinds
         if self.domains < 2 or not 1 <= lo <= hi <= 4:
             raise ValueError(f"need domains >= 2 and 1 <= kinds <= 4, got {self.domains}, {self.kinds}")
+        if not 1 <= self.categories[0] <= self.categories[1] <= 3 or not 1 <= self.measures[0] <= self.measures[1] <= 3:
+            raise ValueError(f"need 1 <= categories, measures <= 3, got {self.categories}, {self.measures}")
+        unknown = set(self.ops) - set(OPS)
+        if unknown or not set(self.ops) & set(READ):
+            raise ValueError(f"ops must be among {OPS} and include a read operation, got {self.ops}")
         if self.rows < 2 or self.max_calls < 1 or self.max_parts < 1 or self.tasks < 1:
             raise ValueError("need rows >= 2, max_calls >= 1, max_parts >= 1, tasks >= 1")
         for name in ("held_out", "seen", "path_fraction", "write_fraction"):
@@ -325,9 +335,10 @@ def build_envs(cfg: SynthConfig) -> tuple[list[EnvSpec], nx.DiGraph, dict[str, A
     used: set[str] = set()
     kinds: list[Kind] = []
     for _ in range(cfg.domains):
-        kinds += generate_domain(rng, used, kinds=rng.randint(*cfg.kinds))
+        kinds += generate_domain(rng, used, kinds=rng.randint(*cfg.kinds), categories=cfg.categories,
+                                 measures=cfg.measures)
     by_name = {k.name: k for k in kinds}
-    tools = [t for k in kinds for t in kind_tools(k)] + converter_tools()
+    tools = [t for k in kinds for t in kind_tools(k, cfg.ops)] + converter_tools(cfg.ops)
     g = tool_graph(tools, by_name, threshold=cfg.similarity)
     groups = communities(g, seed=cfg.seed, resolution=cfg.resolution)
     envs, small = [], 0
@@ -348,20 +359,23 @@ def build_envs(cfg: SynthConfig) -> tuple[list[EnvSpec], nx.DiGraph, dict[str, A
 
 def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts: dict[str, int], *,
               rewrite: Callable[[str, dict[str, Any]], str] | None = None) -> list[dict[str, Any]]:
-    """``count`` tasks of one environment (fewer when too many candidates are filtered:
-    at most 20 candidates per task are tried); ``counts`` gains the filter counts."""
+    """``count`` tasks of one environment, ``write_fraction`` of them writes (fewer when
+    too many candidates are filtered: at most 20 candidates per task are tried);
+    ``counts`` gains the filter counts."""
     rng = random.Random(f"{cfg.seed}/{env.name}")
     sub = _env_graph(g, env)
     out: list[dict[str, Any]] = []
     queries: set[str] = set()
+    writes = round(cfg.write_fraction * count) if any(t.op in WRITE for t in env.tools) else 0
+    left = {False: count - writes, True: writes}           # tasks still wanted: reads, writes
     attempt = 0
-    while len(out) < count and attempt < 20 * count:
+    while sum(left.values()) and attempt < 20 * count:
         attempt += 1
         counts["candidates"] += 1
         state_seed = rng.randrange(2 ** 31)
         state = initial_state(env, state_seed)
-        n_parts = rng.randint(1, cfg.max_parts)
-        write = n_parts == 1 and rng.random() < cfg.write_fraction
+        write = rng.random() * sum(left.values()) < left[True]
+        n_parts = 1 if write else rng.randint(1, cfg.max_parts)
         method = "path" if rng.random() < cfg.path_fraction else "walk"
         try:
             parts, final = [], state
@@ -389,6 +403,7 @@ def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts:
             counts["duplicate"] += 1
             continue
         queries.add(record["query"])
+        left[write] -= 1
         out.append(record)
     return out
 

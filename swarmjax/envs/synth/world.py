@@ -148,20 +148,27 @@ def domain_name(rng: random.Random) -> str:
     return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
 
 
-def generate_domain(rng: random.Random, used: set[str], *, kinds: int) -> list[Kind]:
-    """One domain of ``kinds`` entity kinds (each may reference earlier ones). A noun
+def generate_domain(rng: random.Random, used: set[str], *, kinds: int, categories: tuple[int, int] = (1, 2),
+                    measures: tuple[int, int] = (1, 2)) -> list[Kind]:
+    """One domain of ``kinds`` entity kinds, each with ``categories`` and ``measures``
+    (min, max) fields of those types, and a reference to an earlier kind. A noun
     already used elsewhere is qualified with the domain's name (``kalotor_parcel``), so
     every kind (and so every tool name) is unique in the universe."""
     domain = domain_name(rng)
+    while f"domain:{domain}" in used:                 # domain names are unique too
+        domain = domain_name(rng)
+    used.add(f"domain:{domain}")
     out: list[Kind] = []
     for noun in rng.sample(KINDS, kinds):
         name = noun if noun not in used else f"{domain.lower()}_{noun}"
+        if name in used:
+            raise ValueError(f"kind {name!r} generated twice")
         used.add(noun)
         used.add(name)
         fields = [Field(f"{name}_id", "key")]
-        for cat in rng.sample(sorted(CATEGORIES), rng.randint(1, 2)):
+        for cat in rng.sample(sorted(CATEGORIES), rng.randint(*categories)):
             fields.append(Field(cat, "category", values=tuple(rng.sample(CATEGORIES[cat], min(rng.randint(3, 4), len(CATEGORIES[cat]))))))
-        for m in rng.sample(sorted(MEASURES), rng.randint(1, 2)):
+        for m in rng.sample(sorted(MEASURES), rng.randint(*measures)):
             fields.append(Field(m, "measure", unit=MEASURES[m]))
         if out:
             ref = rng.choice(out)
@@ -170,8 +177,9 @@ def generate_domain(rng: random.Random, used: set[str], *, kinds: int) -> list[K
     return out
 
 
-def kind_tools(kind: Kind) -> list[ToolSpec]:
-    """Every tool of one kind (module docstring), with descriptions."""
+def kind_tools(kind: Kind, ops: tuple[str, ...] = OPS) -> list[ToolSpec]:
+    """The tools of one kind whose operation is in ``ops`` (module docstring), with
+    descriptions."""
     k, d = kind.name, f"the {kind.domain} registry"
     noun = k.replace("_", " ")
     tools = [ToolSpec(f"get_{k}", "get", k, description=f"Get one {noun} record from {d} by its {kind.key}."),
@@ -192,13 +200,14 @@ def kind_tools(kind: Kind) -> list[ToolSpec]:
             tools.append(ToolSpec(f"update_{k}_{f.name}", "update", k, f.name,
                                   description=f"Set the {f.name} of the {noun} with this {kind.key}; "
                                               "returns the record."))
-    return tools
+    return [t for t in tools if t.op in ops]
 
 
-def converter_tools() -> list[ToolSpec]:
-    """The unit conversions (:data:`CONVERSIONS`), shared by every domain."""
+def converter_tools(ops: tuple[str, ...] = OPS) -> list[ToolSpec]:
+    """The unit conversions (:data:`CONVERSIONS`), shared by every domain (none unless
+    ``"convert"`` is in ``ops``)."""
     return [ToolSpec(f"convert_{a}_to_{b}", "convert", units=(a, b),
-                     description=f"Convert an amount in {a} to {b}.") for a, b in CONVERSIONS]
+                     description=f"Convert an amount in {a} to {b}.") for a, b in CONVERSIONS if "convert" in ops]
 
 
 # ------------------------------------------------------------------ schemas and slots

@@ -1,0 +1,187 @@
+"""Generated tool environments: the world's tools and state, the tool graph, the task
+generator's determinism, filters and split by environment, the outcome verifier's
+partial credit, the task plug-in (its demonstrations played through the generic tool
+agent score 1) and ``swarmjax envs synth`` (files, card, TFDS read with grain)."""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from swarmjax.cli import main
+from swarmjax.envs.api import play
+from swarmjax.envs.synth.graph import communities, tool_graph
+from swarmjax.envs.synth.task import SynthToolTask, SynthWorld, score_answer, state_f1
+from swarmjax.envs.synth.tasks import FILTERS, SynthConfig, build_envs, generate, valid_arguments
+from swarmjax.envs.synth.world import (EnvSpec, Field, Kind, ToolError, ToolSpec, broken, changes, execute,
+                                       initial_state, kind_tools)
+from swarmjax.envs.task import EnvContext, check_task, demonstration, make_env
+from swarmjax.text.bpe import train_bpe_tokenizer
+from swarmjax.text.chat import chat_format
+from swarmjax.text.runner import ToolRunner
+from swarmjax.text.tokenizer import TextTokenizer
+
+CFG = SynthConfig(domains=6, tasks=240, max_parts=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return generate(CFG)
+
+
+def _shop() -> EnvSpec:
+    customer = Kind("customer", "Shop", "CUS", (Field("customer_id", "key"),
+                                                Field("tier", "category", values=("gold", "silver")),
+                                                Field("age", "measure", unit="years")))
+    order = Kind("order", "Shop", "ORD", (Field("order_id", "key"),
+                                          Field("status", "category", values=("open", "shipped")),
+                                          Field("weight", "measure", unit="kg"),
+                                          Field("customer_id", "ref", ref="customer")))
+    tools = [t for k in (customer, order) for t in kind_tools(k)]
+    return EnvSpec("shop", (customer, order), tuple(tools), rows=3)
+
+
+def test_tools_are_pure_functions_of_the_state_and_the_graph_links_outputs_to_inputs():
+    env = _shop()
+    state = initial_state(env, 0)
+    assert state == initial_state(env, 0) and state != initial_state(env, 1)
+    order = state["order"][0]
+    after, row = execute(env, env.tool("update_order_status"), state, {"order_id": order["order_id"],
+                                                                        "value": "shipped"})
+    assert row["status"] == "shipped" and state["order"][0] == order          # the input state is untouched
+    assert changes(state, after) == ({("+", "order", order["order_id"], "status", "'shipped'"),
+                                      ("-", "order", order["order_id"], "status", repr(order["status"]))}
+                                     if order["status"] != "shipped" else set())
+    with pytest.raises(ToolError, match="no order with order_id ORD-999"):
+        execute(env, env.tool("get_order"), state, {"order_id": "ORD-999"})
+    gone, _ = execute(env, env.tool("delete_customer"), state, {"customer_id": order["customer_id"]})
+    assert any("does not exist" in b for b in broken(env, gone))              # a dangling reference
+    assert not broken(env, state)
+    assert not valid_arguments(env, env.tool("find_order_by_status"), {"status": "lost"})    # not in the enum
+    assert not valid_arguments(env, env.tool("get_order"), {"order_id": "CUS-101"})          # another kind's key
+
+    kinds = {k.name: k for k in env.kinds}
+    g = tool_graph(env.tools, kinds, threshold=0.6)
+    assert ("customer_id", "customer_id") in g.edges["get_order", "get_customer"]["io"]
+    assert (".", "order_id") in g.edges["find_order_by_status", "get_order"]["io"]
+    assert not g.has_edge("get_customer", "get_order") or not g.edges["get_customer", "get_order"]["io"]
+    assert g.edges["get_order", "get_customer"]["similar"] > 0              # alike descriptions too
+    assert communities(g, seed=0) == communities(g, seed=0)
+
+
+def test_generation_is_deterministic_filtered_and_split_by_environment(data):
+    again = generate(CFG)
+    assert again.splits == data.splits and again.envs == data.envs and again.counts == data.counts
+    other = generate(dataclasses.replace(CFG, seed=4))
+    assert other.splits["train"] != data.splits["train"]
+
+    c = data.counts
+    assert c["kept"] == sum(len(v) for v in data.splits.values()) >= 200
+    for name in ("invalid", "corrupted", "unchained", "duplicate"):
+        assert c[name] > 0, name                                  # each filter removed something here
+    assert c["candidates"] == c["kept"] + sum(c[f] for f in FILTERS)
+
+    held = set(data.split_envs["validation"]) | set(data.split_envs["test"])
+    assert not held & set(data.split_envs["train"]) and not set(data.split_envs["validation"]) & set(
+        data.split_envs["test"])
+    assert data.split_envs["seen"] == data.split_envs["train"]
+    for split, names in data.split_envs.items():
+        assert {r["env"] for r in data.splits[split]} <= set(names) and data.splits[split], split
+    tools = {e.name: {t.name for t in e.tools} for e in data.envs}
+    train_tools = set().union(*(tools[n] for n in data.split_envs["train"]))
+    for name in held:                                             # held-out tools are never in training
+        assert not tools[name] & train_tools
+    used = {c["name"] for r in data.splits["train"] for p in r["parts"] for c in p["calls"]}
+    assert used <= train_tools
+    ids = [r["task_id"] for s in data.splits.values() for r in s]
+    assert len(ids) == len(set(ids))
+    assert {r["method"] for r in data.splits["train"]} == {"walk", "path"}
+    assert {len(r["parts"]) for r in data.splits["train"]} == {1, 2}
+    writes = [r for r in data.splits["train"] if r["kind"] == "write"]
+    assert 0.2 < len(writes) / len(data.splits["train"]) < 0.4 and all(len(r["parts"]) == 1 for r in writes)
+
+    envs, *_ = build_envs(CFG)
+    assert [e.name for e in envs] == [e.name for e in data.envs]
+    assert EnvSpec.from_json(json.loads(json.dumps(envs[0].to_json()))) == envs[0]
+
+
+def test_every_task_replays_to_its_record_and_the_verifier_gives_partial_credit(data):
+    envs = {e.name: e for e in data.envs}
+    for record in data.splits["train"][:80] + data.splits["test"][:40]:
+        world = SynthWorld(envs[record["env"]], record)
+        for part in record["parts"]:
+            for call in part["calls"]:
+                assert json.loads(json.dumps(getattr(world, "_call")(world.env.tool(call["name"]),
+                                                                     **call["arguments"]))) == call["output"]
+        assert state_f1({tuple(c) for c in record["changes"]}, changes(world.initial, world.state)) == 1.0
+
+    assert score_answer(["ORD-101", "ORD-103"], "ORD-101, ORD-103.") == 1.0
+    assert score_answer(["ORD-101", "ORD-103"], "ORD-101") == pytest.approx(2 / 3)
+    assert score_answer(12.34, "It is 12.34 lb") == 1.0 and score_answer(12.34, "12.4") == 0.0
+    assert score_answer("gold", "'Gold'") == 1.0 and score_answer("gold", "silver") == 0.0
+
+    write = next(r for r in data.splits["train"] if r["kind"] == "write" and r["parts"][0]["calls"][-1][
+        "name"].startswith("update_") and r["changes"])
+    env, call = envs[write["env"]], write["parts"][0]["calls"][-1]
+    world = SynthWorld(env, write)
+    assert world.verify("nothing")["state_f1"] == 0.0                 # no change at all
+    spec = env.tool(call["name"])
+    kind = env.kind(spec.kind)
+    others = [r[kind.key] for r in world.initial[kind.name] if r[kind.key] != call["arguments"][kind.key]
+              and r[spec.field] != call["arguments"]["value"]]
+    getattr(world, "_call")(spec, **{**call["arguments"], kind.key: others[0]})      # the right update, wrong row
+    terms = world.verify("nothing")
+    assert terms["state_f1"] == 0.0 and terms["r_perf"] == 0.0
+    getattr(world, "_call")(spec, **call["arguments"])                # now also the right row: half the cells
+    assert 0.0 < world.verify("nothing")["state_f1"] < 1.0
+
+
+def test_demonstrations_play_through_the_tool_agent_and_score_one(data, tmp_path_factory):
+    task = check_task(SynthToolTask(cfg=CFG))
+    path = train_bpe_tokenizer(task.corpus(), tmp_path_factory.mktemp("tok"), vocab_size=700)
+    chat = chat_format("qwen3", TextTokenizer.from_dir(path))
+    rng = np.random.default_rng(0)
+    with ToolRunner([]) as runner:
+        for role in ("single", "orchestrator"):
+            ctx = EnvContext(chat, runner, role=role)
+            spawned = 0
+            for record in task.records("train")[:12] + task.records("test")[:12]:
+                demo = demonstration(task, record, chat, rng, role)
+                played = play(make_env(task, record, ctx), record, demo.turns, workers=demo.workers)
+                assert played.last.rewards["r_perf"] == 1.0, record["query"]
+                assert len(played.subagents) == (len(record["parts"]) if role == "orchestrator"
+                                                 and len(record["parts"]) > 1 else 0)
+                spawned += len(played.subagents)
+            assert spawned > 0 or role == "single"
+        env = make_env(task, record, EnvContext(chat, runner))         # a key that does not exist: an error reply
+        env.reset(record)
+        get = next(t for t in task.envs()[record["env"]].tools if t.op == "get")
+        key = task.envs()[record["env"]].kind(get.kind).key
+        step = env.step(chat.assistant_ids("", [{"name": get.name, "arguments": {key: "ZZZ-1"}}]))
+        assert not step.done and env.errors == 1 and "Error" in chat.tokenizer.decode(step.reply)
+
+
+def test_cli_writes_a_card_and_a_tfds_set_read_with_grain(tmp_path, capsys):
+    out = str(tmp_path / "synth")
+    assert main(["envs", "synth", "--envs", "5", "--tasks", "60", "--seed", "1", "--out", out]) == 0
+    printed = capsys.readouterr().out
+    assert "| malformed |" in printed and "modularity" in printed
+    for name in ("envs.json", "card.md", "card.json", "train.jsonl", "seen.jsonl", "validation.jsonl", "test.jsonl"):
+        assert os.path.exists(os.path.join(out, name)), name
+    card = json.load(open(os.path.join(out, "card.json")))
+    assert card["filters"]["kept"] == sum(s["tasks"] for s in card["splits"].values())
+    task = SynthToolTask(data=out)
+    fresh = SynthToolTask(cfg=SynthConfig(**{**card["config"], "kinds": tuple(card["config"]["kinds"]),
+                                             "categories": tuple(card["config"]["categories"]),
+                                             "measures": tuple(card["config"]["measures"]),
+                                             "ops": tuple(card["config"]["ops"])}))
+    for split in ("train", "test"):
+        source = task.records(split)                       # grain over the TFDS ArrayRecord files
+        assert type(source).__module__.startswith("grain")
+        got = sorted((source[i] for i in range(len(source))), key=lambda r: r["task_id"])
+        assert got == sorted(fresh.records(split), key=lambda r: r["task_id"])
+    assert main(["envs", "synth", "--out", out]) == 2                    # not empty: refused
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["envs", "show", out]) == 0 and "walk / path" in capsys.readouterr().out
