@@ -39,11 +39,9 @@ import dataclasses
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 
-from common import ROOT, save_figure
+from common import ROOT, run_seeds_side_by_side, save_figure
 
 CONFIG = os.path.join(ROOT, "configs", "context_widesearch.py")
 STRATEGIES = ("none", "discard_all", "keep_last_round", "summary")
@@ -225,25 +223,10 @@ def main() -> None:
     if args.report_only:
         results = [load_results(args.runs, s) for s in args.seeds]
     elif args.jobs > 1 and len(args.seeds) > 1:       # one process per seed, then the report here
-        base = [sys.executable, os.path.abspath(__file__), "--sizes", *map(str, args.sizes), "--episodes",
-                str(args.episodes), "--rl-steps", str(args.rl_steps), "--runs", args.runs, "--out", args.out,
-                "--jobs", "1", *(a for o in args.set for a in ("--set", o)),
-                *(["--warm-only"] if args.warm_only else [])]
-        pending = list(args.seeds)
-        running: list[subprocess.Popen] = []
-        while pending or running:
-            while pending and len(running) < args.jobs:
-                s = pending.pop(0)
-                log = open(os.path.join(args.runs, f"seed{s}.log"), "w")
-                running.append(subprocess.Popen([*base, "--seeds", str(s), "--no-report"], stdout=log,
-                                                stderr=subprocess.STDOUT, cwd=ROOT))
-            time.sleep(2)
-            for proc in [r for r in running if r.poll() is not None]:
-                running.remove(proc)
-                if proc.returncode:
-                    for other in running:
-                        other.kill()
-                    raise SystemExit(f"a seed's process failed ({proc.returncode}): see {args.runs}/seed*.log")
+        run_seeds_side_by_side(__file__, args.seeds, args.jobs, args.runs, [
+            "--sizes", *map(str, args.sizes), "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps),
+            "--runs", args.runs, "--out", args.out, "--jobs", "1", *(a for o in args.set for a in ("--set", o)),
+            *(["--warm-only"] if args.warm_only else [])])
         results = [] if args.warm_only else [load_results(args.runs, s) for s in args.seeds]
     else:
         results = [run_seed(s, args) for s in args.seeds]

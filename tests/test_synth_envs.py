@@ -15,7 +15,7 @@ from swarmjax.envs.api import play
 from swarmjax.envs.synth.graph import communities, tool_graph
 from swarmjax.envs.synth.task import SynthToolTask, SynthWorld, score_answer, state_f1
 from swarmjax.envs.synth.tasks import FILTERS, SynthConfig, build_envs, generate, valid_arguments
-from swarmjax.envs.synth.world import (EnvSpec, Field, Kind, ToolError, ToolSpec, broken, changes, execute,
+from swarmjax.envs.synth.world import (EnvSpec, Field, Kind, ToolError, broken, changes, execute,
                                        initial_state, kind_tools)
 from swarmjax.envs.task import EnvContext, check_task, demonstration, make_env
 from swarmjax.text.bpe import train_bpe_tokenizer
@@ -101,6 +101,7 @@ def test_generation_is_deterministic_filtered_and_split_by_environment(data):
     assert {len(r["parts"]) for r in data.splits["train"]} == {1, 2}
     writes = [r for r in data.splits["train"] if r["kind"] == "write"]
     assert 0.2 < len(writes) / len(data.splits["train"]) < 0.4 and all(len(r["parts"]) == 1 for r in writes)
+    assert all(r["changes"] for r in writes)                      # a write that changes nothing is filtered
 
     envs, *_ = build_envs(CFG)
     assert [e.name for e in envs] == [e.name for e in data.envs]
@@ -123,7 +124,7 @@ def test_every_task_replays_to_its_record_and_the_verifier_gives_partial_credit(
     assert score_answer("gold", "'Gold'") == 1.0 and score_answer("gold", "silver") == 0.0
 
     write = next(r for r in data.splits["train"] if r["kind"] == "write" and r["parts"][0]["calls"][-1][
-        "name"].startswith("update_") and r["changes"])
+        "name"].startswith("update_"))
     env, call = envs[write["env"]], write["parts"][0]["calls"][-1]
     world = SynthWorld(env, write)
     assert world.verify("nothing")["state_f1"] == 0.0                 # no change at all

@@ -20,7 +20,8 @@ fail the schema: a same-named field of another kind with other values), ``invali
 call that raises, or a first key of an empty list), ``corrupted`` (a final state that
 :func:`~swarmjax.envs.synth.world.broken` finds wrong: a delete that left references
 dangling), ``unchained`` (a step none of whose inputs comes from the previous output),
-``empty_answer``, ``no_path`` (a target no entry tool reaches) and ``duplicate``
+``empty_answer``, ``no_change`` (a write that leaves the state as it was: doing
+nothing would score), ``no_path`` (a target no entry tool reaches) and ``duplicate``
 (a query the environment already has).
 
 The query is written from the trajectory by templates (:func:`phrase`); ``rewrite``
@@ -49,7 +50,7 @@ from swarmjax.envs.synth.world import (OPS, READ, WRITE, EnvSpec, Kind, State, T
                                        parameters)
 
 SPLITS = ("train", "seen", "validation", "test")
-FILTERS = ("malformed", "invalid", "corrupted", "unchained", "empty_answer", "no_path", "duplicate")
+FILTERS = ("malformed", "invalid", "corrupted", "unchained", "empty_answer", "no_change", "no_path", "duplicate")
 ENTRY = ("list", "find", "count", "total")
 
 
@@ -235,7 +236,7 @@ def run_chain(env: EnvSpec, g: nx.DiGraph, chain: Sequence[str], state: State, r
     calls: list[dict[str, Any]] = []
     before: tuple[ToolSpec, dict[str, str]] | None = None
     for i, name in enumerate(chain):
-        spec, last = env.tool(name), i + 1 == len(chain)
+        spec = env.tool(name)
         props = parameters(spec, kinds)["properties"]
         args: dict[str, Any] = {}
         said: dict[str, str] = {}
@@ -391,6 +392,8 @@ def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts:
                 parts.append({"question": question, "calls": calls, "answer": answer})
             if broken(env, final):
                 raise _Rejected("corrupted")
+            if write and not changes(state, final):
+                raise _Rejected("no_change")
         except _Rejected as e:
             counts[e.args[0]] += 1
             continue

@@ -214,7 +214,7 @@ def converter_tools(ops: tuple[str, ...] = OPS) -> list[ToolSpec]:
 
 
 def _key_schema(kind: Kind) -> dict[str, Any]:
-    return {"type": "string", "pattern": f"^{kind.prefix}-[0-9]+$", "description": f"A {kind.key}."}
+    return {"type": "string", "pattern": f"^{kind.prefix}-[0-9]+$"}
 
 
 def _field_schema(f: Field, kinds: Mapping[str, Kind]) -> dict[str, Any]:
@@ -240,7 +240,7 @@ def parameters(spec: ToolSpec, kinds: Mapping[str, Kind]) -> dict[str, Any]:
             props["value"] = _field_schema(kind.field(spec.field), kinds)
         if spec.op == "create":
             props.update({f.name: _field_schema(f, kinds) for f in kind.fields[1:]})
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    return {"type": "object", "properties": props, "required": list(props)}     # Tool refuses unknown names
 
 
 def field_slot(kind: Kind, f: Field) -> str:

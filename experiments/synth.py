@@ -1,0 +1,195 @@
+"""Tool use across generated environments: what a warm start and RL reach on the
+environments they trained in, and on held-out environments whose tools they never saw.
+
+    python experiments/synth.py                       # seeds 0 1 2, one after the other
+    python experiments/synth.py --jobs 2              # two seeds side by side
+    python experiments/synth.py --set sft.steps=5 --rl-steps 1 --episodes 4   # a try of the pipeline
+
+Per seed, on ``configs/synth_tools_cpu.py`` (generated environments, a third held out):
+
+1. ``warm_s<seed>``: the config's warm start (demonstrations of both roles), exported as a
+   Hugging Face checkpoint that the RL runs load;
+2. ``single_s<seed>``: GSPO as a single agent; ``swarm_s<seed>``: GSPO as an
+   orchestrator whose sub-agents are frozen copies of the warm start (``--no-swarm``
+   skips it);
+3. greedy evaluations of each run before (its step 0: the warm start) and after RL on
+   ``--episodes`` tasks of the training environments (the ``seen`` split: tasks no
+   training step used) and of the held-out environments (``test``).
+
+Outputs: ``<runs>/results_s<seed>.json``, then ``<out>/synth.md`` (mean and worst seed;
+the held-out score by task kind, calls and parts) and ``<out>/synth.png`` (RL curves).
+Runs found finished are reused. ``--set`` overrides go to every job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+
+from common import ROOT, run_seeds_side_by_side, save_figure
+
+CONFIG = os.path.join(ROOT, "configs", "synth_tools_cpu.py")
+SETS = (("seen", "seen"), ("held_out", "test"))           # (name in the table, the task set's split)
+FIGURES = ("accuracy", "tool_calls", "tool_errors", "answered", "subagents", "critical_steps")
+
+
+def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int) -> dict:
+    from swarmjax.config_file import apply_overrides, load_config
+    from swarmjax.train.agent_job import AgentJob
+
+    base = apply_overrides(load_config(CONFIG, AgentJob), [*overrides, f"seed={seed}"])
+    base = dataclasses.replace(base, eval_episodes=4, eval_every=0)   # the table's evaluations are run_seed's
+    warm = os.path.join(runs, f"warm_s{seed}")
+    rl = dataclasses.replace(base.rl, steps=rl_steps)
+    from_warm = dataclasses.replace(base, hf_path=os.path.join(warm, "hf"), sft=None, rl=rl)
+    return {"warm": (dataclasses.replace(base, rl=dataclasses.replace(base.rl, steps=0)), warm),
+            "single": (from_warm, os.path.join(runs, f"single_s{seed}")),
+            "swarm": (dataclasses.replace(from_warm, role="orchestrator"), os.path.join(runs, f"swarm_s{seed}"))}
+
+
+def _breakdown(problems: list, accuracy: list[float]) -> dict[str, float]:
+    """Mean accuracy per task kind, number of calls and parts."""
+    groups: dict[str, list[float]] = {}
+    for p, a in zip(problems, accuracy):
+        calls = sum(len(part["calls"]) for part in p["parts"])
+        for key in (f"kind={p['kind']}", f"calls={min(calls, 3)}", f"parts={len(p['parts'])}",
+                    f"method={p['method']}"):
+            groups.setdefault(key, []).append(a)
+    return {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+
+
+def run_seed(seed: int, args) -> dict:
+    """Train what is missing for ``seed``, evaluate every arm; writes ``results_s<seed>.json``."""
+    from swarmjax.envs.task import resolve_task
+    from swarmjax.train.agent_job import evaluate_agent_checkpoint, run_agent_job
+    from swarmjax.train.export import export_run
+
+    out_file = os.path.join(args.runs, f"results_s{seed}.json")
+    if os.path.exists(out_file):
+        return json.load(open(out_file))
+    jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
+    arms = ("single",) if args.no_swarm else ("single", "swarm")
+    clock = {}
+    for name in ("warm", *arms):
+        job, workdir = jobs[name]
+        if not os.path.exists(os.path.join(workdir, "summary.json")):
+            t0 = time.perf_counter()
+            print(f"[synth s{seed}] {name} -> {workdir}", flush=True)
+            run_agent_job(job, workdir, progress=False, resume="auto")
+            clock[name] = time.perf_counter() - t0
+        if name == "warm" and not os.path.exists(os.path.join(workdir, "hf", "config.json")):
+            export_run(workdir, os.path.join(workdir, "hf"), which="0")
+    task = resolve_task(jobs["single"][0].task)
+    results = {"seed": seed, "episodes": args.episodes, "train_s": clock, "arms": {}}
+    for arm in arms:
+        job, workdir = jobs[arm]
+        for when, which in (("before", "0"), ("after", "latest")):
+            for name, split in SETS:
+                records = task.records(split)
+                problems = [records[i] for i in range(min(args.episodes, len(records)))]
+                t0 = time.perf_counter()
+                got = evaluate_agent_checkpoint(job, workdir, which=which, problems=problems)["episodes"]
+                row = {k: sum(got[k]) / len(problems) for k in FIGURES if k in got}
+                row["by"] = _breakdown(problems, got["accuracy"])
+                row["eval_s"] = time.perf_counter() - t0
+                results["arms"][f"{arm}/{when}/{name}"] = row
+                print(f"[synth s{seed}] {arm} {when} RL, {name}: accuracy {row['accuracy']:.3f}", flush=True)
+    with open(out_file, "w") as f:
+        json.dump(results, f, indent=1)
+    return results
+
+
+def _curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
+    rows = [r for r in rows if r.get("stage") == "rl"]
+    return [r["step"] + 1 for r in rows], [float(r[key]) for r in rows]
+
+
+def report(results: list[dict], args) -> str:
+    """``<out>/synth.md`` and ``synth.png``; returns the markdown."""
+    seeds = [r["seed"] for r in results]
+    cell = lambda xs, fmt="{:.3f}": f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(min(xs))})"   # noqa: E731
+    arms = sorted({k.split("/")[0] for k in results[0]["arms"]}, key=lambda a: a != "single")
+    lines = [f"Seeds {', '.join(map(str, seeds))}; {results[0]['episodes']} tasks per set and seed, greedy. "
+             "Each cell: mean over seeds (worst seed). *seen*: tasks of the training environments that no "
+             "training step used; *held-out*: environments (and tools) no training task used.", "",
+             "| arm | seen, before RL | seen, after RL | held-out, before RL | held-out, after RL |",
+             "|---|---|---|---|---|"]
+    for arm in arms:
+        lines.append(f"| {arm} | " + " | ".join(
+            cell([r["arms"][f"{arm}/{when}/{name}"]["accuracy"] for r in results])
+            for name, _ in SETS for when in ("before", "after")) + " |")
+    lines += ["", "Held-out environments by task (accuracy, mean over seeds; before -> after RL):", "",
+              "| arm | " + " | ".join(sorted(results[0]["arms"][f"{arms[0]}/before/held_out"]["by"])) + " |",
+              "|---|" + "---|" * len(results[0]["arms"][f"{arms[0]}/before/held_out"]["by"])]
+    for arm in arms:
+        keys = sorted(results[0]["arms"][f"{arm}/before/held_out"]["by"])
+        def mean(when, k):                  # over the seeds whose tasks have this kind
+            xs = [r["arms"][f"{arm}/{when}/held_out"]["by"][k] for r in results
+                  if k in r["arms"][f"{arm}/{when}/held_out"]["by"]]
+            return sum(xs) / max(len(xs), 1)
+        lines.append(f"| {arm} | " + " | ".join(f"{mean('before', k):.2f} -> {mean('after', k):.2f}"
+                                                for k in keys) + " |")
+    lines += ["", "Other figures after RL (mean over seeds; held-out):", "",
+              "| arm | " + " | ".join(FIGURES[1:]) + " |", "|---|" + "---|" * (len(FIGURES) - 1)]
+    for arm in arms:
+        lines.append(f"| {arm} | " + " | ".join(
+            f"{sum(r['arms'][f'{arm}/after/held_out'].get(k, 0.0) for r in results) / len(results):.2f}"
+            for k in FIGURES[1:]) + " |")
+    md = "\n".join(lines)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "synth.md"), "w") as f:
+        f.write(md + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("accuracy", "reward", "tool_calls")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
+    for arm in arms:
+        dirs = [os.path.join(args.runs, f"{arm}_s{s}") for s in seeds]
+        for ax, key in zip(axes, keys):
+            curves = [_curve(d, key) for d in dirs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+            if not curves or not curves[0][0]:
+                continue
+            T = min(len(c[1]) for c in curves)
+            ax.plot(curves[0][0][:T], [sum(c[1][t] for c in curves) / len(curves) for t in range(T)], label=arm)
+            ax.set_title(f"{key} (training batch)")
+            ax.set_xlabel("RL step")
+    save_figure(fig, axes, "generated environments: RL, mean over seeds", os.path.join(args.out, "synth.png"))
+    return md
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--episodes", type=int, default=48, help="tasks per evaluation set")
+    p.add_argument("--rl-steps", type=int, default=20)
+    p.add_argument("--no-swarm", action="store_true", help="skip the orchestrator arm")
+    p.add_argument("--set", action="append", default=[], help="an override of every job (field=value)")
+    p.add_argument("--jobs", type=int, default=1, help="seeds run side by side (one process each)")
+    p.add_argument("--runs", default="runs/experiments/synth")
+    p.add_argument("--out", default="docs/experiments")
+    p.add_argument("--no-report", action="store_true", help="only run the seeds (a --jobs worker)")
+    p.add_argument("--report-only", action="store_true", help="the report of the results found in --runs")
+    args = p.parse_args()
+    os.makedirs(args.runs, exist_ok=True)
+    if args.report_only:
+        results = [json.load(open(os.path.join(args.runs, f"results_s{s}.json"))) for s in args.seeds]
+    elif args.jobs > 1 and len(args.seeds) > 1:
+        run_seeds_side_by_side(__file__, args.seeds, args.jobs, args.runs, [
+            "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps), "--runs", args.runs,
+            "--out", args.out, "--jobs", "1", *(a for o in args.set for a in ("--set", o)),
+            *(["--no-swarm"] if args.no_swarm else [])])
+        results = [json.load(open(os.path.join(args.runs, f"results_s{s}.json"))) for s in args.seeds]
+    else:
+        results = [run_seed(s, args) for s in args.seeds]
+    if not args.no_report:
+        print(report(results, args))
+
+
+if __name__ == "__main__":
+    main()
