@@ -4,19 +4,24 @@ partial credit, the task plug-in (its demonstrations played through the generic 
 agent score 1) and ``swarmjax envs synth`` (files, card, TFDS read with grain)."""
 
 import dataclasses
+import functools
 import json
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from swarmjax.cli import main
 from swarmjax.envs.api import play
+from swarmjax.envs.synth import device
+from swarmjax.envs.synth.device import DeviceEnv
 from swarmjax.envs.synth.graph import communities, tool_graph
 from swarmjax.envs.synth.task import SynthToolTask, SynthWorld, score_answer, state_f1
 from swarmjax.envs.synth.tasks import FILTERS, SynthConfig, build_envs, generate, valid_arguments
 from swarmjax.envs.synth.world import (EnvSpec, Field, Kind, ToolError, broken, changes, execute,
-                                       initial_state, kind_tools)
+                                       initial_state, kind_tools, parameters)
 from swarmjax.envs.task import EnvContext, check_task, demonstration, make_env
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import chat_format
@@ -186,3 +191,84 @@ def test_cli_writes_a_card_and_a_tfds_set_read_with_grain(tmp_path, capsys):
     assert main(["envs", "synth", "--out", out]) == 2                    # not empty: refused
     assert "--overwrite" in capsys.readouterr().err
     assert main(["envs", "show", out]) == 0 and "walk / path" in capsys.readouterr().out
+
+
+def _random_args(env, spec, state, rng):
+    """Arguments valid against ``spec``'s schema, drawn widely: keys that exist or not,
+    any category value, any measure, any amount."""
+    kinds = {k.name: k for k in env.kinds}
+    out = {}
+    for name, schema in parameters(spec, kinds)["properties"].items():
+        if "enum" in schema:
+            out[name] = str(rng.choice(schema["enum"]))
+        elif schema["type"] == "integer":
+            out[name] = int(rng.integers(0, schema.get("maximum", 400) + 1))
+        else:                                                   # a key of some kind: by its pattern
+            prefix = schema["pattern"][1:].split("-")[0]
+            out[name] = f"{prefix}-{int(rng.integers(99, 110))}"
+    return out
+
+
+def test_the_device_twin_equals_the_host_tools_on_random_calls(data):
+    """Every tool of every generated environment, called with random valid arguments
+    (keys that exist and keys that do not), 60 calls a state: the device twin's outputs,
+    errors and state equal the host's after every call, one call at a time and vmapped
+    over a batch of states calling different tools."""
+    rng = np.random.default_rng(0)
+    for env in data.envs[:3]:                     # every environment has every operation's tools
+        dev = DeviceEnv.build(env, spare=4)
+        run = jax.jit(functools.partial(device.step, dev))
+        state = initial_state(env, 7)
+        tables = device.encode_state(dev, state)
+        assert device.decode_state(dev, tables) == state
+        batch = []
+        for _ in range(60):
+            spec = env.tools[int(rng.integers(len(env.tools)))]
+            if spec.op == "create" and int(tables.used[[k.name for k in env.kinds].index(spec.kind)]) == dev.rows:
+                continue                                      # the twin's table is full: the host's is not
+            args = _random_args(env, spec, state, rng)
+            assert valid_arguments(env, spec, args)
+            enc = device.encode_args(dev, spec.name, args)
+            batch.append((tables, dev.tool_index(spec.name), enc))
+            try:
+                state, want = execute(env, spec, state, args)
+            except ToolError as e:
+                want = e
+            tables, out = run(tables, jnp.int32(dev.tool_index(spec.name)), jnp.asarray(enc))
+            try:
+                got = device.decode_output(dev, spec.name, out)
+            except ToolError as e:
+                got = e
+            if isinstance(want, ToolError):
+                assert isinstance(got, ToolError) and str(got) == str(want), (spec.name, args)
+            else:
+                assert got == want, (spec.name, args, got, want)
+            assert device.decode_state(dev, tables) == state, (spec.name, args)
+        for spec in env.tools:                   # the edge cases random calls rarely hit
+            if spec.op == "convert":             # every amount's rounding, 0..3000
+                amounts = np.arange(3001, dtype=np.int32)[:, None] * np.eye(1, dev.width, dtype=np.int32)
+                _, outs = jax.vmap(lambda a: run(tables, jnp.int32(dev.tool_index(spec.name)), a))(amounts)
+                assert [int(n) / 100 for n in outs.number] == [execute(env, spec, state, {"amount": a})[1]
+                                                               for a in range(3001)]
+            room = spec.kind and int(tables.used[[k.name for k in env.kinds].index(spec.kind)]) < dev.rows
+            if spec.op == "delete" and f"create_{spec.kind}" in {t.name for t in env.tools} and state[spec.kind] \
+                    and room:
+                last = max(state[spec.kind], key=lambda r: int(r[env.kind(spec.kind).key].split("-")[1]))
+                key = {env.kind(spec.kind).key: last[env.kind(spec.kind).key]}   # delete the largest key, create
+                state, _ = execute(env, spec, state, key)
+                tables, _ = run(tables, jnp.int32(dev.tool_index(spec.name)), jnp.asarray(
+                    device.encode_args(dev, spec.name, key)))
+                create = env.tool(f"create_{spec.kind}")
+                args = _random_args(env, create, state, rng)
+                state, want = execute(env, create, state, args)
+                tables, out = run(tables, jnp.int32(dev.tool_index(create.name)), jnp.asarray(
+                    device.encode_args(dev, create.name, args)))
+                assert device.decode_output(dev, create.name, out) == want
+                assert device.decode_state(dev, tables) == state
+        stacked = jax.tree.map(lambda *x: jnp.stack(x), *[b[0] for b in batch])
+        tools, encs = jnp.asarray([b[1] for b in batch]), jnp.asarray(np.stack([b[2] for b in batch]))
+        many, outs = jax.jit(jax.vmap(functools.partial(device.step, dev)))(stacked, tools, encs)
+        for i in (0, len(batch) // 2, len(batch) - 1):
+            one, o = run(batch[i][0], tools[i], encs[i])
+            assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a[i], b)), many, one))
+            assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a[i], b)), outs, o))

@@ -45,10 +45,12 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
 MEASURES: dict[str, str] = {"weight": "kg", "price": "usd", "distance": "km", "duration": "min", "stock": "count",
                             "capacity": "count", "rating": "points", "age": "years", "length": "m",
                             "temperature": "celsius"}
-# (from unit, to unit) -> (scale, offset): to = from * scale + offset, rounded to 2 decimals
-CONVERSIONS: dict[tuple[str, str], tuple[float, float]] = {
-    ("kg", "lb"): (2.2046, 0.0), ("usd", "eur"): (0.92, 0.0), ("km", "mi"): (0.6214, 0.0),
-    ("min", "h"): (1 / 60, 0.0), ("m", "cm"): (100.0, 0.0), ("celsius", "fahrenheit"): (1.8, 32.0)}
+# (from unit, to unit) -> (scale in 1/10000, offset in 1/100): integer fixed point, so the host
+# and the device twin (swarmjax.envs.synth.device) compute the same hundredths
+CONVERSIONS: dict[tuple[str, str], tuple[int, int]] = {
+    ("kg", "lb"): (22046, 0), ("usd", "eur"): (9200, 0), ("km", "mi"): (6214, 0), ("min", "h"): (167, 0),
+    ("m", "cm"): (1_000_000, 0), ("celsius", "fahrenheit"): (18000, 3200)}
+MAX_AMOUNT = 100_000          # a conversion's largest amount: its hundredths stay in int32 on the device
 KINDS = ("order", "customer", "product", "parcel", "courier", "warehouse", "flight", "passenger", "airport",
          "hotel", "guest", "room", "patient", "doctor", "clinic", "book", "author", "library", "course",
          "student", "teacher", "invoice", "vendor", "account", "vehicle", "driver", "route", "event", "venue",
@@ -214,7 +216,7 @@ def converter_tools(ops: tuple[str, ...] = OPS) -> list[ToolSpec]:
 
 
 def _key_schema(kind: Kind) -> dict[str, Any]:
-    return {"type": "string", "pattern": f"^{kind.prefix}-[0-9]+$"}
+    return {"type": "string", "pattern": f"^{kind.prefix}-[1-9][0-9]{{0,6}}$"}
 
 
 def _field_schema(f: Field, kinds: Mapping[str, Kind]) -> dict[str, Any]:
@@ -229,7 +231,7 @@ def parameters(spec: ToolSpec, kinds: Mapping[str, Kind]) -> dict[str, Any]:
     """The JSON schema (Draft 2020-12 object) of ``spec``'s arguments."""
     props: dict[str, Any] = {}
     if spec.op == "convert":
-        props["amount"] = {"type": "number", "description": f"In {spec.units[0]}."}
+        props["amount"] = {"type": "integer", "minimum": 0, "maximum": MAX_AMOUNT, "description": f"In {spec.units[0]}."}
     else:
         kind = kinds[spec.kind]
         if spec.op in ("get", "update", "delete"):
@@ -314,6 +316,13 @@ def initial_state(env: EnvSpec, seed: int) -> State:
     return state
 
 
+def convert(units: tuple[str, str], amount: int) -> float:
+    """``amount`` (an integer >= 0) in ``units[1]``, to the hundredth (half up):
+    ``((amount * scale + 50) // 100 + offset) / 100`` in integers (:data:`CONVERSIONS`)."""
+    scale, offset = CONVERSIONS[units]
+    return ((amount * scale + 50) // 100 + offset) / 100
+
+
 def _row(state: State, kind: Kind, key: str) -> int:
     for i, row in enumerate(state[kind.name]):
         if row[kind.key] == key:
@@ -325,8 +334,7 @@ def execute(env: EnvSpec, spec: ToolSpec, state: State, args: Mapping[str, Any])
     """Run one call (arguments already valid against :func:`parameters`) as a pure
     function: (the state after it, the output). Raises :class:`ToolError`."""
     if spec.op == "convert":
-        scale, offset = CONVERSIONS[spec.units]
-        return state, round(float(args["amount"]) * scale + offset, 2)
+        return state, convert(spec.units, int(args["amount"]))
     kind = env.kind(spec.kind)
     rows = state[kind.name]
     if spec.op == "get":
