@@ -5,11 +5,11 @@ tool graph and Louvain communities (:mod:`~swarmjax.envs.synth.graph`), one
 :class:`~swarmjax.envs.synth.world.EnvSpec` per community, then tasks per environment
 two ways:
 
-* **random walks** (environment scaling, Qwen): a start tool, then up to
+* **random walks** (environment scaling, AgentScaler, arXiv 2509.13311): a start tool, then up to
   ``max_calls - 1`` steps along any edge of the graph inside the environment; each
   input is filled from the previous output (the edge's io pair, else an output field of
   the same name), else a literal drawn from the state;
-* **shortest paths** (FunReason-MT): a target tool, and the shortest io path to it from
+* **shortest paths** (FunReason-MT, arXiv 2510.24645): a target tool, and the shortest io path to it from
   an entry tool (``list`` / ``find`` / ``count`` / ``total``): a correct, efficient
   trajectory ending in the target call.
 
