@@ -4,6 +4,7 @@ common command-line arguments, the end of every figure."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -54,3 +55,53 @@ def run_seeds_side_by_side(script: str, seeds: list[int], jobs: int, runs: str, 
                 for other in running:
                     other.kill()
                 raise SystemExit(f"a seed's process failed ({proc.returncode}): see {runs}/seed*.log")
+
+
+def rl_curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
+    """A text run's RL steps (from 1) and ``key`` per step, from its ``metrics.jsonl``."""
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
+    rows = [r for r in rows if r.get("stage") == "rl"]
+    return [r["step"] + 1 for r in rows], [float(r[key]) for r in rows]
+
+
+def plot_rl_means(arms: dict[str, list[str]], keys: tuple[str, ...], title: str, path: str) -> None:
+    """One panel per key: each arm's RL curve, the mean over its runs (``arms``: label ->
+    workdirs; runs without metrics are left out), cut to the shortest run."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
+    for label, dirs in arms.items():
+        for ax, key in zip(axes, keys):
+            curves = [rl_curve(d, key) for d in dirs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+            if not curves or not curves[0][0]:
+                continue
+            T = min(len(c[1]) for c in curves)
+            ax.plot(curves[0][0][:T], [sum(c[1][t] for c in curves) / len(curves) for t in range(T)], label=label)
+            ax.set_title(f"{key} (training batch)")
+            ax.set_xlabel("RL step")
+    save_figure(fig, axes, title, path)
+
+
+def train_missing(jobs: dict, names, tag: str) -> dict[str, float]:
+    """Run the agent jobs ``names`` of ``jobs`` (name -> (AgentJob, workdir)) that have no
+    ``summary.json`` yet (resuming an interrupted one), in order; the ``"warm"`` run is
+    exported as a Hugging Face checkpoint (``<workdir>/hf``, its step 0) for the runs that
+    start from it. Returns each trained run's wall clock (s)."""
+    from swarmjax.train.agent_job import run_agent_job
+    from swarmjax.train.export import export_run
+
+    clock = {}
+    for name in names:
+        job, workdir = jobs[name]
+        if not os.path.exists(os.path.join(workdir, "summary.json")):
+            t0 = time.perf_counter()
+            print(f"[{tag}] {name} -> {workdir}", flush=True)
+            run_agent_job(job, workdir, progress=False, resume="auto")
+            clock[name] = time.perf_counter() - t0
+        if name == "warm" and not os.path.exists(os.path.join(workdir, "hf", "config.json")):
+            export_run(workdir, os.path.join(workdir, "hf"), which="0")
+    return clock

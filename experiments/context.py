@@ -41,7 +41,7 @@ import os
 import random
 import time
 
-from common import ROOT, run_seeds_side_by_side, save_figure
+from common import ROOT, plot_rl_means, run_seeds_side_by_side, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "context_widesearch.py")
 STRATEGIES = ("none", "discard_all", "keep_last_round", "summary")
@@ -99,23 +99,13 @@ def _problems(job, n: int, count: int, seed: int) -> list:
 def run_seed(seed: int, args) -> dict:
     """Train what is missing for ``seed`` and evaluate every arm; writes and returns
     ``results_s<seed>.json``."""
-    from swarmjax.train.agent_job import evaluate_agent_checkpoint, run_agent_job
-    from swarmjax.train.export import export_run
+    from swarmjax.train.agent_job import evaluate_agent_checkpoint
 
     out_file = os.path.join(args.runs, f"results_s{seed}.json")
     if os.path.exists(out_file):
         return json.load(open(out_file))
     jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
-    clock = {}
-    for name in ("warm",) if args.warm_only else ("warm", "single", "resum", "parl"):
-        job, workdir = jobs[name]
-        if not os.path.exists(os.path.join(workdir, "summary.json")):
-            t0 = time.perf_counter()
-            print(f"[context s{seed}] {name} -> {workdir}", flush=True)
-            run_agent_job(job, workdir, progress=False, resume="auto")
-            clock[name] = time.perf_counter() - t0
-        if name == "warm" and not os.path.exists(os.path.join(workdir, "hf", "config.json")):
-            export_run(workdir, os.path.join(workdir, "hf"), which="0")
+    clock = train_missing(jobs, ("warm",) if args.warm_only else ("warm", "single", "resum", "parl"), f"context s{seed}")
     if args.warm_only:
         return {}
     single, resum, parl = jobs["single"], jobs["resum"], jobs["parl"]
@@ -153,12 +143,6 @@ def load_results(runs: str, seed: int) -> dict:
     return json.load(open(path if os.path.exists(path) else path + ".partial"))
 
 
-def _curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
-    rows = [r for r in rows if r.get("stage") == "rl"]
-    return [r["step"] + 1 for r in rows], [float(r[key]) for r in rows]
-
-
 def report(results: list[dict], args) -> str:
     """``<out>/context.md`` (tables) and ``context.png`` (RL curves); returns the markdown."""
     seeds = [r["seed"] for r in results]
@@ -183,24 +167,9 @@ def report(results: list[dict], args) -> str:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "context.md"), "w") as f:
         f.write(md + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return md
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
-    for name, label in (("resum", "ReSum-GRPO"), ("parl", "PARL swarm")):
-        dirs = [os.path.join(args.runs, f"{name}_s{s}") for s in seeds]
-        for ax, key in zip(axes, CURVES):
-            curves = [_curve(d, key) for d in dirs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
-            if not curves or not curves[0][0]:
-                continue
-            T = min(len(c[1]) for c in curves)
-            ax.plot(curves[0][0][:T], [sum(c[1][t] for c in curves) / len(curves) for t in range(T)], label=label)
-            ax.set_title(key)
-            ax.set_xlabel("RL step")
-    save_figure(fig, axes, "context experiment: RL arms, mean over seeds", os.path.join(args.out, "context.png"))
+    plot_rl_means({label: [os.path.join(args.runs, f"{name}_s{s}") for s in seeds]
+                   for name, label in (("resum", "ReSum-GRPO"), ("parl", "PARL swarm"))}, CURVES,
+                  "context experiment: RL arms, mean over seeds", os.path.join(args.out, "context.png"))
     return md
 
 

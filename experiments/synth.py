@@ -29,7 +29,7 @@ import json
 import os
 import time
 
-from common import ROOT, run_seeds_side_by_side, save_figure
+from common import ROOT, plot_rl_means, run_seeds_side_by_side, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "synth_tools_cpu.py")
 SETS = (("seen", "seen"), ("held_out", "test"))           # (name in the table, the task set's split)
@@ -64,24 +64,14 @@ def _breakdown(problems: list, accuracy: list[float]) -> dict[str, float]:
 def run_seed(seed: int, args) -> dict:
     """Train what is missing for ``seed``, evaluate every arm; writes ``results_s<seed>.json``."""
     from swarmjax.envs.task import resolve_task
-    from swarmjax.train.agent_job import evaluate_agent_checkpoint, run_agent_job
-    from swarmjax.train.export import export_run
+    from swarmjax.train.agent_job import evaluate_agent_checkpoint
 
     out_file = os.path.join(args.runs, f"results_s{seed}.json")
     if os.path.exists(out_file):
         return json.load(open(out_file))
     jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
     arms = ("single",) if args.no_swarm else ("single", "swarm")
-    clock = {}
-    for name in ("warm", *arms):
-        job, workdir = jobs[name]
-        if not os.path.exists(os.path.join(workdir, "summary.json")):
-            t0 = time.perf_counter()
-            print(f"[synth s{seed}] {name} -> {workdir}", flush=True)
-            run_agent_job(job, workdir, progress=False, resume="auto")
-            clock[name] = time.perf_counter() - t0
-        if name == "warm" and not os.path.exists(os.path.join(workdir, "hf", "config.json")):
-            export_run(workdir, os.path.join(workdir, "hf"), which="0")
+    clock = train_missing(jobs, ("warm", *arms), f"synth s{seed}")
     task = resolve_task(jobs["single"][0].task)
     results = {"seed": seed, "episodes": args.episodes, "train_s": clock, "arms": {}}
     for arm in arms:
@@ -100,12 +90,6 @@ def run_seed(seed: int, args) -> dict:
     with open(out_file, "w") as f:
         json.dump(results, f, indent=1)
     return results
-
-
-def _curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
-    rows = [r for r in rows if r.get("stage") == "rl"]
-    return [r["step"] + 1 for r in rows], [float(r[key]) for r in rows]
 
 
 def report(results: list[dict], args) -> str:
@@ -143,23 +127,9 @@ def report(results: list[dict], args) -> str:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "synth.md"), "w") as f:
         f.write(md + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = ("accuracy", "reward", "tool_calls")
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
-    for arm in arms:
-        dirs = [os.path.join(args.runs, f"{arm}_s{s}") for s in seeds]
-        for ax, key in zip(axes, keys):
-            curves = [_curve(d, key) for d in dirs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
-            if not curves or not curves[0][0]:
-                continue
-            T = min(len(c[1]) for c in curves)
-            ax.plot(curves[0][0][:T], [sum(c[1][t] for c in curves) / len(curves) for t in range(T)], label=arm)
-            ax.set_title(f"{key} (training batch)")
-            ax.set_xlabel("RL step")
-    save_figure(fig, axes, "generated environments: RL, mean over seeds", os.path.join(args.out, "synth.png"))
+    plot_rl_means({arm: [os.path.join(args.runs, f"{arm}_s{s}") for s in seeds] for arm in arms},
+                  ("accuracy", "reward", "tool_calls"), "generated environments: RL, mean over seeds",
+                  os.path.join(args.out, "synth.png"))
     return md
 
 
