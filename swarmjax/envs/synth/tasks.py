@@ -106,9 +106,9 @@ class SynthConfig:
             raise ValueError(f"ops must be among {OPS} and include a read operation, got {self.ops}")
         if self.rows < 2 or self.max_calls < 1 or self.max_parts < 1 or self.tasks < 1:
             raise ValueError("need rows >= 2, max_calls >= 1, max_parts >= 1, tasks >= 1")
-        for name in ("held_out", "seen", "path_fraction", "write_fraction"):
-            if not 0.0 <= getattr(self, name) < 1.0 + (name != "held_out" and name != "seen"):
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name, top in (("held_out", 0.9), ("seen", 0.9), ("path_fraction", 1.0), ("write_fraction", 1.0)):
+            if not 0.0 <= getattr(self, name) <= top:
+                raise ValueError(f"{name} must be in [0, {top}], got {getattr(self, name)}")
 
 
 @dataclasses.dataclass
