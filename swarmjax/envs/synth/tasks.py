@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -148,11 +149,11 @@ def phrase(env: EnvSpec, spec: ToolSpec, args: Mapping[str, str], ask: str, *, f
     noun, key = _noun(kind), kind.key
     x = args.get(key, "")
     f = args.get(spec.field, "")
+    target = f"{noun} {x}" if x and " " not in x else x        # a literal key ("parcel PAR-103"), or a phrase
     if spec.op in ("get", "update") and not final and ask != ".":
-        target = f"{noun} {x}" if x.count("-") == 1 and " " not in x else x
         return f"the {ask} of {target}" if spec.op == "get" else \
             f"the {ask} of {target} after setting its {spec.field} to {args['value']}"
-    target = f"{noun} {x}" if x and " " not in x else x
+    fields = ", ".join(f"{n} {args[n]}" for n in parameters(spec, {k.name: k for k in env.kinds})["properties"])
     texts = {
         "get": lambda: f"What is the {ask} of {target}?",
         "update": lambda: f"Set the {spec.field} of {target} to {args['value']}. Then give its {ask}.",
@@ -164,9 +165,8 @@ def phrase(env: EnvSpec, spec: ToolSpec, args: Mapping[str, str], ask: str, *, f
                           else f"the number of {noun} records whose {spec.field} is {f}"),
         "total": lambda: (f"What is the total {spec.measure} of the {noun} records whose {spec.field} is {f}?"
                           if final else f"the total {spec.measure} of the {noun} records whose {spec.field} is {f}"),
-        "create": lambda: ("Create a {0} with {1}. Then give its {2}." if final else "the new {0} with {1}").format(
-            noun, ", ".join(f"{n} {args[n]}" for n in parameters(spec, {k.name: k for k in env.kinds})["properties"]),
-            key),
+        "create": lambda: (f"Create a {noun} with {fields}. Then give its {key}." if final
+                           else f"the new {noun} with {fields}"),
     }
     return texts[spec.op]()
 
@@ -180,16 +180,12 @@ class _Rejected(Exception):
 
 @functools.cache
 def _validator(params_json: str):
-    import json
-
-    from jsonschema import Draft202012Validator
+    from jsonschema import Draft202012Validator        # imported on first use, as swarmjax.text.tools does
     return Draft202012Validator(json.loads(params_json))
 
 
 def valid_arguments(env: EnvSpec, spec: ToolSpec, args: Mapping[str, Any]) -> bool:
     """Whether ``args`` satisfy ``spec``'s JSON schema (:func:`~swarmjax.envs.synth.world.parameters`)."""
-    import json
-
     schema = parameters(spec, {k.name: k for k in env.kinds})
     return _validator(json.dumps(schema, sort_keys=True)).is_valid(dict(args))
 
