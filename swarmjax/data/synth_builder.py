@@ -20,10 +20,10 @@ import os
 import tensorflow_datasets as tfds
 from etils import epath
 
+from swarmjax.envs.synth.card import TFDS_NAME
 from swarmjax.envs.synth.tasks import SPLITS
 
 FILE_FORMAT = "array_record"
-NAME = "synth_tool_tasks"
 
 
 @dataclasses.dataclass(eq=False)
@@ -34,7 +34,8 @@ class SynthTasksConfig(tfds.core.BuilderConfig):
 
 
 class SynthToolTasks(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Generated tool-use tasks (module docstring); see :func:`build`."""
+    """Generated tool-use tasks (module docstring); see :func:`build`. Read back with
+    :func:`swarmjax.envs.synth.card.tfds_source`."""
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release."}
@@ -66,21 +67,8 @@ def build(source: str, data_dir: str, *, digest: str) -> SynthToolTasks:
     ``data_dir`` (config ``digest``, the generator settings' digest)."""
     config = SynthTasksConfig(name=digest, description=f"generated task set {digest}", source=os.path.abspath(source))
     builder = SynthToolTasks(config=config, data_dir=str(data_dir), file_format=FILE_FORMAT)
+    assert builder.name == TFDS_NAME, builder.name
     builder.download_and_prepare(
         file_format=FILE_FORMAT,
         download_config=tfds.download.DownloadConfig(compute_stats=tfds.download.ComputeStatsMode.SKIP))
     return builder
-
-
-def data_source(tfds_dir: str, split: str):
-    """The random-access source of ``split`` of the one data set under ``tfds_dir``
-    (what :func:`build` wrote there). Raises ``ValueError`` when there is none, or the
-    split is missing."""
-    found = sorted(epath.Path(tfds_dir).glob(f"{NAME}/*/*/features.json"))
-    if len(found) != 1:
-        raise ValueError(f"{tfds_dir}: expected one prepared {NAME} data set, found {len(found)}")
-    builder = tfds.builder_from_directory(str(found[0].parent))
-    sources = builder.as_data_source()
-    if split not in sources:
-        raise ValueError(f"{tfds_dir}: no split {split!r}; it has {sorted(sources)}")
-    return sources[split]

@@ -6,7 +6,10 @@
   (:class:`~swarmjax.envs.synth.world.EnvSpec`);
 * ``<split>.jsonl``: the tasks of each split, one JSON record a line;
 * ``card.json`` / ``card.md``: :func:`card`: the counts (environments, tools, tasks per
-  split and how they were made), what the filters removed, the tool graph's statistics.
+  split and how they were made), what the filters removed, the tool graph's statistics;
+
+and ``swarmjax envs synth`` adds the TFDS data set (``tfds/``, :mod:`swarmjax.data.synth_builder`),
+which :func:`tfds_source` reads back.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import os
 from typing import Any
 
 from swarmjax.envs.synth.tasks import FILTERS, SPLITS, SynthData
+
+TFDS_NAME = "synth_tool_tasks"      # the TFDS data set swarmjax.data.synth_builder writes under <dir>/tfds
 
 
 def digest(data: SynthData) -> str:
@@ -86,3 +91,19 @@ def write(data: SynthData, out: str) -> dict[str, Any]:
     with open(os.path.join(out, "card.md"), "w") as f:
         f.write(card_markdown(c))
     return c
+
+
+def tfds_source(tfds_dir: str, split: str):
+    """The random-access source of ``split`` of the one prepared data set under
+    ``tfds_dir`` (``tensorflow_datasets`` is imported here, on first use). Raises
+    ``ValueError`` when there is none, or the split is missing."""
+    import tensorflow_datasets as tfds
+    from etils import epath
+
+    found = sorted(epath.Path(tfds_dir).glob(f"{TFDS_NAME}/*/*/features.json"))
+    if len(found) != 1:
+        raise ValueError(f"{tfds_dir}: expected one prepared {TFDS_NAME} data set, found {len(found)}")
+    sources = tfds.builder_from_directory(str(found[0].parent)).as_data_source()
+    if split not in sources:
+        raise ValueError(f"{tfds_dir}: no split {split!r}; it has {sorted(sources)}")
+    return sources[split]

@@ -168,8 +168,8 @@ class SynthToolTask(Task):
         if os.path.isdir(tfds_dir):
             import grain
 
-            from swarmjax.data.synth_builder import data_source
-            return grain.MapDataset.source(data_source(tfds_dir, split)).map(_decode)
+            from swarmjax.envs.synth.card import tfds_source
+            return grain.MapDataset.source(tfds_source(tfds_dir, split)).map(_decode)
         path = os.path.join(self.data, f"{split}.jsonl")
         if not os.path.exists(path):
             raise TaskError(f"{self.data}: no split {split!r} ({split}.jsonl)")
