@@ -137,7 +137,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=48, help="tasks per evaluation set")
-    p.add_argument("--rl-steps", type=int, default=20)
+    p.add_argument("--rl-steps", type=int, default=10)
     p.add_argument("--no-swarm", action="store_true", help="skip the orchestrator arm")
     p.add_argument("--set", action="append", default=[], help="an override of every job (field=value)")
     p.add_argument("--jobs", type=int, default=1, help="seeds run side by side (one process each)")
