@@ -14,7 +14,8 @@ Per seed, on ``configs/synth_tools_cpu.py`` (generated environments, a third hel
    skips it);
 3. greedy evaluations of each run before (its step 0: the warm start) and after RL on
    ``--episodes`` tasks of the training environments (the ``seen`` split: tasks no
-   training step used) and of the held-out environments (``test``).
+   training step used) and of the held-out environments (half from ``validation``,
+   half from ``test``: every held-out environment).
 
 Outputs: ``<runs>/results_s<seed>.json``, then ``<out>/synth.md`` (mean and worst seed;
 the held-out score by task kind, calls and parts) and ``<out>/synth.png`` (RL curves).
@@ -32,7 +33,7 @@ import time
 from common import ROOT, plot_rl_means, run_seeds_side_by_side, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "synth_tools_cpu.py")
-SETS = (("seen", "seen"), ("held_out", "test"))           # (name in the table, the task set's split)
+SETS = (("seen", ("seen",)), ("held_out", ("validation", "test")))   # (name in the table, the task set's splits)
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "answered", "subagents", "critical_steps")
 
 
@@ -77,9 +78,11 @@ def run_seed(seed: int, args) -> dict:
     for arm in arms:
         job, workdir = jobs[arm]
         for when, which in (("before", "0"), ("after", "latest")):
-            for name, split in SETS:
-                records = task.records(split)
-                problems = [records[i] for i in range(min(args.episodes, len(records)))]
+            for name, splits in SETS:      # the first tasks of each split: they span its environments
+                problems = []
+                for split in splits:
+                    records = task.records(split)
+                    problems += [records[i] for i in range(min(args.episodes // len(splits), len(records)))]
                 t0 = time.perf_counter()
                 got = evaluate_agent_checkpoint(job, workdir, which=which, problems=problems)["episodes"]
                 row = {k: sum(got[k]) / len(problems) for k in FIGURES if k in got}

@@ -94,6 +94,7 @@ def test_generation_is_deterministic_filtered_and_split_by_environment(data):
     assert data.split_envs["seen"] == data.split_envs["train"]
     for split, names in data.split_envs.items():
         assert {r["env"] for r in data.splits[split]} <= set(names) and data.splits[split], split
+        assert {r["env"] for r in data.splits[split][:len(names)]} == set(names), split   # interleaved
     tools = {e.name: {t.name for t in e.tools} for e in data.envs}
     train_tools = set().union(*(tools[n] for n in data.split_envs["train"]))
     for name in held:                                             # held-out tools are never in training

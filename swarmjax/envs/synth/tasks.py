@@ -31,7 +31,8 @@ list: the parts are independent, so sub-agents can take them in parallel.
 
 Splits are by environment: ``train`` and ``seen`` (disjoint tasks of the training
 environments), ``validation`` and ``test`` (tasks of held-out environments, whose
-tools the policy never saw in training; different environments in each).
+tools the policy never saw in training; different environments in each). Each split
+interleaves its environments (:func:`interleave`), so its first tasks span them.
 """
 
 from __future__ import annotations
@@ -421,17 +422,25 @@ def generate(cfg: SynthConfig, *, rewrite: Callable[[str, dict[str, Any]], str] 
                   "test": sorted(e.name for e in order[1:held:2])}
     split_envs["seen"] = split_envs["train"]
     counts = {"candidates": 0, **{f: 0 for f in FILTERS}, "small_communities": small}
-    splits: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    groups: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in SPLITS}     # split -> per environment
     per_env = -(-cfg.tasks // len(envs))
     for i, env in enumerate(envs):
         tasks = env_tasks(cfg, env, g, per_env, counts, rewrite=rewrite)
         if env.name in split_envs["train"]:
             cut = round(cfg.seen * len(tasks))
-            splits["seen"] += tasks[:cut]
-            splits["train"] += tasks[cut:]
+            groups["seen"].append(tasks[:cut])
+            groups["train"].append(tasks[cut:])
         else:
-            splits["validation" if env.name in split_envs["validation"] else "test"] += tasks
+            groups["validation" if env.name in split_envs["validation"] else "test"].append(tasks)
         if progress is not None:
             progress(i + 1, len(envs))
+    splits = {s: interleave(groups[s]) for s in SPLITS}
     counts["kept"] = sum(len(v) for v in splits.values())
     return SynthData(cfg, envs, splits, split_envs, counts, stats)
+
+
+def interleave(groups: Sequence[Sequence[Any]]) -> list[Any]:
+    """Round robin over ``groups`` (item 0 of each, then item 1, ...): a split's tasks in
+    this order, so any prefix of it (an evaluation's first N tasks) spans its environments."""
+    longest = max((len(g) for g in groups), default=0)
+    return [g[i] for i in range(longest) for g in groups if i < len(g)]
