@@ -109,23 +109,26 @@ def report(results: list[dict], args) -> str:
         lines.append(f"| {arm} | " + " | ".join(
             cell([r["arms"][f"{arm}/{when}/{name}"]["accuracy"] for r in results])
             for name, _ in SETS for when in ("before", "after")) + " |")
-    lines += ["", "Held-out environments by task (accuracy, mean over seeds; before -> after RL):", "",
-              "| arm | " + " | ".join(sorted(results[0]["arms"][f"{arms[0]}/before/held_out"]["by"])) + " |",
-              "|---|" + "---|" * len(results[0]["arms"][f"{arms[0]}/before/held_out"]["by"])]
+    keys = sorted({k for r in results for a in arms for n, _ in SETS for w in ("before", "after")
+                   for k in r["arms"][f"{a}/{w}/{n}"]["by"]})
+    lines += ["", "By task (accuracy, mean over the seeds whose tasks have the kind; before -> after RL):", "",
+              "| arm | set | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
     for arm in arms:
-        keys = sorted(results[0]["arms"][f"{arm}/before/held_out"]["by"])
-        def mean(when, k):                  # over the seeds whose tasks have this kind
-            xs = [r["arms"][f"{arm}/{when}/held_out"]["by"][k] for r in results
-                  if k in r["arms"][f"{arm}/{when}/held_out"]["by"]]
-            return sum(xs) / max(len(xs), 1)
-        lines.append(f"| {arm} | " + " | ".join(f"{mean('before', k):.2f} -> {mean('after', k):.2f}"
-                                                for k in keys) + " |")
-    lines += ["", "Other figures after RL (mean over seeds; held-out):", "",
-              "| arm | " + " | ".join(FIGURES[1:]) + " |", "|---|" + "---|" * (len(FIGURES) - 1)]
+        for name, _ in SETS:
+            def mean(when, k):
+                xs = [r["arms"][f"{arm}/{when}/{name}"]["by"][k] for r in results
+                      if k in r["arms"][f"{arm}/{when}/{name}"]["by"]]
+                return sum(xs) / max(len(xs), 1)
+            lines.append(f"| {arm} | {name} | " + " | ".join(f"{mean('before', k):.2f} -> {mean('after', k):.2f}"
+                                                            for k in keys) + " |")
+    lines += ["", "Other figures per episode (mean over seeds):", "",
+              "| arm | set | RL | " + " | ".join(FIGURES[1:]) + " |", "|---|---|---|" + "---|" * (len(FIGURES) - 1)]
     for arm in arms:
-        lines.append(f"| {arm} | " + " | ".join(
-            f"{sum(r['arms'][f'{arm}/after/held_out'].get(k, 0.0) for r in results) / len(results):.2f}"
-            for k in FIGURES[1:]) + " |")
+        for name, _ in SETS:
+            for when in ("before", "after"):
+                lines.append(f"| {arm} | {name} | {when} | " + " | ".join(
+                    f"{sum(r['arms'][f'{arm}/{when}/{name}'].get(k, 0.0) for r in results) / len(results):.2f}"
+                    for k in FIGURES[1:]) + " |")
     md = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "synth.md"), "w") as f:

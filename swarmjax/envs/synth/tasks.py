@@ -357,7 +357,8 @@ def build_envs(cfg: SynthConfig) -> tuple[list[EnvSpec], nx.DiGraph, dict[str, A
 
 def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts: dict[str, int], *,
               rewrite: Callable[[str, dict[str, Any]], str] | None = None) -> list[dict[str, Any]]:
-    """``count`` tasks of one environment, ``write_fraction`` of them writes (fewer when
+    """``count`` tasks of one environment, ``write_fraction`` of them writes (the other
+    kind makes up for one whose candidates keep failing: :func:`_missed`; fewer tasks when
     too many candidates are filtered: at most 20 candidates per task are tried);
     ``counts`` gains the filter counts."""
     rng = random.Random(f"{cfg.seed}/{env.name}")
@@ -366,6 +367,7 @@ def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts:
     queries: set[str] = set()
     writes = round(cfg.write_fraction * count) if any(t.op in WRITE for t in env.tools) else 0
     left = {False: count - writes, True: writes}           # tasks still wanted: reads, writes
+    misses = {False: 0, True: 0}                           # candidates of each kind rejected in a row
     attempt = 0
     while sum(left.values()) and attempt < 20 * count:
         attempt += 1
@@ -393,6 +395,7 @@ def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts:
                 raise _Rejected("no_change")
         except _Rejected as e:
             counts[e.args[0]] += 1
+            _missed(misses, left, write, can_write=writes > 0, count=count)
             continue
         query = parts[0]["question"] if n_parts == 1 else "Answer each question on its own line as <number>: "             "<answer>.\n" + "\n".join(f"{i + 1}. {p['question']}" for i, p in enumerate(parts))
         record = {"task_id": f"{env.name}/{len(out)}", "env": env.name, "method": method,
@@ -401,11 +404,27 @@ def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts:
         record["query"] = rewrite(query, record) if rewrite is not None else query
         if record["query"] in queries:
             counts["duplicate"] += 1
+            _missed(misses, left, write, can_write=writes > 0, count=count)
             continue
         queries.add(record["query"])
         left[write] -= 1
+        misses[write] = 0
         out.append(record)
     return out
+
+
+PATIENCE = 5        # candidates of one kind rejected in a row, per task wanted, before its quota moves
+
+
+def _missed(misses: dict[bool, int], left: dict[bool, int], write: bool, *, can_write: bool, count: int) -> None:
+    """Count a rejected candidate of kind ``write``; after ``PATIENCE * count`` in a row
+    (an environment whose distinct reads or writes are used up), hand that kind's
+    remaining quota to the other kind (reads always; writes when the environment has
+    write tools)."""
+    misses[write] += 1
+    if misses[write] >= PATIENCE * count and left[write] and (write or can_write):
+        left[not write] += left[write]
+        left[write] = 0
 
 
 def generate(cfg: SynthConfig, *, rewrite: Callable[[str, dict[str, Any]], str] | None = None,
