@@ -20,7 +20,7 @@ from swarmjax.envs.synth.device import DeviceEnv
 from swarmjax.envs.synth.graph import communities, tool_graph
 from swarmjax.envs.synth.task import SynthToolTask, SynthWorld, score_answer, state_f1
 from swarmjax.envs.synth.tasks import FILTERS, SynthConfig, build_envs, generate, valid_arguments
-from swarmjax.envs.synth.world import (EnvSpec, Field, Kind, ToolError, broken, changes, execute,
+from swarmjax.envs.synth.world import (OPS, EnvSpec, Field, Kind, ToolError, broken, changes, execute,
                                        initial_state, kind_tools, parameters)
 from swarmjax.envs.task import EnvContext, check_task, demonstration, make_env
 from swarmjax.text.bpe import train_bpe_tokenizer
@@ -116,7 +116,7 @@ def test_generation_is_deterministic_filtered_and_split_by_environment(data):
 
 def test_every_task_replays_to_its_record_and_the_verifier_gives_partial_credit(data):
     envs = {e.name: e for e in data.envs}
-    for record in data.splits["train"][:80] + data.splits["test"][:40]:
+    for record in data.splits["train"][:40] + data.splits["test"][:20]:
         world = SynthWorld(envs[record["env"]], record)
         for part in record["parts"]:
             for call in part["calls"]:
@@ -212,18 +212,19 @@ def _random_args(env, spec, state, rng):
 
 def test_the_device_twin_equals_the_host_tools_on_random_calls(data):
     """Every tool of every generated environment, called with random valid arguments
-    (keys that exist and keys that do not), 60 calls a state: the device twin's outputs,
+    (keys that exist and keys that do not), 50 calls a state: the device twin's outputs,
     errors and state equal the host's after every call, one call at a time and vmapped
     over a batch of states calling different tools."""
     rng = np.random.default_rng(0)
-    for env in data.envs[:3]:                     # every environment has every operation's tools
+    for env in data.envs[:2]:
+        assert {t.op for t in env.tools} == set(OPS)          # every operation's tools
         dev = DeviceEnv.build(env, spare=4)
         run = jax.jit(functools.partial(device.step, dev))
         state = initial_state(env, 7)
         tables = device.encode_state(dev, state)
         assert device.decode_state(dev, tables) == state
         batch = []
-        for _ in range(60):
+        for _ in range(50):
             spec = env.tools[int(rng.integers(len(env.tools)))]
             if spec.op == "create" and int(tables.used[[k.name for k in env.kinds].index(spec.kind)]) == dev.rows:
                 continue                                      # the twin's table is full: the host's is not

@@ -284,7 +284,9 @@ def answer_of(call: Mapping[str, Any]) -> Any:
 
 
 def _env_graph(g: nx.DiGraph, env: EnvSpec) -> nx.DiGraph:
-    return g.subgraph([t.name for t in env.tools])
+    """The environment's part of the tool graph, as a graph of its own (a subgraph view
+    filters every lookup through the whole graph)."""
+    return g.subgraph([t.name for t in env.tools]).copy()
 
 
 def walk_chain(env: EnvSpec, g: nx.DiGraph, rng: random.Random, *, length: int, write: bool) -> list[str]:
@@ -305,22 +307,36 @@ def walk_chain(env: EnvSpec, g: nx.DiGraph, rng: random.Random, *, length: int, 
     return chain
 
 
-def path_chain(env: EnvSpec, g: nx.DiGraph, rng: random.Random, *, write: bool) -> list[str] | None:
-    """The shortest io path from an entry tool (``list`` / ``find`` / ``count`` /
-    ``total``) to a random target tool (a write one when ``write``): None when no entry
-    reaches the target (FunReason-MT's correct, efficient trajectories)."""
-    io = nx.DiGraph([(a, b) for a, b, d in g.edges(data=True) if d["io"]])
-    io.add_nodes_from(g.nodes)
+class EntryPaths:
+    """Shortest io paths from the entry tools (``list`` / ``find`` / ``count`` /
+    ``total``) of one environment: its io graph with a source before every entry tool,
+    built once; each target's path found once (FunReason-MT's correct, efficient
+    trajectories to a target call)."""
+
+    def __init__(self, env: EnvSpec, g: nx.DiGraph):
+        self.env = env
+        self.io = nx.DiGraph([(a, b) for a, b, d in g.edges(data=True) if d["io"]])
+        self.io.add_nodes_from(g.nodes)
+        self.io.add_edges_from(("", t.name) for t in env.tools if t.op in ENTRY)
+        self._found: dict[str, list[str] | None] = {}
+
+    def to(self, target: str) -> list[str] | None:
+        """The tools from an entry tool to ``target`` (None: no entry reaches it)."""
+        if target not in self._found:
+            try:
+                self._found[target] = nx.shortest_path(self.io, "", target)[1:]
+            except nx.NetworkXNoPath:
+                self._found[target] = None
+        return self._found[target]
+
+
+def path_chain(env: EnvSpec, paths: EntryPaths, rng: random.Random, *, write: bool) -> list[str] | None:
+    """The shortest io path from an entry tool to a random target tool that is no entry
+    tool itself (a write one when ``write``): None when no entry reaches the target."""
     targets = [t.name for t in env.tools if (t.op in WRITE) == write and t.op not in ENTRY]
     if not targets:
         return None
-    target = rng.choice(sorted(targets))
-    io.add_edges_from(("", t.name) for t in env.tools if t.op in ENTRY)
-    try:
-        path = nx.shortest_path(io, "", target)
-    except nx.NetworkXNoPath:
-        return None
-    return path[1:]
+    return paths.to(rng.choice(sorted(targets)))
 
 
 # ------------------------------------------------------------------ the task set
@@ -358,16 +374,17 @@ def build_envs(cfg: SynthConfig) -> tuple[list[EnvSpec], nx.DiGraph, dict[str, A
 def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts: dict[str, int], *,
               rewrite: Callable[[str, dict[str, Any]], str] | None = None) -> list[dict[str, Any]]:
     """``count`` tasks of one environment, ``write_fraction`` of them writes (the other
-    kind makes up for one whose candidates keep failing: :func:`_missed`; fewer tasks when
+    kind makes up for one whose candidates keep failing: :func:`_tried`; fewer tasks when
     too many candidates are filtered: at most 20 candidates per task are tried);
     ``counts`` gains the filter counts."""
     rng = random.Random(f"{cfg.seed}/{env.name}")
     sub = _env_graph(g, env)
+    paths = EntryPaths(env, sub)
     out: list[dict[str, Any]] = []
     queries: set[str] = set()
     writes = round(cfg.write_fraction * count) if any(t.op in WRITE for t in env.tools) else 0
     left = {False: count - writes, True: writes}           # tasks still wanted: reads, writes
-    misses = {False: 0, True: 0}                           # candidates of each kind rejected in a row
+    tries = {k: TRIES * n for k, n in left.items()}        # candidates each kind may still try
     attempt = 0
     while sum(left.values()) and attempt < 20 * count:
         attempt += 1
@@ -380,7 +397,7 @@ def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts:
         try:
             parts, final = [], state
             for _ in range(n_parts):
-                chain = (path_chain(env, sub, rng, write=write) if method == "path" else
+                chain = (path_chain(env, paths, rng, write=write) if method == "path" else
                          walk_chain(env, sub, rng, length=rng.randint(1, cfg.max_calls), write=write))
                 if not chain or len(chain) > cfg.max_calls:
                     raise _Rejected("no_path")
@@ -395,7 +412,7 @@ def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts:
                 raise _Rejected("no_change")
         except _Rejected as e:
             counts[e.args[0]] += 1
-            _missed(misses, left, write, can_write=writes > 0, count=count)
+            _tried(tries, left, write, can_write=writes > 0)
             continue
         query = parts[0]["question"] if n_parts == 1 else "Answer each question on its own line as <number>: "             "<answer>.\n" + "\n".join(f"{i + 1}. {p['question']}" for i, p in enumerate(parts))
         record = {"task_id": f"{env.name}/{len(out)}", "env": env.name, "method": method,
@@ -404,25 +421,26 @@ def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts:
         record["query"] = rewrite(query, record) if rewrite is not None else query
         if record["query"] in queries:
             counts["duplicate"] += 1
-            _missed(misses, left, write, can_write=writes > 0, count=count)
+            _tried(tries, left, write, can_write=writes > 0)
             continue
         queries.add(record["query"])
         left[write] -= 1
-        misses[write] = 0
+        _tried(tries, left, write, can_write=writes > 0)
         out.append(record)
     return out
 
 
-PATIENCE = 5        # candidates of one kind rejected in a row, per task wanted, before its quota moves
+TRIES = 10          # candidates a kind may try per task of its quota before its quota moves to the other kind
 
 
-def _missed(misses: dict[bool, int], left: dict[bool, int], write: bool, *, can_write: bool, count: int) -> None:
-    """Count a rejected candidate of kind ``write``; after ``PATIENCE * count`` in a row
-    (an environment whose distinct reads or writes are used up), hand that kind's
-    remaining quota to the other kind (reads always; writes when the environment has
-    write tools)."""
-    misses[write] += 1
-    if misses[write] >= PATIENCE * count and left[write] and (write or can_write):
+def _tried(tries: dict[bool, int], left: dict[bool, int], write: bool, *, can_write: bool) -> None:
+    """Count a candidate of kind ``write``; once the kind has used its tries (an
+    environment whose distinct reads or writes run out), hand its remaining quota, with
+    tries for it, to the other kind (reads always; writes when the environment has write
+    tools)."""
+    tries[write] -= 1
+    if tries[write] <= 0 and left[write] and (write or can_write):
+        tries[not write] += TRIES * left[write]
         left[not write] += left[write]
         left[write] = 0
 
