@@ -37,6 +37,21 @@ def experiment_parser(doc: str, experiments) -> argparse.ArgumentParser:
     return p
 
 
+def seeds_parser(doc: str, runs: str) -> argparse.ArgumentParser:
+    """The arguments of an experiment that runs its seeds as separate processes: the
+    seeds, overrides of every job, how many seeds side by side, where the runs and the
+    report go, and whether to only run the seeds or only report."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--set", action="append", default=[], help="an override of every job (field=value)")
+    p.add_argument("--jobs", type=int, default=1, help="seeds run side by side (one process each)")
+    p.add_argument("--runs", default=runs)
+    p.add_argument("--out", default="docs/experiments")
+    p.add_argument("--no-report", action="store_true", help="only run the seeds (a --jobs worker)")
+    p.add_argument("--report-only", action="store_true", help="the report of the seeds' results found in --runs")
+    return p
+
+
 def run_seeds_side_by_side(script: str, seeds: list[int], jobs: int, runs: str, args: list[str]) -> None:
     """Run ``script`` once per seed (``--seeds S --no-report`` added to ``args``), at most
     ``jobs`` processes at a time, each logging to ``<runs>/seed<S>.log``; the first that

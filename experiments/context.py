@@ -34,14 +34,13 @@ are reused. ``--set`` overrides go to every job of the experiment.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import random
 import time
 
-from common import ROOT, plot_rl_means, run_seeds_side_by_side, train_missing
+from common import ROOT, plot_rl_means, run_seeds_side_by_side, seeds_parser, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "context_widesearch.py")
 STRATEGIES = ("none", "discard_all", "keep_last_round", "summary")
@@ -174,17 +173,10 @@ def report(results: list[dict], args) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p = seeds_parser(__doc__, "runs/experiments/context")
     p.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--episodes", type=int, default=12, help="held-out tasks per size")
     p.add_argument("--rl-steps", type=int, default=10, help="RL steps of the two RL arms")
-    p.add_argument("--set", action="append", default=[], help="an override of every job (field=value)")
-    p.add_argument("--jobs", type=int, default=1, help="seeds run side by side (one process each)")
-    p.add_argument("--runs", default="runs/experiments/context")
-    p.add_argument("--out", default="docs/experiments")
-    p.add_argument("--no-report", action="store_true", help="only run the seeds (a --jobs worker)")
-    p.add_argument("--report-only", action="store_true", help="the report of the seeds' results found in --runs")
     p.add_argument("--warm-only", action="store_true", help="only the warm starts (e.g. on an accelerator; the rest "
                                                              "then runs where their hf/ directories are copied)")
     args = p.parse_args()

@@ -24,13 +24,12 @@ Runs found finished are reused. ``--set`` overrides go to every job.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import time
 
-from common import ROOT, plot_rl_means, run_seeds_side_by_side, train_missing
+from common import ROOT, plot_rl_means, run_seeds_side_by_side, seeds_parser, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "synth_tools_cpu.py")
 SETS = (("seen", ("seen",)), ("held_out", ("validation", "test")))   # (name in the table, the task set's splits)
@@ -140,17 +139,10 @@ def report(results: list[dict], args) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p = seeds_parser(__doc__, "runs/experiments/synth")
     p.add_argument("--episodes", type=int, default=48, help="tasks per evaluation set")
     p.add_argument("--rl-steps", type=int, default=10)
     p.add_argument("--no-swarm", action="store_true", help="skip the orchestrator arm")
-    p.add_argument("--set", action="append", default=[], help="an override of every job (field=value)")
-    p.add_argument("--jobs", type=int, default=1, help="seeds run side by side (one process each)")
-    p.add_argument("--runs", default="runs/experiments/synth")
-    p.add_argument("--out", default="docs/experiments")
-    p.add_argument("--no-report", action="store_true", help="only run the seeds (a --jobs worker)")
-    p.add_argument("--report-only", action="store_true", help="the report of the results found in --runs")
     args = p.parse_args()
     os.makedirs(args.runs, exist_ok=True)
     if args.report_only:
