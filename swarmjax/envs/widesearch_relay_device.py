@@ -18,6 +18,9 @@ On the device, per agent row (all pure functions, vmapped over rows):
 * :func:`reply_seq`: the grid -> the reply's fragments (the turn's closing ids, the
   tool-response frame, the responses in call order).
 * :func:`relay_pairs`: a sub-agent's answer pairs -> the distinct known ones, in order.
+
+:class:`RelayDeviceTask` puts these behind the device-task contract
+(:mod:`swarmjax.envs.device_api`) the jitted swarm runs.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from swarmjax.envs.device_api import R_ANSWER, R_CONTEXT, R_TURNS, DeviceTask, TurnOut
 from swarmjax.envs.widesearch import Episode
 from swarmjax.envs.widesearch_relay import ERROR_TEXT, LIMIT, LOOKUP_AGAIN, UNKNOWN_ENTITY, RelayTask
 from swarmjax.text.device_calls import fnv1a
@@ -38,8 +42,6 @@ from swarmjax.text.toolcalls import CallError
 
 Array = jax.Array
 T_LOOKUP, T_CREATE, T_ASSIGN = 0, 1, 2       # tool ids (RelayTask.tools order)
-R_ANSWER, R_TURNS, R_CONTEXT = 0, 1, 2       # why a sub-agent ended
-REASONS = ("answer", "turns", "context")
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -299,3 +301,170 @@ def episode_arrays(eps: list[Episode], n: int) -> tuple[np.ndarray, np.ndarray]:
     for b, ep in enumerate(eps):
         task[b, :len(ep.task)] = ep.task
     return table, task
+
+
+# ------------------------------------------------------------------------------ the device task
+
+@flax.struct.dataclass
+class RelayState:
+    """A batch's canonical wide-search state (B episodes, S = B K sub-agent slots).
+
+    table [B, E], task [B, N] (-1 padded): the episodes; created [B, K] bool; assigned
+    [B] (assignments that ran); seen [B, E] (entities some assignment mentioned);
+    returned [B, E] (asked-for entities relayed back); novel [B]; parallel [B]
+    (asked-for entities relayed beside each stage's busiest sub-agent, summed over
+    stages: ``r_parallel = "parallel"``); answer [B, P, 2], answer_count [B]: the
+    orchestrator's answer lines; pairs [S, P, 2]: each sub-agent's relayed answer.
+    """
+
+    table: Array
+    task: Array
+    created: Array
+    assigned: Array
+    seen: Array
+    returned: Array
+    novel: Array
+    parallel: Array
+    answer: Array
+    answer_count: Array
+    pairs: Array
+
+
+class RelayDeviceTask(DeviceTask):
+    """The canonical text wide-search (:class:`RelayTask`) as a device task
+    (:mod:`swarmjax.envs.device_api`); its host twin is
+    :class:`~swarmjax.envs.widesearch_relay.RelayEnv`."""
+
+    def __init__(self, task: RelayTask):
+        from swarmjax.text import device_answers as da
+        from swarmjax.text import device_calls as dc
+
+        self.task, self.chat = task, task.chat
+        tok = task.chat.tokenizer
+        self.tables = RelayTables.build(task)
+        self.frags, self.widths = self.tables.frags, self.tables.widths(task)
+        self.max_subagents, self.agent_names = task.cfg.max_subagents, task.agent_names
+        self.max_calls, self.grid_width = task.max_calls, 1 + 2 * task.max_pairs
+        self.answer_grammar = da.AnswerGrammar.build(tok, task.entity_names, task.value_names,
+                                                     max_pairs=task.max_pairs)
+        self._grammars = {role: dc.CallGrammar.build(tok, task.tools(role), max_calls=task.max_calls,
+                                                     max_mentions=task.max_mentions,
+                                                     mention_phrases=task.entity_names)
+                          for role in ("orchestrator", "worker")}
+        ids, lens = np.asarray(self.frags.ids), np.asarray(self.frags.lens)
+        self._pieces = [ids[i, :lens[i]] for i in range(len(lens))]
+        self._heads = {role: self._pieces[self.tables.c[f"{role}_head"]] for role in ("orchestrator", "worker")}
+
+    # ---- host
+    def grammar(self, role: str):
+        return self._grammars[role]
+
+    def head_ids(self, role: str) -> np.ndarray:
+        return self._heads[role]
+
+    def batch(self, problems):
+        cfg = self.task.cfg
+        for i, ep in enumerate(problems):
+            if not 1 <= len(ep.task) <= cfg.max_task_size or len(ep.table) != cfg.num_entities \
+                    or not all(0 <= e < cfg.num_entities for e in ep.task):
+                raise ValueError(f"episode {i}: a task of 1..{cfg.max_task_size} entity ids below "
+                                 f"{cfg.num_entities} and a table of {cfg.num_entities} values expected, got "
+                                 f"task {list(ep.task)} and a table of {len(ep.table)}")
+        table, task = episode_arrays(list(problems), cfg.max_task_size)
+        seq = np.asarray(jax.vmap(lambda x: prompt_seq(self.tables, "orchestrator", x))(jnp.asarray(task)))
+        prompts = [compose(self._pieces, row) for row in seq]
+        return {"table": table, "task": task}, prompts
+
+    def rewards(self, state: RelayState, answers):
+        """The host twin's reward terms (:func:`swarmjax.envs.widesearch_relay.verify`)
+        on episodes that answered (0 elsewhere)."""
+        pairs = jnp.asarray(state.answer)                                                     # [B, P, 2]
+        P = pairs.shape[1]
+        live = jnp.arange(P)[None, :] < jnp.minimum(jnp.asarray(state.answer_count), P)[:, None]
+        first = first_occurrences(pairs, live)                                                # score()'s set
+        ent = pairs[..., 0]
+        table, task = jnp.asarray(state.table), jnp.asarray(state.task)
+        asked = jnp.take_along_axis(id_mask(task, table.shape[1]), jnp.maximum(ent, 0), axis=1) & (ent >= 0)
+        right = asked & (jnp.take_along_axis(table, jnp.maximum(ent, 0), axis=1) == pairs[..., 1])
+        correct = jnp.sum(first & right, axis=1).astype(jnp.float32)
+        answered = jnp.sum(first, axis=1).astype(jnp.float32)
+        truth = jnp.sum(task >= 0, axis=1).astype(jnp.float32)
+        precision, recall = correct / jnp.maximum(answered, 1), correct / jnp.maximum(truth, 1)
+        f1 = jnp.where(correct > 0, 2 * precision * recall / jnp.maximum(precision + recall, 1e-9), 0.0)
+        done = jnp.asarray([a is not None for a in answers])
+        z = lambda x: np.asarray(jnp.where(done, x, 0.0), np.float32)                        # noqa: E731
+        return {"r_perf": z(f1), "correct": z(correct), "answered": z(answered), "truth": z(truth),
+                "novel": z(state.novel), "returned": z(jnp.sum(jnp.asarray(state.returned), 1)),
+                "parallel": z(state.parallel)}
+
+    # ---- device
+    def init(self, arrays) -> RelayState:
+        table, task = arrays["table"], arrays["task"]
+        B, E = table.shape
+        K, P = self.max_subagents, self.task.max_pairs
+        z = jnp.zeros((B,), jnp.int32)
+        return RelayState(table=table, task=task, created=jnp.zeros((B, K), bool), assigned=z,
+                          seen=jnp.zeros((B, E), bool), returned=jnp.zeros((B, E), bool), novel=z, parallel=z,
+                          answer=jnp.full((B, P, 2), -1, jnp.int32), answer_count=z,
+                          pairs=jnp.full((B * K, P, 2), -1, jnp.int32))
+
+    def orch_turn(self, s: RelayState, rec, count, acted):
+        tc = jax.vmap(lambda r, n, t, c, a: turn_calls(self.tables, r, n, t, c, a, max_subagents=self.max_subagents))(
+            rec, count, s.table, s.created, s.assigned)
+        runs = acted[:, None] & (tc.stage >= 0)                                              # [B, C]
+        seen, novel = s.seen, s.novel
+        E = seen.shape[1]
+        asked = id_mask(s.task, E)
+        for i in range(runs.shape[1]):              # assignments in call order (C is small)
+            hit = id_mask(tc.entities[:, i], E)                                             # [B, E]
+            novel = novel + (runs[:, i] & jnp.any(hit & asked & ~seen, axis=1))
+            seen = seen | (hit & runs[:, i][:, None])
+        keep = lambda new, old: jnp.where(acted.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)  # noqa: E731
+        s = s.replace(created=keep(tc.created, s.created), assigned=keep(tc.assigned, s.assigned), seen=seen,
+                      novel=novel)
+        return s, TurnOut(grid=tc.grid, responses=tc.responses, spawn=jnp.where(runs, tc.stage, -1),
+                          args=tc.entities)
+
+    def orch_answer(self, s: RelayState, answers, mask):
+        from swarmjax.text import device_answers as da
+        pairs, count = da.pairs(answers)
+        return s.replace(answer=jnp.where(mask[:, None, None], pairs, s.answer),
+                         answer_count=jnp.where(mask, count, s.answer_count))
+
+    def worker_prompt(self, args):
+        return jax.vmap(lambda x: prompt_seq(self.tables, "worker", x))(args)
+
+    def worker_turn(self, s: RelayState, rec, count, acted):
+        S, K = count.shape[0], self.max_subagents
+        owner = jnp.arange(S) // K
+        tc = jax.vmap(lambda r, n, t, c, a: turn_calls(self.tables, r, n, t, c, a, max_subagents=K))(
+            rec, count, s.table[owner], jnp.zeros((S, K), bool), jnp.zeros((S,), jnp.int32))
+        return s, TurnOut(grid=tc.grid, responses=tc.responses, spawn=jnp.full_like(tc.stage, -1),
+                          args=tc.entities)
+
+    def worker_answer(self, s: RelayState, answers, mask):
+        from swarmjax.text import device_answers as da
+        pairs, _ = da.pairs(answers)
+        return s.replace(pairs=jnp.where(mask[:, None, None], jax.vmap(relay_pairs)(pairs), s.pairs))
+
+    def stage_over(self, s: RelayState, over, grid, spawn, slot, reason):
+        member = spawn >= 0
+        ok = member & (reason == R_ANSWER)
+        pairs = s.pairs[slot]                                                                # [B, C, P, 2]
+        B, E = s.returned.shape
+        back = id_mask(jnp.where((ok & over[:, None])[..., None], pairs[..., 0], -1).reshape(B, -1), E)
+        # parallel work: asked-for entities each member relayed first (call order, after
+        # earlier stages), summed beside the stage's busiest member
+        asked, prior, own = id_mask(s.task, E), s.returned, []
+        for i in range(member.shape[1]):
+            new = id_mask(jnp.where((ok[:, i] & over)[:, None], pairs[:, i, :, 0], -1), E) & asked & ~prior
+            own.append(new.sum(1))
+            prior = prior | new
+        own = jnp.stack(own, axis=1)                                                         # [B, C]
+        filled = jax.vmap(lambda g, k, r, p: fill_results(self.tables, g, k, r, p))(grid, spawn, reason, pairs)
+        s = s.replace(returned=s.returned | (back & asked), parallel=s.parallel + own.sum(1) - own.max(1))
+        return s, jnp.where(over[:, None, None], filled, grid)
+
+    def reply_seq(self, grid, responses, cut):
+        return reply_seq(self.tables, grid, responses, cut)
+

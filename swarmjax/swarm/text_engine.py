@@ -3,8 +3,10 @@ one XLA program, tool calls parsed and answered on the device.
 
 The host-driven :class:`~swarmjax.swarm.text_rollout.TextRollout` returns to Python at
 every turn boundary to parse, run tools and tokenise replies. Here the whole rollout of
-a batch of canonical text wide-search episodes (:mod:`swarmjax.envs.widesearch_relay`)
-is one ``lax.while_loop`` of *ticks*, with no host round trip:
+a batch of episodes of a *device task* (:mod:`swarmjax.envs.device_api`: the canonical
+text wide-search :mod:`swarmjax.envs.widesearch_relay_device`, a generated tool
+environment :mod:`swarmjax.envs.synth.device_task`) is one ``lax.while_loop`` of
+*ticks*, with no host round trip:
 
 * **rows.** B orchestrator rows (trainable params) and S = B x K sub-agent slots
   (frozen params; slot ``b K + j`` is episode b's j-th assignment). A row's conversation
@@ -19,20 +21,21 @@ is one ``lax.while_loop`` of *ticks*, with no host round trip:
   chunked prefill; a tick where no row has more than one pending id runs the 1-wide
   forward instead, and a model with nothing to feed is skipped;
   :mod:`swarmjax.swarm.text_engine_feed`).
-* **turn ends** (a stop id, or the turn's limit) are answered on the device
-  (:mod:`swarmjax.envs.widesearch_relay_device`): the calls' responses are joined from
-  token fragments and written to the trace (fed in the next ticks); ``assign_task``
-  calls start sub-agents in their slots with prompts rebuilt from the entities their
-  prompt mentions; when a stage's sub-agents have all ended, their relayed answers fill
-  the orchestrator's responses; an answer (a turn without calls) ends the agent.
+* **turn ends** (a stop id, or the turn's limit) are answered on the device by the
+  task: the calls' responses are joined from token fragments and written to the trace
+  (fed in the next ticks); calls that start sub-agents start them in their slots with
+  prompts the task builds; when a stage's sub-agents have all ended, the task fills
+  the orchestrator's pending responses with their results; an answer (a turn without
+  calls) ends the agent. A task without sub-agents (K = 0) runs the orchestrator rows
+  alone.
 
 Counting and limits are :class:`TextRollout`'s exactly (its docstring): a turn is one
 step; a stage costs 1 + its longest sub-agent on the critical path; an orchestrator turn
 starts only while ``critical + 1 <= budget``; a sub-agent is stopped after
 ``subagent_turns`` turns; ids a context cannot hold (with one more) end the agent; a
-turn samples at most ``min(max_turn_tokens, context - length)`` ids. So with the
-host twin :class:`~swarmjax.envs.widesearch_relay.RelayEnv` in a ``TextRollout`` (one
-sub-agent lane per slot) the two give the same trajectories (tests/test_text_engine.py).
+turn samples at most ``min(max_turn_tokens, context - length)`` ids. So with a task's
+host twin in a ``TextRollout`` (one sub-agent lane per slot) the two give the same
+trajectories (tests/test_text_engine.py, tests/test_synth_engine.py).
 """
 
 from __future__ import annotations
@@ -47,10 +50,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from swarmjax.envs import widesearch_relay_device as rd
-from swarmjax.envs.widesearch import Episode
+from swarmjax.envs.device_api import R_ANSWER, R_CONTEXT, R_TURNS, DeviceTask
 from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RUNNING
 from swarmjax.envs.widesearch_relay import RelayTask
+from swarmjax.envs.widesearch_relay_device import RelayDeviceTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
 from swarmjax.swarm.text_device import choose, make_prefix
@@ -67,10 +70,11 @@ _NO_BUDGET = 2 ** 30          # the budget argument when it is lifted: never rea
 
 
 class TextSwarm:
-    """Jitted rollouts of canonical text wide-search episodes.
+    """Jitted rollouts of a device task's episodes.
 
     Args:
-      task: the :class:`RelayTask` (names, chat format, tokenizer, limits).
+      task: the :class:`~swarmjax.envs.device_api.DeviceTask` (a :class:`RelayTask` is
+        run as its :class:`~swarmjax.envs.widesearch_relay_device.RelayDeviceTask`).
       orch_cfg / worker_cfg: the two models' configs (the same architecture as a rule).
       rcfg: the :class:`TextRolloutConfig` (contexts, turn limit, sub-agent turns,
         budget, sampling; ``worker_lanes`` and the host rollout's bucketing are unused:
@@ -88,7 +92,7 @@ class TextSwarm:
         caches are constrained batch-sharded.
     """
 
-    def __init__(self, task: RelayTask, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *,
+    def __init__(self, task: DeviceTask | RelayTask, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *,
                  worker_cfg: ModelConfig | None = None, chunk: int = 16, wide_rows: float = 0.25,
                  buckets: int = 3, mesh: Mesh | None = None,
                  rules=DEFAULT_RULES):
@@ -101,40 +105,39 @@ class TextSwarm:
         if rcfg.context.strategy != "none":
             raise ValueError(f"context strategy {rcfg.context.strategy!r}: the device swarm has none (its "
                              "sub-agents are its context management); use the host rollout (TextRollout)")
+        if isinstance(task, RelayTask):
+            task = RelayDeviceTask(task)
         self.buckets = 1 if mesh is not None else buckets
         for name, cfg in (("orchestrator", orch_cfg), ("sub-agent", worker_cfg or orch_cfg)):
             if cfg.vocab_size < task.chat.tokenizer.vocab_size:
                 raise ValueError(f"{name} model vocab_size {cfg.vocab_size} is smaller than the tokenizer's "
                                  f"({task.chat.tokenizer.vocab_size} ids)")
         self.task, self.rcfg, self.chunk, self.wide_rows = task, rcfg, chunk, wide_rows
-        tok = task.chat.tokenizer
-        self.tables = rd.RelayTables.build(task)
-        self.widths = self.tables.widths(task)
-        grammar = lambda role: dc.CallGrammar.build(tok, task.tools(role), max_calls=task.max_calls,
-                                                    max_mentions=task.max_mentions, mention_phrases=task.entity_names)
-        self.answers = da.AnswerGrammar.build(tok, task.entity_names, task.value_names, max_pairs=task.max_pairs)
-        self.orch = RoleModel(orch_cfg, grammar("orchestrator"), rcfg.orch_context, rcfg.orch_sampling)
-        self.work = RoleModel(worker_cfg or orch_cfg, grammar("worker"), rcfg.worker_context, rcfg.worker_sampling)
+        self.K = task.max_subagents
+        self.answers = task.answer_grammar
+        self.orch = RoleModel(orch_cfg, task.grammar("orchestrator"), rcfg.orch_context, rcfg.orch_sampling)
+        self.work = RoleModel(worker_cfg or orch_cfg, task.grammar("worker") if self.K else None,
+                              rcfg.worker_context, rcfg.worker_sampling)
         self.stop_ids = jnp.asarray(task.chat.stop_ids)
-        self.pad_id = tok.token_id(task.chat.pad_token)
+        self.pad_id = task.chat.tokenizer.token_id(task.chat.pad_token)
         self.mesh, self.rules = mesh, rules
         self._jitted: dict[int, Any] = {}
-        ids, lens = np.asarray(self.tables.frags.ids), np.asarray(self.tables.frags.lens)
-        self._heads = {role: ids[self.tables.c[f"{role}_head"], :lens[self.tables.c[f"{role}_head"]]]
-                       for role in ("orchestrator", "worker")}   # each role's shared prefix
+        self._heads = {role: np.asarray(task.head_ids(role), np.int32)
+                       for role in ("orchestrator",) + (("worker",) if self.K else ())}
 
-    def _compiled(self, orch_params: Any, worker_params: Any, batch: int):
+    def _compiled(self, orch_params: Any, worker_params: Any, arrays: Any, batch: int):
         """The rollout jitted for ``batch`` episodes (over the mesh's batch axes, if any)."""
         if batch not in self._jitted:
             if self.mesh is None:
                 self._jitted[batch] = jax.jit(self._rollout)
             else:
-                rows = lambda nd: batch_sharding(self.mesh, nd, rules=self.rules, batch_size=batch)
-                shard = lambda cfg, p: tree_shardings(param_logical_axes(cfg), p, self.mesh, self.rules)
+                rows = lambda nd: batch_sharding(self.mesh, nd, rules=self.rules, batch_size=batch)  # noqa: E731
+                shard = lambda cfg, p: tree_shardings(param_logical_axes(cfg), p, self.mesh, self.rules)  # noqa: E731
+                one = NamedSharding(self.mesh, PartitionSpec())
                 self._jitted[batch] = jax.jit(self._rollout, in_shardings=(
-                    shard(self.orch.cfg, orch_params), shard(self.work.cfg, worker_params), rows(2), rows(2),
-                    NamedSharding(self.mesh, PartitionSpec()), rows(3), rows(3),
-                    NamedSharding(self.mesh, PartitionSpec()), NamedSharding(self.mesh, PartitionSpec())))
+                    shard(self.orch.cfg, orch_params), shard(self.work.cfg, worker_params) if self.K else None,
+                    jax.tree.map(lambda x: rows(np.ndim(x)), arrays), rows(2), rows(1), one, rows(3), rows(3),
+                    one, one))
         return self._jitted[batch]
 
     def _agents(self, params: Any, m: RoleModel, role: str, rows: int) -> Agents:
@@ -159,10 +162,10 @@ class TextSwarm:
 
     # ------------------------------------------------------------------ host entry point
 
-    def __call__(self, orch_params: Any, worker_params: Any, episodes: Sequence[Episode], key: Array, *,
+    def __call__(self, orch_params: Any, worker_params: Any, problems: Sequence[Any], key: Array, *,
                  scripts: Any = None, greedy: bool = False, budget: int | None | str = "config"
                  ) -> TextRolloutResult:
-        """Run ``len(episodes)`` episodes to their end; ``scripts`` an optional
+        """Run ``len(problems)`` episodes to their end; ``scripts`` an optional
         :class:`~swarmjax.swarm.text_types.TextScripts` of forced turns (ids -1: sample).
 
         ``greedy``: both roles take the argmax (an evaluation); ``budget``: the critical-step
@@ -172,31 +175,29 @@ class TextSwarm:
         if budget == "config":
             budget = self.rcfg.budget
         check_budget(budget)
-        cfg = self.task.cfg
-        if not episodes:
+        if not problems:
             raise ValueError("no episodes")
-        for i, ep in enumerate(episodes):
-            if not 1 <= len(ep.task) <= cfg.max_task_size or len(ep.table) != cfg.num_entities \
-                    or not all(0 <= e < cfg.num_entities for e in ep.task):
-                raise ValueError(f"episode {i}: a task of 1..{cfg.max_task_size} entity ids below "
-                                 f"{cfg.num_entities} and a table of {cfg.num_entities} values expected, got "
-                                 f"task {list(ep.task)} and a table of {len(ep.table)}")
-        table, task = rd.episode_arrays(list(episodes), cfg.max_task_size)
-        seq = jax.vmap(lambda x: rd.prompt_seq(self.tables, "orchestrator", x))(jnp.asarray(task))
-        plen = int(np.asarray(self.tables.frags.lens)[np.asarray(seq)].sum(1).max())
-        if plen + 1 > self.rcfg.orch_context:
-            raise ValueError(f"a prompt of {plen} ids does not fit orch_context={self.rcfg.orch_context}")
-        o_script, w_script = self._scripts(scripts, len(episodes))
-        run = self._compiled(orch_params, worker_params, len(episodes))
-        out = jax.device_get(run(orch_params, worker_params, jnp.asarray(table), jnp.asarray(task), key,
-                                 o_script, w_script, jnp.asarray(greedy, bool),
+        arrays, prompts = self.task.batch(list(problems))
+        head, X = self._heads["orchestrator"], self.rcfg.orch_context
+        ids = np.zeros((len(prompts), X), np.int32)
+        for b, p in enumerate(prompts):
+            if len(p) + 1 > X:
+                raise ValueError(f"a prompt of {len(p)} ids does not fit orch_context={X}")
+            if not np.array_equal(p[:len(head)], head):
+                raise ValueError(f"episode {b}: its prompt does not open with the task's shared head")
+            ids[b, :len(p)] = p
+        lens = np.asarray([len(p) for p in prompts], np.int32)
+        o_script, w_script = self._scripts(scripts, len(problems))
+        run = self._compiled(orch_params, worker_params, arrays, len(problems))
+        out = jax.device_get(run(orch_params, worker_params if self.K else None, arrays, jnp.asarray(ids),
+                                 jnp.asarray(lens), key, o_script, w_script, jnp.asarray(greedy, bool),
                                  jnp.asarray(_NO_BUDGET if budget is None else budget, jnp.int32)))
         return self._result(out)
 
     def _scripts(self, scripts, B: int) -> tuple[Array, Array]:
         """[B, NT, T] / [S, NTw, T] int32 forced ids (-1: sample; a turn's length is its
         ids >= 0 run; an all -1 turn is not scripted)."""
-        T, K = self.rcfg.max_turn_tokens, self.task.cfg.max_subagents
+        T, K = self.rcfg.max_turn_tokens, self.K
         orch = [list(scripts.orch[b]) if scripts is not None and b < len(scripts.orch) else [] for b in range(B)]
         work = [[] for _ in range(B * K)]
         if scripts is not None:
@@ -224,9 +225,10 @@ class TextSwarm:
         slen = jnp.where(a.steps < script.shape[1], jnp.sum(jnp.cumprod(ids >= 0, axis=1), axis=1), 0)
         limit = jnp.minimum(T, m.context - a.trace.length)
         limit = jnp.where(slen > 0, jnp.minimum(limit, slen), limit)
+        answers = a.answers if self.answers is None else da.reset(self.answers, a.answers, mask)
         return a.replace(turning=a.turning | mask, turn_len=jnp.where(mask, 0, a.turn_len),
                          limit=jnp.where(mask, limit, a.limit), calls=dc.reset_turn(m.grammar, a.calls, mask),
-                         answers=da.reset(self.answers, a.answers, mask))
+                         answers=answers)
 
     def _sample(self, params: Any, m: RoleModel, a: Agents, alive: Array, key: Array, script: Array, greedy: Array
                 ) -> tuple[Agents, Array, Array]:
@@ -240,12 +242,13 @@ class TextSwarm:
         trace = a.trace.say(go, tok, lp, mlp, a.steps + 1)
         turn_len = a.turn_len + go
         calls = dc.step(m.grammar, a.calls, tok, go)
-        answers = da.step(self.answers, a.answers, tok, go)
         stopped = go & jnp.any(tok[:, None] == self.stop_ids[None, :], axis=1)
         ended = stopped | (go & (turn_len >= a.limit))
         cut = ended & ~stopped
         calls = dc.finish(m.grammar, dc.drain(m.grammar, calls, stopped), cut)
-        answers = da.finish(self.answers, answers, ended)
+        answers = a.answers
+        if self.answers is not None:
+            answers = da.finish(self.answers, da.step(self.answers, answers, tok, go), ended)
         return a.replace(trace=trace, turn_len=turn_len, calls=calls, answers=answers,
                          turning=a.turning & ~ended), ended, cut
 
@@ -253,61 +256,51 @@ class TextSwarm:
                ) -> tuple[Agents, Array]:
         """Write the responses of each row in ``mask`` to its trace if its context holds
         them and one more id. Returns the agents and which rows heard them."""
-        seq = jax.vmap(functools.partial(rd.reply_seq, self.tables))(grid, responses, cut)
-        ids, n = render(self.tables.frags, seq, width=self.widths["reply" if m is self.orch else "worker_reply"])
+        seq = jax.vmap(self.task.reply_seq)(grid, responses, cut)
+        width = self.task.widths["reply" if m is self.orch else "worker_reply"]
+        ids, n = render(self.task.frags, seq, width=width)
         fits = mask & (a.trace.length + n + 1 <= m.context)
         return a.replace(trace=a.trace.hear(fits, ids, n, a.steps)), fits
 
     def _orch_turns(self, c: Carry, ended: Array, cut: Array, script: Array, w_script: Array) -> Carry:
         """Orchestrator turns that ended: answer, immediate responses, or a stage."""
-        t, o, e, K = self.tables, c.orch, c.eps, self.task.cfg.max_subagents
+        o, e, K = c.orch, c.eps, self.K
         B = ended.shape[0]
         o = o.replace(steps=o.steps + ended)
         e = e.replace(critical=e.critical + ended, total=e.total + ended)
         count = o.calls.count
         answer = ended & (count == 0)
-        pairs, pcount = da.pairs(o.answers)
-        e = e.replace(end=jnp.where(answer, END_ANSWER, e.end),
-                      answer=jnp.where(answer[:, None, None], pairs, e.answer),
-                      answer_count=jnp.where(answer, pcount, e.answer_count))
+        state = self.task.orch_answer(e.task, o.answers, answer)
+        e = e.replace(end=jnp.where(answer, END_ANSWER, e.end))
         acted = ended & (count > 0)
-        rec = dc.call_record(self.orch.grammar, o.calls)
-        tc = jax.vmap(functools.partial(rd.turn_calls, t, max_subagents=K))(rec, count, e.table, e.created, e.assigned)
-        runs = acted[:, None] & (tc.stage >= 0)                                             # [B, C]
+        state, turn = self.task.orch_turn(state, dc.call_record(self.orch.grammar, o.calls), count, acted)
+        runs = acted[:, None] & (turn.spawn >= 0)                                           # [B, C]
         rank = jnp.cumsum(runs, axis=1) - 1
-        slot_of = jnp.where(runs, jnp.arange(B)[:, None] * K + e.assigned[:, None] + rank, -1)
-        seen, novel = e.seen, e.novel
-        E = seen.shape[1]
-        asked = rd.id_mask(e.task, E)
-        for i in range(runs.shape[1]):              # assignments in call order (C is small)
-            hit = rd.id_mask(tc.entities[:, i], E)                                         # [B, E]
-            novel = novel + (runs[:, i] & jnp.any(hit & asked & ~seen, axis=1))
-            seen = seen | (hit & runs[:, i][:, None])
+        slot_of = jnp.where(runs, jnp.arange(B)[:, None] * K + e.spawned[:, None] + rank, -1)
         stage = jnp.any(runs, axis=1)
-        keep = lambda new, old: jnp.where(acted.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
-        e = e.replace(created=keep(tc.created, e.created), assigned=keep(tc.assigned, e.assigned),
-                      seen=seen, novel=novel, spawned=e.spawned + runs.sum(1), waiting=e.waiting | stage,
-                      grid=keep(tc.grid, e.grid), responses=keep(tc.responses, e.responses),
-                      stage_agent=keep(jnp.where(runs, tc.stage, -1), e.stage_agent),
-                      stage_slot=keep(slot_of, e.stage_slot), cut=keep(cut, e.cut))
-        # sub-agents of the new stages: slot s runs the assignment whose slot_of is s
-        S = B * K
-        flat = slot_of.reshape(-1)                                                           # [B C]
-        start = jnp.zeros((S,), bool).at[jnp.maximum(flat, 0)].max(flat >= 0)
-        src = jnp.zeros((S,), jnp.int32).at[jnp.maximum(flat, 0)].max(
-            jnp.where(flat >= 0, jnp.arange(flat.shape[0]), 0))
-        ents = tc.entities.reshape(flat.shape[0], -1)[src]                                   # [S, M]
-        e = e.replace(agent=jnp.where(start, tc.stage.reshape(-1)[src], e.agent))
+        keep = lambda new, old: jnp.where(acted.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)  # noqa: E731
+        e = e.replace(spawned=e.spawned + runs.sum(1), waiting=e.waiting | stage,
+                      grid=keep(turn.grid, e.grid), responses=keep(turn.responses, e.responses),
+                      stage_agent=keep(jnp.where(runs, turn.spawn, -1), e.stage_agent),
+                      stage_slot=keep(slot_of, e.stage_slot), cut=keep(cut, e.cut), task=state)
         c = c.replace(orch=o, eps=e)
-        c = self._start_workers(c, start, ents, w_script)
+        if K:
+            # sub-agents of the new stages: slot s runs the call whose slot_of is s
+            S = B * K
+            flat = slot_of.reshape(-1)                                                       # [B C]
+            start = jnp.zeros((S,), bool).at[jnp.maximum(flat, 0)].max(flat >= 0)
+            src = jnp.zeros((S,), jnp.int32).at[jnp.maximum(flat, 0)].max(
+                jnp.where(flat >= 0, jnp.arange(flat.shape[0]), 0))
+            args = turn.args.reshape(flat.shape[0], -1)[src]                                 # [S, M]
+            c = c.replace(eps=e.replace(agent=jnp.where(start, turn.spawn.reshape(-1)[src], e.agent)))
+            c = self._start_workers(c, start, args, w_script)
         return self._orch_reply(c, acted & ~stage, script)
 
-    def _start_workers(self, c: Carry, start: Array, ents: Array, script: Array) -> Carry:
-        """Reset the slots in ``start`` [S] and say their prompts (entities [S, M]); a
+    def _start_workers(self, c: Carry, start: Array, args: Array, script: Array) -> Carry:
+        """Reset the slots in ``start`` [S] and say their prompts (from args [S, M]); a
         prompt their context cannot hold ends them at once (reason context)."""
         w, e = c.work, c.eps
-        seq = jax.vmap(lambda x: rd.prompt_seq(self.tables, "worker", x))(ents)
-        ids, n = render(self.tables.frags, seq, width=self.widths["worker"])
+        ids, n = render(self.task.frags, self.task.worker_prompt(args), width=self.task.widths["worker"])
         fits = start & (n + 1 <= self.work.context)
         rows = w.rows
         rows = rows.replace(pos=jnp.where(start, 0, rows.pos),
@@ -317,8 +310,7 @@ class TextSwarm:
                       steps=jnp.where(start, 0, w.steps), turning=w.turning & ~start)
         w = self._open(self.work, w, fits, script)
         e = e.replace(slot=jnp.where(fits, RUNNING_SLOT, jnp.where(start, ENDED_SLOT, e.slot)),
-                      reason=jnp.where(start & ~fits, rd.R_CONTEXT, jnp.where(start, rd.R_ANSWER, e.reason)),
-                      pairs=jnp.where(start[:, None, None], -1, e.pairs))
+                      reason=jnp.where(start & ~fits, R_CONTEXT, jnp.where(start, R_ANSWER, e.reason)))
         return c.replace(work=w, eps=e)
 
     def _orch_reply(self, c: Carry, mask: Array, script: Array) -> Carry:
@@ -331,55 +323,37 @@ class TextSwarm:
         return c.replace(orch=o, eps=e)
 
     def _worker_turns(self, c: Carry, ended: Array, cut: Array, script: Array) -> Carry:
-        """Sub-agent turns that ended: an answer (relayed pairs), the turn limit, or responses."""
+        """Sub-agent turns that ended: an answer (relayed), the turn limit, or responses."""
         w, e = c.work, c.eps
         w = w.replace(steps=w.steps + ended)
         count = w.calls.count
         answer = ended & (count == 0)
-        pairs, _ = da.pairs(w.answers)
         stopped = ended & ~answer & (w.steps >= self.rcfg.subagent_turns)
         acted = ended & ~answer & ~stopped
-        K = self.task.cfg.max_subagents
-        rec = dc.call_record(self.work.grammar, w.calls)
-        owner = jnp.arange(ended.shape[0]) // K
-        S = ended.shape[0]
-        tc = jax.vmap(functools.partial(rd.turn_calls, self.tables, max_subagents=K))(
-            rec, count, e.table[owner], jnp.zeros((S, K), bool), jnp.zeros((S,), jnp.int32))
-        w, heard = self._reply(self.work, w, acted, tc.grid, tc.responses, cut)
+        state = self.task.worker_answer(e.task, w.answers, answer)
+        state, turn = self.task.worker_turn(state, dc.call_record(self.work.grammar, w.calls), count, acted)
+        w, heard = self._reply(self.work, w, acted, turn.grid, turn.responses, cut)
         w = self._open(self.work, w, heard, script)
         gone = answer | stopped | (acted & ~heard)
-        reason = jnp.select([answer, stopped], [rd.R_ANSWER, rd.R_TURNS], rd.R_CONTEXT)
-        e = e.replace(slot=jnp.where(gone, ENDED_SLOT, e.slot), reason=jnp.where(gone, reason, e.reason),
-                      pairs=jnp.where(answer[:, None, None], jax.vmap(rd.relay_pairs)(pairs), e.pairs))
+        reason = jnp.select([answer, stopped], [R_ANSWER, R_TURNS], R_CONTEXT)
+        e = e.replace(slot=jnp.where(gone, ENDED_SLOT, e.slot), reason=jnp.where(gone, reason, e.reason), task=state)
         return c.replace(work=w, eps=e)
 
     def _stages(self, c: Carry, script: Array) -> Carry:
-        """Stages whose sub-agents have all ended: count them, relay the answers, reply."""
+        """Stages whose sub-agents have all ended: count them, let the task fill in
+        their results, reply."""
         e, w = c.eps, c.work
         slot = jnp.maximum(e.stage_slot, 0)                                                  # [B, C]
         member = e.stage_slot >= 0
         over = e.waiting & jnp.all(~member | (e.slot[slot] == ENDED_SLOT), axis=1)
         steps = jnp.where(member, w.steps[slot], 0)
-        ok = member & (e.reason[slot] == rd.R_ANSWER)
-        pairs = e.pairs[slot]                                                                # [B, C, P, 2]
-        B, E = e.returned.shape
-        back = rd.id_mask(jnp.where((ok & over[:, None])[..., None], pairs[..., 0], -1).reshape(B, -1), E)
-        # parallel work: asked-for entities each member relayed first (call order, after
-        # earlier stages), summed beside the stage's busiest member
-        asked, prior, own = rd.id_mask(e.task, E), e.returned, []
-        for i in range(member.shape[1]):
-            new = rd.id_mask(jnp.where((ok[:, i] & over)[:, None], pairs[:, i, :, 0], -1), E) & asked & ~prior
-            own.append(new.sum(1))
-            prior = prior | new
-        own = jnp.stack(own, axis=1)                                                         # [B, C]
-        grid = jax.vmap(functools.partial(rd.fill_results, self.tables))(
-            e.grid, e.stage_agent, jnp.where(member, e.reason[slot], rd.R_ANSWER), pairs)
+        ok = member & (e.reason[slot] == R_ANSWER)
+        state, grid = self.task.stage_over(e.task, over, e.grid, e.stage_agent, slot,
+                                           jnp.where(member, e.reason[slot], R_ANSWER))
         e = e.replace(critical=e.critical + jnp.where(over, steps.max(1), 0),
                       total=e.total + jnp.where(over, steps.sum(1), 0),
                       finished=e.finished + jnp.where(over, ok.sum(1), 0),
-                      returned=e.returned | (back & asked), parallel=e.parallel + own.sum(1) - own.max(1),
-                      waiting=e.waiting & ~over,
-                      grid=jnp.where(over[:, None, None], grid, e.grid),
+                      waiting=e.waiting & ~over, grid=grid, task=state,
                       stage_slot=jnp.where(over[:, None], -1, e.stage_slot))
         return self._orch_reply(c.replace(eps=e), over, script)
 
@@ -388,15 +362,19 @@ class TextSwarm:
         o_script, w_script = scripts
         o_rope, w_rope = ropes
         key, ko, kw = jax.random.split(c.key, 3)
+        wide = lambda rows: max(1, int(round(self.wide_rows * rows)))                       # noqa: E731
         o, o_end, o_cut = self._sample(orch_params, self.orch, c.orch, c.eps.end == RUNNING, ko, o_script, c.greedy)
+        o = feed(orch_params, self.orch, o, c.eps.end == RUNNING, self.chunk, wide(o.turning.shape[0]),
+                 self.buckets, o_rope)
+        c = c.replace(tick=c.tick + 1, key=key, orch=o)
+        if not self.K:
+            return lax.cond(jnp.any(o_end), lambda c: self._orch_turns(c, o_end, o_cut, o_script, w_script),
+                            lambda c: c, c)
         w, w_end, w_cut = self._sample(work_params, self.work, c.work, c.eps.slot == RUNNING_SLOT, kw, w_script,
                                        c.greedy)
-        wide = lambda rows: max(1, int(round(self.wide_rows * rows)))
-        o = feed(orch_params, self.orch, o, c.eps.end == RUNNING, self.chunk, wide(o.turning.shape[0]),
-                  self.buckets, o_rope)
         w = feed(work_params, self.work, w, c.eps.slot == RUNNING_SLOT, self.chunk, wide(w.turning.shape[0]),
-                  self.buckets, w_rope)
-        c = c.replace(tick=c.tick + 1, key=key, orch=o, work=w)
+                 self.buckets, w_rope)
+        c = c.replace(work=w)
 
         def events(c: Carry) -> Carry:
             c = self._orch_turns(c, o_end, o_cut, o_script, w_script)
@@ -404,31 +382,31 @@ class TextSwarm:
             return self._stages(c, o_script)
         return lax.cond(jnp.any(o_end) | jnp.any(w_end), events, lambda c: c, c)
 
-    def _rollout(self, orch_params, work_params, table, task, key, o_script, w_script, greedy, budget
-                 ) -> dict[str, Any]:
-        B, K = table.shape[0], self.task.cfg.max_subagents
-        tk = self.task
-        eps = Episodes.init(table, task, max_subagents=K, max_calls=tk.max_calls, max_pairs=tk.max_pairs)
+    def _rollout(self, orch_params, work_params, arrays, prompt, prompt_len, key, o_script, w_script, greedy,
+                 budget) -> dict[str, Any]:
+        B, K = prompt.shape[0], self.K
+        eps = Episodes.init(self.task.init(arrays), B, max_subagents=K, max_calls=self.task.max_calls,
+                            grid_width=self.task.grid_width)
         orch = self._agents(orch_params, self.orch, "orchestrator", B)
-        work = self._agents(work_params, self.work, "worker", B * K)
-        seq = jax.vmap(lambda x: rd.prompt_seq(self.tables, "orchestrator", x))(task)
-        ids, n = render(self.tables.frags, seq, width=self.widths["orchestrator"])
-        orch = orch.replace(trace=orch.trace.hear(jnp.ones((B,), bool), ids, n, jnp.zeros_like(n)))
+        work = self._agents(work_params, self.work, "worker", B * K) if K else None
+        orch = orch.replace(trace=orch.trace.hear(jnp.ones((B,), bool), prompt, prompt_len,
+                                                  jnp.zeros_like(prompt_len)))
         orch = self._open(self.orch, orch, jnp.ones((B,), bool), o_script)
         c = Carry(tick=jnp.int32(0), key=key, orch=orch, work=work, eps=eps, greedy=greedy, budget=budget)
-        ropes = tuple(a.rows.rope(m.cfg, a.rows.cache.max_len) for a, m in ((orch, self.orch), (work, self.work)))
+        ropes = tuple(None if a is None else a.rows.rope(m.cfg, a.rows.cache.max_len)
+                      for a, m in ((orch, self.orch), (work, self.work)))
         max_ticks = self.rcfg.orch_context + K * self.rcfg.worker_context + 2
         c = lax.while_loop(lambda c: jnp.any(c.eps.end == RUNNING) & (c.tick < max_ticks),
                            functools.partial(self._tick, (orch_params, work_params), (o_script, w_script), ropes), c)
-        return {"orch": c.orch.trace, "work": c.work.trace, "eps": c.eps, "orch_steps": c.orch.steps,
-                "work_steps": c.work.steps, "ticks": c.tick, "rewards": _rewards(c.eps)}
+        return {"orch": c.orch.trace, "work": None if work is None else c.work.trace, "eps": c.eps,
+                "orch_steps": c.orch.steps, "work_steps": None if work is None else c.work.steps, "ticks": c.tick}
 
     # ------------------------------------------------------------------ host result
 
     def _result(self, out: dict[str, Any]) -> TextRolloutResult:
         e, tr, wt = out["eps"], out["orch"], out["work"]
         B, X = tr.ids.shape
-        K = self.task.cfg.max_subagents
+        K = self.K
         valid = np.arange(X)[None, :] < tr.length[:, None]
         traces = [_agent_trace("orchestrator", tr, b, int(out["orch_steps"][b])) for b in range(B)]
         subs = []
@@ -445,7 +423,7 @@ class TextSwarm:
             loss_mask=tr.sampled & valid, logprobs=tr.logprobs, model_logprobs=tr.model_logprobs,
             stage_ids=np.where(valid, tr.turn, 0), orch_steps=out["orch_steps"].astype(np.int32),
             critical_steps=e.critical, total_steps=e.total, spawned=e.spawned, finished=e.finished,
-            end_reason=e.end, rewards={k: np.asarray(v, np.float32) for k, v in out["rewards"].items()},
+            end_reason=e.end, rewards=self.task.rewards(e.task, answers),
             answers=answers, orchestrators=traces, subagents=subs,
             stats={"ticks": int(out["ticks"]), "cut_by_max_ticks": int(np.sum(e.end == RUNNING))})
 
@@ -456,25 +434,3 @@ def _agent_trace(name: str, tr, r: int, steps: int) -> AgentTrace:
     t.ids, t.sampled = [tr.ids[r, :n]], [tr.sampled[r, :n]]
     t.logprobs, t.model_logprobs, t.turn = [tr.logprobs[r, :n]], [tr.model_logprobs[r, :n]], [tr.turn[r, :n]]
     return t
-
-
-def _rewards(e: Episodes) -> dict[str, Array]:
-    """The host twin's reward terms (:func:`swarmjax.envs.widesearch_relay.verify`),
-    on episodes that ended with an answer (0 elsewhere)."""
-    pairs = e.answer                                                                         # [B, P, 2]
-    P = pairs.shape[1]
-    live = jnp.arange(P)[None, :] < jnp.minimum(e.answer_count, P)[:, None]
-    first = rd.first_occurrences(pairs, live)                                                # score()'s set
-    ent = pairs[..., 0]
-    asked = jnp.take_along_axis(rd.id_mask(e.task, e.table.shape[1]), jnp.maximum(ent, 0), axis=1) & (ent >= 0)
-    right = asked & (jnp.take_along_axis(e.table, jnp.maximum(ent, 0), axis=1) == pairs[..., 1])
-    correct = jnp.sum(first & right, axis=1).astype(jnp.float32)
-    answered = jnp.sum(first, axis=1).astype(jnp.float32)
-    truth = jnp.sum(e.task >= 0, axis=1).astype(jnp.float32)
-    precision, recall = correct / jnp.maximum(answered, 1), correct / jnp.maximum(truth, 1)
-    f1 = jnp.where(correct > 0, 2 * precision * recall / jnp.maximum(precision + recall, 1e-9), 0.0)
-    done = e.end == END_ANSWER
-    z = lambda x: jnp.where(done, x, 0.0)
-    return {"r_perf": z(f1), "correct": z(correct), "answered": z(answered), "truth": z(truth),
-            "novel": z(e.novel.astype(jnp.float32)), "returned": z(jnp.sum(e.returned, 1).astype(jnp.float32)),
-            "parallel": z(e.parallel.astype(jnp.float32))}

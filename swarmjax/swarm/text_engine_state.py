@@ -6,6 +6,8 @@ turn, G = 1 + 2 x max_pairs fragments a response, P answer pairs, M mentions, E 
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -75,14 +77,14 @@ class Agents:
     rows: Rows
     trace: Trace
     calls: dc.ParserState
-    answers: da.AnswerState
+    answers: da.AnswerState | None
     turning: Array
     turn_len: Array
     limit: Array
     steps: Array
 
     @classmethod
-    def init(cls, cfg: ModelConfig, grammar: dc.CallGrammar, answers: da.AnswerGrammar, rows: int,
+    def init(cls, cfg: ModelConfig, grammar: dc.CallGrammar, answers: da.AnswerGrammar | None, rows: int,
              slots: int, chunk: int, *, trace_width: int) -> Agents:
         """``rows`` rows with caches of ``slots + chunk`` slots (room for a chunk's padding)
         and traces of ``trace_width`` ids."""
@@ -90,64 +92,48 @@ class Agents:
         r = Rows(cache=init_cache(cfg, rows, slots + chunk), logits=jnp.zeros((rows, cfg.vocab_size), jnp.float32),
                  pos=z, offset=z)
         return cls(rows=r, trace=Trace.init(rows, trace_width), calls=dc.init(grammar, rows),
-                   answers=da.init(answers, rows), turning=jnp.zeros((rows,), bool), turn_len=z, limit=z, steps=z)
+                   answers=None if answers is None else da.init(answers, rows), turning=jnp.zeros((rows,), bool),
+                   turn_len=z, limit=z, steps=z)
 
 
 @flax.struct.dataclass
 class Episodes:
-    """Per episode [B] (and per sub-agent slot [S]) state of the task and the counts.
+    """Per episode [B] (and per sub-agent slot [S]) what the engine counts, and the
+    task's own state.
 
-    table [B, E], task [B, N] (-1 padded): the episode; end [B] END_* (0 running);
-    critical / total / spawned / finished [B]; created [B, K] bool; assigned [B];
-    seen [B, E] bool (entities some assignment mentioned); returned [B, E] bool (asked-for
-    entities relayed back); novel [B]; parallel [B] (asked-for entities relayed beside each
-    stage's busiest sub-agent, summed over stages: ``r_parallel = "parallel"``); the open
-    stage: waiting [B] bool, grid [B, C+1, G], responses [B], stage_agent [B, C] (agent k
-    or -1), stage_slot [B, C] (slot s or -1),
-    cut [B] (the turn that opened it was cut); answer [B, P, 2] and answer_count [B];
-    per slot: slot [S] (0 unused, 1 running, 2 ended), agent [S] (its name k), reason [S]
-    R_*, pairs [S, P, 2] (relayed answer).
+    end [B] END_* (0 running); critical / total / spawned / finished [B]; the open
+    stage: waiting [B] bool, grid [B, C+1, G] (its turn's responses, filled when it is
+    over), responses [B], stage_agent [B, C] (agent k or -1), stage_slot [B, C] (slot s
+    or -1), cut [B] (the turn that opened it was cut); per slot: slot [S] (0 unused,
+    1 running, 2 ended), agent [S] (its name k), reason [S] R_*; task: the device task's
+    state (:mod:`swarmjax.envs.device_api`).
     """
 
-    table: Array
-    task: Array
     end: Array
     critical: Array
     total: Array
     spawned: Array
     finished: Array
-    created: Array
-    assigned: Array
-    seen: Array
-    returned: Array
-    novel: Array
-    parallel: Array
     waiting: Array
     grid: Array
     responses: Array
     stage_agent: Array
     stage_slot: Array
     cut: Array
-    answer: Array
-    answer_count: Array
     slot: Array
     agent: Array
     reason: Array
-    pairs: Array
+    task: Any
 
     @classmethod
-    def init(cls, table: Array, task: Array, *, max_subagents: int, max_calls: int, max_pairs: int) -> Episodes:
-        B, E = table.shape
-        K, C, P = max_subagents, max_calls, max_pairs
+    def init(cls, task: Any, batch: int, *, max_subagents: int, max_calls: int, grid_width: int) -> Episodes:
+        B, K, C = batch, max_subagents, max_calls
         z = jnp.zeros((B,), jnp.int32)
-        return cls(table=table, task=task, end=z, critical=z, total=z, spawned=z, finished=z,
-                   created=jnp.zeros((B, K), bool), assigned=z, seen=jnp.zeros((B, E), bool),
-                   returned=jnp.zeros((B, E), bool), novel=z, parallel=z, waiting=jnp.zeros((B,), bool),
-                   grid=jnp.zeros((B, C + 1, 1 + 2 * P), jnp.int32), responses=z,
+        zs = jnp.zeros((B * K,), jnp.int32)
+        return cls(end=z, critical=z, total=z, spawned=z, finished=z, waiting=jnp.zeros((B,), bool),
+                   grid=jnp.zeros((B, C + 1, grid_width), jnp.int32), responses=z,
                    stage_agent=jnp.full((B, C), -1, jnp.int32), stage_slot=jnp.full((B, C), -1, jnp.int32),
-                   cut=jnp.zeros((B,), bool), answer=jnp.full((B, P, 2), -1, jnp.int32), answer_count=z,
-                   slot=jnp.zeros((B * K,), jnp.int32), agent=jnp.zeros((B * K,), jnp.int32), reason=jnp.zeros((B * K,), jnp.int32),
-                   pairs=jnp.full((B * K, P, 2), -1, jnp.int32))
+                   cut=jnp.zeros((B,), bool), slot=zs, agent=zs, reason=zs, task=task)
 
 
 @flax.struct.dataclass
