@@ -20,7 +20,7 @@ from swarmjax.envs.synth.device import DeviceEnv
 from swarmjax.envs.synth.graph import communities, tool_graph
 from swarmjax.envs.synth.task import SynthToolTask, SynthWorld, score_answer, state_f1
 from swarmjax.envs.synth.tasks import FILTERS, SynthConfig, build_envs, generate, valid_arguments
-from swarmjax.envs.synth.world import (OPS, EnvSpec, Field, Kind, ToolError, broken, changes, execute,
+from swarmjax.envs.synth.world import (MAX_AMOUNT, OPS, EnvSpec, Field, Kind, ToolError, broken, changes, execute,
                                        initial_state, kind_tools, parameters)
 from swarmjax.envs.task import EnvContext, check_task, demonstration, make_env
 from swarmjax.text.bpe import train_bpe_tokenizer
@@ -59,13 +59,18 @@ def test_tools_are_pure_functions_of_the_state_and_the_graph_links_outputs_to_in
     assert changes(state, after) == ({("+", "order", order["order_id"], "status", "'shipped'"),
                                       ("-", "order", order["order_id"], "status", repr(order["status"]))}
                                      if order["status"] != "shipped" else set())
-    with pytest.raises(ToolError, match="no order with order_id ORD-999"):
+    with pytest.raises(ToolError, match="no order has that order_id"):
         execute(env, env.tool("get_order"), state, {"order_id": "ORD-999"})
+    with pytest.raises(ToolError, match="no customer has that customer_id"):      # references must exist
+        execute(env, env.tool("create_order"), state, {"status": "open", "weight": 3, "customer_id": "CUS-999"})
+    with pytest.raises(ToolError, match="amounts are whole numbers"):
+        execute(env, env.tool("update_order_weight"), state, {"order_id": order["order_id"], "value": -1})
     gone, _ = execute(env, env.tool("delete_customer"), state, {"customer_id": order["customer_id"]})
     assert any("does not exist" in b for b in broken(env, gone))              # a dangling reference
     assert not broken(env, state)
     assert not valid_arguments(env, env.tool("find_order_by_status"), {"status": "lost"})    # not in the enum
-    assert not valid_arguments(env, env.tool("get_order"), {"order_id": "CUS-101"})          # another kind's key
+    with pytest.raises(ToolError, match="no order has that order_id"):                     # another kind's key
+        execute(env, env.tool("get_order"), state, {"order_id": "CUS-101"})
 
     kinds = {k.name: k for k in env.kinds}
     g = tool_graph(env.tools, kinds, threshold=0.6)
@@ -194,19 +199,23 @@ def test_cli_writes_a_card_and_a_tfds_set_read_with_grain(tmp_path, capsys):
     assert main(["envs", "show", out]) == 0 and "walk / path" in capsys.readouterr().out
 
 
-def _random_args(env, spec, state, rng):
+def _random_args(env, spec, state, rng, *, runs=False):
     """Arguments valid against ``spec``'s schema, drawn widely: keys that exist or not,
-    any category value, any measure, any amount."""
+    any category value, any measure, any amount (one in ten out of range); ``runs``:
+    amounts in range and keys of existing rows (the call runs)."""
     kinds = {k.name: k for k in env.kinds}
     out = {}
     for name, schema in parameters(spec, kinds)["properties"].items():
         if "enum" in schema:
             out[name] = str(rng.choice(schema["enum"]))
         elif schema["type"] == "integer":
-            out[name] = int(rng.integers(0, schema.get("maximum", 400) + 1))
-        else:                                                   # a key of some kind: by its pattern
-            prefix = schema["pattern"][1:].split("-")[0]
-            out[name] = f"{prefix}-{int(rng.integers(99, 110))}"
+            out[name] = int(rng.choice([-1, MAX_AMOUNT + 1])) if rng.random() < 0.1 and not runs \
+                else int(rng.integers(0, 401))
+        else:                                                   # a key of some kind: as its description shows
+            prefix = schema["description"].split(" such as ")[1].split("-")[0]
+            kind = next(k for k in env.kinds if k.prefix == prefix)
+            out[name] = str(rng.choice([r[kind.key] for r in state[kind.name]])) if runs \
+                else f"{prefix}-{int(rng.integers(99, 110))}"
     return out
 
 
@@ -261,7 +270,7 @@ def test_the_device_twin_equals_the_host_tools_on_random_calls(data):
                 tables, _ = run(tables, jnp.int32(dev.tool_index(spec.name)), jnp.asarray(
                     device.encode_args(dev, spec.name, key)))
                 create = env.tool(f"create_{spec.kind}")
-                args = _random_args(env, create, state, rng)
+                args = _random_args(env, create, state, rng, runs=True)
                 state, want = execute(env, create, state, args)
                 tables, out = run(tables, jnp.int32(dev.tool_index(create.name)), jnp.asarray(
                     device.encode_args(dev, create.name, args)))

@@ -11,8 +11,8 @@ Encoding (:class:`DeviceEnv`, built once per environment on the host):
   like a context limit: generated tasks create at most ``max_calls`` rows);
 * a call is a tool index and int32 arguments [A] in the order of the tool's parameters
   (:func:`encode_args`: the same values the state holds);
-* an output is :class:`Output`: ``error`` (0 none, 1 no such row, 2 table full),
-  ``number`` (a count, a total, a new key's number, a conversion's hundredths), ``keys``
+* an output is :class:`Output`: ``error`` (0 none, 1 no such row, 2 table full, 3 an
+  amount out of range), ``kind`` (the kind a missing row was looked up in), ``number`` (a count, a total, a new key's number, a conversion's hundredths), ``keys``
   [R] and ``count`` (a list of key numbers, in row order) and ``row`` [F] (a record).
 
 :func:`step` runs one call with ``lax.switch`` over the operations, so a batch of rows
@@ -32,10 +32,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from swarmjax.envs.synth.world import CONVERSIONS, OPS, EnvSpec, State, ToolError, parameters
+from swarmjax.envs.synth.world import (AMOUNT_TEXT, CONVERSIONS, MAX_AMOUNT, OPS, EnvSpec, State, ToolError,
+                                       amount_args, missing_text, parameters)
 
 Array = jax.Array
-NO_ERROR, NO_ROW, FULL = 0, 1, 2
+NO_ERROR, NO_ROW, FULL, BAD_AMOUNT = 0, 1, 2, 3
+
+
+def full_text(kind: str) -> str:
+    """The twin's error of a create past its R rows (the host twin of the device task says it too)."""
+    return f"Error: the {kind.replace('_', ' ')} table is full."
 
 
 @struct.dataclass
@@ -52,6 +58,7 @@ class Output:
     """One call's output on the device (module docstring)."""
 
     error: Array          # [] int32
+    kind: Array           # [] int32  the kind of a missing row
     number: Array         # [] int32
     keys: Array           # [R] int32
     count: Array          # [] int32
@@ -72,12 +79,25 @@ class DeviceEnv:
     scale: np.ndarray      # [T] int32  a conversion's scale (1/10000) and offset (1/100)
     offset: np.ndarray     # [T] int32
     fields: np.ndarray     # [K] int32  columns in use per kind (F = max)
+    ref: np.ndarray        # [K, F] int32  the kind a reference column names, -1
+    amount: np.ndarray     # [T, A] bool  the argument is an amount (0 .. MAX_AMOUNT)
 
     @staticmethod
     def build(env: EnvSpec, *, spare: int = 4) -> DeviceEnv:
         kinds = [k.name for k in env.kinds]
         cols = lambda k, f: [x.name for x in env.kind(k).fields].index(f) if f else -1       # noqa: E731
         t = env.tools
+        F = max(len(k.fields) for k in env.kinds)
+        ref = np.full((len(kinds), F), -1, np.int32)
+        for i, k in enumerate(env.kinds):
+            for c, f in enumerate(k.fields):
+                if f.type == "ref":
+                    ref[i, c] = kinds.index(f.ref)
+        by_name = {k.name: k for k in env.kinds}
+        amount = np.zeros((len(t), F), bool)
+        for i, x in enumerate(t):
+            names = list(parameters(x, by_name)["properties"])
+            amount[i, [names.index(n) for n in amount_args(env, x)]] = True
         return DeviceEnv(
             env=env, spare=spare, op=np.array([OPS.index(x.op) for x in t], np.int32),
             kind=np.array([kinds.index(x.kind) if x.kind else 0 for x in t], np.int32),
@@ -85,7 +105,7 @@ class DeviceEnv:
             measure=np.array([cols(x.kind, x.measure) if x.kind else -1 for x in t], np.int32),
             scale=np.array([CONVERSIONS[x.units][0] if x.op == "convert" else 0 for x in t], np.int32),
             offset=np.array([CONVERSIONS[x.units][1] if x.op == "convert" else 0 for x in t], np.int32),
-            fields=np.array([len(k.fields) for k in env.kinds], np.int32))
+            fields=np.array([len(k.fields) for k in env.kinds], np.int32), ref=ref, amount=amount)
 
     @property
     def rows(self) -> int:
@@ -161,10 +181,11 @@ def decode_output(dev: DeviceEnv, tool: str, out: Output) -> Any:
     spec = dev.env.tool(tool)
     error = int(out.error)
     if error == NO_ROW:
-        kind = dev.env.kind(spec.kind)
-        raise ToolError(f"no {kind.name.replace('_', ' ')} with {kind.key} {kind.prefix}-{int(out.number)}")
+        raise ToolError(missing_text(dev.env.kinds[int(out.kind)]))
     if error == FULL:
-        raise ToolError(f"the {spec.kind} table is full ({dev.rows} rows)")
+        raise ToolError(full_text(spec.kind))
+    if error == BAD_AMOUNT:
+        raise ToolError(AMOUNT_TEXT)
     if spec.op == "convert":
         return int(out.number) / 100
     kind = dev.env.kind(spec.kind)
@@ -190,7 +211,7 @@ def step(dev: DeviceEnv, tables: Tables, tool: Array, args: Array) -> tuple[Tabl
     slot = jnp.argmax(alive & (cells[:, 0] == args[0]))                       # the row of a key argument
     found = jnp.any(alive & (cells[:, 0] == args[0]))
     match = alive & (jnp.take(cells, jnp.maximum(col, 0), axis=1) == args[0])  # rows whose category matches
-    empty = Output(error=jnp.int32(NO_ERROR), number=jnp.int32(0), keys=jnp.zeros((R,), jnp.int32),
+    empty = Output(error=jnp.int32(NO_ERROR), kind=kind, number=jnp.int32(0), keys=jnp.zeros((R,), jnp.int32),
                    count=jnp.int32(0), row=jnp.zeros((dev.width,), jnp.int32))
 
     def listed(rows):                   # key numbers of ``rows`` [R], in slot order, packed to the front
@@ -223,9 +244,15 @@ def step(dev: DeviceEnv, tables: Tables, tool: Array, args: Array) -> tuple[Tabl
         number = jnp.maximum(jnp.max(jnp.where(alive, cells[:, 0], 100)), 100) + 1
         row = jnp.concatenate([number[None], args[:dev.width - 1]])
         row = jnp.where(jnp.arange(dev.width) < jnp.asarray(dev.fields)[kind], row, 0)
+        ref = jnp.asarray(dev.ref)[kind]                                                  # [F]
+        there = jnp.any(tables.alive[jnp.maximum(ref, 0)] & (tables.cells[jnp.maximum(ref, 0), :, 0] == row[:, None]),
+                        axis=1)                                                           # [F]
+        dangling = (ref >= 0) & ~there
+        bad_ref = (tables, empty.replace(error=jnp.int32(NO_ROW), kind=ref[jnp.argmax(dangling)]))
         full = (tables, empty.replace(error=jnp.int32(FULL)))
-        return lax_if(used < R, lambda: (put(cells.at[used].set(row), alive.at[used].set(True), used + 1),
-                                         empty.replace(number=number)), lambda: full)
+        made = lambda: (put(cells.at[used].set(row), alive.at[used].set(True), used + 1),  # noqa: E731
+                        empty.replace(number=number))
+        return lax_if(jnp.any(dangling), lambda: bad_ref, lambda: lax_if(used < R, made, lambda: full))
 
     def convert():                      # (a s + 50) // 100 as a (s // 100) + (a (s % 100) + 50) // 100: int32-safe
         q, r = jnp.divmod(jnp.asarray(dev.scale)[tool], 100)
@@ -240,7 +267,9 @@ def step(dev: DeviceEnv, tables: Tables, tool: Array, args: Array) -> tuple[Tabl
             cells, jnp.maximum(meas, 0), axis=1), 0)).astype(jnp.int32))),
         "convert": convert,
         "create": create, "update": update, "delete": delete}
-    return jax.lax.switch(op, [branches[o] for o in OPS])
+    bad = jnp.any(jnp.asarray(dev.amount)[tool] & ((args < 0) | (args > MAX_AMOUNT)))
+    return lax_if(bad, lambda: (tables, empty.replace(error=jnp.int32(BAD_AMOUNT))),
+                  lambda: jax.lax.switch(op, [branches[o] for o in OPS]))
 
 
 def lax_if(pred: Array, yes, no):

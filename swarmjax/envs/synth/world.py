@@ -15,11 +15,16 @@ Tools are functions over the state, one :class:`ToolSpec` each, in three groups:
 * write: ``create_K(fields...)`` (the new key), ``update_K_F(K_id, value)`` (the row
   after), ``delete_K(K_id)``.
 
-Each tool's parameters are a JSON schema (enums for categories, ``pattern`` for keys);
+Each tool's parameters are a JSON schema (enums for categories; keys are strings and
+amounts integers, which :func:`execute` checks: a schema keyword the device's call
+parser does not read stays out of it, so a call means the same on the host and on the
+device, :mod:`~swarmjax.envs.synth.device_task`);
 :func:`slots` gives the typed *slots* it reads and writes (``id:Domain.kind``,
 ``cat:Domain.kind.field``, ``num:unit``), from which :mod:`~swarmjax.envs.synth.graph`
 draws output -> input edges. :func:`execute` runs one call as a pure function:
-``(state, args) -> (state', output)``; a call that cannot run raises :class:`ToolError`.
+``(state, args) -> (state', output)``; a call that cannot run raises :class:`ToolError`
+with one fixed sentence per cause (:func:`missing_text`, :data:`AMOUNT_TEXT`): an agent
+learns what went wrong, and the sentence never echoes what it wrote.
 """
 
 from __future__ import annotations
@@ -216,14 +221,18 @@ def converter_tools(ops: tuple[str, ...] = OPS) -> list[ToolSpec]:
 
 
 def _key_schema(kind: Kind) -> dict[str, Any]:
-    return {"type": "string", "pattern": f"^{kind.prefix}-[1-9][0-9]{{0,6}}$"}
+    return {"type": "string", "description": f"A {kind.key} such as {kind.prefix}-101."}
+
+
+def _amount_schema(unit: str) -> dict[str, Any]:
+    return {"type": "integer", "description": f"In {unit}, 0 to {MAX_AMOUNT}."}
 
 
 def _field_schema(f: Field, kinds: Mapping[str, Kind]) -> dict[str, Any]:
     if f.type == "category":
         return {"type": "string", "enum": list(f.values)}
     if f.type == "measure":
-        return {"type": "integer", "minimum": 0, "description": f"In {f.unit}."}
+        return _amount_schema(f.unit)
     return _key_schema(kinds[f.ref])
 
 
@@ -231,7 +240,7 @@ def parameters(spec: ToolSpec, kinds: Mapping[str, Kind]) -> dict[str, Any]:
     """The JSON schema (Draft 2020-12 object) of ``spec``'s arguments."""
     props: dict[str, Any] = {}
     if spec.op == "convert":
-        props["amount"] = {"type": "integer", "minimum": 0, "maximum": MAX_AMOUNT, "description": f"In {spec.units[0]}."}
+        props["amount"] = _amount_schema(spec.units[0])
     else:
         kind = kinds[spec.kind]
         if spec.op in ("get", "update", "delete"):
@@ -323,16 +332,37 @@ def convert(units: tuple[str, str], amount: int) -> float:
     return ((amount * scale + 50) // 100 + offset) / 100
 
 
+def missing_text(kind: Kind) -> str:
+    """The error of a key (or reference) that names no row of ``kind``."""
+    return f"Error: no {kind.name.replace('_', ' ')} has that {kind.key}."
+
+
+AMOUNT_TEXT = f"Error: amounts are whole numbers from 0 to {MAX_AMOUNT}."
+
+
 def _row(state: State, kind: Kind, key: str) -> int:
     for i, row in enumerate(state[kind.name]):
         if row[kind.key] == key:
             return i
-    raise ToolError(f"no {kind.name.replace('_', ' ')} with {kind.key} {key}")
+    raise ToolError(missing_text(kind))
+
+
+def amount_args(env: EnvSpec, spec: ToolSpec) -> list[str]:
+    """The arguments of ``spec`` that are amounts (integers from 0 to :data:`MAX_AMOUNT`)."""
+    if spec.op == "convert":
+        return ["amount"]
+    kind = env.kind(spec.kind)
+    if spec.op == "create":
+        return [f.name for f in kind.of_type("measure")]
+    return ["value"] if spec.op == "update" and kind.field(spec.field).type == "measure" else []
 
 
 def execute(env: EnvSpec, spec: ToolSpec, state: State, args: Mapping[str, Any]) -> tuple[State, Any]:
     """Run one call (arguments already valid against :func:`parameters`) as a pure
-    function: (the state after it, the output). Raises :class:`ToolError`."""
+    function: (the state after it, the output). Raises :class:`ToolError`: an amount
+    out of range first, then a key or (creating) a reference that names no row."""
+    if any(not 0 <= args[n] <= MAX_AMOUNT for n in amount_args(env, spec)):
+        raise ToolError(AMOUNT_TEXT)
     if spec.op == "convert":
         return state, convert(spec.units, int(args["amount"]))
     kind = env.kind(spec.kind)
@@ -349,6 +379,8 @@ def execute(env: EnvSpec, spec: ToolSpec, state: State, args: Mapping[str, Any])
     if spec.op == "total":
         return state, sum(r[spec.measure] for r in match)
     if spec.op == "create":
+        for f in kind.of_type("ref"):
+            _row(state, env.kind(f.ref), args[f.name])
         number = max([int(r[kind.key].split("-")[1]) for r in rows] + [100]) + 1
         row = {kind.key: f"{kind.prefix}-{number}", **{f.name: args[f.name] for f in kind.fields[1:]}}
         return {**state, kind.name: [*rows, row]}, row[kind.key]
