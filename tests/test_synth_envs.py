@@ -7,6 +7,8 @@ import dataclasses
 import functools
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +86,12 @@ def test_tools_are_pure_functions_of_the_state_and_the_graph_links_outputs_to_in
 def test_generation_is_deterministic_filtered_and_split_by_environment(data):
     again = generate(CFG)
     assert again.splits == data.splits and again.envs == data.envs and again.counts == data.counts
+    code = ("import json, sys; from swarmjax.envs.synth.tasks import SynthConfig, generate; "
+            f"print(json.dumps(generate(SynthConfig(**{dataclasses.asdict(CFG)!r})).splits, default=str))")
+    for hash_seed in ("1", "2"):                 # another process, another string hashing: the same tasks
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": hash_seed}).stdout
+        assert json.loads(out) == json.loads(json.dumps(data.splits, default=str)), hash_seed
     other = generate(dataclasses.replace(CFG, seed=4))
     assert other.splits["train"] != data.splits["train"]
 

@@ -47,10 +47,19 @@ import numpy as np
 
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.fragments import Fragments
+from swarmjax.text.toolcalls import CallError
 
 Array = jax.Array
 R_ANSWER, R_TURNS, R_CONTEXT = 0, 1, 2       # why a sub-agent ended
 REASONS = ("answer", "turns", "context")
+# one fixed sentence per call error (a device task's response never echoes the call)
+CALL_ERROR_TEXT = {
+    CallError.BAD_JSON: "Error: the call is not a JSON object with a name and arguments.",
+    CallError.UNKNOWN_TOOL: "Error: there is no tool of that name.",
+    CallError.MISSING_ARGUMENT: "Error: the call misses a required argument.",
+    CallError.BAD_ARGUMENT: "Error: an argument is not one of the allowed values.",
+    CallError.INCOMPLETE: "Error: the call was cut off before </tool_call>.",
+}
 
 
 @flax.struct.dataclass
@@ -107,9 +116,9 @@ class DeviceTask:
         ValueError naming the first bad problem."""
         raise NotImplementedError
 
-    def rewards(self, state: Any, answers: Sequence[str | None]) -> dict[str, np.ndarray]:
-        """Reward terms [B] (0 where the episode did not answer) from the final state
-        (numpy leaves) and each orchestrator's answer text (None: no answer)."""
+    def rewards(self, problems: Sequence[Any], state: Any, answers: Sequence[str | None]) -> dict[str, np.ndarray]:
+        """Reward terms [B] (0 where the episode did not answer) of ``problems`` from the
+        final state (numpy leaves) and each orchestrator's answer text (None: no answer)."""
         raise NotImplementedError
 
     # ---- device (pure; B episodes, S = B K slots)

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
+from swarmjax.envs.device_api import CALL_ERROR_TEXT
 from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.task import Demo, EnvContext, TaskError
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
@@ -59,13 +60,7 @@ from swarmjax.text.toolcalls import CallError, parse_turn
 from swarmjax.text.tools import Tool, ToolSet
 
 LOOKUP = "lookup"
-ERROR_TEXT = {
-    CallError.BAD_JSON: "Error: the call is not a JSON object with a name and arguments.",
-    CallError.UNKNOWN_TOOL: "Error: there is no tool of that name.",
-    CallError.MISSING_ARGUMENT: "Error: the call misses a required argument.",
-    CallError.BAD_ARGUMENT: "Error: an argument is not one of the allowed values.",
-    CallError.INCOMPLETE: "Error: the call was cut off before </tool_call>.",
-}
+ERROR_TEXT = CALL_ERROR_TEXT
 LOOKUP_AGAIN = "Error: lookup serves one call per turn; this one was not run."
 LIMIT = "Error: the limit of sub-agent tasks per episode is reached."
 UNKNOWN_ENTITY = "Error: there is no entity of that name."

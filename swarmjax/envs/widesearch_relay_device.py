@@ -37,6 +37,7 @@ from swarmjax.envs.widesearch import Episode
 from swarmjax.envs.widesearch_relay import ERROR_TEXT, LIMIT, LOOKUP_AGAIN, UNKNOWN_ENTITY, RelayTask
 from swarmjax.text.device_calls import fnv1a
 from swarmjax.text.device_calls_state import CallRecord
+from swarmjax.text import fragments
 from swarmjax.text.fragments import EMPTY, Fragments, check_joins, compose
 from swarmjax.text.toolcalls import CallError
 
@@ -80,13 +81,11 @@ class RelayTables:
             pieces.append(np.asarray(ids, np.int32))
             return len(pieces) - 1
 
-        open_, between, close, before, after = chat.tool_response_frame()
+        _, _, _, before, after = chat.tool_response_frame()
         seg = lambda text: add(tok.encode(before + text + after))
-        c = {"open": add(open_), "between": add(between), "close": add(close),
-             "close_ended": add(chat.after_turn_ids(chat.stop_ids[:1])),
-             "close_cut": add(chat.after_turn_ids(np.zeros([0], np.int32))),
-             "lookup_again": seg(LOOKUP_AGAIN), "limit": seg(LIMIT), "unknown_entity": seg(UNKNOWN_ENTITY), "too_many": seg(task.too_many_text()),
-             "comma": add(tok.encode(","))}
+        c = {name: add(ids) for name, ids in fragments.reply_frame(chat).items()}
+        c.update({"lookup_again": seg(LOOKUP_AGAIN), "limit": seg(LIMIT), "unknown_entity": seg(UNKNOWN_ENTITY),
+                  "too_many": seg(task.too_many_text()), "comma": add(tok.encode(","))})
         for role in ("orchestrator", "worker"):
             schemas = [t.schema() for t in task.tools(role)]
             a = chat.prompt_ids(task.messages(role, []), tools=schemas)
@@ -237,15 +236,9 @@ def fill_results(t: RelayTables, grid: Array, stage: Array, reason: Array, pairs
 
 
 def reply_seq(t: RelayTables, grid: Array, responses: Array, cut: Array) -> Array:
-    """A turn's reply fragments: closing ids (``cut``: the turn hit its length limit),
-    the frame's open, the responses [C + 1, G] in order with ``between`` joints, close.
+    """A turn's reply fragments (:func:`swarmjax.text.fragments.reply_seq`): grid [C + 1, G].
     -> [2 + (C + 1) (G + 1)] fragment ids."""
-    n = grid.shape[0]
-    live = jnp.arange(n) < responses
-    joint = jnp.where(live & (jnp.arange(n) > 0), t.c["between"], EMPTY)
-    body = jnp.concatenate([joint[:, None], jnp.where(live[:, None], grid, EMPTY)], axis=1).reshape(-1)
-    closing = jnp.where(cut, t.c["close_cut"], t.c["close_ended"])
-    return jnp.concatenate([jnp.stack([closing, jnp.int32(t.c["open"])]), body, jnp.asarray([t.c["close"]])])
+    return fragments.reply_seq(t.c, grid, responses, cut)
 
 
 # ------------------------------------------------------------------------------ build checks
@@ -375,7 +368,7 @@ class RelayDeviceTask(DeviceTask):
         prompts = [compose(self._pieces, row) for row in seq]
         return {"table": table, "task": task}, prompts
 
-    def rewards(self, state: RelayState, answers):
+    def rewards(self, problems, state: RelayState, answers):
         """The host twin's reward terms (:func:`swarmjax.envs.widesearch_relay.verify`)
         on episodes that answered (0 elsewhere)."""
         pairs = jnp.asarray(state.answer)                                                     # [B, P, 2]

@@ -192,7 +192,7 @@ class TextSwarm:
         out = jax.device_get(run(orch_params, worker_params if self.K else None, arrays, jnp.asarray(ids),
                                  jnp.asarray(lens), key, o_script, w_script, jnp.asarray(greedy, bool),
                                  jnp.asarray(_NO_BUDGET if budget is None else budget, jnp.int32)))
-        return self._result(out)
+        return self._result(list(problems), out)
 
     def _scripts(self, scripts, B: int) -> tuple[Array, Array]:
         """[B, NT, T] / [S, NTw, T] int32 forced ids (-1: sample; a turn's length is its
@@ -403,7 +403,7 @@ class TextSwarm:
 
     # ------------------------------------------------------------------ host result
 
-    def _result(self, out: dict[str, Any]) -> TextRolloutResult:
+    def _result(self, problems: list[Any], out: dict[str, Any]) -> TextRolloutResult:
         e, tr, wt = out["eps"], out["orch"], out["work"]
         B, X = tr.ids.shape
         K = self.K
@@ -423,7 +423,7 @@ class TextSwarm:
             loss_mask=tr.sampled & valid, logprobs=tr.logprobs, model_logprobs=tr.model_logprobs,
             stage_ids=np.where(valid, tr.turn, 0), orch_steps=out["orch_steps"].astype(np.int32),
             critical_steps=e.critical, total_steps=e.total, spawned=e.spawned, finished=e.finished,
-            end_reason=e.end, rewards=self.task.rewards(e.task, answers),
+            end_reason=e.end, rewards=self.task.rewards(problems, e.task, answers),
             answers=answers, orchestrators=traces, subagents=subs,
             stats={"ticks": int(out["ticks"]), "cut_by_max_ticks": int(np.sum(e.end == RUNNING))})
 

@@ -105,3 +105,30 @@ def check_joins(encode: Callable[[list[str]], np.ndarray], families: Sequence[Se
         if not np.array_equal(whole, joined):
             raise ValueError(f"{name}: the tokenizer merges across a fragment joint in {''.join(fill)!r}; "
                              "its ids differ from the fragments' (choose joints at pre-token boundaries)")
+
+
+FRAME = ("open", "between", "close", "close_ended", "close_cut")
+
+
+def reply_frame(chat) -> dict[str, np.ndarray]:
+    """The ids of a tool reply's frame (a :class:`~swarmjax.text.chat.ChatFormat` with a
+    ``tool_response_frame``): ``open``, ``between``, ``close`` and the closing ids of the
+    turn it answers, ended by a stop id (``close_ended``) or cut at its length limit
+    (``close_cut``)."""
+    open_, between, close, _, _ = chat.tool_response_frame()
+    return {"open": open_, "between": between, "close": close,
+            "close_ended": chat.after_turn_ids(chat.stop_ids[:1]),
+            "close_cut": chat.after_turn_ids(np.zeros([0], np.int32))}
+
+
+def reply_seq(c: dict, grid: Array, responses: Array, cut: Array) -> Array:
+    """A turn's reply fragments: closing ids (``cut``: the turn hit its length limit),
+    the frame's open, the responses (rows of ``grid`` [N, G] below ``responses``) in
+    order with ``between`` joints, close; ``c`` maps :data:`FRAME` names to fragment ids.
+    -> [2 + N (G + 1) + 1] fragment ids."""
+    n = grid.shape[0]
+    live = jnp.arange(n) < responses
+    joint = jnp.where(live & (jnp.arange(n) > 0), c["between"], EMPTY)
+    body = jnp.concatenate([joint[:, None], jnp.where(live[:, None], grid, EMPTY)], axis=1).reshape(-1)
+    closing = jnp.where(cut, c["close_cut"], c["close_ended"])
+    return jnp.concatenate([jnp.stack([closing, jnp.int32(c["open"])]), body, jnp.asarray([c["close"]])])

@@ -33,7 +33,7 @@ import numpy as np
 
 from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.synth.tasks import SynthConfig, generate
-from swarmjax.envs.synth.world import EnvSpec, changes, execute, initial_state, parameters
+from swarmjax.envs.synth.world import EnvSpec, State, changes, execute, initial_state, parameters
 from swarmjax.envs.task import Demo, Task, TaskError, jsonl_records
 from swarmjax.rl.parl import item_f1
 from swarmjax.text.chat import ChatFormat
@@ -41,7 +41,6 @@ from swarmjax.text.tools import Tool
 
 SYSTEM = ("You work with the tools of the {env} environment. Use them to answer the user. Answer with the value "
           "only (several keys separated by commas).")
-MULTI = " For a numbered list of questions, answer each on its own line as <number>: <answer>."
 WORKER = "Answer the question with the tools. Answer with the value only (several keys separated by commas)."
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _ITEMS = re.compile(r"[^,\s]+")
@@ -78,6 +77,14 @@ def part_texts(text: str, parts: int) -> list[str]:
     return [found.get(i + 1, "") for i in range(parts)]
 
 
+def task_messages(problem: dict[str, Any]) -> list[dict[str, str]]:
+    """A task's system and user messages (the system turn is the environment's alone, so
+    every prompt of an environment opens with the same ids: one shared prefix; a
+    multi-part query says how to answer it)."""
+    return [{"role": "system", "content": SYSTEM.format(env=problem["env"])},
+            {"role": "user", "content": problem["query"]}]
+
+
 def state_f1(expected: set, actual: set) -> float:
     """Item-F1 of the changed cells (1 when neither changed anything)."""
     if not expected and not actual:
@@ -108,15 +115,21 @@ class SynthWorld:
         return list(self._tools)
 
     def verify(self, answer: str) -> dict[str, float]:
-        parts = self.record["parts"]
-        scores = [score_answer(p["answer"], t) for p, t in zip(parts, part_texts(answer, len(parts)))]
-        ans = float(np.mean(scores))
-        write = self.record["kind"] == "write"
-        expected = {tuple(c) for c in self.record["changes"]}
-        st = state_f1(expected, changes(self.initial, self.state)) if write else 1.0
-        score = (ans + st) / 2 if write else ans
-        return {"r_perf": score, "correct": float(score == 1.0), "answer_score": ans, "state_f1": st,
-                "parts": float(len(parts))}
+        return verify(self.record, self.initial, self.state, answer)
+
+
+def verify(record: dict[str, Any], initial: State, final: State, answer: str) -> dict[str, float]:
+    """Reward terms of a task (module docstring) from its answer text and the state it
+    left (``final``; ``initial``: the task's starting state)."""
+    parts = record["parts"]
+    scores = [score_answer(p["answer"], t) for p, t in zip(parts, part_texts(answer, len(parts)))]
+    ans = float(np.mean(scores))
+    write = record["kind"] == "write"
+    expected = {tuple(c) for c in record["changes"]}
+    st = state_f1(expected, changes(initial, final)) if write else 1.0
+    score = (ans + st) / 2 if write else ans
+    return {"r_perf": score, "correct": float(score == 1.0), "answer_score": ans, "state_f1": st,
+            "parts": float(len(parts))}
 
 
 @functools.cache
@@ -179,8 +192,7 @@ class SynthToolTask(Task):
         return SynthWorld(self.envs()[problem["env"]], problem)
 
     def messages(self, problem: dict[str, Any]) -> list[dict[str, str]]:
-        system = SYSTEM.format(env=problem["env"]) + (MULTI if len(problem["parts"]) > 1 else "")
-        return [{"role": "system", "content": system}, {"role": "user", "content": problem["query"]}]
+        return task_messages(problem)
 
     def subagent_messages(self, system_prompt: str, prompt: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": system_prompt}, {"role": "user", "content": prompt}]
@@ -218,7 +230,7 @@ class SynthToolTask(Task):
         envs = self.envs()
         train = self.records("train")
         seen = {train[i]["env"] for i in range(len(train))}
-        out = [SYSTEM.format(env=n) + MULTI for n in sorted(seen)] + [WORKER] * 20
+        out = [SYSTEM.format(env=n) for n in sorted(seen)] + [WORKER] * 20
         for name in sorted(seen):
             kinds = {k.name: k for k in envs[name].kinds}
             out += [json.dumps(Tool(t.name, t.description, parameters(t, kinds), fn=None).schema())

@@ -284,9 +284,16 @@ def answer_of(call: Mapping[str, Any]) -> Any:
 
 
 def _env_graph(g: nx.DiGraph, env: EnvSpec) -> nx.DiGraph:
-    """The environment's part of the tool graph, as a graph of its own (a subgraph view
-    filters every lookup through the whole graph)."""
-    return g.subgraph([t.name for t in env.tools]).copy()
+    """The environment's part of the tool graph, as a graph of its own, nodes in the
+    environment's tool order and edges in the whole graph's (``g.subgraph`` iterates a
+    small node subset in set order, which follows Python's string hashing: the tasks
+    then differed from one process to the next)."""
+    names = [t.name for t in env.tools]
+    keep = set(names)
+    sub = nx.DiGraph()
+    sub.add_nodes_from((n, g.nodes[n]) for n in names)
+    sub.add_edges_from((a, b, d) for a, b, d in g.edges(data=True) if a in keep and b in keep)
+    return sub
 
 
 def walk_chain(env: EnvSpec, g: nx.DiGraph, rng: random.Random, *, length: int, write: bool) -> list[str]:
