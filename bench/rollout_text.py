@@ -1,4 +1,5 @@
-"""Text swarm rollout benchmark (``python bench/rollout.py --text [--json]``): the
+"""Text swarm rollout benchmark (``python bench/rollout.py --text [--json]``; ``--env synth``:
+a generated tool environment instead, bench/rollout_synth.py): the
 jitted text swarm vs the host-driven text rollout, on identical episodes, and what
 text costs against the token world, and where the host-driven rollout's time goes (its
 round trips, the share of its wall outside its decode and prefill phases: the most any
@@ -108,6 +109,12 @@ def main(argv=None):
     p.add_argument("--chunk", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--env", choices=["relay", "synth"], default="relay",
+                   help="synth: a generated tool environment (bench/rollout_synth.py)")
+    args, _ = p.parse_known_args(argv)
+    if args.env == "synth":
+        from rollout_synth import main as synth_main
+        return synth_main(argv)
     args = p.parse_args(argv)
 
     texts = relay_corpus(CFG) + [Qwen3Format.TOOLS_HEAD, Qwen3Format.TOOLS_TAIL] * 5

