@@ -53,7 +53,7 @@ def spread(params, scale=8.0):
 # (multihost, resume, learning) last: one worker ran 997 s of tests, the other 775 s, then waited.
 HEAVY_FIRST = ("test_examples.py", "test_job.py", "test_text_engine.py", "test_learning.py", "test_swarm.py",
                "test_text_rollout.py", "test_update.py", "test_resume.py", "test_plan.py", "test_text_parl.py",
-               "test_colab.py", "test_device_calls.py", "test_sft.py")
+               "test_colab.py", "test_device_calls.py", "test_sft.py", "test_synth_engine.py")
 
 
 def pytest_configure(config):

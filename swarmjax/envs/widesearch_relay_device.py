@@ -38,16 +38,11 @@ from swarmjax.envs.widesearch_relay import ERROR_TEXT, LIMIT, LOOKUP_AGAIN, UNKN
 from swarmjax.text.device_calls import fnv1a
 from swarmjax.text.device_calls_state import CallRecord
 from swarmjax.text import fragments
-from swarmjax.text.fragments import EMPTY, Fragments, check_joins, compose
+from swarmjax.text.fragments import EMPTY, Fragments, check_joins, common_prefix, compose
 from swarmjax.text.toolcalls import CallError
 
 Array = jax.Array
 T_LOOKUP, T_CREATE, T_ASSIGN = 0, 1, 2       # tool ids (RelayTask.tools order)
-
-
-def _common(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    return int(np.argmin(np.append(a[:n] == b[:n], False)))
 
 
 @flax.struct.dataclass
@@ -90,7 +85,7 @@ class RelayTables:
             schemas = [t.schema() for t in task.tools(role)]
             a = chat.prompt_ids(task.messages(role, []), tools=schemas)
             b = chat.prompt_ids(task.messages(role, [0]), tools=schemas)
-            head, tail = _common(a, b), _common(a[::-1], b[::-1])
+            head, tail = common_prefix(a, b), common_prefix(a[::-1], b[::-1])
             c[f"{role}_head"], c[f"{role}_tail"] = add(a[:head]), add(a[len(a) - tail:])
         error = np.zeros([len(CallError)], np.int32)
         for code, text in ERROR_TEXT.items():

@@ -107,6 +107,12 @@ def check_joins(encode: Callable[[list[str]], np.ndarray], families: Sequence[Se
                              "its ids differ from the fragments' (choose joints at pre-token boundaries)")
 
 
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids ``a`` and ``b`` share (a prompt head every prompt opens with)."""
+    n = min(len(a), len(b))
+    return int(np.argmin(np.append(a[:n] == b[:n], False)))
+
+
 FRAME = ("open", "between", "close", "close_ended", "close_cut")
 
 

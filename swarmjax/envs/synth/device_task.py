@@ -51,7 +51,7 @@ from swarmjax.envs.synth.world import (AMOUNT_TEXT, OPS, EnvSpec, ToolError, exe
 from swarmjax.text import fragments
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.device_calls import CallGrammar, fnv1a
-from swarmjax.text.fragments import EMPTY, Fragments, compose
+from swarmjax.text.fragments import EMPTY, Fragments, common_prefix, compose
 from swarmjax.text.toolcalls import CallError, parse_turn
 from swarmjax.text.tools import Tool, ToolSet
 
@@ -62,11 +62,6 @@ AMOUNT_DIGITS, NUMBER_DIGITS, UNITS_DIGITS = 6, 10, 8
 
 def too_many_text(max_calls: int) -> str:
     return f"Error: a turn may make at most {max_calls} calls; the later ones were not run."
-
-
-def _common(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    return int(np.argmin(np.append(a[:n] == b[:n], False)))
 
 
 @flax.struct.dataclass
@@ -324,7 +319,7 @@ class SynthDeviceTask(DeviceTask):
         probe = lambda q, parts: self.chat.prompt_ids(                                       # noqa: E731
             task_messages({"env": self.env.name, "parts": [{}] * parts, "query": q}), tools=self.toolset.schemas())
         a, b, m = probe("a", 1), probe("b", 1), probe("a", 2)
-        return a[:min(_common(a, b), _common(a, m))]
+        return a[:min(common_prefix(a, b), common_prefix(a, m))]
 
     def batch(self, problems):
         cells, alive, used, prompts = [], [], [], []
