@@ -12,8 +12,11 @@ Encoding (:class:`DeviceEnv`, built once per environment on the host):
 * a call is a tool index and int32 arguments [A] in the order of the tool's parameters
   (:func:`encode_args`: the same values the state holds);
 * an output is :class:`Output`: ``error`` (0 none, 1 no such row, 2 table full, 3 an
-  amount out of range), ``kind`` (the kind a missing row was looked up in), ``number`` (a count, a total, a new key's number, a conversion's hundredths), ``keys``
-  [R] and ``count`` (a list of key numbers, in row order) and ``row`` [F] (a record).
+  amount out of range), ``kind`` (the kind a missing row was looked up in), ``number``
+  (a count, a total, a new key's number, a conversion's hundredths), ``keys`` [R] and
+  ``count`` (a list of key numbers, in row order) and ``row`` [F] (a record). An amount
+  out of range is refused first, then a key (or, creating, a reference) of no row, as on
+  the host.
 
 :func:`step` runs one call with ``lax.switch`` over the operations, so a batch of rows
 (``vmap``) can each call a different tool of the same environment; :func:`decode_output`
