@@ -73,6 +73,16 @@ class Tool:
             raise ValueError(f"tool {self.name!r}: invalid parameters schema: {getattr(e, 'message', e)}") from e
         object.__setattr__(self, "_validator", cls(p))
 
+    def bind(self, fn: Callable[..., Any]) -> Tool:
+        """The same tool answered by ``fn`` (the schema, already checked, and its validator
+        shared: an environment that builds its tools once and binds them to each episode's
+        state skips the schema check, ~1 ms a tool)."""
+        if not callable(fn):
+            raise ValueError(f"tool {self.name!r}: fn is not callable")
+        bound = copy.copy(self)
+        object.__setattr__(bound, "fn", fn)
+        return bound
+
     def schema(self) -> dict[str, Any]:
         """The function schema chat templates consume (a fresh copy)."""
         return {"type": "function", "function": {"name": self.name, "description": self.description,

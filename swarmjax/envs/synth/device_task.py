@@ -45,7 +45,7 @@ from swarmjax.envs.api import Step
 from swarmjax.envs.device_api import CALL_ERROR_TEXT, DeviceTask, TurnOut
 from swarmjax.envs.synth import device
 from swarmjax.envs.synth.device import DeviceEnv, Tables, full_text
-from swarmjax.envs.synth.task import task_messages, verify
+from swarmjax.envs.synth.task import env_tools, task_messages, verify
 from swarmjax.envs.synth.world import (AMOUNT_TEXT, OPS, EnvSpec, ToolError, execute, initial_state, missing_text,
                                        parameters)
 from swarmjax.text import fragments
@@ -53,7 +53,7 @@ from swarmjax.text.chat import ChatFormat
 from swarmjax.text.device_calls import CallGrammar, fnv1a
 from swarmjax.text.fragments import EMPTY, Fragments, common_prefix, compose
 from swarmjax.text.toolcalls import CallError, parse_turn
-from swarmjax.text.tools import Tool, ToolSet
+from swarmjax.text.tools import ToolSet
 
 Array = jax.Array
 A_NONE, A_KEY, A_CAT, A_INT = 0, 1, 2, 3          # how a tool's argument slot is encoded
@@ -89,7 +89,7 @@ class SynthDeviceTask(DeviceTask):
         self.dev = DeviceEnv.build(env, spare=spare)
         self.max_subagents, self.agent_names, self.answer_grammar = 0, [], None
         kinds = {k.name: k for k in env.kinds}
-        self.tools = [Tool(t.name, t.description, parameters(t, kinds), fn=None) for t in env.tools]
+        self.tools = list(env_tools(env))
         self.toolset = ToolSet(self.tools)
         self._grammar = CallGrammar.build(chat.tokenizer, self.tools, max_calls=max_calls)
         self._slots(kinds)

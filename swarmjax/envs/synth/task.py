@@ -102,9 +102,7 @@ class SynthWorld:
         self.initial = initial_state(env, int(record["state_seed"]))
         self.state = self.initial
         self._lock = threading.Lock()
-        kinds = {k.name: k for k in env.kinds}
-        self._tools = [Tool(t.name, t.description, parameters(t, kinds), fn=functools.partial(self._call, t))
-                       for t in env.tools]
+        self._tools = [tool.bind(functools.partial(self._call, spec)) for tool, spec in zip(env_tools(env), env.tools)]
 
     def _call(self, spec, **args):
         with self._lock:                    # a ToolError becomes the call's error reply (ToolRunner)
@@ -116,6 +114,14 @@ class SynthWorld:
 
     def verify(self, answer: str) -> dict[str, float]:
         return verify(self.record, self.initial, self.state, answer)
+
+
+@functools.lru_cache(maxsize=256)
+def env_tools(env: EnvSpec) -> tuple[Tool, ...]:
+    """An environment's tools without a function (their schemas checked once; each
+    episode's world binds them to its state: :meth:`~swarmjax.text.tools.Tool.bind`)."""
+    kinds = {k.name: k for k in env.kinds}
+    return tuple(Tool(t.name, t.description, parameters(t, kinds), fn=None) for t in env.tools)
 
 
 def verify(record: dict[str, Any], initial: State, final: State, answer: str) -> dict[str, float]:
@@ -232,9 +238,7 @@ class SynthToolTask(Task):
         seen = {train[i]["env"] for i in range(len(train))}
         out = [SYSTEM.format(env=n) for n in sorted(seen)] + [WORKER] * 20
         for name in sorted(seen):
-            kinds = {k.name: k for k in envs[name].kinds}
-            out += [json.dumps(Tool(t.name, t.description, parameters(t, kinds), fn=None).schema())
-                    for t in envs[name].tools]
+            out += [json.dumps(t.schema()) for t in env_tools(envs[name])]
         for i in range(min(len(train), 2000)):
             r = train[i]
             out.append(r["query"])
