@@ -1,7 +1,7 @@
 """State of the jitted text swarm (:mod:`swarmjax.swarm.text_engine`): one model's agent
-rows, the episodes, the loop carry and the result. Shapes: B episodes, K sub-agents
-per episode, S = B x K sub-agent slots, R rows of a model, X its context, C calls a
-turn, G = 1 + 2 x max_pairs fragments a response, P answer pairs, M mentions, E entities.
+rows, the episodes (the engine's counts and the device task's state), the loop carry.
+Shapes: B episodes, K sub-agents per episode, S = B x K sub-agent slots, R rows of a
+model, X its context, C calls a turn, G fragments a response (the task's ``grid_width``).
 """
 
 from __future__ import annotations

@@ -263,9 +263,10 @@ class SynthDeviceTask(DeviceTask):
         listed = jnp.where(out.count > 0, one(c["list_open"], jnp.where(live[:, None], items, EMPTY).reshape(-1),
                                               c["list_close"]), one(c["list_empty"]))
         h = out.number
-        frac = jnp.where(h % 100 == 0, jnp.asarray([self.digit[0], EMPTY]),
-                         jnp.where(h % 10 == 0, jnp.stack([jnp.asarray(self.digit)[(h // 10) % 10], EMPTY]),
-                                   jnp.stack([jnp.asarray(self.digit)[(h // 10) % 10], jnp.asarray(self.digit)[h % 10]])))
+        digit = jnp.asarray(self.digit)
+        tenths, hundredths = digit[(h // 10) % 10], digit[h % 10]
+        frac = jnp.where(h % 100 == 0, jnp.asarray([self.digit[0], EMPTY]),                  # 2.0, 2.5, 2.05
+                         jnp.where(h % 10 == 0, jnp.stack([tenths, EMPTY]), jnp.stack([tenths, hundredths])))
         by_op = {
             "get": record, "update": record, "list": listed, "find": listed,
             "count": one(c["before"], self._digits(h, NUMBER_DIGITS), c["after"]),

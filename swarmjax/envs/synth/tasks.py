@@ -421,7 +421,9 @@ def env_tasks(cfg: SynthConfig, env: EnvSpec, g: nx.DiGraph, count: int, counts:
             counts[e.args[0]] += 1
             _tried(tries, left, write, can_write=writes > 0)
             continue
-        query = parts[0]["question"] if n_parts == 1 else "Answer each question on its own line as <number>: "             "<answer>.\n" + "\n".join(f"{i + 1}. {p['question']}" for i, p in enumerate(parts))
+        query = parts[0]["question"] if n_parts == 1 else (
+            "Answer each question on its own line as <number>: <answer>.\n"
+            + "\n".join(f"{i + 1}. {p['question']}" for i, p in enumerate(parts)))
         record = {"task_id": f"{env.name}/{len(out)}", "env": env.name, "method": method,
                   "kind": "write" if write else "read", "state_seed": state_seed, "parts": parts,
                   "changes": sorted(list(c) for c in changes(state, final))}

@@ -174,7 +174,8 @@ def generate_domain(rng: random.Random, used: set[str], *, kinds: int, categorie
         used.add(name)
         fields = [Field(f"{name}_id", "key")]
         for cat in rng.sample(sorted(CATEGORIES), rng.randint(*categories)):
-            fields.append(Field(cat, "category", values=tuple(rng.sample(CATEGORIES[cat], min(rng.randint(3, 4), len(CATEGORIES[cat]))))))
+            values = rng.sample(CATEGORIES[cat], min(rng.randint(3, 4), len(CATEGORIES[cat])))
+            fields.append(Field(cat, "category", values=tuple(values)))
         for m in rng.sample(sorted(MEASURES), rng.randint(*measures)):
             fields.append(Field(m, "measure", unit=MEASURES[m]))
         if out:
