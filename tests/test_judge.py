@@ -1,0 +1,99 @@
+"""The LLM judge reward (swarmjax.rl.judge): yes/no scores equal a one-prompt-at-a-time
+host reference of p(yes) / (p(yes) + p(no)); the batch size, the padding and an 8-device
+mesh change no score; unanswered episodes score 0; a score reply without a readable tag
+gets the defined score and is counted; bad configurations are one clear error."""
+
+import jax
+import numpy as np
+import pytest
+
+from swarmjax.models import ModelConfig, init_params
+from swarmjax.models.transformer import forward
+from swarmjax.rl.judge import Judge, JudgeConfig, Rubric, judge_messages, parse_score
+from swarmjax.text.bpe import train_bpe_tokenizer
+from swarmjax.text.chat import chat_format
+from swarmjax.text.tokenizer import TextTokenizer
+
+from conftest import spread
+
+TASKS = ["What is 2 + 3?", "Name a red fruit.", "What is 10 - 4?", "Spell cat.", "What is 7 * 2?", "Name a city."]
+ANSWERS = ["5", "apple", None, "c a t", "15", "Lyon, probably"]
+RUBRICS = (Rubric("right", "Is the answer right?", weight=2.0), Rubric("brief", "Is the answer brief?"))
+
+
+@pytest.fixture(scope="module")
+def judge_parts(tmp_path_factory):
+    texts = [f"Task:\n{t}\n\nAnswer:\n{a}\n\nIs the answer right? Reply yes or no." for t, a in zip(TASKS, ANSWERS)]
+    texts += ["yes", "no", "Reply yes or no.", "<score>7</score>"] * 30
+    tok = TextTokenizer.from_dir(train_bpe_tokenizer(texts, tmp_path_factory.mktemp("tok"), vocab_size=400))
+    chat = chat_format("qwen3", tok)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=8, intermediate_size=64)
+    return chat, cfg, spread(init_params(cfg, jax.random.key(3)), 4.0)
+
+
+def test_yes_no_scores_equal_the_reference_whatever_the_batch_and_mesh(judge_parts):
+    from swarmjax.sharding.mesh import MeshConfig, make_mesh
+    chat, cfg, params = judge_parts
+    jc = JudgeConfig(rubrics=RUBRICS, batch=4, bucket=16)
+    got = Judge(jc, cfg, params, chat)(TASKS, ANSWERS)
+    yes, no = chat.tokenizer.encode("yes")[0], chat.tokenizer.encode("no")[0]
+    for rubric in RUBRICS:
+        want = np.zeros(len(TASKS))
+        for i, (t, a) in enumerate(zip(TASKS, ANSWERS)):
+            if a is None:
+                continue
+            ids = chat.prompt_ids(judge_messages(jc, rubric, t, a))
+            logits = np.asarray(forward(params, cfg, ids[None]).logits[0, -1], np.float64)
+            p = np.exp(logits - logits.max())
+            want[i] = p[yes] / (p[yes] + p[no])
+        np.testing.assert_allclose(got.rubrics[rubric.name], want, atol=1e-5, err_msg=rubric.name)
+        assert len(set(np.round(want, 3))) > 3                          # the scores differ between answers
+    np.testing.assert_allclose(got.total, (2 * got.rubrics["right"] + got.rubrics["brief"]) / 3, atol=1e-6)
+    assert got.total[2] == 0 and got.unparseable == {"right": 0, "brief": 0}
+    one = Judge(JudgeConfig(rubrics=RUBRICS, batch=1, bucket=8), cfg, params, chat)(TASKS, ANSWERS)
+    mesh = make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))
+    on8 = Judge(JudgeConfig(rubrics=RUBRICS, batch=8, bucket=32), cfg, params, chat, mesh=mesh)(TASKS, ANSWERS)
+    for other in (one, on8):
+        for name in got.rubrics:
+            np.testing.assert_allclose(other.rubrics[name], got.rubrics[name], atol=1e-5, err_msg=name)
+
+
+def test_unparseable_score_replies_are_counted_not_raised(judge_parts):
+    chat, cfg, params = judge_parts
+    assert parse_score("I think <score>7</score>", 10) == 0.7
+    assert parse_score("<score>3</score> no, <score>12</score>", 10) == 1.0        # the last, clipped
+    assert parse_score("<score>-2.5</score>", 10) == 0.0
+    assert parse_score("<score>seven</score>", 10) is None and parse_score("", 10) is None
+    jc = JudgeConfig(rubrics=(Rubric("quality", "How good is the answer?", mode="score"),), unparseable=0.25,
+                     max_new_tokens=8, batch=4, bucket=16)
+    judge = Judge(jc, cfg, params, chat)
+    key = jax.random.key(1)
+    got = judge(TASKS, ANSWERS, key=key)
+    live = [i for i, a in enumerate(ANSWERS) if a is not None]
+    texts = [got.replies["quality"][i] for i in live]
+    assert all(isinstance(t, str) for t in texts) and got.replies["quality"][2] is None
+    bad = sum(parse_score(t, 10) is None for t in texts)
+    assert bad > 0 and got.unparseable["quality"] == bad                         # a random judge rambles
+    expected = [0.0 if a is None else (parse_score(t, 10) if parse_score(t, 10) is not None else 0.25)
+                for a, t in zip(ANSWERS, got.replies["quality"])]
+    np.testing.assert_allclose(got.total, expected, atol=1e-6)
+    again = judge(TASKS, ANSWERS, key=key)
+    assert again.replies == got.replies                                           # deterministic for a key
+
+
+def test_bad_configurations_are_one_clear_error(judge_parts):
+    chat, cfg, params = judge_parts
+    jc = JudgeConfig(rubrics=RUBRICS)
+    with pytest.raises(ValueError, match="do not belong together"):
+        Judge(jc, cfg.replace(vocab_size=64), params, chat)
+    with pytest.raises(ValueError, match="single-token words"):
+        Judge(JudgeConfig(rubrics=RUBRICS, yes="absolutely certain"), cfg, params, chat)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        Rubric("x", "?", mode="stars")
+    with pytest.raises(ValueError, match="names must differ"):
+        JudgeConfig(rubrics=(RUBRICS[0], RUBRICS[0]))
+    with pytest.raises(ValueError, match="sum to 0"):
+        JudgeConfig(rubrics=(Rubric("x", "?", weight=0.0),))
+    with pytest.raises(ValueError, match="2 tasks and 1 answers"):
+        Judge(jc, cfg, params, chat)(TASKS[:2], ANSWERS[:1])
