@@ -149,7 +149,8 @@ class Judge:
         if model_cfg.vocab_size < tok.vocab_size:
             raise ValueError(f"the judge model's vocab_size {model_cfg.vocab_size} is smaller than its "
                              f"tokenizer's ({tok.vocab_size} ids): the model and tokenizer do not belong together")
-        self.cfg, self.model_cfg, self.params, self.chat, self.mesh, self.rules = cfg, model_cfg, params, chat, mesh, rules
+        self.cfg, self.model_cfg, self.params, self.chat = cfg, model_cfg, params, chat
+        self.mesh, self.rules = mesh, rules
         self.word_ids = {}
         if any(r.mode == "yes_no" for r in cfg.rubrics):
             for word in (cfg.yes, cfg.no):
@@ -176,10 +177,9 @@ class Judge:
             if self.mesh is None:
                 self._forward = jax.jit(fn)
             else:
-                rows = lambda nd: batch_sharding(self.mesh, nd, rules=self.rules, batch_size=self.cfg.batch)  # noqa: E731
+                rows = batch_sharding(self.mesh, 2, rules=self.rules, batch_size=self.cfg.batch)
                 self._forward = jax.jit(fn, in_shardings=(
-                    tree_shardings(param_logical_axes(self.model_cfg), self.params, self.mesh, self.rules),
-                    rows(2), rows(2)))
+                    tree_shardings(param_logical_axes(self.model_cfg), self.params, self.mesh, self.rules), rows, rows))
         return self._forward
 
     def _batches(self, prompts: list[np.ndarray]):
