@@ -9,7 +9,7 @@ import pytest
 
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.models.transformer import forward
-from swarmjax.rl.judge import Judge, JudgeConfig, Rubric, judge_messages, parse_score
+from swarmjax.rl.judge import Judge, JudgeConfig, RewardMix, Rubric, judge_messages, mix_rewards, parse_score
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import chat_format
 from swarmjax.text.tokenizer import TextTokenizer
@@ -57,6 +57,13 @@ def test_yes_no_scores_equal_the_reference_whatever_the_batch_and_mesh(judge_par
     for other in (one, on8):
         for name in got.rubrics:
             np.testing.assert_allclose(other.rubrics[name], got.rubrics[name], atol=1e-5, err_msg=name)
+    verifier = np.asarray([1, 0, 0, 1, 0, 0.5], np.float32)                         # K2.5's mix of both
+    mixed = mix_rewards({"r_perf": verifier, "tool_calls": np.ones(6)}, got, RewardMix(verifier=0.5, judge=0.5))
+    np.testing.assert_allclose(mixed["r_perf"], 0.5 * verifier + 0.5 * got.total, atol=1e-6)
+    assert set(mixed) == {"r_perf", "r_verifier", "tool_calls", "judge", "judge/right", "judge/brief"}
+    np.testing.assert_array_equal(mixed["r_verifier"], verifier)
+    with pytest.raises(ValueError, match="not both 0"):
+        RewardMix(verifier=0.0, judge=0.0)
 
 
 def test_unparseable_score_replies_are_counted_not_raised(judge_parts):

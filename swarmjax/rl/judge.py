@@ -116,6 +116,32 @@ class JudgeScores:
     replies: dict[str, list[str | None]]
 
 
+@dataclasses.dataclass(frozen=True)
+class RewardMix:
+    """How a judge's score and a task's verifier combine into the reward (K2.5 mixes
+    both): ``r_perf = verifier * r_verifier + judge * r_judge``; ``verifier=0`` for a task
+    with no verifier. Weights >= 0, not both 0."""
+
+    verifier: float = 0.0
+    judge: float = 1.0
+
+    def __post_init__(self):
+        if not (self.verifier >= 0 and self.judge >= 0 and self.verifier + self.judge > 0):
+            raise ValueError(f"reward weights must be >= 0 and not both 0, got {self}")
+
+
+def mix_rewards(terms: dict[str, np.ndarray], scores: JudgeScores, mix: RewardMix) -> dict[str, np.ndarray]:
+    """Reward terms [B] with the judge's: ``r_perf`` mixed (:class:`RewardMix`), the
+    verifier's kept as ``r_verifier`` (0 where the task has none), the judge's total as
+    ``judge`` and each rubric as ``judge/<name>``."""
+    B = len(scores.total)
+    verifier = np.asarray(terms.get("r_perf", np.zeros(B)), np.float32)
+    out = {**terms, "r_verifier": verifier, "judge": scores.total,
+           **{f"judge/{k}": v for k, v in scores.rubrics.items()}}
+    out["r_perf"] = (mix.verifier * verifier + mix.judge * scores.total).astype(np.float32)
+    return out
+
+
 def parse_score(text: str, max_score: float) -> float | None:
     """The last ``<score>N</score>`` of ``text`` as ``clip(N, 0, max_score) / max_score``;
     None when there is none."""
