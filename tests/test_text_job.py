@@ -21,7 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
 SMALL = ["sft.steps=4", "sft.demos=64", "sft.batch=8", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=4",
          "eval_episodes=4", "eval_every=1", "model.num_layers=1",
-         "rl.overlong.max_length=48", "rl.overlong.cache_length=16"]
+         "rl.overlong.max_length=48", "rl.overlong.cache_length=16",
+         "judge.mix.verifier=0.5", "judge.mix.judge=0.5"]        # half the reward from an LLM judge
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +50,15 @@ def test_text_job_runs_and_writes_its_summary(small_run, capsys):
     rl = [r for r in rows if r["stage"] == "rl"]
     assert len(rl) == 2 and all(r["segments"] >= 1 and "learner/loss" in r for r in rl)
     assert all(r["orch_sampled_tokens"] > 0 for r in rl)
+    for r in rl:                # the judge (a frozen copy of the warm-started policy) scored every episode
+        assert 0 <= r["reward/judge"] <= 1 and r["judge_unparseable"] == 0 and r["accuracy"] == r["reward/r_verifier"]
+        assert r["reward/r_perf"] == pytest.approx(0.5 * r["reward/r_verifier"] + 0.5 * r["reward/judge"], abs=1e-6)
     evals = [json.loads(line) for line in open(os.path.join(workdir, "eval.jsonl"))]
     assert [(r["policy"], r["step"], r["split"]) for r in evals] == [
         ("initial", 0, "validation"), ("initial", 0, "test"), ("rl", 1, "validation"),
         ("final", 2, "validation"), ("final", 2, "test")]
     assert evals[-1]["accuracy"] == summary["final"]["accuracy"]
+    assert all(r["judge_gap"] == pytest.approx(r["judge"] - r["accuracy"], abs=1e-6) for r in evals)  # truth kept
     from test_traces import check                       # the final test episodes as orchestration traces
     traces = [json.loads(line) for line in open(os.path.join(workdir, "traces.jsonl"))]
     assert [t["trace_id"] for t in traces] == [f"final-s2-n1-{b}" for b in range(4)]

@@ -45,7 +45,9 @@ Optional:
 * ``subagent_messages(system_prompt, prompt) -> list[dict]``: a sub-agent's first turns
   (default: the orchestrator's ``system_prompt`` and its ``prompt`` as the user turn);
 * ``size(problem) -> int``: how large a problem is (>= 1; e.g. the entities of a wide
-  search), the ``task_size`` of its orchestration traces (default 1).
+  search), the ``task_size`` of its orchestration traces (default 1);
+* ``judge_text(problem) -> str``: the task as an LLM judge reads it (default: the last
+  user message of ``messages(problem)``; :mod:`swarmjax.rl.judge`).
 
 Roles: a job runs the task as a single agent, or as an orchestrator that may
 ``create_subagent`` / ``assign_task`` (:mod:`swarmjax.envs.orchestration`); its
@@ -128,6 +130,20 @@ def problem_size(task: Any, problem: Any) -> int:
     """``task.size(problem)`` when the task has it, else 1 (module docstring)."""
     fn = getattr(task, "size", None)
     return max(int(fn(problem)), 1) if callable(fn) else 1
+
+
+def problem_text(task: Any, problem: Any) -> str:
+    """What a judge reads as the task: ``task.judge_text(problem)`` when the task has it,
+    else the last user message of ``task.messages(problem)``, else ``str(problem)``."""
+    fn = getattr(task, "judge_text", None)
+    if callable(fn):
+        return str(fn(problem))
+    messages = getattr(task, "messages", None)
+    if callable(messages):
+        users = [m["content"] for m in messages(problem) if m.get("role") == "user"]
+        if users:
+            return str(users[-1])
+    return str(problem)
 
 
 def task_name(task: Any) -> str:

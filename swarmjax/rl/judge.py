@@ -82,7 +82,7 @@ class JudgeConfig:
       bucket: prompts are padded to a multiple of this length (fewer compiles).
     """
 
-    rubrics: tuple[Rubric, ...]
+    rubrics: tuple[Rubric, ...] = (Rubric("correct", "Is the answer correct and complete?"),)
     system: str = SYSTEM
     yes: str = "yes"
     no: str = "no"
@@ -128,6 +128,23 @@ class RewardMix:
     def __post_init__(self):
         if not (self.verifier >= 0 and self.judge >= 0 and self.verifier + self.judge > 0):
             raise ValueError(f"reward weights must be >= 0 and not both 0, got {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeReward:
+    """A job's judge reward: the :class:`JudgeConfig` and the :class:`RewardMix`. The judge
+    model is a frozen copy of the policy as RL starts (after its warm start), kept in
+    the checkpoints beside the trained params."""
+
+    judge: JudgeConfig = JudgeConfig()
+    mix: RewardMix = RewardMix()
+
+
+def judge_corpus(cfg: JudgeConfig) -> list[str]:
+    """Text for a tokenizer trained locally, so the judge's words are its tokens (the
+    yes/no words single ids)."""
+    asks = [judge_messages(cfg, r, "", "")[1]["content"] for r in cfg.rubrics]
+    return ([cfg.system] + asks + [cfg.yes, cfg.no, f" {cfg.yes}", f" {cfg.no}", "<score>7</score>"]) * 50
 
 
 def mix_rewards(terms: dict[str, np.ndarray], scores: JudgeScores, mix: RewardMix) -> dict[str, np.ndarray]:

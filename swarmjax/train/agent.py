@@ -264,7 +264,8 @@ def episode_rewards(res: TextRolloutResult, rcfg: TextRLConfig, step: int = 0
     ``L`` of the overlong penalty is ``res.loss_mask.sum(1)``, the ids the policy sampled."""
     B = len(res.length)
     terms = reward_terms(res.rewards, B)
-    channels: dict[str, np.ndarray] = {"r_perf": terms["r_perf"]}
+    channels: dict[str, np.ndarray] = {"r_perf": terms["r_perf"],
+                                       **{k: terms[k] for k in terms if k == "r_verifier" or k.startswith("judge")}}
     base = terms["r_perf"]
     if rcfg.parl is not None:
         counts = {k: terms[k] for k in ("novel", "returned", "parallel", "n") if k in terms}
@@ -414,7 +415,8 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
     per_episode = allgather({"reward": reward.astype(np.float32), "kept_groups": keep.astype(np.float32),
                              "orch_sampled_tokens": res.loss_mask.sum(axis=1).astype(np.float32),
                              **episode_figures(res), **{f"reward/{k}": np.asarray(v, np.float32)
-                                                        for k, v in channels.items() if k != "r_perf"}})
+                                                        for k, v in channels.items()
+                                                        if k != "r_perf" or "r_verifier" in channels}})
     metrics = {**mean_figures(per_episode), **_rollout_counts(res), "rollout_s": t1 - t0,
                "update_s": time.perf_counter() - t1,
                "subagent_rows": 0 if subs is None else int((subs["group"] < stop).sum())}
@@ -429,7 +431,8 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
 
 
 # a rollout's counts (TextRolloutResult.stats) in the step's metrics: how they combine over processes
-COUNTS = {"segments": np.max, "sampled_tokens": np.sum, "cut_by_max_ticks": np.sum, "ticks": np.max}
+COUNTS = {"segments": np.max, "sampled_tokens": np.sum, "cut_by_max_ticks": np.sum, "ticks": np.max,
+          "judge_unparseable": np.sum}
 
 
 def _rollout_counts(res: TextRolloutResult) -> dict[str, int]:
@@ -479,6 +482,7 @@ def _stack_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
 
 
 # the figures of an evaluation and of every RL step
+JUDGE_FIGURES = ("judge", "judge_gap")     # with a judge: its score, and judge - verifier (> 0: it overrates)
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
            "subagents", "finished_subagents", "critical_steps", "total_steps", "compactions", "context_dropped",
            "peak_context", "subagent_peak_context")
@@ -500,6 +504,8 @@ def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, ke
     start = min(jax.process_index() * per, n)
     mine = problems[start:start + per]
     figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
+    if getattr(engine, "judge", None) is not None:          # a judged engine: its score beside the truth
+        figures.update({k: np.full((per,), np.nan, np.float32) for k in JUDGE_FIGURES})
     orch, workers = _rollout_params(params, worker_params, mesh)
     size = engine.batch or max(len(mine), 1)
     for c, at in enumerate(range(0, len(mine), size)):
@@ -507,7 +513,8 @@ def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, ke
         res = engine(orch, workers, call + call[:1] * (size - len(call)), jax.random.fold_in(key, c),
                      episode_ids=range(start + at, start + at + size), greedy=True)
         for k, v in episode_figures(res).items():
-            figures[k][at:at + len(call)] = v[:len(call)]
+            if k in figures:
+                figures[k][at:at + len(call)] = v[:len(call)]
         if on_result is not None:
             on_result(res, call, start + at)
     figures = allgather(figures)                                       # [procs, per]
@@ -515,15 +522,16 @@ def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, ke
 
 
 def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
-    """Each episode's figures [B] float32 (:data:`FIGURES`): accuracy (``r_perf``, the
-    verifier's score: item-F1 in wide search), tool calls and errors, orchestrator turns,
+    """Each episode's figures [B] float32 (:data:`FIGURES`): accuracy (the verifier's
+    score: item-F1 in wide search; ``r_perf``, or ``r_verifier`` where a judge's reward is
+    mixed in, then with :data:`JUDGE_FIGURES`), tool calls and errors, orchestrator turns,
     whether it answered, whether its answer was cut by the turn limit, whether it ran out
     of context; sub-agents started and finished (returned before their turn limit),
     critical and total steps; the orchestrator's compactions (:mod:`swarmjax.swarm.context`),
     the ids they took out of its conversation, its longest segment (ids), and its
     sub-agents' longest conversation (0 without any)."""
     r = reward_terms(res.rewards, len(res.length))
-    out = {"accuracy": r["r_perf"], "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
+    out = {"accuracy": r.get("r_verifier", r["r_perf"]), "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
            "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
            "context_ended": res.end_reason == END_CONTEXT, "subagents": res.spawned,
            "finished_subagents": res.finished, "critical_steps": res.critical_steps,
@@ -531,7 +539,9 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
            "context_dropped": [t.dropped for t in res.orchestrators],
            "peak_context": [t.peak for t in res.orchestrators],
            "subagent_peak_context": [max([len(t) for t in subs], default=0) for subs in res.subagents]}
-    return {k: np.asarray(out[k], np.float32) for k in FIGURES}
+    if "judge" in r:                    # a judged engine's episodes: the judge's score and its gap to the truth
+        out.update(judge=r["judge"], judge_gap=r["judge"] - r.get("r_verifier", r["r_perf"]))
+    return {k: np.asarray(out[k], np.float32) for k in FIGURES + (JUDGE_FIGURES if "judge" in r else ())}
 
 
 def mean_figures(per_episode: dict[str, np.ndarray]) -> dict[str, float]:

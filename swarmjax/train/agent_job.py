@@ -36,6 +36,7 @@ host-driven text rollouts (single agent, or an orchestrator with sub-agents).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from typing import Any
@@ -44,9 +45,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swarmjax.envs.task import ROLES, EnvContext, make_env, problem_size, resolve_task, task_name
+from swarmjax.envs.task import ROLES, EnvContext, make_env, problem_size, problem_text, resolve_task, task_name
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
+from swarmjax.rl.judge import Judge, JudgeReward, judge_corpus
 from swarmjax.rl.update import Learner
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
@@ -54,11 +56,11 @@ from swarmjax.swarm.context import check_env
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.runner import ToolRunner
 from swarmjax.traces.text import text_trace
-from swarmjax.train.agent import (FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, evaluate,
-                                  mean_figures, mix_context, rl_step, subagent_params, warm_start)
+from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations,
+                                  evaluate, mean_figures, mix_context, rl_step, subagent_params, warm_start)
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier
-from swarmjax.train.engines import HostEngine
+from swarmjax.train.engines import HostEngine, JudgedEngine
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
 from swarmjax.train.logs import TextJobLog, change, log_line, progress_bar, write_summary
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy
@@ -78,6 +80,10 @@ class AgentJob:
     role: "single" or "orchestrator" (``create_subagent`` / ``assign_task``, at most
       ``max_subagents`` assignments an episode; sub-agents have the task's tools).
     subagents: "frozen" (a copy of the policy RL starts from) or "shared" (co-trained).
+    judge: an LLM judge's reward (:class:`~swarmjax.rl.judge.JudgeReward`; the judge a
+      frozen copy of the policy RL starts from) mixed into training rewards; evaluations
+      keep the verifier's accuracy and log the judge's score beside it (None: the
+      verifier alone).
     sft: the warm start (None: RL starts from the policy as loaded).
     eval_episodes: problems of each held-out split (fewer when a dataset has fewer).
     log_every: RL steps between log lines when progress bars are off.
@@ -102,6 +108,7 @@ class AgentJob:
     log_every: int = 10
     tool_timeout_s: float = 10.0
     mesh: MeshConfig | None = None
+    judge: JudgeReward | None = None
     seed: int = 0
 
     def policy(self) -> PolicySource:
@@ -133,6 +140,9 @@ class AgentJob:
                 raise ValueError(f"{procs} processes: set mesh= (e.g. --set mesh.data=-1) so the learner spans them")
             if self.rl.tasks_per_step % procs:
                 raise ValueError(f"rl.tasks_per_step={self.rl.tasks_per_step} does not split over {procs} processes")
+            if self.judge is not None:
+                raise ValueError("a judge reward runs in one process for now (each process would judge its "
+                                 "share with a copy of the judge: not written yet)")
             if self.role == "orchestrator" and self.subagents == "shared":
                 raise ValueError("subagents='shared' runs in one process (its sub-agent rows differ in number "
                                  "between processes); use subagents='frozen' or one process")
@@ -159,10 +169,22 @@ def run_agent_job(job: AgentJob, workdir: str, *, progress: bool = True, resume:
 
 def _frozen(job: AgentJob, params: Any) -> dict | None:
     """The frozen trees of the RL state: a copy of ``params`` for frozen sub-agents and a
-    frozen summariser (``rl.rollout.context.summarizer="frozen"``)."""
+    frozen summariser (``rl.rollout.context.summarizer="frozen"``), and one for the judge."""
+    frozen = {}
     if job.role == "orchestrator" and job.subagents == "frozen" or job.rl.rollout.context.summarizer == "frozen":
-        return {"subagents": jax.tree.map(jnp.copy, params)}
-    return None
+        frozen["subagents"] = jax.tree.map(jnp.copy, params)
+    if job.judge is not None:
+        frozen["judge"] = jax.tree.map(jnp.copy, params)
+    return frozen or None
+
+
+def _judged(job: AgentJob, task: Any, engine: Any, cfg: ModelConfig, state: Any, chat, mesh) -> Any:
+    """``engine`` with the job's judge reward (its params the state's frozen copy), or as is."""
+    if job.judge is None:
+        return engine
+    # its own copy: the learner's update donates the state's buffers, frozen trees included
+    judge = Judge(job.judge.judge, cfg, jax.tree.map(jnp.copy, state.frozen["judge"]), chat, mesh=mesh)
+    return JudgedEngine(engine, judge, job.judge.mix, lambda p: problem_text(task, p))
 
 
 def _restore(job: AgentJob, cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
@@ -190,6 +212,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     progress = progress and primary
     task = resolve_task(job.task)
     corpus = getattr(task, "corpus", None)
+    if corpus is not None and job.judge is not None:      # a local tokenizer learns the judge's words too
+        corpus = functools.partial(lambda own: own() + judge_corpus(job.judge.judge), corpus)
     if primary:                                 # process 0 writes the tokenizer and policy.json first
         cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None, corpus=corpus)
     barrier("swarmjax-agent-policy")
@@ -260,11 +284,13 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                                                                     workdir, progress, mesh)
                 meta["warm_start_s"] = time.perf_counter() - clock
             state = learner.init(params, _frozen(job, params))
+            engine = _judged(job, task, engine, cfg, state, chat, mesh)
             run_evals(0, "initial", state)
             save(0, state, None)                        # RL's start survives a crash in RL
             if steps > 0 and watch.reached():           # safe point
                 raise Preempted(0, workdir, stage="RL")
-
+        else:
+            engine = _judged(job, task, engine, cfg, state, chat, mesh)
         start = meta["rl_step"]
         bar = progress_bar(steps, "RL", progress, initial=min(start, steps))
         with bar:                                       # closed on a preemption too
@@ -352,7 +378,8 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
                      summarize=job.rl.rollout.context.strategy == "summary")
-    engine = HostEngine(_rollout(job, cfg, chat, greedy=True), lambda p: make_env(task, p, ctx))
+    engine = _judged(job, task, HostEngine(_rollout(job, cfg, chat, greedy=True), lambda p: make_env(task, p, ctx)),
+                     cfg, state, chat, None)
     t0 = time.perf_counter()
     given = problems
     problems = held_out(task, split, job.seed, job.eval_episodes) if given is None else list(given)
@@ -377,9 +404,9 @@ _HIGHER_IS_BETTER = {"accuracy": True, "answered": True, "tool_errors": False, "
 def agent_summary_table(summary: dict) -> str:
     """The start/end table of an agent job's summary (markdown; the rows it has), with a
     verdict per figure that has a better direction ("better", "worse", "same")."""
-    keys = FIGURES
-    rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     names = [n for n in ("initial", "final") if n in summary]
+    keys = FIGURES + tuple(k for k in JUDGE_FIGURES if any(k in summary[n] for n in names))
+    rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name in names:
         rows.append(f"| {name} | " + " | ".join(f"{summary[name].get(k, 0.0):.3f}" for k in keys) + " |")
     if len(names) == 2:

@@ -14,6 +14,10 @@ An *engine* turns problems into a :class:`~swarmjax.swarm.text_types.TextRollout
   result's ``rewards["n"]`` holds each task's size (the count of the PARL reward's
   ``r_parallel="coverage"``).
 
+* :class:`JudgedEngine`: either of them with an LLM judge's reward (:mod:`swarmjax.rl.judge`)
+  mixed into ``r_perf`` on training calls; greedy calls (evaluations) keep the verifier's
+  ``r_perf`` and log the judge beside it.
+
 ``batch``: the episode count an engine's calls are compiled for (None: any). The
 evaluation (:func:`swarmjax.train.agent.evaluate`) runs its episodes in calls of that
 size, the last one filled with repeats, so evaluations reuse the training rollout's
@@ -82,3 +86,36 @@ class DeviceEngine:
 
     def close(self) -> None:
         pass
+
+
+@dataclasses.dataclass
+class JudgedEngine:
+    """``engine`` whose episodes a :class:`~swarmjax.rl.judge.Judge` also scores (its
+    ``judge(problem_text, answer)`` on every episode with an answer): on training calls
+    ``r_perf`` becomes :func:`~swarmjax.rl.judge.mix_rewards`'s mix (the verifier's kept
+    as ``r_verifier``); on greedy calls (evaluations) ``r_perf`` stays the verifier's, so
+    accuracy stays the truth, and the judge's score is logged beside it (``judge``,
+    ``judge/<rubric>``). ``stats["judge_unparseable"]``: score replies without a tag."""
+
+    engine: Any
+    judge: Any
+    mix: Any
+    text: Callable[[Any], str]
+
+    @property
+    def batch(self) -> int | None:
+        return self.engine.batch
+
+    def __call__(self, orch_params, worker_params, problems, key, *, episode_ids, greedy=False):
+        from swarmjax.envs.task import reward_terms
+        from swarmjax.rl.judge import RewardMix, mix_rewards
+
+        res = self.engine(orch_params, worker_params, problems, key, episode_ids=episode_ids, greedy=greedy)
+        scores = self.judge([self.text(p) for p in problems], res.answers, key=jax.random.fold_in(key, 0x7e57))
+        mix = RewardMix(verifier=1.0, judge=0.0) if greedy else self.mix
+        rewards = mix_rewards(reward_terms(res.rewards, len(res.length)), scores, mix)
+        stats = {**res.stats, "judge_unparseable": int(sum(scores.unparseable.values()))}
+        return dataclasses.replace(res, rewards=rewards, stats=stats)
+
+    def close(self) -> None:
+        self.engine.close()
