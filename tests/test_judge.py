@@ -9,7 +9,8 @@ import pytest
 
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.models.transformer import forward
-from swarmjax.rl.judge import Judge, JudgeConfig, RewardMix, Rubric, judge_messages, mix_rewards, parse_score
+from swarmjax.rl.judge import (Judge, JudgeConfig, JudgeReward, RewardMix, Rubric, judge_messages, mix_rewards,
+                               parse_score)
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import chat_format
 from swarmjax.text.tokenizer import TextTokenizer
@@ -104,3 +105,19 @@ def test_bad_configurations_are_one_clear_error(judge_parts):
         JudgeConfig(rubrics=(Rubric("x", "?", weight=0.0),))
     with pytest.raises(ValueError, match="2 tasks and 1 answers"):
         Judge(jc, cfg, params, chat)(TASKS[:2], ANSWERS[:1])
+
+
+def test_a_judge_from_a_hugging_face_checkpoint(tmp_path):
+    """A job's judge may be a checkpoint with its own tokenizer and chat format; one whose
+    vocabulary is smaller than its tokenizer's is refused."""
+    from swarmjax.train.agent_job import build_judge
+    from test_task_plugins import _checkpoint
+    jc = JudgeConfig(rubrics=(Rubric("right", "Is the answer right?", mode="score"),), max_new_tokens=4, batch=2,
+                     bucket=16, unparseable=0.5)
+    judge = build_judge(JudgeReward(jc, hf_path=_checkpoint(tmp_path / "a")), None, None, None)
+    assert judge.chat.name == "qwen3" and judge.model_cfg.vocab_size == judge.chat.tokenizer.vocab_size
+    got = judge(["What is 6 x 7?", "What is 2 + 2?"], ["The answer is 42.", None])
+    assert got.unparseable["right"] + (parse_score(got.replies["right"][0], 10) is not None) == 1
+    assert got.total[1] == 0.0 and got.replies["right"][1] is None
+    with pytest.raises(ValueError, match="do not belong together"):
+        build_judge(JudgeReward(jc, hf_path=_checkpoint(tmp_path / "b", spare=-1)), None, None, None)

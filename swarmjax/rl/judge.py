@@ -132,12 +132,16 @@ class RewardMix:
 
 @dataclasses.dataclass(frozen=True)
 class JudgeReward:
-    """A job's judge reward: the :class:`JudgeConfig` and the :class:`RewardMix`. The judge
-    model is a frozen copy of the policy as RL starts (after its warm start), kept in
-    the checkpoints beside the trained params."""
+    """A job's judge reward: the :class:`JudgeConfig`, the :class:`RewardMix` and the judge
+    model: a Hugging Face checkpoint directory ``hf_path`` (its tokenizer beside it; its
+    chat format read from the template unless ``chat`` names it), or (None) a frozen copy
+    of the policy as RL starts (after its warm start), kept in the checkpoints beside the
+    trained params."""
 
     judge: JudgeConfig = JudgeConfig()
     mix: RewardMix = RewardMix()
+    hf_path: str | None = None
+    chat: str | None = None
 
 
 def judge_corpus(cfg: JudgeConfig) -> list[str]:

@@ -47,6 +47,7 @@ import numpy as np
 
 from swarmjax.envs.task import ROLES, EnvContext, make_env, problem_size, problem_text, resolve_task, task_name
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.hf import from_hf
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.judge import Judge, JudgeReward, judge_corpus
 from swarmjax.rl.update import Learner
@@ -54,6 +55,7 @@ from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.context import check_env
 from swarmjax.swarm.text_rollout import TextRollout
+from swarmjax.text.chat import chat_format, detect_chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.traces.text import text_trace
 from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations,
@@ -63,7 +65,7 @@ from swarmjax.train.distributed import barrier
 from swarmjax.train.engines import HostEngine, JudgedEngine
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
 from swarmjax.train.logs import TextJobLog, change, log_line, progress_bar, write_summary
-from swarmjax.train.policy import PolicySource, prepare_policy, read_policy
+from swarmjax.train.policy import PolicySource, prepare_policy, read_policy, read_tokenizer
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.streams import TaskStream, held_out
 
@@ -173,17 +175,29 @@ def _frozen(job: AgentJob, params: Any) -> dict | None:
     frozen = {}
     if job.role == "orchestrator" and job.subagents == "frozen" or job.rl.rollout.context.summarizer == "frozen":
         frozen["subagents"] = jax.tree.map(jnp.copy, params)
-    if job.judge is not None:
+    if job.judge is not None and job.judge.hf_path is None:
         frozen["judge"] = jax.tree.map(jnp.copy, params)
     return frozen or None
 
 
+def build_judge(reward: JudgeReward, cfg: ModelConfig, chat, state: Any, *, mesh=None) -> Judge:
+    """The :class:`~swarmjax.rl.judge.Judge` of a job's judge reward: the Hugging Face
+    checkpoint ``reward.hf_path`` with its own tokenizer, or the policy's frozen copy in
+    ``state.frozen["judge"]`` (copied: the learner's update donates the state's buffers,
+    frozen trees included) with the policy's config and chat format."""
+    if reward.hf_path is None:
+        return Judge(reward.judge, cfg, jax.tree.map(jnp.copy, state.frozen["judge"]), chat, mesh=mesh)
+    tokenizer = read_tokenizer(reward.hf_path, what="judge.hf_path")
+    judge_cfg, params = from_hf(reward.hf_path)
+    judge_chat = chat_format(reward.chat or detect_chat_format(tokenizer), tokenizer)
+    return Judge(reward.judge, judge_cfg, params, judge_chat, mesh=mesh)
+
+
 def _judged(job: AgentJob, task: Any, engine: Any, cfg: ModelConfig, state: Any, chat, mesh) -> Any:
-    """``engine`` with the job's judge reward (its params the state's frozen copy), or as is."""
+    """``engine`` with the job's judge reward, or as is."""
     if job.judge is None:
         return engine
-    # its own copy: the learner's update donates the state's buffers, frozen trees included
-    judge = Judge(job.judge.judge, cfg, jax.tree.map(jnp.copy, state.frozen["judge"]), chat, mesh=mesh)
+    judge = build_judge(job.judge, cfg, chat, state, mesh=mesh)
     return JudgedEngine(engine, judge, job.judge.mix, lambda p: problem_text(task, p))
 
 
@@ -212,7 +226,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     progress = progress and primary
     task = resolve_task(job.task)
     corpus = getattr(task, "corpus", None)
-    if corpus is not None and job.judge is not None:      # a local tokenizer learns the judge's words too
+    if corpus is not None and job.judge is not None and job.judge.hf_path is None:   # the judge's words: tokens
         corpus = functools.partial(lambda own: own() + judge_corpus(job.judge.judge), corpus)
     if primary:                                 # process 0 writes the tokenizer and policy.json first
         cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None, corpus=corpus)
