@@ -121,3 +121,27 @@ def test_a_judge_from_a_hugging_face_checkpoint(tmp_path):
     assert got.total[1] == 0.0 and got.replies["right"][1] is None
     with pytest.raises(ValueError, match="do not belong together"):
         build_judge(JudgeReward(jc, hf_path=_checkpoint(tmp_path / "b", spare=-1)), None, None, None)
+
+
+def test_a_judge_trained_on_verdicts_reads_them_back(judge_parts):
+    """SFT on (task, answer, verdict) rows, then the judge's p(yes) at the position the
+    rows trained: it tells the answers apart (here by a surface cue: the mechanics, not
+    a claim about judging), where it could not before."""
+    from swarmjax.optim import OptimConfig
+    from swarmjax.train.agent import TextSFTConfig
+    from swarmjax.train.judge_sft import agreement, judge_rows, train_judge
+    chat, cfg, params = judge_parts
+    rubric = Rubric("right", "Is the answer right?")
+    jc = JudgeConfig(rubrics=(rubric,), batch=8, bucket=32)
+    triples = [(f"What is {a} + {a}?", str(2 * a) if a % 2 else "no idea", bool(a % 2)) for a in range(1, 17)]
+    rows = judge_rows(jc, rubric, chat, triples[:2])
+    yes, no = chat.tokenizer.encode("yes")[0], chat.tokenizer.encode("no")[0]
+    first = rows.loss_mask.argmax(1)
+    assert [rows.tokens[0, first[0]], rows.tokens[1, first[1]]] == [yes, no] and rows.loss_mask.sum(1).tolist() == [2, 2]
+    before = agreement(Judge(jc, cfg, params, chat), triples)
+    scfg = TextSFTConfig(steps=40, batch=8, bucket=32, optim=OptimConfig(learning_rate=1e-2, warmup_steps=5,
+                                                                        decay_steps=40))
+    trained = train_judge(params, cfg, chat, jc, rubric, triples, scfg)
+    after = agreement(Judge(jc, cfg, trained, chat), triples)
+    assert after["accuracy"] == 1.0 and before["accuracy"] < 0.9, (before, after)
+    assert after["score_right"] > 0.8 > 0.2 > after["score_wrong"]
