@@ -123,7 +123,9 @@ class AgentJob:
         configuration, seed or held-out set."""
         same = dataclasses.replace(self, rl=dataclasses.replace(self.rl, steps=0), eval_every=0, log_every=0,
                                    task=task_name(resolve_task(self.task)), mesh=None)
-        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)}
+        # no judge: left out, so runs saved before the judge field resume as they were
+        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)
+                if not (f.name == "judge" and self.judge is None)}
 
     def validate(self) -> None:
         resolve_task(self.task)
