@@ -15,25 +15,16 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import matmul_peak_flops, time_best  # noqa: E402
-from rollout_synth import CFG, script  # noqa: E402
+from rollout_synth import script, setup  # noqa: E402
 
-from swarmjax.envs.synth.device_task import SynthDeviceTask  # noqa: E402
-from swarmjax.envs.synth.task import SynthToolTask  # noqa: E402
-from swarmjax.models.config import preset  # noqa: E402
-from swarmjax.models.transformer import init_params  # noqa: E402
 from swarmjax.rl.judge import Judge, JudgeConfig, Rubric  # noqa: E402
-from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
 from swarmjax.swarm.text_engine import TextSwarm  # noqa: E402
-from swarmjax.swarm.text_types import TextRolloutConfig, TextScripts  # noqa: E402
-from swarmjax.text.bpe import train_bpe_tokenizer  # noqa: E402
-from swarmjax.text.chat import Qwen3Format, chat_format  # noqa: E402
-from swarmjax.text.tokenizer import TextTokenizer  # noqa: E402
+from swarmjax.swarm.text_types import TextScripts  # noqa: E402
 
 
 def main(argv=None):
@@ -44,22 +35,8 @@ def main(argv=None):
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    task = SynthToolTask(cfg=CFG)
-    records = [r for s in ("train", "seen") for r in task.records(s)]
-    name = max(sorted({r["env"] for r in records}), key=lambda n: sum(r["env"] == n for r in records))
-    batch = [r for r in records if r["env"] == name][:args.batch]
-    texts = task.corpus() + [Qwen3Format.TOOLS_HEAD, Qwen3Format.TOOLS_TAIL] * 5 + \
-        ["Reply yes or no.", "yes", "no", "<score>7</score>"] * 20
-    with tempfile.TemporaryDirectory() as d:
-        tok = TextTokenizer.from_dir(train_bpe_tokenizer(texts, d, vocab_size=2000))
-    chat = chat_format("qwen3", tok)
-    dt = SynthDeviceTask(task.envs()[name], chat)
-    mcfg = preset("1m").replace(vocab_size=tok.vocab_size)
-    params = init_params(mcfg, jax.random.key(0))
-    greedy = SamplingConfig(temperature=0.0)
-    rcfg = TextRolloutConfig(orch_context=len(dt.head_ids("orchestrator")) + 1024, worker_context=64,
-                             max_turn_tokens=160, worker_lanes=1, subagent_turns=1, budget=None,
-                             orch_sampling=greedy, worker_sampling=greedy)
+    _, batch, chat, dt, mcfg, params, rcfg = setup(
+        args.batch, corpus=("Reply yes or no.", "yes", "no", "<score>7</score>") * 20)
     peak = matmul_peak_flops()
     engine = TextSwarm(dt, mcfg, rcfg)
     scripts = TextScripts(orch=[script(chat, r) for r in batch])

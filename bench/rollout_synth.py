@@ -100,6 +100,31 @@ def tick_split(dt: SynthDeviceTask, scripts: TextScripts, repeats: int) -> dict:
 RECORDS: list = []
 
 
+def setup(batch: int, *, corpus: tuple[str, ...] = ()):
+    """The workload (module docstring): (environment name, its first ``batch`` recorded
+    tasks, chat format, device task, model config, params, rollout config). ``corpus``:
+    more text for the tokenizer."""
+    task = SynthToolTask(cfg=CFG)
+    records = [r for s in ("train", "seen") for r in task.records(s)]
+    by_env: dict[str, list] = {}
+    for r in records:
+        by_env.setdefault(r["env"], []).append(r)
+    name = max(sorted(by_env), key=lambda n: len(by_env[n]))
+    if len(by_env[name]) < batch:
+        raise SystemExit(f"environment {name} has {len(by_env[name])} tasks, fewer than --batch {batch}")
+    texts = task.corpus() + [Qwen3Format.TOOLS_HEAD, Qwen3Format.TOOLS_TAIL] * 5 + list(corpus)
+    with tempfile.TemporaryDirectory() as d:
+        tok = TextTokenizer.from_dir(train_bpe_tokenizer(texts, d, vocab_size=2000))
+    chat = chat_format("qwen3", tok)
+    dt = SynthDeviceTask(task.envs()[name], chat)
+    mcfg = preset("1m").replace(vocab_size=tok.vocab_size)
+    greedy = SamplingConfig(temperature=0.0)
+    rcfg = TextRolloutConfig(orch_context=len(dt.head_ids("orchestrator")) + 1024, worker_context=64,
+                             max_turn_tokens=160, worker_lanes=1, subagent_turns=1, budget=None,
+                             orch_sampling=greedy, worker_sampling=greedy)
+    return name, by_env[name][:batch], chat, dt, mcfg, init_params(mcfg, jax.random.key(0)), rcfg
+
+
 def main(argv=None):
     import argparse
 
@@ -112,29 +137,13 @@ def main(argv=None):
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    task = SynthToolTask(cfg=CFG)
-    records = [r for s in ("train", "seen") for r in task.records(s)]
-    by_env: dict[str, list] = {}
-    for r in records:
-        by_env.setdefault(r["env"], []).append(r)
-    name = max(sorted(by_env), key=lambda n: len(by_env[n]))
-    RECORDS[:] = by_env[name][:args.batch]
-    if len(RECORDS) < args.batch:
-        raise SystemExit(f"environment {name} has {len(RECORDS)} tasks, fewer than --batch {args.batch}")
-    texts = task.corpus() + [Qwen3Format.TOOLS_HEAD, Qwen3Format.TOOLS_TAIL] * 5
-    with tempfile.TemporaryDirectory() as d:
-        tok = TextTokenizer.from_dir(train_bpe_tokenizer(texts, d, vocab_size=2000))
-    chat = chat_format("qwen3", tok)
     t0 = time.perf_counter()
-    dt = SynthDeviceTask(task.envs()[name], chat)
+    name, records, chat, dt, mcfg, params, rcfg = setup(args.batch)
     build_s = time.perf_counter() - t0
-    mcfg = preset("1m").replace(vocab_size=tok.vocab_size)
-    params = init_params(mcfg, jax.random.key(0))
+    tok = chat.tokenizer
+    RECORDS[:] = records
     scripts = TextScripts(orch=[script(chat, r) for r in RECORDS])
     head = len(dt.head_ids("orchestrator"))
-    greedy = SamplingConfig(temperature=0.0)
-    rcfg = TextRolloutConfig(orch_context=head + 1024, worker_context=64, max_turn_tokens=160, worker_lanes=1,
-                             subagent_turns=1, budget=None, orch_sampling=greedy, worker_sampling=greedy)
     peak = matmul_peak_flops()
 
     engine = TextSwarm(dt, mcfg, rcfg, chunk=args.chunk)
@@ -166,7 +175,7 @@ def main(argv=None):
     figures = {
         "jax": jax.__version__, "backend": jax.default_backend(), "env": name, "tools": len(dt.env.tools),
         "batch": B, "chunk": args.chunk, "params": mcfg.num_params(), "peak_flops": peak,
-        "prompt_head_ids": head, "task_build_s": build_s, "ratio": host_s / jit_s, "jit_s": jit_s,
+        "prompt_head_ids": head, "setup_s": build_s, "ratio": host_s / jit_s, "jit_s": jit_s,
         "host_s": host_s, "jit_compile_s": jit_first - jit_s, "host_first_call_s": host_first,
         "jit_episodes_s": B / jit_s, "host_episodes_s": B / host_s, "ticks": ticks, "turns": turns,
         "tick_ms": 1e3 * jit_s / ticks, "parser_step_ms": 1e3 * split["parser_step_s"],
@@ -180,7 +189,7 @@ def main(argv=None):
         return
     print(f"jax {figures['jax']} on {figures['backend']} (matmul peak {peak / 1e9:.1f} GFLOP/s), {B} tasks of the "
           f"generated environment {name} ({len(dt.env.tools)} tools; shared prompt head {head} ids), model 1m "
-          f"({mcfg.num_params() / 1e6:.2f}M), device task built in {build_s:.1f} s, mean r_perf "
+          f"({mcfg.num_params() / 1e6:.2f}M), set up (task set, tokenizer, device task) in {build_s:.1f} s, mean r_perf "
           f"{figures['mean_r_perf']:.2f}")
     print(f"{'':12}{'s/batch':>10}{'episodes/s':>12}{'first call s':>14}")
     print(f"{'jit':12}{jit_s:10.3f}{B / jit_s:12.1f}{jit_first:14.2f}")
