@@ -94,7 +94,6 @@ class SynthDeviceTask(DeviceTask):
         self._grammar = CallGrammar.build(chat.tokenizer, self.tools, max_calls=max_calls)
         self._slots(kinds)
         self._fragments()
-        self._render_row = jax.vmap(self._render)
         self.build_check(check_samples)
 
     # ------------------------------------------------------------------ build
@@ -177,7 +176,7 @@ class SynthDeviceTask(DeviceTask):
         response = max(row, listed, other)
         frame = max(top(c["close_ended"]), top(c["close_cut"])) + top(c["open"]) + top(c["close"])
         reply = frame + self.max_calls * top(c["between"]) + (self.max_calls + 1) * response
-        self.widths = {"reply": reply, "worker_reply": 1, "worker": 1}
+        self.widths = {"reply": reply, "worker_reply": 0, "worker": 0}     # no sub-agents: nothing said to them
 
     def build_check(self, samples: int) -> None:
         """Render ``samples`` random calls' outputs (and errors) on the device and compare
