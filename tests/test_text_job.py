@@ -145,3 +145,24 @@ def test_shared_subagent_rows_have_their_own_role_advantages():
     adv = rows["advantages"]
     assert adv.shape == (4,) and adv[1] == adv[2] > 0 > adv[3] and adv[0] == 0.0
     assert rows["loss_mask"].sum(1).tolist() == [2, 4, 1, 1]
+
+
+def test_a_runs_checkpoint_gives_verdicts_to_train_a_judge_on(small_run):
+    """The final checkpoint's test episodes as (task, answer, right) triples: the answered
+    ones, right exactly where the verifier scored 1 (the judge's score beside it is not
+    the verdict)."""
+    from swarmjax.config_file import load_config
+    from swarmjax.envs.task import problem_text, resolve_task
+    from swarmjax.train.streams import held_out
+    from swarmjax.train.agent_job import evaluate_agent_checkpoint
+    from swarmjax.train.judge_sft import episode_triples
+    workdir, _, _ = small_run
+    job = apply_overrides(load_config(CONFIG, AgentJob), SMALL)
+    task, triples = resolve_task(job.task), []
+    out = evaluate_agent_checkpoint(job, workdir, on_result=lambda res, problems, first: triples.extend(
+        episode_triples(task, problems, res)))
+    answered = np.asarray(out["episodes"]["answered"], bool)
+    assert triples and len(triples) == answered.sum() and all(isinstance(a, str) for _, a, _ in triples)
+    assert sum(right for *_, right in triples) == np.asarray(out["episodes"]["accuracy"])[answered].sum()
+    problems = held_out(task, "test", job.seed, job.eval_episodes)              # the episodes' own tasks
+    assert [t for t, _, _ in triples] == [problem_text(task, p) for p, a in zip(problems, answered) if a]

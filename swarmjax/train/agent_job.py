@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -372,14 +373,16 @@ def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfi
 
 
 def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "latest", split: str = "test",
-                              problems: list | None = None) -> dict:
+                              problems: list | None = None, on_result: Callable | None = None) -> dict:
     """Evaluate checkpoint ``which`` ("latest", "best" by validation accuracy, or an RL
     step) of the run in ``workdir`` on ``split`` (greedy, the run's held-out problems) or
     on ``problems`` (e.g. tasks of one size). ``job`` may differ from the run's in its RL
     settings: e.g. another context strategy (``rl.rollout.context``). Returns what
     :func:`agent_summary_table` prints (``final``: that checkpoint), with ``step`` and
     ``episodes`` (each figure per problem, in order); ``initial`` is the run's own
-    evaluation of its start on the test split."""
+    evaluation of its start on the test split. ``on_result(res, problems, first)``: each
+    rollout call's result (:func:`~swarmjax.train.agent.evaluate`), e.g. to collect a
+    judge's training verdicts (:func:`~swarmjax.train.judge_sft.episode_triples`)."""
     job.validate()
     cfg, chat = read_policy(workdir)
     task = resolve_task(job.task)
@@ -401,7 +404,7 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     problems = held_out(task, split, job.seed, job.eval_episodes) if given is None else list(given)
     try:
         episodes = evaluate(engine, state.params, subagent_params(state), problems,
-                            jax.random.fold_in(jax.random.key(job.seed), 1))
+                            jax.random.fold_in(jax.random.key(job.seed), 1), on_result=on_result)
     finally:
         runner.close()
         engine.close()

@@ -3,7 +3,9 @@ its agreement with the verdicts on held-out triples.
 
 The verdicts come from a verifiable task (an answer is right when its verifier scores
 1), so a judge trained here can be measured against the truth before it is trusted as a
-reward elsewhere. A row is the judge's prompt for a ``yes_no`` rubric
+reward elsewhere; :func:`episode_triples` reads them off a policy's episodes (e.g.
+``evaluate_agent_checkpoint(..., on_result=)`` over a run's checkpoints: answers of the
+warm start and of RL, right and wrong). A row is the judge's prompt for a ``yes_no`` rubric
 (:func:`~swarmjax.rl.judge.judge_messages`) followed by the reply the judge should
 sample, ``yes`` or ``no`` and the end-of-turn id (chat format), with the loss on the
 reply alone; the same warm-start step as the policy's
@@ -19,13 +21,25 @@ from typing import Any
 
 import numpy as np
 
+from swarmjax.envs.task import problem_text, reward_terms
 from swarmjax.models.config import ModelConfig
 from swarmjax.rl.judge import Judge, JudgeConfig, Rubric, judge_messages
+from swarmjax.swarm.text_types import TextRolloutResult
 from swarmjax.text.chat import ChatFormat
 from swarmjax.train.agent import TextSFTConfig, warm_start
 from swarmjax.train.demos import Demos
 
 Triple = tuple[str, str, bool]          # (task, answer, the answer is right)
+
+
+def episode_triples(task: Any, problems: Sequence[Any], res: TextRolloutResult) -> list[Triple]:
+    """A rollout's answered episodes as (task text, answer, right): right when the
+    verifier scored the episode 1 (``r_verifier`` where a judge's reward was mixed in,
+    else ``r_perf``). Episodes without an answer are left out (nothing to judge)."""
+    terms = reward_terms(res.rewards, len(res.length))
+    score = terms.get("r_verifier", terms["r_perf"])
+    return [(problem_text(task, p), a, bool(score[b] >= 1.0))
+            for b, (p, a) in enumerate(zip(problems, res.answers)) if a is not None]
 
 
 def judge_rows(cfg: JudgeConfig, rubric: Rubric, chat: ChatFormat, triples: Sequence[Triple]) -> Demos:
