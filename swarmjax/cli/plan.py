@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", default="gspo", help="a loss preset (swarmjax.rl.losses.loss_preset), e.g. gspo, grpo")
     p.add_argument("--minibatches", type=int, default=4, help="optimizer steps per update")
     p.add_argument("--microbatches", type=int, default=1, help="gradient accumulation per minibatch")
+    p.add_argument("--judge-batch", type=int, default=0,
+                   help="an LLM judge (a frozen copy of the policy) scoring this many answers at once (0: none)")
+    p.add_argument("--judge-prompt", type=int, default=512, help="ids of a judge prompt (task, answer, rubric)")
     p.add_argument("--json", action="store_true", help="print one JSON object (bytes per device)")
 
 
@@ -92,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     data, fsdp, tensor = args.mesh
     mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices=jax.devices()[:devices])
     plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
-                       rollout_batch=args.rollout_batch, prompt=args.prompt)
+                       rollout_batch=args.rollout_batch, prompt=args.prompt,
+                       judge_batch=args.judge_batch, judge_prompt=args.judge_prompt if args.judge_batch else 0)
     if args.json:
         print(json.dumps({"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
                           "dtype": cfg.dtype, **plan.as_dict()}))

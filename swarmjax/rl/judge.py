@@ -27,6 +27,7 @@ sub-agents). An episode without an answer scores 0 on every rubric without a jud
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -163,6 +164,15 @@ def mix_rewards(terms: dict[str, np.ndarray], scores: JudgeScores, mix: RewardMi
     return out
 
 
+def yes_no_scores(params: Any, tokens: Array, mask: Array, *, cfg: ModelConfig, yes: int, no: int) -> Array:
+    """[R] ``p(yes) / (p(yes) + p(no)) = sigmoid(l_yes - l_no)`` at each row's last real
+    token: tokens, mask [R, T] right-padded (one forward; logits of that position only)."""
+    with jax.named_scope("judge_yes_no"):
+        last = jnp.sum(mask, axis=1) - 1
+        logits = forward(params, cfg, tokens, token_mask=mask, logits_at=last).logits[:, 0]    # [R, V]
+        return jax.nn.sigmoid(logits[:, yes] - logits[:, no])
+
+
 def parse_score(text: str, max_score: float) -> float | None:
     """The last ``<score>N</score>`` of ``text`` as ``clip(N, 0, max_score) / max_score``;
     None when there is none."""
@@ -214,13 +224,8 @@ class Judge:
 
     def _yes_no_fn(self):
         if self._forward is None:
-            yes, no = self.word_ids[self.cfg.yes], self.word_ids[self.cfg.no]
-
-            def fn(params, tokens, mask):                                 # [R, T] right-padded
-                with jax.named_scope("judge_yes_no"):
-                    last = jnp.sum(mask, axis=1) - 1
-                    logits = forward(params, self.model_cfg, tokens, token_mask=mask, logits_at=last).logits[:, 0]
-                    return jax.nn.sigmoid(logits[:, yes] - logits[:, no])   # p(yes) / (p(yes) + p(no))
+            fn = functools.partial(yes_no_scores, cfg=self.model_cfg, yes=self.word_ids[self.cfg.yes],
+                                   no=self.word_ids[self.cfg.no])
             if self.mesh is None:
                 self._forward = jax.jit(fn)
             else:

@@ -31,6 +31,7 @@ temporaries scale with batch, sequence, mesh and remat.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -67,10 +68,12 @@ class MemoryPlan:
     rollout_total: int
     devices: int
     mesh: tuple[int, int, int]
+    judge_temp: int = 0
+    judge_total: int = 0
 
     @property
     def total(self) -> int:
-        return max(self.update_total, self.rollout_total)
+        return max(self.update_total, self.rollout_total, self.judge_total)
 
     def fits(self, device: str, *, headroom: float = 0.9) -> bool:
         """Whether ``total`` fits in ``headroom`` of ``device``'s memory (:data:`DEVICE_MEMORY`)."""
@@ -150,8 +153,27 @@ def plan_rollout(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int, seq: int
     return fn.lower(params, tokens, mask, key, cache, None, None).compile(), cache
 
 
+def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
+    """The judge's yes/no forward (:func:`swarmjax.rl.judge.yes_no_scores`) over ``batch``
+    rows of ``prompt`` ids compiled ahead of time, its weights sharded as a frozen copy of
+    the policy's."""
+    from swarmjax.models.transformer import param_logical_axes
+    from swarmjax.rl.judge import yes_no_scores
+    from swarmjax.sharding.mesh import tree_shardings
+
+    params = abstract_params(cfg)
+    params = _abstract(params, tree_shardings(param_logical_axes(cfg), params, mesh))
+    rows = batch_sharding(mesh, 2, batch_size=batch)
+    fn = jax.jit(functools.partial(yes_no_scores, cfg=cfg, yes=0, no=1),
+                 in_shardings=(jax.tree.map(lambda x: x.sharding, params), rows, rows))
+    tokens = jax.ShapeDtypeStruct((batch, prompt), jnp.int32, sharding=rows)
+    mask = jax.ShapeDtypeStruct((batch, prompt), bool, sharding=rows)
+    return fn.lower(params, tokens, mask).compile(), params
+
+
 def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: UpdateConfig = UpdateConfig(),
-                rollout_batch: int | None = None, prompt: int | None = None) -> MemoryPlan:
+                rollout_batch: int | None = None, prompt: int | None = None,
+                judge_batch: int = 0, judge_prompt: int = 0) -> MemoryPlan:
     """Per-device memory of the update and the rollout of ``cfg`` on ``mesh``.
 
     Args:
@@ -162,6 +184,10 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
       update: the learner's config (loss, optimizer, minibatches, ``remat``).
       rollout_batch: rows decoded at once (default ``batch``); prompt: prompt tokens of
         a rollout row (default ``seq // 2``).
+      judge_batch, judge_prompt: an LLM judge's yes/no forward (a frozen copy of the
+        policy, :mod:`swarmjax.rl.judge`) over that many rows of that many ids (0: no
+        judge); its weights join ``frozen`` (resident throughout), its run is
+        ``judge_total``.
     """
     if seq < 2 or batch < 1:
         raise ValueError(f"need batch >= 1 and seq >= 2, got batch={batch}, seq={seq}")
@@ -174,11 +200,19 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
     rollout, cache = plan_rollout(cfg, mesh, rollout_batch or batch, prompt, seq)
     resident = per_device_bytes(state.opt_state) + (0 if state.frozen is None else per_device_bytes(state.frozen))
     rollout_total, rollout_temp = _xla_total(rollout)
+    frozen = 0 if state.frozen is None else per_device_bytes(state.frozen)
+    judge_total = judge_temp = judge_params = 0
+    if judge_batch and judge_prompt:
+        judged, judge_tree = plan_judge(cfg, mesh, judge_batch, judge_prompt)
+        judge_total, judge_temp = _xla_total(judged)
+        judge_params = per_device_bytes(judge_tree)
+        judge_total += per_device_bytes(state.params) + per_device_bytes(state.opt_state) + frozen  # resident
     return MemoryPlan(params=per_device_bytes(state.params), opt_state=per_device_bytes(state.opt_state),
-                      frozen=0 if state.frozen is None else per_device_bytes(state.frozen), temp=temp,
-                      update_total=update_total, kv_cache=per_device_bytes(cache), rollout_temp=rollout_temp,
-                      rollout_total=rollout_total + resident, devices=mesh.devices.size,
-                      mesh=tuple(mesh.devices.shape))
+                      frozen=frozen + judge_params, temp=temp,
+                      update_total=update_total + judge_params, kv_cache=per_device_bytes(cache),
+                      rollout_temp=rollout_temp, rollout_total=rollout_total + resident + judge_params,
+                      devices=mesh.devices.size, mesh=tuple(mesh.devices.shape), judge_temp=judge_temp,
+                      judge_total=judge_total)
 
 
 def format_plan(plan: MemoryPlan, *, title: str = "") -> str:
@@ -186,7 +220,10 @@ def format_plan(plan: MemoryPlan, *, title: str = "") -> str:
     g = lambda n: f"{n / GIB:9.2f}"
     rows = [("params", plan.params), ("opt_state", plan.opt_state), ("frozen", plan.frozen),
             ("update temp", plan.temp), ("update total", plan.update_total), ("kv_cache", plan.kv_cache),
-            ("rollout temp", plan.rollout_temp), ("rollout total", plan.rollout_total), ("total", plan.total)]
+            ("rollout temp", plan.rollout_temp), ("rollout total", plan.rollout_total)]
+    if plan.judge_total:
+        rows += [("judge temp", plan.judge_temp), ("judge total", plan.judge_total)]
+    rows.append(("total", plan.total))
     lines = [title] if title else []
     lines.append(f"per device of {plan.devices} (mesh data, fsdp, tensor = {plan.mesh}), GiB:")
     lines += [f"  {name:<14}{g(n)}" for name, n in rows]
