@@ -139,8 +139,10 @@ class SynthDeviceTask(DeviceTask):
         V = max([len(f.values) for k in env.kinds for f in k.of_type("category")] + [1])
         joint, values = np.zeros((K, F), np.int32), np.zeros((K, F, V), np.int32)
         end = np.zeros((K,), np.int32)
+        field_type = np.zeros((K, F), np.int32)                 # 0 unused, A_KEY, A_CAT, A_INT per column
         for i, k in enumerate(env.kinds):
             for j, f in enumerate(k.fields):
+                field_type[i, j] = A_CAT if f.type == "category" else A_INT if f.type == "measure" else A_KEY
                 lead = ((before + "{") if j == 0 else ('"' if string(k.fields[j - 1]) else "") + ", ")
                 joint[i, j] = add(lead + f'"{f.name}": ' + ('"' if string(f) else "")
                                   + (prefix(k, f) + "-" if f.type in ("key", "ref") else ""))
@@ -153,11 +155,7 @@ class SynthDeviceTask(DeviceTask):
         self.lead = np.asarray([add(f"{k.prefix}-") for k in env.kinds], np.int32)
         self.missing_seg = np.asarray([add(before + missing_text(k) + after) for k in env.kinds], np.int32)
         self.full_seg = np.asarray([add(before + full_text(k.name) + after) for k in env.kinds], np.int32)
-        self.joint, self.values, self.end = joint, values, end
-        self.field_type = np.zeros((K, F), np.int32)            # 0 unused, A_KEY, A_CAT, A_INT per column
-        for i, k in enumerate(env.kinds):
-            for j, f in enumerate(k.fields):
-                self.field_type[i, j] = A_CAT if f.type == "category" else A_INT if f.type == "measure" else A_KEY
+        self.joint, self.values, self.end, self.field_type = joint, values, end, field_type
         self.pieces = pieces
         self.frags = Fragments.build(pieces)
         self.key_digits = len(str(100 + self.dev.rows))
@@ -266,10 +264,9 @@ class SynthDeviceTask(DeviceTask):
         tenths, hundredths = digit[(h // 10) % 10], digit[h % 10]
         frac = jnp.where(h % 100 == 0, jnp.asarray([self.digit[0], EMPTY]),                  # 2.0, 2.5, 2.05
                          jnp.where(h % 10 == 0, jnp.stack([tenths, EMPTY]), jnp.stack([tenths, hundredths])))
+        number = one(c["before"], self._digits(h, NUMBER_DIGITS), c["after"])
         by_op = {
-            "get": record, "update": record, "list": listed, "find": listed,
-            "count": one(c["before"], self._digits(h, NUMBER_DIGITS), c["after"]),
-            "total": one(c["before"], self._digits(h, NUMBER_DIGITS), c["after"]),
+            "get": record, "update": record, "list": listed, "find": listed, "count": number, "total": number,
             "convert": one(c["before"], self._digits(h // 100, UNITS_DIGITS), c["dot"], frac, c["after"]),
             "create": one(c["before"], lead, keyd(h), c["after"]),
             "delete": one(c["deleted_open"], lead, keyd(h), c["deleted_close"])}
@@ -316,10 +313,10 @@ class SynthDeviceTask(DeviceTask):
         return self._grammar
 
     def head_ids(self, role: str) -> np.ndarray:
-        probe = lambda q, parts: self.chat.prompt_ids(                                       # noqa: E731
-            task_messages({"env": self.env.name, "parts": [{}] * parts, "query": q}), tools=self.toolset.schemas())
-        a, b, m = probe("a", 1), probe("b", 1), probe("a", 2)
-        return a[:min(common_prefix(a, b), common_prefix(a, m))]
+        probe = lambda q: self.chat.prompt_ids(task_messages({"env": self.env.name, "query": q}),  # noqa: E731
+                                               tools=self.toolset.schemas())
+        a = probe("a")
+        return a[:common_prefix(a, probe("b"))]
 
     def batch(self, problems):
         cells, alive, used, prompts = [], [], [], []
