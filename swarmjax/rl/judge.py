@@ -2,7 +2,7 @@
 
 Where no verifier exists, the reward comes from a judge (a frozen model: a Hugging Face
 checkpoint, or a frozen copy of the policy) asked one question per rubric k about a task
-and an answer; its verdicts combine as (DESIGN.md section 9)
+and an answer; its verdicts combine as
 
     r_judge = sum_k w_k s_k / sum_k w_k,        s_k in [0, 1]
 
@@ -235,23 +235,23 @@ class Judge:
         return self._forward
 
     def _batches(self, prompts: list[np.ndarray]):
-        """Fixed-size batches (the last padded with copies of the first prompt) over one
-        length bucket each: (tokens [R, T] right-padded, mask, how many rows are real)."""
+        """Fixed-size batches of ``batch`` rows (the last filled with copies of its first
+        prompt): (rows, how many are real, T: their longest length rounded up to a
+        multiple of ``bucket``)."""
         R, bucket = self.cfg.batch, self.cfg.bucket
         for start in range(0, len(prompts), R):
             chunk = prompts[start:start + R]
             n = len(chunk)
             chunk = chunk + [chunk[0]] * (R - n)
-            T = -(-max(len(p) for p in chunk) // bucket) * bucket
-            tokens = np.full((R, T), self._pad, np.int32)
-            mask = np.zeros((R, T), bool)
-            for i, p in enumerate(chunk):
-                tokens[i, :len(p)], mask[i, :len(p)] = p, True
-            yield tokens, mask, n
+            yield chunk, n, -(-max(len(p) for p in chunk) // bucket) * bucket
 
     def _yes_no(self, prompts: list[np.ndarray]) -> np.ndarray:
         fn, out = self._yes_no_fn(), []
-        for tokens, mask, n in self._batches(prompts):
+        for chunk, n, T in self._batches(prompts):
+            tokens = np.full((len(chunk), T), self._pad, np.int32)                # right-padded
+            mask = np.zeros((len(chunk), T), bool)
+            for i, p in enumerate(chunk):
+                tokens[i, :len(p)], mask[i, :len(p)] = p, True
             out.append(np.asarray(fn(self.params, jnp.asarray(tokens), jnp.asarray(mask)))[:n])
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
@@ -261,12 +261,8 @@ class Judge:
             self._sampler = Sampler(self.model_cfg, scfg, mesh=self.mesh, rules=self.rules)
         stops = np.asarray(self.chat.stop_ids, np.int32)
         texts = []
-        for b, start in enumerate(range(0, len(prompts), self.cfg.batch)):
-            chunk = prompts[start:start + self.cfg.batch]
-            n = len(chunk)
-            chunk = chunk + [chunk[0]] * (self.cfg.batch - n)
-            length = -(-max(len(p) for p in chunk) // self.cfg.bucket) * self.cfg.bucket
-            tokens, mask = pad_prompts(chunk, pad_id=self._pad, length=length)
+        for b, (chunk, n, length) in enumerate(self._batches(prompts)):
+            tokens, mask = pad_prompts(chunk, pad_id=self._pad, length=length)    # left-padded
             out = self._sampler(self.params, tokens, prompt_mask=mask, key=jax.random.fold_in(key, b),
                                 stop_tokens=np.broadcast_to(stops, (self.cfg.batch, len(stops))))
             ids, lens = np.asarray(out.tokens), np.asarray(out.lengths)
