@@ -35,9 +35,11 @@ import numpy as np
 from swarmjax.envs.device_api import R_ANSWER, R_CONTEXT, R_TURNS, DeviceTask, TurnOut
 from swarmjax.envs.widesearch import Episode
 from swarmjax.envs.widesearch_relay import ERROR_TEXT, LIMIT, LOOKUP_AGAIN, UNKNOWN_ENTITY, RelayTask
+from swarmjax.text import device_answers as da
+from swarmjax.text import device_calls as dc
+from swarmjax.text import fragments
 from swarmjax.text.device_calls import fnv1a
 from swarmjax.text.device_calls_state import CallRecord
-from swarmjax.text import fragments
 from swarmjax.text.fragments import EMPTY, Fragments, check_joins, common_prefix, compose
 from swarmjax.text.toolcalls import CallError
 
@@ -324,9 +326,6 @@ class RelayDeviceTask(DeviceTask):
     :class:`~swarmjax.envs.widesearch_relay.RelayEnv`."""
 
     def __init__(self, task: RelayTask):
-        from swarmjax.text import device_answers as da
-        from swarmjax.text import device_calls as dc
-
         self.task, self.chat = task, task.chat
         tok = task.chat.tokenizer
         self.tables = RelayTables.build(task)
@@ -414,7 +413,6 @@ class RelayDeviceTask(DeviceTask):
                           args=tc.entities)
 
     def orch_answer(self, s: RelayState, answers, mask):
-        from swarmjax.text import device_answers as da
         pairs, count = da.pairs(answers)
         return s.replace(answer=jnp.where(mask[:, None, None], pairs, s.answer),
                          answer_count=jnp.where(mask, count, s.answer_count))
@@ -431,7 +429,6 @@ class RelayDeviceTask(DeviceTask):
                           args=tc.entities)
 
     def worker_answer(self, s: RelayState, answers, mask):
-        from swarmjax.text import device_answers as da
         pairs, _ = da.pairs(answers)
         return s.replace(pairs=jnp.where(mask[:, None, None], jax.vmap(relay_pairs)(pairs), s.pairs))
 
