@@ -79,9 +79,11 @@ def rl_curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
     return [r["step"] + 1 for r in rows], [float(r[key]) for r in rows]
 
 
-def plot_rl_means(arms: dict[str, list[str]], keys: tuple[str, ...], title: str, path: str) -> None:
+def plot_rl_means(arms: dict[str, list[str]], keys: tuple[str, ...], title: str, path: str, *,
+                  arm_keys: dict[str, tuple[str, ...]] | None = None) -> None:
     """One panel per key: each arm's RL curve, the mean over its runs (``arms``: label ->
-    workdirs; runs without metrics are left out), cut to the shortest run."""
+    workdirs; runs without metrics are left out), cut to the shortest run; ``arm_keys``:
+    the only keys an arm is drawn in (default: every key)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -91,6 +93,8 @@ def plot_rl_means(arms: dict[str, list[str]], keys: tuple[str, ...], title: str,
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
     for label, dirs in arms.items():
         for ax, key in zip(axes, keys):
+            if key not in (arm_keys or {}).get(label, keys):
+                continue
             curves = [rl_curve(d, key) for d in dirs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
             if not curves or not curves[0][0]:
                 continue

@@ -134,14 +134,16 @@ def test_a_judge_trained_on_verdicts_reads_them_back(judge_parts):
     rubric = Rubric("right", "Is the answer right?")
     jc = JudgeConfig(rubrics=(rubric,), batch=8, bucket=32)
     triples = [(f"What is {a} + {a}?", str(2 * a) if a % 2 else "no idea", bool(a % 2)) for a in range(1, 17)]
-    rows = judge_rows(jc, rubric, chat, triples[:2])
+    other = Rubric("short", "Is the answer short?")         # a second rubric: its own prompt and verdicts
+    rows = judge_rows(jc, [(rubric, triples[:2]), (other, [triples[2][:2] + (False,)])], chat)
     yes, no = chat.tokenizer.encode("yes")[0], chat.tokenizer.encode("no")[0]
     first = rows.loss_mask.argmax(1)
-    assert [rows.tokens[0, first[0]], rows.tokens[1, first[1]]] == [yes, no] and rows.loss_mask.sum(1).tolist() == [2, 2]
+    assert [rows.tokens[i, first[i]] for i in range(3)] == [yes, no, no] and rows.loss_mask.sum(1).tolist() == [2] * 3
+    assert chat.tokenizer.decode(rows.tokens[2, :first[2]]).count("Is the answer short?") == 1
     before = agreement(Judge(jc, cfg, params, chat), triples)
     scfg = TextSFTConfig(steps=40, batch=8, bucket=32, optim=OptimConfig(learning_rate=1e-2, warmup_steps=5,
                                                                         decay_steps=40))
-    trained = train_judge(params, cfg, chat, jc, rubric, triples, scfg)
+    trained = train_judge(params, cfg, chat, jc, [(rubric, triples)], scfg)
     after = agreement(Judge(jc, cfg, trained, chat), triples)
     assert after["accuracy"] == 1.0 and before["accuracy"] < 0.9, (before, after)
     assert after["score_right"] > 0.8 > 0.2 > after["score_wrong"]

@@ -22,7 +22,8 @@ CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
 SMALL = ["sft.steps=4", "sft.demos=64", "sft.batch=8", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=4",
          "eval_episodes=4", "eval_every=1", "model.num_layers=1",
          "rl.overlong.max_length=48", "rl.overlong.cache_length=16",
-         "judge.mix.verifier=0.5", "judge.mix.judge=0.5"]        # half the reward from an LLM judge
+         "judge.mix.verifier=0.5", "judge.mix.judge=0.5",        # half the reward from an LLM judge,
+         "judge.reference=True"]                                  # which reads the reference answer
 
 
 @pytest.fixture(scope="module")
@@ -147,15 +148,22 @@ def test_shared_subagent_rows_have_their_own_role_advantages():
     assert rows["loss_mask"].sum(1).tolist() == [2, 4, 1, 1]
 
 
-def test_a_runs_checkpoint_gives_verdicts_to_train_a_judge_on(small_run):
+def test_a_runs_checkpoint_gives_verdicts_to_train_a_judge_on(small_run, tmp_path):
     """The final checkpoint's test episodes as (task, answer, right) triples: the answered
     ones, right exactly where the verifier scored 1 (the judge's score beside it is not
-    the verdict)."""
+    the verdict); each episode's agreement is the judge's verdict against the truth.
+    Sampled episodes come from a seeded key; another judge (the trained policy exported as
+    a Hugging Face checkpoint) scores them as that judge does on the host."""
     from swarmjax.config_file import load_config
     from swarmjax.envs.task import problem_text, resolve_task
     from swarmjax.train.streams import held_out
     from swarmjax.train.agent_job import evaluate_agent_checkpoint
+    from swarmjax.models.hf import from_hf
+    from swarmjax.rl.judge import Judge
+    from swarmjax.text.chat import chat_format
+    from swarmjax.train.export import export_run
     from swarmjax.train.judge_sft import episode_triples
+    from swarmjax.train.policy import read_tokenizer
     workdir, _, _ = small_run
     job = apply_overrides(load_config(CONFIG, AgentJob), SMALL)
     task, triples = resolve_task(job.task), []
@@ -166,3 +174,17 @@ def test_a_runs_checkpoint_gives_verdicts_to_train_a_judge_on(small_run):
     assert sum(right for *_, right in triples) == np.asarray(out["episodes"]["accuracy"])[answered].sum()
     problems = held_out(task, "test", job.seed, job.eval_episodes)              # the episodes' own tasks
     assert [t for t, _, _ in triples] == [problem_text(task, p) for p, a in zip(problems, answered) if a]
+    assert all(problem_text(task, p, reference=True).endswith(f"Reference answer:\nThe answer is {p.answer}.")
+               for p in problems)
+    e = {k: np.asarray(v) for k, v in out["episodes"].items()}
+    assert (e["judge_agreement"] == ((e["judge"] > 0.5) == (e["accuracy"] > 0.5))).all()
+    export_run(workdir, str(tmp_path / "hf"))                           # the trained policy as another judge
+    other, got = dataclasses.replace(job.judge, hf_path=str(tmp_path / "hf")), []
+    runs = [evaluate_agent_checkpoint(job, workdir, sampled=True, judge=other, on_result=lambda res, ps, first:
+                                      got.extend(zip(ps, res.answers)))["episodes"] for _ in range(2)]
+    assert runs[0] == runs[1] and got[:len(problems)] == got[len(problems):]     # one key: the same episodes
+    cfg, params = from_hf(str(tmp_path / "hf"))
+    ref = Judge(job.judge.judge, cfg, params, chat_format("qwen3", read_tokenizer(str(tmp_path / "hf"))))
+    scores = ref([problem_text(task, p, reference=True) for p, _ in got[:len(problems)]],
+                 [a for _, a in got[:len(problems)]])
+    assert runs[0]["judge"] == pytest.approx(scores.total.tolist(), abs=1e-5)

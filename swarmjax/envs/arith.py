@@ -155,6 +155,11 @@ class ArithTask(Task):
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem.text}]
 
     @staticmethod
+    def reference(problem: Problem) -> str:
+        """The right answer as a demonstration states it (for a judge that reads one)."""
+        return f"The answer is {problem.answer}."
+
+    @staticmethod
     def verify(problem: Problem, answer: str) -> dict[str, float]:
         got = final_number(answer)
         return {"r_perf": float(got == problem.answer), "correct": float(got == problem.answer)}

@@ -47,7 +47,9 @@ Optional:
 * ``size(problem) -> int``: how large a problem is (>= 1; e.g. the entities of a wide
   search), the ``task_size`` of its orchestration traces (default 1);
 * ``judge_text(problem) -> str``: the task as an LLM judge reads it (default: the last
-  user message of ``messages(problem)``; :mod:`swarmjax.rl.judge`).
+  user message of ``messages(problem)``; :mod:`swarmjax.rl.judge`);
+* ``reference(problem) -> str``: a reference answer, shown to a judge whose reward
+  asks for one (``JudgeReward.reference``).
 
 Roles: a job runs the task as a single agent, or as an orchestrator that may
 ``create_subagent`` / ``assign_task`` (:mod:`swarmjax.envs.orchestration`); its
@@ -132,18 +134,24 @@ def problem_size(task: Any, problem: Any) -> int:
     return max(int(fn(problem)), 1) if callable(fn) else 1
 
 
-def problem_text(task: Any, problem: Any) -> str:
+def problem_text(task: Any, problem: Any, *, reference: bool = False) -> str:
     """What a judge reads as the task: ``task.judge_text(problem)`` when the task has it,
-    else the last user message of ``task.messages(problem)``, else ``str(problem)``."""
+    else the last user message of ``task.messages(problem)``, else ``str(problem)``;
+    with ``reference``, followed by the task's ``reference(problem)`` answer."""
     fn = getattr(task, "judge_text", None)
     if callable(fn):
-        return str(fn(problem))
-    messages = getattr(task, "messages", None)
-    if callable(messages):
-        users = [m["content"] for m in messages(problem) if m.get("role") == "user"]
-        if users:
-            return str(users[-1])
-    return str(problem)
+        text = str(fn(problem))
+    else:
+        messages = getattr(task, "messages", None)
+        users = [m["content"] for m in messages(problem) if m.get("role") == "user"] if callable(messages) else []
+        text = str(users[-1]) if users else str(problem)
+    if not reference:
+        return text
+    ref = getattr(task, "reference", None)
+    if not callable(ref):
+        raise ValueError(f"the judge asks for a reference answer, but task {task_name(task)} has no "
+                         "reference(problem) method")
+    return f"{text}\n\nReference answer:\n{ref(problem)}"
 
 
 def task_name(task: Any) -> str:

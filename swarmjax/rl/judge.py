@@ -137,12 +137,14 @@ class JudgeReward:
     model: a Hugging Face checkpoint directory ``hf_path`` (its tokenizer beside it; its
     chat format read from the template unless ``chat`` names it), or (None) a frozen copy
     of the policy as RL starts (after its warm start), kept in the checkpoints beside the
-    trained params."""
+    trained params. ``reference``: the judge reads the task's reference answer beside the
+    task (the task's ``reference(problem)``; reference-guided grading)."""
 
     judge: JudgeConfig = JudgeConfig()
     mix: RewardMix = RewardMix()
     hf_path: str | None = None
     chat: str | None = None
+    reference: bool = False
 
 
 def judge_corpus(cfg: JudgeConfig) -> list[str]:

@@ -482,7 +482,9 @@ def _stack_rows(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str,
 
 
 # the figures of an evaluation and of every RL step
-JUDGE_FIGURES = ("judge", "judge_gap")     # with a judge: its score, and judge - verifier (> 0: it overrates)
+# with a judge: its score, judge - verifier (> 0: it overrates), and whether its verdict
+# (score > 0.5) is the verifier's (score > 0.5)
+JUDGE_FIGURES = ("judge", "judge_gap", "judge_agreement")
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
            "subagents", "finished_subagents", "critical_steps", "total_steps", "compactions", "context_dropped",
            "peak_context", "subagent_peak_context")
@@ -540,7 +542,8 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
            "peak_context": [t.peak for t in res.orchestrators],
            "subagent_peak_context": [max([len(t) for t in subs], default=0) for subs in res.subagents]}
     if "judge" in r:                    # a judged engine's episodes: the judge's score and its gap to the truth
-        out.update(judge=r["judge"], judge_gap=r["judge"] - r.get("r_verifier", r["r_perf"]))
+        truth = r.get("r_verifier", r["r_perf"])
+        out.update(judge=r["judge"], judge_gap=r["judge"] - truth, judge_agreement=(r["judge"] > 0.5) == (truth > 0.5))
     return {k: np.asarray(out[k], np.float32) for k in FIGURES + (JUDGE_FIGURES if "judge" in r else ())}
 
 

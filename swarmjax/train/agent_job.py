@@ -129,7 +129,10 @@ class AgentJob:
                 if not (f.name == "judge" and self.judge is None)}
 
     def validate(self) -> None:
-        resolve_task(self.task)
+        task = resolve_task(self.task)
+        if self.judge is not None and self.judge.reference and not callable(getattr(task, "reference", None)):
+            raise ValueError(f"judge.reference=True: task {task_name(task)} has no reference(problem) method "
+                             "to show the judge")
         self.policy()
         if self.role not in ROLES:
             raise ValueError(f"unknown role {self.role!r}; known: {', '.join(ROLES)}")
@@ -196,12 +199,12 @@ def build_judge(reward: JudgeReward, cfg: ModelConfig, chat, state: Any, *, mesh
     return Judge(reward.judge, judge_cfg, params, judge_chat, mesh=mesh)
 
 
-def _judged(job: AgentJob, task: Any, engine: Any, cfg: ModelConfig, state: Any, chat, mesh) -> Any:
-    """``engine`` with the job's judge reward, or as is."""
-    if job.judge is None:
+def _judged(reward: JudgeReward | None, task: Any, engine: Any, cfg: ModelConfig, state: Any, chat, mesh) -> Any:
+    """``engine`` with the judge reward ``reward``, or as is (None)."""
+    if reward is None:
         return engine
-    judge = build_judge(job.judge, cfg, chat, state, mesh=mesh)
-    return JudgedEngine(engine, judge, job.judge.mix, lambda p: problem_text(task, p))
+    judge = build_judge(reward, cfg, chat, state, mesh=mesh)
+    return JudgedEngine(engine, judge, reward.mix, lambda p: problem_text(task, p, reference=reward.reference))
 
 
 def _restore(job: AgentJob, cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
@@ -301,13 +304,13 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                                                                     workdir, progress, mesh)
                 meta["warm_start_s"] = time.perf_counter() - clock
             state = learner.init(params, _frozen(job, params))
-            engine = _judged(job, task, engine, cfg, state, chat, mesh)
+            engine = _judged(job.judge, task, engine, cfg, state, chat, mesh)
             run_evals(0, "initial", state)
             save(0, state, None)                        # RL's start survives a crash in RL
             if steps > 0 and watch.reached():           # safe point
                 raise Preempted(0, workdir, stage="RL")
         else:
-            engine = _judged(job, task, engine, cfg, state, chat, mesh)
+            engine = _judged(job.judge, task, engine, cfg, state, chat, mesh)
         start = meta["rl_step"]
         bar = progress_bar(steps, "RL", progress, initial=min(start, steps))
         with bar:                                       # closed on a preemption too
@@ -373,7 +376,8 @@ def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfi
 
 
 def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "latest", split: str = "test",
-                              problems: list | None = None, on_result: Callable | None = None) -> dict:
+                              problems: list | None = None, on_result: Callable | None = None,
+                              sampled: bool = False, judge: JudgeReward | None = None) -> dict:
     """Evaluate checkpoint ``which`` ("latest", "best" by validation accuracy, or an RL
     step) of the run in ``workdir`` on ``split`` (greedy, the run's held-out problems) or
     on ``problems`` (e.g. tasks of one size). ``job`` may differ from the run's in its RL
@@ -382,7 +386,11 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     ``episodes`` (each figure per problem, in order); ``initial`` is the run's own
     evaluation of its start on the test split. ``on_result(res, problems, first)``: each
     rollout call's result (:func:`~swarmjax.train.agent.evaluate`), e.g. to collect a
-    judge's training verdicts (:func:`~swarmjax.train.judge_sft.episode_triples`)."""
+    judge's training verdicts (:func:`~swarmjax.train.judge_sft.episode_triples`).
+    ``sampled``: episodes sampled at the training rollout's temperatures instead of greedy
+    (deterministic for the job's seed), e.g. right and wrong answers of one policy.
+    ``judge``: score the episodes with this judge reward instead of the job's (its
+    ``hf_path`` set: the run's own frozen judge copy stays in its checkpoint)."""
     job.validate()
     cfg, chat = read_policy(workdir)
     task = resolve_task(job.task)
@@ -397,7 +405,8 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
                      summarize=job.rl.rollout.context.strategy == "summary")
-    engine = _judged(job, task, HostEngine(_rollout(job, cfg, chat, greedy=True), lambda p: make_env(task, p, ctx)),
+    sampler = HostEngine(_rollout(job, cfg, chat, greedy=not sampled), lambda p: make_env(task, p, ctx))
+    engine = _judged(job.judge if judge is None else judge, task, sampler,
                      cfg, state, chat, None)
     t0 = time.perf_counter()
     given = problems

@@ -22,9 +22,10 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from swarmjax.models.config import DTYPES
+from swarmjax.models.config import DTYPES, ModelConfig
 from swarmjax.models.hf import CONFIG_FILE, GENERATION_CONFIG, to_hf
 from swarmjax.train.checkpoint import Checkpointer
+from swarmjax.text.chat import ChatFormat
 from swarmjax.train.policy import TOKENIZER_DIR, copy_tokenizer, read_policy
 
 
@@ -46,9 +47,17 @@ def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | No
     if dtype is not None:
         cfg = cfg.replace(param_dtype=dtype)
         params = jax.tree.map(lambda x: jnp.asarray(x, DTYPES[dtype]), params)
+    return {"step": step, **write_hf_checkpoint(cfg, params, chat, str(epath.Path(workdir) / TOKENIZER_DIR), out)}
+
+
+def write_hf_checkpoint(cfg: ModelConfig, params: Any, chat: ChatFormat, tokenizer_dir: str, out: str
+                        ) -> dict[str, Any]:
+    """Write ``params`` of model ``cfg`` with the tokenizer files of ``tokenizer_dir`` to
+    ``out`` as a Hugging Face checkpoint (module docstring; ``chat``: its stop and pad
+    ids). Returns ``eos_token_id``, ``dtype``, ``files``."""
     epath.Path(out).mkdir(parents=True, exist_ok=True)
     to_hf(cfg, params, str(out))
-    copy_tokenizer(str(epath.Path(workdir) / TOKENIZER_DIR), str(out))
+    copy_tokenizer(tokenizer_dir, str(out))
     eos = [int(i) for i in chat.stop_ids]
     pad = int(chat.ids[chat.pad_token][0])
     config_file = epath.Path(out) / CONFIG_FILE
@@ -59,5 +68,4 @@ def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | No
     if chat.bos_token is not None:
         generation["bos_token_id"] = chat.tokenizer.token_id(chat.bos_token)
     (epath.Path(out) / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2))
-    return {"step": step, "eos_token_id": eos, "dtype": cfg.param_dtype,
-            "files": sorted(p.name for p in epath.Path(out).iterdir())}
+    return {"eos_token_id": eos, "dtype": cfg.param_dtype, "files": sorted(p.name for p in epath.Path(out).iterdir())}

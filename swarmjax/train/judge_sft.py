@@ -32,26 +32,35 @@ from swarmjax.train.demos import Demos
 Triple = tuple[str, str, bool]          # (task, answer, the answer is right)
 
 
-def episode_triples(task: Any, problems: Sequence[Any], res: TextRolloutResult) -> list[Triple]:
+def episode_triples(task: Any, problems: Sequence[Any], res: TextRolloutResult, *,
+                    reference: bool = False) -> list[Triple]:
     """A rollout's answered episodes as (task text, answer, right): right when the
     verifier scored the episode 1 (``r_verifier`` where a judge's reward was mixed in,
-    else ``r_perf``). Episodes without an answer are left out (nothing to judge)."""
+    else ``r_perf``). Episodes without an answer are left out (nothing to judge).
+    ``reference``: the task text holds the task's reference answer (as a judge reward
+    with ``reference=True`` reads it)."""
     terms = reward_terms(res.rewards, len(res.length))
     score = terms.get("r_verifier", terms["r_perf"])
-    return [(problem_text(task, p), a, bool(score[b] >= 1.0))
+    return [(problem_text(task, p, reference=reference), a, bool(score[b] >= 1.0))
             for b, (p, a) in enumerate(zip(problems, res.answers)) if a is not None]
 
 
-def judge_rows(cfg: JudgeConfig, rubric: Rubric, chat: ChatFormat, triples: Sequence[Triple]) -> Demos:
-    """Right-padded rows [N, T]: the judge's prompt, then ``yes`` / ``no`` and the stop id
-    (loss on those two ids only)."""
-    if rubric.mode != "yes_no":
-        raise ValueError(f"rubric {rubric.name!r}: a judge is trained on yes_no rubrics, got mode {rubric.mode!r}")
+Labelled = Sequence[tuple[Rubric, Sequence[Triple]]]    # each rubric with its own verdicts
+
+
+def judge_rows(cfg: JudgeConfig, labelled: Labelled, chat: ChatFormat) -> Demos:
+    """Right-padded rows [N, T], N the triples of every rubric: the judge's prompt for
+    that rubric, then ``yes`` / ``no`` and the stop id (loss on those two ids only)."""
     rows = []
-    for task, answer, right in triples:
-        prompt = chat.prompt_ids(judge_messages(cfg, rubric, task, answer))
-        reply = chat.assistant_ids(cfg.yes if right else cfg.no)
-        rows.append((np.concatenate([prompt, reply]), len(prompt)))
+    for rubric, triples in labelled:
+        if rubric.mode != "yes_no":
+            raise ValueError(f"rubric {rubric.name!r}: a judge is trained on yes_no rubrics, got mode {rubric.mode!r}")
+        for task, answer, right in triples:
+            prompt = chat.prompt_ids(judge_messages(cfg, rubric, task, answer))
+            reply = chat.assistant_ids(cfg.yes if right else cfg.no)
+            rows.append((np.concatenate([prompt, reply]), len(prompt)))
+    if not rows:
+        raise ValueError("no triples to train the judge on")
     T = max(len(r) for r, _ in rows)
     tokens = np.zeros((len(rows), T), np.int32)
     token_mask, loss_mask = np.zeros((len(rows), T), bool), np.zeros((len(rows), T), bool)
@@ -60,17 +69,18 @@ def judge_rows(cfg: JudgeConfig, rubric: Rubric, chat: ChatFormat, triples: Sequ
     return Demos(tokens=tokens, token_mask=token_mask, loss_mask=loss_mask)
 
 
-def train_judge(params: Any, model_cfg: ModelConfig, chat: ChatFormat, cfg: JudgeConfig, rubric: Rubric,
-                triples: Sequence[Triple], scfg: TextSFTConfig, *, seed: int = 0, on_step=None) -> Any:
-    """The judge's params after ``scfg.steps`` SFT steps on ``triples`` (module docstring)."""
-    return warm_start(params, model_cfg, judge_rows(cfg, rubric, chat, triples), scfg, seed, on_step)
+def train_judge(params: Any, model_cfg: ModelConfig, chat: ChatFormat, cfg: JudgeConfig, labelled: Labelled,
+                scfg: TextSFTConfig, *, seed: int = 0, on_step=None) -> Any:
+    """The judge's params after ``scfg.steps`` SFT steps on the rows of ``labelled``
+    (each rubric with its verdicts; module docstring)."""
+    return warm_start(params, model_cfg, judge_rows(cfg, labelled, chat), scfg, seed, on_step)
 
 
-def agreement(judge: Judge, triples: Sequence[Triple]) -> dict[str, float]:
-    """How the judge's first rubric agrees with the verdicts: ``accuracy`` of
-    ``p(yes) > 0.5``, the true-positive and true-negative rates, the mean score of right
-    and of wrong answers."""
-    name = judge.cfg.rubrics[0].name
+def agreement(judge: Judge, triples: Sequence[Triple], *, rubric: str | None = None) -> dict[str, float]:
+    """How the judge's rubric ``rubric`` (None: its first) agrees with the verdicts:
+    ``accuracy`` of ``p(yes) > 0.5``, the true-positive and true-negative rates, the mean
+    score of right and of wrong answers, ``n`` triples."""
+    name = judge.cfg.rubrics[0].name if rubric is None else rubric
     tasks, answers, right = zip(*triples)
     s = judge(list(tasks), list(answers)).rubrics[name]
     right = np.asarray(right, bool)
