@@ -164,21 +164,25 @@ def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path):
     writes the logs): all three write the same metrics and evaluations."""
     one, mesh, two = str(tmp_path / "one"), str(tmp_path / "mesh"), str(tmp_path / "two")
     short = "sft.steps=4"                       # the sharded warm start's steps compared, not its result
-    assert main(_args(one, checkpoint, short)) == 0
-    assert main(_args(mesh, checkpoint, short, "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")) == 0
+    # a third of the reward from a judge (its rows on the mesh, or each process judging its own
+    # episodes), asked for 'y' or 'n': single tokens of this tokenizer
+    judged = ("judge.mix.verifier=0.5", "judge.judge.yes=y", "judge.judge.no=n")
+    assert main(_args(one, checkpoint, short, *judged)) == 0
+    assert main(_args(mesh, checkpoint, short, *judged, "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2")) == 0
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "swarmjax.cli", *_args(two, checkpoint, short, "mesh.data=-1"),
+    cmd = [sys.executable, "-m", "swarmjax.cli", *_args(two, checkpoint, short, *judged, "mesh.data=-1"),
            "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
     procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=env) for i in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert f"written to {two}" in outs[0] and f"written to {two}" not in outs[1]
-    moved = [r["learner/grad_norm"] for r in _lines(one, "metrics.jsonl") if r["stage"] == "rl"]
-    assert max(moved) > 0, moved                                            # an update moved the policy
+    rl = [r for r in _lines(one, "metrics.jsonl") if r["stage"] == "rl"]
+    assert max(r["learner/grad_norm"] for r in rl) > 0, rl                  # an update moved the policy
+    assert all(0 < r["reward/judge"] < 1 for r in rl)                       # the judge scored every step
     for run in (mesh, two):
         for name in ("metrics.jsonl", "eval.jsonl"):
             _close(_lines(one, name), _lines(run, name), f"{run} {name}")

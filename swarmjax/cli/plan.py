@@ -3,6 +3,7 @@
     swarmjax plan --model qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --remat block
     swarmjax plan --model qwen3-1.7b --mesh 1,8,1 --batch 32 --seq 2048 --json
     swarmjax plan --hf ~/ckpt/Qwen3-0.6B --mesh 1,4,1 --batch 16 --seq 2048   # its config.json
+    swarmjax plan --model qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --judge-batch 64 --judge-model qwen3-1.7b
 
 Compiles the learner update and the rollout ahead of time from abstract shapes on
 simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 from swarmjax.cli import register
 
@@ -47,7 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minibatches", type=int, default=4, help="optimizer steps per update")
     p.add_argument("--microbatches", type=int, default=1, help="gradient accumulation per minibatch")
     p.add_argument("--judge-batch", type=int, default=0,
-                   help="an LLM judge (a frozen copy of the policy) scoring this many answers at once (0: none)")
+                   help="an LLM judge scoring this many answers at once (0: none)")
+    p.add_argument("--judge-model", help="the judge: a model preset or a Hugging Face checkpoint directory "
+                                         "(default: a frozen copy of the policy)")
     p.add_argument("--judge-prompt", type=int, default=512, help="ids of a judge prompt (task, answer, rubric)")
     p.add_argument("--json", action="store_true", help="print one JSON object (bytes per device)")
 
@@ -85,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
         name = args.hf_path
     else:
         cfg, name = preset(args.model), args.model
+    judge = None if not args.judge_model else \
+        hf_config(args.judge_model) if os.path.isdir(args.judge_model) else preset(args.judge_model)
     if args.dtype:
         cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
+        judge = judge and judge.replace(dtype=args.dtype, param_dtype=args.dtype)
     update = UpdateConfig(loss=loss_preset(args.loss), optim=OptimConfig(name=args.optimizer),
                           num_minibatches=args.minibatches, num_microbatches=args.microbatches, remat=args.remat)
     if args.batch % (args.minibatches * args.microbatches):
@@ -96,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices=jax.devices()[:devices])
     plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
                        rollout_batch=args.rollout_batch, prompt=args.prompt,
-                       judge_batch=args.judge_batch, judge_prompt=args.judge_prompt if args.judge_batch else 0)
+                       judge_batch=args.judge_batch, judge_prompt=args.judge_prompt if args.judge_batch else 0,
+                       judge_model=judge)
     if args.json:
         print(json.dumps({"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
                           "dtype": cfg.dtype, **plan.as_dict()}))

@@ -62,7 +62,7 @@ from swarmjax.traces.text import text_trace
 from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations,
                                   evaluate, mean_figures, mix_context, rl_step, subagent_params, warm_start)
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
-from swarmjax.train.distributed import barrier
+from swarmjax.train.distributed import barrier, local_replica
 from swarmjax.train.engines import HostEngine, JudgedEngine
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
 from swarmjax.train.logs import TextJobLog, change, log_line, progress_bar, write_summary
@@ -148,9 +148,6 @@ class AgentJob:
                 raise ValueError(f"{procs} processes: set mesh= (e.g. --set mesh.data=-1) so the learner spans them")
             if self.rl.tasks_per_step % procs:
                 raise ValueError(f"rl.tasks_per_step={self.rl.tasks_per_step} does not split over {procs} processes")
-            if self.judge is not None:
-                raise ValueError("a judge reward runs in one process for now (each process would judge its "
-                                 "share with a copy of the judge: not written yet)")
             if self.role == "orchestrator" and self.subagents == "shared":
                 raise ValueError("subagents='shared' runs in one process (its sub-agent rows differ in number "
                                  "between processes); use subagents='frozen' or one process")
@@ -190,7 +187,13 @@ def build_judge(reward: JudgeReward, cfg: ModelConfig, chat, state: Any, *, mesh
     """The :class:`~swarmjax.rl.judge.Judge` of a job's judge reward: the Hugging Face
     checkpoint ``reward.hf_path`` with its own tokenizer, or the policy's frozen copy in
     ``state.frozen["judge"]`` (copied: the learner's update donates the state's buffers,
-    frozen trees included) with the policy's config and chat format."""
+    frozen trees included) with the policy's config and chat format. One process: rows
+    over ``mesh``; several: each process judges its own episodes with a whole local copy
+    (as its rollout decodes with one)."""
+    if jax.process_count() > 1:
+        if reward.hf_path is None:
+            return Judge(reward.judge, cfg, jax.tree.map(jnp.copy, local_replica(state.frozen["judge"], mesh)), chat)
+        mesh = None
     if reward.hf_path is None:
         return Judge(reward.judge, cfg, jax.tree.map(jnp.copy, state.frozen["judge"]), chat, mesh=mesh)
     tokenizer = read_tokenizer(reward.hf_path, what="judge.hf_path")

@@ -154,9 +154,9 @@ def plan_rollout(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int, seq: int
 
 
 def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
-    """The judge's yes/no forward (:func:`swarmjax.rl.judge.yes_no_scores`) over ``batch``
-    rows of ``prompt`` ids compiled ahead of time, its weights sharded as a frozen copy of
-    the policy's."""
+    """The judge's yes/no forward (:func:`swarmjax.rl.judge.yes_no_scores`) of model
+    ``cfg`` over ``batch`` rows of ``prompt`` ids compiled ahead of time, its weights
+    sharded by the logical rules (as the frozen sub-agents')."""
     from swarmjax.models.transformer import param_logical_axes
     from swarmjax.rl.judge import yes_no_scores
     from swarmjax.sharding.mesh import tree_shardings
@@ -173,7 +173,7 @@ def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
 
 def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: UpdateConfig = UpdateConfig(),
                 rollout_batch: int | None = None, prompt: int | None = None,
-                judge_batch: int = 0, judge_prompt: int = 0) -> MemoryPlan:
+                judge_batch: int = 0, judge_prompt: int = 0, judge_model: ModelConfig | None = None) -> MemoryPlan:
     """Per-device memory of the update and the rollout of ``cfg`` on ``mesh``.
 
     Args:
@@ -184,10 +184,11 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
       update: the learner's config (loss, optimizer, minibatches, ``remat``).
       rollout_batch: rows decoded at once (default ``batch``); prompt: prompt tokens of
         a rollout row (default ``seq // 2``).
-      judge_batch, judge_prompt: an LLM judge's yes/no forward (a frozen copy of the
-        policy, :mod:`swarmjax.rl.judge`) over that many rows of that many ids (0: no
-        judge); its weights join ``frozen`` (resident throughout), its run is
-        ``judge_total``.
+      judge_batch, judge_prompt: an LLM judge's yes/no forward (:mod:`swarmjax.rl.judge`)
+        over that many rows of that many ids (0: no judge); its weights join ``frozen``
+        (resident throughout), its run is ``judge_total``.
+      judge_model: the judge's model (another checkpoint's shape; None: a frozen copy
+        of the policy).
     """
     if seq < 2 or batch < 1:
         raise ValueError(f"need batch >= 1 and seq >= 2, got batch={batch}, seq={seq}")
@@ -203,7 +204,7 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
     frozen = 0 if state.frozen is None else per_device_bytes(state.frozen)
     judge_total = judge_temp = judge_params = 0
     if judge_batch and judge_prompt:
-        judged, judge_tree = plan_judge(cfg, mesh, judge_batch, judge_prompt)
+        judged, judge_tree = plan_judge(judge_model or cfg, mesh, judge_batch, judge_prompt)
         judge_total, judge_temp = _xla_total(judged)
         judge_params = per_device_bytes(judge_tree)
         judge_total += per_device_bytes(state.params) + per_device_bytes(state.opt_state) + frozen  # resident
