@@ -72,6 +72,26 @@ def run_seeds_side_by_side(script: str, seeds: list[int], jobs: int, runs: str, 
                 raise SystemExit(f"a seed's process failed ({proc.returncode}): see {runs}/seed*.log")
 
 
+def run_and_report(script: str, args, run_seed, report, own: list[str]) -> None:
+    """Every seed of ``args.seeds`` (a :func:`seeds_parser`'s): read from
+    ``<runs>/results_s<seed>.json`` (``--report-only``), run side by side (``--jobs`` > 1:
+    one process a seed, given ``own``, the script's own flags, and the common ones) or
+    run here one after the other (``run_seed(seed, args)``); then ``report(results,
+    args)`` printed, unless ``--no-report``."""
+    load = lambda s: json.load(open(os.path.join(args.runs, f"results_s{s}.json")))  # noqa: E731
+    os.makedirs(args.runs, exist_ok=True)
+    if args.report_only:
+        results = [load(s) for s in args.seeds]
+    elif args.jobs > 1 and len(args.seeds) > 1:
+        run_seeds_side_by_side(script, args.seeds, args.jobs, args.runs, [
+            *own, "--runs", args.runs, "--out", args.out, "--jobs", "1", *(a for o in args.set for a in ("--set", o))])
+        results = [load(s) for s in args.seeds]
+    else:
+        results = [run_seed(s, args) for s in args.seeds]
+    if not args.no_report:
+        print(report(results, args))
+
+
 def rl_curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
     """A text run's RL steps (from 1) and ``key`` per step, from its ``metrics.jsonl``."""
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]

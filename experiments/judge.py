@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from common import ROOT, plot_rl_means, run_seeds_side_by_side, seeds_parser, train_missing
+from common import ROOT, plot_rl_means, run_and_report, seeds_parser, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
 ARMS = ("verifier", "judge", "penalty")
@@ -271,20 +271,9 @@ def main() -> None:
                                                            "trains on (and as many held out)")
     p.add_argument("--judge-steps", type=int, default=400, help="the judge's SFT steps (batch 16)")
     args = p.parse_args()
-    os.makedirs(args.runs, exist_ok=True)
-    if args.report_only:
-        results = [json.load(open(os.path.join(args.runs, f"results_s{s}.json"))) for s in args.seeds]
-    elif args.jobs > 1 and len(args.seeds) > 1:
-        run_seeds_side_by_side(__file__, args.seeds, args.jobs, args.runs, [
-            "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps), "--triples", str(args.triples),
-            "--judge-steps", str(args.judge_steps), "--runs", args.runs, "--out", args.out, "--jobs", "1",
-            *(a for o in args.set for a in ("--set", o))])
-        results = [json.load(open(os.path.join(args.runs, f"results_s{s}.json"))) for s in args.seeds]
-    else:
-        results = [run_seed(s, args) for s in args.seeds]
-    if not args.no_report:
-        print(report(results, args))
-
+    run_and_report(__file__, args, run_seed, report, [
+        "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps), "--triples", str(args.triples),
+        "--judge-steps", str(args.judge_steps)])
 
 if __name__ == "__main__":
     main()

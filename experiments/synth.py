@@ -29,7 +29,7 @@ import json
 import os
 import time
 
-from common import ROOT, plot_rl_means, run_seeds_side_by_side, seeds_parser, train_missing
+from common import ROOT, plot_rl_means, run_and_report, seeds_parser, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "synth_tools_cpu.py")
 SETS = (("seen", ("seen",)), ("held_out", ("validation", "test")))   # (name in the table, the task set's splits)
@@ -144,20 +144,8 @@ def main() -> None:
     p.add_argument("--rl-steps", type=int, default=10)
     p.add_argument("--no-swarm", action="store_true", help="skip the orchestrator arm")
     args = p.parse_args()
-    os.makedirs(args.runs, exist_ok=True)
-    if args.report_only:
-        results = [json.load(open(os.path.join(args.runs, f"results_s{s}.json"))) for s in args.seeds]
-    elif args.jobs > 1 and len(args.seeds) > 1:
-        run_seeds_side_by_side(__file__, args.seeds, args.jobs, args.runs, [
-            "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps), "--runs", args.runs,
-            "--out", args.out, "--jobs", "1", *(a for o in args.set for a in ("--set", o)),
-            *(["--no-swarm"] if args.no_swarm else [])])
-        results = [json.load(open(os.path.join(args.runs, f"results_s{s}.json"))) for s in args.seeds]
-    else:
-        results = [run_seed(s, args) for s in args.seeds]
-    if not args.no_report:
-        print(report(results, args))
-
+    run_and_report(__file__, args, run_seed, report, [
+        "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps), *(["--no-swarm"] if args.no_swarm else [])])
 
 if __name__ == "__main__":
     main()
