@@ -190,16 +190,15 @@ def build_judge(reward: JudgeReward, cfg: ModelConfig, chat, state: Any, *, mesh
     frozen trees included) with the policy's config and chat format. One process: rows
     over ``mesh``; several: each process judges its own episodes with a whole local copy
     (as its rollout decodes with one)."""
-    if jax.process_count() > 1:
-        if reward.hf_path is None:
-            return Judge(reward.judge, cfg, jax.tree.map(jnp.copy, local_replica(state.frozen["judge"], mesh)), chat)
-        mesh = None
+    several = jax.process_count() > 1
+    rows = None if several else mesh
     if reward.hf_path is None:
-        return Judge(reward.judge, cfg, jax.tree.map(jnp.copy, state.frozen["judge"]), chat, mesh=mesh)
+        frozen = local_replica(state.frozen["judge"], mesh) if several else state.frozen["judge"]
+        return Judge(reward.judge, cfg, jax.tree.map(jnp.copy, frozen), chat, mesh=rows)
     tokenizer = read_tokenizer(reward.hf_path, what="judge.hf_path")
     judge_cfg, params = from_hf(reward.hf_path)
     judge_chat = chat_format(reward.chat or detect_chat_format(tokenizer), tokenizer)
-    return Judge(reward.judge, judge_cfg, params, judge_chat, mesh=mesh)
+    return Judge(reward.judge, judge_cfg, params, judge_chat, mesh=rows)
 
 
 def _judged(reward: JudgeReward | None, task: Any, engine: Any, cfg: ModelConfig, state: Any, chat, mesh) -> Any:
@@ -409,8 +408,7 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
                      summarize=job.rl.rollout.context.strategy == "summary")
     sampler = HostEngine(_rollout(job, cfg, chat, greedy=not sampled), lambda p: make_env(task, p, ctx))
-    engine = _judged(job.judge if judge is None else judge, task, sampler,
-                     cfg, state, chat, None)
+    engine = _judged(job.judge if judge is None else judge, task, sampler, cfg, state, chat, None)
     t0 = time.perf_counter()
     given = problems
     problems = held_out(task, split, job.seed, job.eval_episodes) if given is None else list(given)

@@ -24,8 +24,8 @@ from etils import epath
 
 from swarmjax.models.config import DTYPES, ModelConfig
 from swarmjax.models.hf import CONFIG_FILE, GENERATION_CONFIG, to_hf
-from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.text.chat import ChatFormat
+from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.policy import TOKENIZER_DIR, copy_tokenizer, read_policy
 
 
