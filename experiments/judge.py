@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from common import ROOT, plot_rl_means, run_and_report, seeds_parser, train_missing
+from common import ROOT, plot_rl_means, rl_curve, run_and_report, seeds_parser, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
 ARMS = ("verifier", "judge", "penalty")
@@ -230,12 +230,16 @@ def report(results: list[dict], args) -> str:
     lines = [f"Seeds {', '.join(map(str, seeds))}. Each cell: mean over seeds (worst seed).", "",
              "**The judge** (held-out sampled answers of the warm start and the verifier-trained policy; "
              "`p(yes) > 0.5` against the verdict):", "",
-             "| rubric | answers | agreement | true-positive rate | true-negative rate | n |", "|---|---|---|---|---|---|"]
+             "| rubric | answers | agreement | true-positive rate | true-negative rate | right answers "
+             "(a judge always saying yes agrees this often) | n |", "|---|---|---|---|---|---|---|"]
     for key in ("correct/warm", "correct/rl", "correct/all", "single/all"):
         if ag(key, "accuracy"):
-            lines.append(f"| {key.split('/')[0]} | {key.split('/')[1]} | {_cell(ag(key, 'accuracy'))} | "
-                         f"{_cell(ag(key, 'true_positive_rate'))} | {_cell(ag(key, 'true_negative_rate'))} | "
-                         f"{sum(ag(key, 'n')) / len(results):.0f} |")
+            acc, tpr, tnr = ag(key, "accuracy"), ag(key, "true_positive_rate"), ag(key, "true_negative_rate")
+            # accuracy = right TPR + (1 - right) TNR gives the share of right answers
+            right = [(a - n) / (p - n) for a, p, n in zip(acc, tpr, tnr) if p != n]
+            base = f"{sum(right) / len(right):.3f}" if right else "-"
+            lines.append(f"| {key.split('/')[0]} | {key.split('/')[1]} | {_cell(acc)} | {_cell(tpr)} | {_cell(tnr)} | "
+                         f"{base} | {sum(ag(key, 'n')) / len(results):.0f} |")
     lines += ["", f"**The policies** after RL, {results[0]['episodes']} test problems, judged by the trained judge "
               "(the judge arms' own); accuracy is the verifier's:", "",
               "| arm | decoding | accuracy | judge (correct) | agreement | judge false positives | "
@@ -247,6 +251,19 @@ def report(results: list[dict], args) -> str:
                          f"{_cell(f('agreement'))} | {_cell(f('false_positive'), worst=max)} | "
                          f"{_cell(f('false_negative'), worst=max)} | "
                          f"{_cell(f('multi_number'), worst=max)} |")
+    lines += ["", "Over training (the sampled training batches, mean over seeds and over each block of "
+              "steps): true accuracy / the judge's score / agreement / calculator calls an episode:", "",
+              "| RL steps | " + " | ".join(ARMS) + " |", "|---|" + "---|" * len(ARMS)]
+    curves = {(arm, k): [rl_curve(os.path.join(args.runs, f"{arm}_s{s}"), k)[1] for s in seeds]
+              for arm in ARMS for k in ("accuracy", "judge", "judge_agreement", "tool_calls")
+              if arm != "verifier" or k in ("accuracy", "tool_calls")}
+    T = min(len(c) for cs in curves.values() for c in cs)
+    for lo in range(0, T, 10):
+        block = lambda arm, k: (f"{np.mean([c[lo:lo + 10] for c in curves[arm, k]]):.2f}"  # noqa: E731
+                                if (arm, k) in curves else "-")
+        lines.append(f"| {lo + 1}-{min(lo + 10, T)} | " + " | ".join(
+            " / ".join(block(arm, k) for k in ("accuracy", "judge", "judge_agreement", "tool_calls"))
+            for arm in ARMS) + " |")
     lines += ["", "Sampled answers the judge passed and the verifier failed (first seed that has any):", ""]
     for arm in ARMS:
         fooled = next((r["arms"][arm]["sampled"]["fooled_examples"] for r in results
