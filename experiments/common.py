@@ -111,7 +111,7 @@ def plot_rl_means(arms: dict[str, list[str]], keys: tuple[str, ...], title: str,
     except ImportError:
         return
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
-    for label, dirs in arms.items():
+    for i, (label, dirs) in enumerate(arms.items()):
         for ax, key in zip(axes, keys):
             if key not in (arm_keys or {}).get(label, keys):
                 continue
@@ -119,7 +119,8 @@ def plot_rl_means(arms: dict[str, list[str]], keys: tuple[str, ...], title: str,
             if not curves or not curves[0][0]:
                 continue
             T = min(len(c[1]) for c in curves)
-            ax.plot(curves[0][0][:T], [sum(c[1][t] for c in curves) / len(curves) for t in range(T)], label=label)
+            ax.plot(curves[0][0][:T], [sum(c[1][t] for c in curves) / len(curves) for t in range(T)], label=label,
+                    color=f"C{i}")                      # one colour an arm in every panel
             ax.set_title(f"{key} (training batch)")
             ax.set_xlabel("RL step")
     save_figure(fig, axes, title, path)
