@@ -82,6 +82,12 @@ def single_number(answer: str) -> bool:
     return len(_NUMBER.findall(answer)) == 1
 
 
+def single_verdicts(triples: list, rng: np.random.Generator) -> list:
+    """The ``single`` rubric's triples: each answer with the rule's verdict, then its
+    hedged copy (:func:`hedged`)."""
+    return [(t, a, single_number(a)) for t, a, _ in triples] + hedged(triples, rng)
+
+
 def hedged(triples: list, rng: np.random.Generator) -> list:
     """Copies of the triples' answers that state a second number (a near miss of the
     first, before it or after it): the ``single`` rubric's negatives."""
@@ -134,7 +140,7 @@ def train_the_judge(jobs: dict, seed: int, args) -> dict:
     judges = _judges()
     rubrics = {r.name: r for r in judges["penalty"].rubrics}
     train = sets["train"]["warm"] + sets["train"]["rl"]
-    single_train = [(t, a, single_number(a)) for t, a, _ in train] + hedged(train, rng)
+    single_train = single_verdicts(train, rng)
     cfg, chat = read_policy(workdir)
     _, params = from_hf(os.path.join(workdir, "hf"))
     steps = args.judge_steps
@@ -151,8 +157,7 @@ def train_the_judge(jobs: dict, seed: int, args) -> dict:
             result["agreement"][f"correct/{src}"] = agreement(judge, triples, rubric="correct")
     held = sets["held_out"]["warm"] + sets["held_out"]["rl"]
     result["agreement"]["correct/all"] = agreement(judge, held, rubric="correct")
-    result["agreement"]["single/all"] = agreement(
-        judge, [(t, a, single_number(a)) for t, a, _ in held] + hedged(held, rng), rubric="single")
+    result["agreement"]["single/all"] = agreement(judge, single_verdicts(held, rng), rubric="single")
     result["judge_s"] = time.perf_counter() - t0
     write_hf_checkpoint(cfg, params, chat, os.path.join(workdir, TOKENIZER_DIR), os.path.join(out_dir, "hf"))
     with open(done, "w") as f:
