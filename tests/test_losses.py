@@ -36,7 +36,10 @@ def np_loss(logp, old, A, mask, cfg, sampler=None, ref=None):
                     w = np.exp(old[i, t] - sampler[i, t])
                 else:
                     w = np.exp(np.mean([old[i, u] - sampler[i, u] for u in toks]))
-                o *= min(w, cfg.is_cap)
+                if cfg.is_mode == "truncate":
+                    o *= min(w, cfg.is_cap)
+                else:                                   # masked: out of [floor, cap] leaves the loss
+                    o *= w if cfg.is_floor <= w <= cfg.is_cap else 0.0
             if cfg.kl_beta:
                 d = ref[i, t] - logp[i, t]
                 o -= cfg.kl_beta * (np.exp(d) - d - 1)
@@ -76,6 +79,8 @@ CONFIGS = [
     LossConfig("grpo", eps_low=0.2, eps_high=0.2, kl_beta=0.05),
     LossConfig("grpo", eps_low=0.2, eps_high=0.2, is_cap=1.1),
     LossConfig("gspo", eps_low=0.1, eps_high=0.15, is_cap=1.05, is_level="sequence"),
+    LossConfig("grpo", eps_low=0.2, eps_high=0.2, is_cap=1.1, is_mode="mask", is_floor=0.9),
+    LossConfig("gspo", eps_low=0.1, eps_high=0.15, is_cap=1.05, is_level="sequence", is_mode="mask"),
 ]
 
 
@@ -98,6 +103,35 @@ def test_loss_value_and_gradient_match_numpy(cfg, seed):
                     - np_loss(dn, old, A, mask, cfg, sampler, ref)) / (2 * h)
     np.testing.assert_allclose(grad, fd, atol=2e-4, rtol=1e-3)
     assert np.all(grad[mask == 0] == 0)      # nothing flows to unmasked tokens
+
+
+@pytest.mark.parametrize("mode,level", [("truncate", "token"), ("mask", "token"), ("mask", "sequence")])
+def test_importance_weight_metrics_match_numpy(mode, level):
+    """The off-policy correction's figures against loops over the loss tokens: the mean
+    weight, the fraction truncated or masked, and the k3 mismatch KL(pi_sampler || pi_old)."""
+    logp, old, A, mask, sampler, _ = _inputs(4)
+    sampler = old + 0.3 * np.random.RandomState(5).randn(B, T)        # a wider mismatch: both bounds bind
+    cfg = LossConfig("grpo", eps_low=0.2, eps_high=0.2, is_cap=1.1, is_floor=0.8 if mode == "mask" else 0.0,
+                     is_mode=mode, is_level=level)
+    _, m = policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old), jnp.asarray(A), jnp.asarray(mask), cfg,
+                       sampler_logp=jnp.asarray(sampler))
+    ws, changed, kls = [], [], []
+    for i, t in zip(*np.nonzero(mask)):
+        toks = np.nonzero(mask[i])[0]
+        rho = np.exp(old[i, t] - sampler[i, t]) if level == "token" else np.exp(np.mean(old[i, toks] - sampler[i, toks]))
+        out = rho > 1.1 or (mode == "mask" and rho < 0.8)
+        ws.append((1.1 if mode == "truncate" else 0.0) if out else rho)
+        changed.append(out)
+        d = old[i, t] - sampler[i, t]
+        kls.append(np.exp(d) - d - 1)
+    assert 0 < np.mean(changed) < 1                               # the check is not vacuous
+    np.testing.assert_allclose(m["is_weight_mean"], np.mean(ws), rtol=1e-5)
+    np.testing.assert_allclose(m["is_clipped_fraction"], np.mean(changed), rtol=1e-6)
+    np.testing.assert_allclose(m["mismatch_kl"], np.mean(kls), rtol=1e-4)
+    logged = policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old), jnp.asarray(A), jnp.asarray(mask),
+                         LossConfig("grpo", log_mismatch=True), sampler_logp=jnp.asarray(sampler))[1]
+    np.testing.assert_allclose(logged["mismatch_kl"], np.mean(kls), rtol=1e-4)
+    assert "is_weight_mean" not in logged                           # logged, not corrected
 
 
 def test_gspo_token_equals_gspo_for_sequence_advantages():

@@ -24,10 +24,22 @@ Metrics come as (numerator, denominator) pairs (:func:`policy_loss_sums`), addit
 microbatches and divided once (:func:`metrics_from_sums`); :func:`policy_loss` returns
 the divided metrics of one batch.
 
-Optional truncated importance weight between the learner's old policy and the
-sampler (off-policy correction): ``w = min(exp(log pi_old - log pi_sampler), C)``
-per token, or per sequence with the length-normalised log-ratio; it multiplies
-the objective as a constant (stop-gradient).
+Optional importance weight between the learner's old policy and the sampler
+(off-policy correction for a sampler whose weights or numerics differ from the
+learner's: an asynchronous rollout's stale policy, an inference engine's kernels). With
+``rho = exp(log pi_old - log pi_sampler)`` per token, or per sequence with the
+length-normalised log-ratio ``exp(mean_t (log pi_old - log pi_sampler))``:
+
+* ``is_mode="truncate"`` (TIS, Yao et al. 2025, "Your Efficient RL Framework Secretly
+  Brings You Off-Policy RL Training"): ``w = min(rho, C)``;
+* ``is_mode="mask"`` (MIS, Liu et al. 2025, "When Speed Kills Stability"):
+  ``w = rho`` where ``is_floor <= rho <= C`` and 0 elsewhere (the token or sequence
+  leaves the loss).
+
+``w`` multiplies the objective as a constant (stop-gradient). The mismatch is logged as
+``mismatch_kl``, the k3 estimate of KL(pi_sampler || pi_old) on the loss tokens (the
+tokens are the sampler's samples), and ``is_clipped_fraction``, the loss tokens whose
+weight was truncated or masked.
 """
 
 from __future__ import annotations
@@ -54,8 +66,11 @@ class LossConfig:
     aggregation: str = "seq_mean_token_mean"  # key of AGGREGATIONS
     norm_length: int = 0                     # Dr. GRPO constant; 0 = the batch's T
     kl_beta: float = 0.0                     # weight of KL to the reference policy (k3)
-    is_cap: float = 0.0                      # truncated IS cap C; 0 = off
+    is_cap: float = 0.0                      # importance-weight cap C; 0 = off
     is_level: str = "token"                  # "token" | "sequence"
+    is_mode: str = "truncate"                # key of IS_MODES: "truncate" (TIS) | "mask" (MIS)
+    is_floor: float = 0.0                    # "mask": weights below this leave the loss too
+    log_mismatch: bool = False               # log mismatch_kl even with no correction (is_cap = 0)
 
     def __post_init__(self):
         if self.name not in LOSSES:
@@ -68,6 +83,25 @@ class LossConfig:
             raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
         if self.kl_beta < 0 or self.is_cap < 0:
             raise ValueError("kl_beta and is_cap must be >= 0")
+        if self.is_mode not in IS_MODES:
+            raise ValueError(f"unknown is_mode {self.is_mode!r}; known: {sorted(IS_MODES)}")
+        if self.is_floor < 0 or (self.is_cap > 0 and self.is_floor >= self.is_cap):
+            raise ValueError(f"need 0 <= is_floor < is_cap, got {self.is_floor}, {self.is_cap}")
+
+
+def _truncate(rho: Array, cfg: "LossConfig") -> tuple[Array, Array]:
+    """TIS: ``min(rho, C)``, and where the cap binds."""
+    return jnp.minimum(rho, cfg.is_cap), rho > cfg.is_cap
+
+
+def _mask(rho: Array, cfg: "LossConfig") -> tuple[Array, Array]:
+    """MIS: ``rho`` inside ``[is_floor, C]``, 0 outside (and where it is 0)."""
+    out = (rho > cfg.is_cap) | (rho < cfg.is_floor)
+    return jnp.where(out, 0.0, rho), out
+
+
+# name -> (rho [B, T] or [B, 1], cfg) -> (weight, where it differs from rho), same shape
+IS_MODES: dict[str, Callable] = {"truncate": _truncate, "mask": _mask}
 
 
 # Named settings from the papers (docs/design.md section 8.5); pass overrides as keyword arguments.
@@ -248,7 +282,10 @@ def policy_loss_sums(logp: Array, old_logp: Array, advantages: Array, mask: Arra
     * ``ratio_mean``: (sum m * ratio, N_tok), ratio as in the objective (GSPO: s_i per token);
     * ``approx_kl``: (sum m * k3(pi_theta || pi_old), N_tok);
     * ``kl_ref`` (``kl_beta > 0``): (sum m * k3(pi_theta || pi_ref), N_tok);
-    * ``is_weight_mean`` (``is_cap > 0``): (sum m * w, N_tok).
+    * ``is_weight_mean``, ``is_clipped_fraction`` (``is_cap > 0``): (sum m * w, N_tok),
+      (sum m * [w truncated or masked], N_tok);
+    * ``mismatch_kl`` (``is_cap > 0`` or ``log_mismatch``): (sum m * k3(pi_sampler ||
+      pi_old), N_tok).
 
     Summing the pairs over the microbatches of a batch and dividing once
     (:func:`metrics_from_sums`) gives the batch's metrics exactly; a mean of
@@ -263,15 +300,19 @@ def policy_loss_sums(logp: Array, old_logp: Array, advantages: Array, mask: Arra
     n_tok = own_totals[1]
     token_sum = lambda x: (jnp.sum(x * mask), n_tok)                     # x [B, T] -> pair
     sums: MetricSums = {}
-    if cfg.is_cap > 0:
+    if cfg.is_cap > 0 or cfg.log_mismatch:
         if sampler_logp is None:
-            raise ValueError("is_cap > 0 needs sampler_logp")
+            raise ValueError("is_cap > 0 and log_mismatch need sampler_logp")
+        sums["mismatch_kl"] = token_sum(k3(sg(sampler_logp), old_logp))
+    if cfg.is_cap > 0:
         diff = old_logp - sg(sampler_logp)                               # [B, T]
         if cfg.is_level == "sequence":
             diff = _seq_mean(diff, mask)[:, None]                        # [B, 1]
-        w = jnp.minimum(jnp.exp(diff), cfg.is_cap) * jnp.ones_like(obj)  # [B, T]
+        w, changed = IS_MODES[cfg.is_mode](jnp.exp(diff), cfg)           # [B, T] or [B, 1]
+        w = w * jnp.ones_like(obj)                                       # [B, T]
         obj = obj * w
         sums["is_weight_mean"] = token_sum(w)
+        sums["is_clipped_fraction"] = token_sum(changed * jnp.ones_like(obj))
     if cfg.kl_beta > 0:
         if ref_logp is None:
             raise ValueError("kl_beta > 0 needs ref_logp")
