@@ -52,10 +52,11 @@ from etils import epath
 from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import Vocab
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import init_params
-from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
+from swarmjax.models.transformer import init_params, param_logical_axes
+from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh, tree_shardings
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
+from swarmjax.train.async_rl import AsyncRollouts, split_devices
 from swarmjax.train.distributed import allgather, global_rows, global_whole, share
 from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpointed
 from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, summary_table, write_summary
@@ -134,10 +135,15 @@ class TrainJob:
             raise ValueError(f"warm_start_match {self.warm_start_match} must include 'model' and name only "
                              "model, sft, env, seed")
         procs = jax.process_count()
+        acfg = self.parl.async_rollout
+        acfg.check(jax.device_count(), procs)
+        if acfg.rollout_devices and self.parl.batch % acfg.rollout_devices:
+            raise ValueError(f"parl.tasks_per_step x parl.group_size = {self.parl.batch} is not divisible by "
+                             f"parl.async_rollout.rollout_devices = {acfg.rollout_devices}")
         if procs > 1 and (self.mesh is None or self.parl.tasks_per_step % procs):
             raise ValueError(f"{procs} processes need a mesh and parl.tasks_per_step divisible by {procs}")
         if self.mesh is not None:
-            shape = self.mesh.shape(jax.device_count())       # raises on an impossible mesh
+            shape = self.mesh.shape(jax.device_count() - acfg.rollout_devices)   # raises on an impossible mesh
             data = shape[0] * shape[1]
             for name, b in (("parl.tasks_per_step x parl.group_size", self.parl.batch),
                             ("eval_episodes", self.eval_episodes)):
@@ -246,7 +252,7 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
     t_start = time.perf_counter()
     env = job.parl.rollout.env
     key = jax.random.key(job.seed)
-    mesh = None if job.mesh is None else make_mesh(job.mesh)
+    mesh, rollout_mesh = _meshes(job)
     if mesh is not None and jax.process_count() > 1:        # each process puts its rows on its devices
         shards = mesh.shape["data"] * mesh.shape["fsdp"]
         if job.parl.tasks_per_step % shards:
@@ -262,7 +268,8 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
                                focus_min_n=job.data.focus_min_n, focus_fraction=job.data.focus_fraction)
     own = slice(*share(job.parl.tasks_per_step))
 
-    trainer = PARLTrainer(job.model, job.parl, mesh=mesh)
+    acfg, rollouts = job.parl.async_rollout, None
+    trainer = PARLTrainer(job.model, job.parl, mesh=mesh, rollout_mesh=rollout_mesh)
     eval_engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=mesh)
     eval_key = jax.random.fold_in(key, 2)
 
@@ -312,10 +319,15 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
 
         # stage 2: PARL with the warm start frozen as sub-agents
         start = meta["parl_step"]
+        parl_key = jax.random.fold_in(key, 3)
+        rollouts = _async_rollouts(job, trainer, train_iter, state, meta, parl_key) if acfg.enabled else None
         bar = progress_bar(job.parl_steps, "PARL", progress, initial=min(start, job.parl_steps))
         for i in range(start, job.parl_steps):
-            tasks = _global(jax.tree.map(lambda x: x[own], to_tasks(next(train_iter))), mesh, True)
-            state, m = trainer.step(state, jax.random.fold_in(jax.random.fold_in(key, 3), i), step=i, tasks=tasks)
+            if rollouts is None:                      # synchronous: roll out, then update
+                tasks = _global(jax.tree.map(lambda x: x[own], to_tasks(next(train_iter))), mesh, True)
+                state, m = trainer.step(state, jax.random.fold_in(parl_key, i), step=i, tasks=tasks)
+            else:
+                state, m = _async_step(trainer, rollouts, state)
             m["tok_s"] = m["sampled_tokens"] / max(m["rollout_s"], 1e-9)
             log.write("metrics.jsonl", {"stage": "parl", "step": i, **m})
             bar.set_postfix(reward=f"{m['reward']:.3f}", f1=f"{m['item_f1']:.2f}", crit=f"{m['critical_steps']:.1f}",
@@ -330,8 +342,12 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
             if done == job.parl_steps:
                 meta["final_eval"] = {str(n): row for n, row in run_eval(state.params, "final", done, "test").items()}
             stop = done < job.parl_steps and watch.reached()      # safe point (the last step just finishes)
-            meta.update(parl_step=done, data=train_iter.get_state(),
-                        wall_clock_s=meta["wall_clock_s"] + time.perf_counter() - t_start)
+            if rollouts is None:
+                meta.update(data=train_iter.get_state())
+            else:                                     # the stream from the oldest batch not trained on
+                meta["async"] = rollouts.checkpoint()
+                meta["data"] = meta["async"].pop("stream")
+            meta.update(parl_step=done, wall_clock_s=meta["wall_clock_s"] + time.perf_counter() - t_start)
             t_start = time.perf_counter()
             log.sync()                                # the logs first: a finished checkpoint has its lines
             ckpt.save(done, state, meta, metrics=metrics, force=metrics is not None or stop)
@@ -341,6 +357,8 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
         bar.close()
     finally:
         log.close()
+        if rollouts is not None:
+            rollouts.close()
 
     final_eval = {int(n): row for n, row in meta.get("final_eval", meta["warm_eval"]).items()}
     summary = {
@@ -354,6 +372,62 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
         write_summary(workdir, summary, summary_table)
         curves(workdir)
     return summary
+
+
+def _meshes(job: TrainJob):
+    """(the learner's mesh, the rollout's): one mesh over every device (or None: one
+    device) unless an asynchronous job gives its rollout devices of its own
+    (``parl.async_rollout.rollout_devices``: the rollout's mesh is data-parallel over
+    the last ones, the learner's ``job.mesh`` over the rest)."""
+    learner_devices, rollout_devices = split_devices(job.parl.async_rollout)
+    mesh = None if job.mesh is None else make_mesh(job.mesh, learner_devices)
+    if rollout_devices is None:
+        return mesh, mesh
+    return mesh, make_mesh(MeshConfig(data=len(rollout_devices)), rollout_devices)
+
+
+def _async_rollouts(job: TrainJob, trainer: PARLTrainer, train_iter, state, meta: dict, parl_key) -> AsyncRollouts:
+    """The rollout side of an asynchronous PARL stage (:mod:`swarmjax.train.async_rl`),
+    begun at ``meta``'s step (a resumed run: its version and counts; ``train_iter`` is
+    already at the oldest batch its checkpoint had not trained on)."""
+    from swarmjax.data import to_tasks
+
+    rmesh = trainer.rollout_mesh
+
+    def publish(params):          # a copy on the rollout's devices (the learner donates its own)
+        if rmesh is trainer.mesh:
+            return jax.tree.map(jax.numpy.copy, params)
+        return jax.device_put(params, tree_shardings(param_logical_axes(job.model), params, rmesh))
+
+    workers = publish(state.frozen["workers"])
+
+    def draw():
+        rec = next(train_iter)
+        return to_tasks(rec), [bytes(t).decode() for t in np.asarray(rec["task_id"])]
+
+    def collect(step, tasks, params):
+        k_roll = jax.random.split(jax.random.fold_in(parl_key, step))[1]     # the synchronous step's key
+        return trainer.collect(params, workers, tasks, k_roll, step)
+
+    rollouts = AsyncRollouts(job.parl.async_rollout, draw=draw, stream_state=train_iter.get_state, collect=collect,
+                             loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=publish)
+    saved = meta.get("async", {})
+    rollouts.begin(state.params, step=meta["parl_step"], steps=job.parl_steps, version=saved.get("version", 0),
+                   dropped=saved.get("dropped", 0), regenerated=saved.get("regenerated", 0))
+    return rollouts
+
+
+def _async_step(trainer: PARLTrainer, rollouts: AsyncRollouts, state):
+    """One asynchronous PARL step: the oldest batch in flight, trained on unless it is
+    staler than the bound (then its rollout figures alone, ``async/trained`` 0)."""
+    ready = rollouts.take(state.params)
+    if ready.train:
+        state, m = trainer.learn(state, ready.collected)
+        rollouts.trained(state.params)
+    else:
+        m = {k: float(v) for k, v in jax.device_get(ready.collected.metrics).items()}
+        m.update(rollout_s=ready.collected.seconds, update_s=0.0)
+    return state, {**m, **rollouts.figures(ready), "tasks": ready.ids}
 
 
 def _warm_start(job: TrainJob, workdir: epath.Path, trainer: PARLTrainer, train_iter, log: JobLog,
@@ -427,8 +501,8 @@ def evaluate_checkpoint(job: TrainJob, workdir: str, *, which: str = "latest", s
     ckpt = Checkpointer(directory, save_every=job.checkpoint.every, read_only=True)
     try:
         step = ckpt.step_of(which)
-        mesh = None if job.mesh is None else make_mesh(job.mesh)
-        trainer = PARLTrainer(job.model, job.parl, mesh=mesh)
+        mesh, rollout_mesh = _meshes(job)
+        trainer = PARLTrainer(job.model, job.parl, mesh=mesh, rollout_mesh=rollout_mesh)
         state, meta = _restore(job, trainer, ckpt, step)
     finally:
         ckpt.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +41,7 @@ from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import batch_sharding
 from swarmjax.swarm.engine import RolloutConfig, RolloutResult, SwarmRollout
 from swarmjax.swarm.outcome import episode_rewards, novel_subagents
+from swarmjax.train.async_rl import AsyncConfig
 
 Array = jax.Array
 
@@ -54,6 +55,7 @@ class PARLTrainConfig:
     group_size: int = 8                # G rollouts per task
     advantage: str = "grpo"            # key of rl.advantages.ADVANTAGES
     dynamic_sampling: bool = False     # drop (mask) groups whose rewards are all equal
+    async_rollout: AsyncConfig = AsyncConfig()     # depth 0: roll out, then update (synchronous)
 
     def __post_init__(self):
         if self.tasks_per_step < 1 or self.group_size < 1:
@@ -88,10 +90,16 @@ class PARLTrainer:
     """
 
     def __init__(self, model_cfg: ModelConfig, cfg: PARLTrainConfig, *, worker_cfg: ModelConfig | None = None,
-                 mesh: Mesh | None = None):
+                 mesh: Mesh | None = None, rollout_mesh: Mesh | None = None):
+        """``rollout_mesh``: the rollout's own devices (asynchronous jobs,
+        :mod:`swarmjax.train.async_rl`); default: the learner's ``mesh``."""
         self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
-        self.engine = SwarmRollout(cfg.rollout, model_cfg, worker_cfg=worker_cfg, mesh=mesh)
-        self.learner = Learner(model_cfg, cfg.update, mesh=mesh)
+        self.rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
+        self.engine = SwarmRollout(cfg.rollout, model_cfg, worker_cfg=worker_cfg, mesh=self.rollout_mesh)
+        update = cfg.update
+        if cfg.async_rollout.enabled and not update.loss.log_mismatch:   # stale samplers: log the mismatch
+            update = dataclasses.replace(update, loss=dataclasses.replace(update.loss, log_mismatch=True))
+        self.learner = Learner(model_cfg, update, mesh=mesh)
         self._rewards = jax.jit(self._rewards_impl)
 
     def init(self, params: Any, worker_params: Any) -> TrainState:
@@ -115,9 +123,9 @@ class PARLTrainer:
         keep = ~uniform_groups(reward, group_ids) if self.cfg.dynamic_sampling else jnp.ones_like(reward, bool)
         batch = trajectories(result, adv, group_ids, reward)
         batch = batch.replace(loss_mask=batch.loss_mask & keep[:, None])
-        if self.mesh is not None:   # laid out as the learner takes it (no resharding across processes)
+        if self.rollout_mesh is not None:   # laid out as the learner takes it (no resharding across processes)
             batch = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
-                x, batch_sharding(self.mesh, x.ndim, batch_size=x.shape[0])), batch)
+                x, batch_sharding(self.rollout_mesh, x.ndim, batch_size=x.shape[0])), batch)
         metrics = {k: jnp.mean(v) for k, v in channels.items()}
         metrics.update(
             reward=jnp.mean(reward), item_f1=metrics["r_perf"],
@@ -140,28 +148,55 @@ class PARLTrainer:
         ``max_ticks`` (0: a bound), the learner's metrics, timings."""
         cfg = self.cfg
         k_tasks, k_roll = jax.random.split(key)
-        t0 = time.perf_counter()
         if tasks is None:
             tasks = wsj.reset(k_tasks, cfg.rollout.env, cfg.tasks_per_step)
-        elif tasks.n.shape[0] != cfg.tasks_per_step:
+        collected = self.collect(state.params, state.frozen["workers"], tasks, k_roll, step)
+        return self.learn(state, collected)
+
+    def collect(self, params: Any, worker_params: Any, tasks: wsj.Tasks, key: Array, step: int) -> "Collected":
+        """The rollout half of :meth:`step`: ``tasks`` (``tasks_per_step`` of them) rolled
+        out ``group_size`` times each with ``params`` (and the sub-agents'
+        ``worker_params``), rewarded as PARL step ``step``; returns once the learner batch
+        is ready."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        if tasks.n.shape[0] != cfg.tasks_per_step:
             raise ValueError(f"got {tasks.n.shape[0]} tasks, tasks_per_step is {cfg.tasks_per_step}")
         tasks, groups = wsj.repeat_groups(tasks, cfg.group_size)
-        result = self.engine(state.params, state.frozen["workers"], tasks, k_roll)
+        result = self.engine(params, worker_params, tasks, key)
         batch, batch_metrics = self._rewards(result, groups, jnp.asarray(step, jnp.int32))
         jax.block_until_ready(batch)
+        return Collected(batch, batch_metrics, time.perf_counter() - t0)
+
+    def learn(self, state: TrainState, collected: "Collected") -> tuple[TrainState, dict[str, float]]:
+        """The update half of :meth:`step`: one learner update on a collected batch (placed
+        on the learner's devices first when the rollout has its own); the step's metrics."""
+        batch = collected.batch
+        if self.rollout_mesh is not self.mesh:
+            batch = jax.device_put(batch, jax.tree.map(
+                lambda x: batch_sharding(self.mesh, x.ndim, batch_size=x.shape[0]) if self.mesh is not None
+                else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]), batch))
         t1 = time.perf_counter()
         state, learn = self.learner.update(state, batch)
         # one transfer: the learner's metrics and the batch metrics (replicated scalars)
-        learn, batch_metrics = jax.device_get((learn, batch_metrics))
+        learn, batch_metrics = jax.device_get((learn, collected.metrics))
         t2 = time.perf_counter()
         batch_metrics = {k: float(v) for k, v in batch_metrics.items()}
         # the reward channels first (sorted, as they come back), then the rest in a fixed order
         metrics = {k: v for k, v in batch_metrics.items() if k not in BATCH_METRICS}
         metrics.update({k: batch_metrics[k] for k in BATCH_METRICS[:-2]})
-        metrics.update(rollout_s=t1 - t0, update_s=t2 - t1)
+        metrics.update(rollout_s=collected.seconds, update_s=t2 - t1)
         metrics.update({k: batch_metrics[k] for k in BATCH_METRICS[-2:]})
         metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
         return state, metrics
+
+
+class Collected(NamedTuple):
+    """A rolled-out, rewarded batch waiting for the learner."""
+
+    batch: TrajectoryBatch         # [B, ...] laid out over the rollout's devices
+    metrics: dict[str, Array]      # the batch metrics, replicated scalars
+    seconds: float                 # the rollout's wall time until the batch was ready
 
 
 def greedy(rcfg: RolloutConfig, budget: int | None = None) -> RolloutConfig:
