@@ -25,7 +25,7 @@ from small_job import CONFIG, SMALL_JOB, TIMING, rows, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.checkpoint import Checkpointer
-from swarmjax.train.job import TrainJob, _restore
+from swarmjax.train.job import TrainJob, _prepare, _restore, train_stream
 from swarmjax.train.logs import JobLog, truncate
 from swarmjax.train.parl import PARLTrainer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
@@ -187,6 +187,39 @@ def test_kill_and_preempt_then_resume_auto_is_exact(tmp_path, env):
     before = {name: (cut / name).read_text() for name in ("metrics.jsonl", "eval.jsonl", "traces.jsonl")}
     assert main(argv(cut, env[1], "--resume", "auto")) == 0
     assert {name: (cut / name).read_text() for name in before} == before
+
+
+def test_async_kill_and_preempt_trains_every_task_once(tmp_path, env):
+    """An asynchronous run (two batches in flight) killed with -9 between checkpoints,
+    then preempted with SIGTERM, resumed each time: every batch of the task stream is
+    trained on once, in order, and nothing else is."""
+    rng = random.Random(SEED + 1)
+    e, overrides = env
+    overrides = overrides + ["parl.async_rollout.depth=2"]
+    run = tmp_path / "async"
+    p = start(run, (e, overrides))
+    k = rng.randint(1, 2)
+    wait_until(p, run, lambda: len(lines(run, "parl")) >= k, f"PARL step {k}")
+    p.kill()
+    p.wait()
+    reached = len(lines(run, "parl"))
+    assert reached <= 3 and max(finished_steps(run)) < reached    # killed between checkpoints
+
+    p = start(run, (e, overrides), "--resume", "auto")
+    wait_until(p, run, lambda: len(lines(run, "parl")) >= reached + 1, "a step past the killed run's")
+    p.send_signal(signal.SIGTERM)
+    assert finish(p, run) == PREEMPTED_EXIT_CODE
+    assert finish(start(run, (e, overrides), "--resume", "auto"), run) == 0
+
+    job = apply_overrides(load_config(CONFIG, TrainJob), overrides)
+    stream = train_stream(job, _prepare(job, run, progress=False))
+    expected = [[bytes(t).decode() for t in np.asarray(next(stream)["task_id"])] for _ in range(STEPS)]
+    done = lines(run, "parl")
+    assert [r["step"] for r in done] == list(range(STEPS))
+    assert [r["tasks"] for r in done] == expected
+    assert all(r["async/trained"] == 1 and r["async/staleness"] <= 2 for r in done)
+    assert max(r["async/staleness"] for r in done) >= 1 and done[-1]["async/version"] == STEPS - 1
+    assert "checkpoint at PARL step" in output(run)
 
 
 def test_second_sigterm_terminates(tmp_path):

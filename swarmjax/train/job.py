@@ -241,11 +241,22 @@ def run_job(job: TrainJob, workdir: str | epath.PathLike, *, progress: bool = Tr
                             best_metric="item_f1", handle_sigterm=handle_sigterm, checkpoint=job.checkpoint)
 
 
+def train_stream(job: TrainJob, sources):
+    """PARL's stream of task batches from the task set's train split (every process: the
+    whole batch, in the one process's order): a grain iterator of ``tasks_per_step``
+    task records a batch, checkpointable (``get_state`` / ``set_state``)."""
+    from swarmjax.data import task_iterator
+
+    return task_iterator(sources["train"], job.parl.tasks_per_step, seed=job.seed, env=job.parl.rollout.env,
+                         process_index=0, process_count=1,
+                         focus_min_n=job.data.focus_min_n, focus_fraction=job.data.focus_fraction)
+
+
 def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: PreemptionWatch,
          progress: bool) -> dict[str, Any]:
     """:func:`run_job` once the checkpoints are open: the warm start (unless resuming
     from ``latest``), then PARL, with a preemption check at every safe point."""
-    from swarmjax.data import task_iterator, to_tasks
+    from swarmjax.data import to_tasks
 
     primary = jax.process_index() == 0
     progress = progress and primary
@@ -263,9 +274,7 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
     sources = _prepare(job, workdir, progress)
     test = _global(eval_tasks(sources["test"], job.eval_sizes, job.eval_episodes, "test"), mesh, False)
     valid = _global(eval_tasks(sources["validation"], job.eval_sizes, job.eval_episodes, "validation"), mesh, False)
-    train_iter = task_iterator(sources["train"], job.parl.tasks_per_step, seed=job.seed, env=env,
-                               process_index=0, process_count=1,     # every process: the whole batch
-                               focus_min_n=job.data.focus_min_n, focus_fraction=job.data.focus_fraction)
+    train_iter = train_stream(job, sources)
     own = slice(*share(job.parl.tasks_per_step))
 
     acfg, rollouts = job.parl.async_rollout, None
