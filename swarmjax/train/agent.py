@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +41,7 @@ from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
 from swarmjax.sharding.mesh import batch_sharding
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRolloutConfig, TextRolloutResult
+from swarmjax.train.async_rl import AsyncConfig, AsyncRollouts, split_devices
 from swarmjax.train.demos import Demos, pack_rows
 from swarmjax.train.distributed import allgather, global_rows, global_whole, local_replica, share
 from swarmjax.train.engines import Engine
@@ -133,6 +134,8 @@ class TextRLConfig:
       segments count in the loss (:func:`segment_weights`): ``"segment"`` (each a row of
       weight 1, as ReSum-GRPO trains them) or ``"episode"`` (each 1 / (K + 1): under a
       per-sequence aggregation the episode counts as much as one that never compacted).
+    async_rollout: rollouts overlapped with updates (:mod:`swarmjax.train.async_rl`;
+      depth 0: roll out, then update).
     """
 
     steps: int = 60
@@ -150,6 +153,7 @@ class TextRLConfig:
     bucket: int = 64
     head_multiple: int = 0
     segment_weight: str = "segment"
+    async_rollout: AsyncConfig = AsyncConfig()
 
     def __post_init__(self):
         if self.segment_weight not in SEGMENT_WEIGHTS:
@@ -159,6 +163,8 @@ class TextRLConfig:
         if min(self.steps, self.tasks_per_step, self.group_size) < 0:
             raise ValueError("rl steps, tasks_per_step and group_size must be >= 0")
         check_group_batch(self.advantage, self.tasks_per_step, self.group_size, self.update)
+        if self.async_rollout.rollout_devices > 1:
+            raise ValueError("a text rollout decodes on one device: async_rollout.rollout_devices must be 0 or 1")
 
 
 # ------------------------------------------------------------------------ warm start
@@ -361,29 +367,76 @@ def _subagent_rows(res: TextRolloutResult, reward: np.ndarray, groups: np.ndarra
 def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list, key: jax.Array,
             rcfg: TextRLConfig, *, step: int = 0, subagents: str = "frozen") -> tuple[TrainState, dict[str, float]]:
     """One RL step on ``problems`` (each rolled out ``group_size`` times by ``engine``,
-    :mod:`swarmjax.train.engines`): rollout, reward (:func:`episode_rewards`), group
-    advantages, one learner update on exactly the rollout's ids, loss mask and sampler
-    log-probs; a context strategy's earlier segments are rows of their own with their
-    episode's advantage (:func:`_segment_rows`; weighted by ``rcfg.segment_weight``).
-    Returns the new state and the step's metrics: the episodes' :func:`episode_figures`,
-    reward channels, the rollout's counts (:data:`COUNTS`), timings and the learner's
-    figures (``learner/``).
+    :mod:`swarmjax.train.engines`): :func:`collect` with the state's params, then
+    :func:`learn`. Returns the new state and the step's metrics: the episodes'
+    :func:`episode_figures`, reward channels, the rollout's counts (:data:`COUNTS`),
+    timings and the learner's figures (``learner/``).
 
-    Rows are cut to a multiple of ``rcfg.bucket`` ids (few shapes to compile); with
-    ``rcfg.head_multiple`` the ids every row opens with run once per forward
-    (``Learner.update(head=)``). With several processes every one passes the same
-    ``problems``, rolls out its share (whole groups; its tools run locally) with a local
-    copy of the params, and the learner updates on the global batch. Episode ``e`` of
-    the step draws the same tokens whichever process runs it (host engine), so the
-    metrics are those of one process (the ``segments`` count aside: each process decodes
-    its own)."""
-    G, mesh = rcfg.group_size, learner.mesh
+    With several processes every one passes the same ``problems``, rolls out its share
+    (whole groups; its tools run locally) with a local copy of the params, and the
+    learner updates on the global batch. Episode ``e`` of the step draws the same tokens
+    whichever process runs it (host engine), so the metrics are those of one process
+    (the ``segments`` count aside: each process decodes its own)."""
+    orch, workers = _rollout_params(state.params, subagent_params(state), learner.mesh)
+    return learn(learner, state, collect(engine, orch, workers, problems, key, rcfg, step=step,
+                                         subagents=subagents, mesh=learner.mesh))
+
+
+def async_rollouts(rcfg: TextRLConfig, engine: Engine, state: TrainState, *, draw: Callable[[], tuple[list, list]],
+                   stream_state: Callable[[], Any], key: jax.Array, step: int, saved: dict | None,
+                   subagents: str = "frozen") -> AsyncRollouts:
+    """The rollout side of an asynchronous text RL stage (:mod:`swarmjax.train.async_rl`)
+    begun at training ``step`` of ``rcfg.steps`` (``saved``: a resumed run's
+    ``AsyncRollouts.checkpoint()``); batch j is rolled out with key ``fold_in(key, 100 + j)``
+    as :func:`rl_step` is. The rollout decodes with copies of the params on the last
+    device when ``rcfg.async_rollout.rollout_devices`` is 1, on the params' own devices
+    otherwise; frozen sub-agents are copied there once."""
+    _, devices = split_devices(rcfg.async_rollout)
+
+    def publish(params):          # the learner donates its state: a copy
+        if devices is None:
+            return jax.tree.map(jnp.copy, params)
+        return jax.device_put(params, jax.sharding.SingleDeviceSharding(devices[0]))
+
+    has_frozen = bool(state.frozen) and "subagents" in state.frozen
+    frozen = publish(state.frozen["subagents"]) if has_frozen else None     # None: the policy's own
+
+    def collect_step(j, problems, params):
+        return collect(engine, params, params if frozen is None else frozen, problems, jax.random.fold_in(key, 100 + j),
+                       rcfg, step=j, subagents=subagents)
+
+    rollouts = AsyncRollouts(rcfg.async_rollout, draw=draw, stream_state=stream_state, collect=collect_step,
+                             loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=publish)
+    saved = saved or {}
+    rollouts.begin(state.params, step=step, steps=rcfg.steps, version=saved.get("version", 0),
+                   dropped=saved.get("dropped", 0), regenerated=saved.get("regenerated", 0))
+    return rollouts
+
+
+class TextCollected(NamedTuple):
+    """A rolled-out, rewarded text batch waiting for the learner (this process's rows)."""
+
+    batch: TrajectoryBatch       # [R, W] host rows (orchestrator, segment and sub-agent rows)
+    head: Any                    # [P] ids every row opens with, or None
+    metrics: dict[str, float]    # the step's figures but the learner's and update_s
+
+
+def collect(engine: Engine, params: Any, worker_params: Any, problems: list, key: jax.Array, rcfg: TextRLConfig,
+            *, step: int = 0, subagents: str = "frozen", mesh: Any = None) -> TextCollected:
+    """The rollout half of :func:`rl_step`: this process's share of ``problems`` rolled
+    out ``group_size`` times with ``params`` (sub-agents: ``worker_params``), rewarded
+    (:func:`episode_rewards`) as step ``step``, group advantages, the learner's rows on
+    exactly the rollout's ids, loss mask and sampler log-probs; a context strategy's
+    earlier segments are rows of their own with their episode's advantage
+    (:func:`_segment_rows`; weighted by ``rcfg.segment_weight``). Rows are cut to a
+    multiple of ``rcfg.bucket`` ids (few shapes to compile); with ``rcfg.head_multiple``
+    the ids every row opens with run once per forward (``Learner.update(head=)``)."""
+    G = rcfg.group_size
     start, stop = share(len(problems))
     mine = problems[start:stop]
     episodes = [p for p in mine for _ in range(G)]
     t0 = time.perf_counter()
-    res = engine(*_rollout_params(state.params, subagent_params(state), mesh), episodes, key,
-                 episode_ids=range(start * G, stop * G))
+    res = engine(params, worker_params, episodes, key, episode_ids=range(start * G, stop * G))
     t1 = time.perf_counter()
     reward, channels = episode_rewards(res, rcfg, step)
     local = np.repeat(np.arange(len(mine)), G)
@@ -410,15 +463,12 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
                                    token_mask=rows["token_mask"], sampler_logprobs=rows["logprobs"],
                                    group_ids=rows["group"], rewards=rows["reward"])
     head, batch = batch.split_head(P) if P else (None, batch)
-    state, learn = learner.update(state, global_rows(batch, mesh), head=head)
-    learn = jax.device_get(learn)
     per_episode = allgather({"reward": reward.astype(np.float32), "kept_groups": keep.astype(np.float32),
                              "orch_sampled_tokens": res.loss_mask.sum(axis=1).astype(np.float32),
                              **episode_figures(res), **{f"reward/{k}": np.asarray(v, np.float32)
                                                         for k, v in channels.items()
                                                         if k != "r_perf" or "r_verifier" in channels}})
-    metrics = {**mean_figures(per_episode), **_rollout_counts(res), "rollout_s": t1 - t0,
-               "update_s": time.perf_counter() - t1,
+    metrics = {**mean_figures(per_episode), **_rollout_counts(res), "rollout_s": t1 - t0, "update_s": 0.0,
                "subagent_rows": 0 if subs is None else int((subs["group"] < stop).sum())}
     if rcfg.parl is not None:                       # how the episodes that delegated did against the rest
         spawned = per_episode["subagents"] > 0
@@ -426,7 +476,18 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
                        serial_accuracy=_mean_where(per_episode["accuracy"], ~spawned))
     if rcfg.head_multiple:
         metrics["shared_head"] = P
-    metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn.items()})
+    return TextCollected(batch, head, metrics)
+
+
+def learn(learner: Learner, state: TrainState, collected: TextCollected) -> tuple[TrainState, dict[str, float]]:
+    """The update half of :func:`rl_step`: one learner update on the global batch of
+    every process's collected rows; the step's metrics with ``update_s`` and the
+    learner's figures (``learner/``)."""
+    t1 = time.perf_counter()
+    state, learn_m = learner.update(state, global_rows(collected.batch, learner.mesh), head=collected.head)
+    learn_m = jax.device_get(learn_m)
+    metrics = dict(collected.metrics, update_s=time.perf_counter() - t1)
+    metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn_m.items()})
     return state, metrics
 
 

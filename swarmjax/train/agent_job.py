@@ -59,8 +59,10 @@ from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.chat import chat_format, detect_chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.traces.text import text_trace
-from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations,
-                                  evaluate, mean_figures, mix_context, rl_step, subagent_params, warm_start)
+from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, async_rollouts,
+                                  demonstrations, evaluate, learn, mean_figures, mix_context, rl_step, subagent_params,
+                                  warm_start)
+from swarmjax.train.async_rl import logged_update, split_devices
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier, local_replica
 from swarmjax.train.engines import HostEngine, JudgedEngine
@@ -143,6 +145,7 @@ class AgentJob:
         if self.tool_timeout_s <= 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s}")
         procs = jax.process_count()
+        self.rl.async_rollout.check(jax.device_count(), procs)
         if procs > 1:
             if self.mesh is None:
                 raise ValueError(f"{procs} processes: set mesh= (e.g. --set mesh.data=-1) so the learner spans them")
@@ -242,8 +245,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     if not primary:
         cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None, corpus=corpus, write=False)
     key = jax.random.key(job.seed)
-    mesh = None if job.mesh is None else make_mesh(job.mesh)
-    learner = Learner(cfg, job.rl.update, mesh=mesh)
+    mesh = None if job.mesh is None else make_mesh(job.mesh, split_devices(job.rl.async_rollout)[0])
+    learner = Learner(cfg, logged_update(job.rl.update, job.rl.async_rollout), mesh=mesh)
     steps = job.rl.steps
     stream = TaskStream(task, "train", job.seed)
     if latest is not None:
@@ -253,6 +256,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
         log = TextJobLog(workdir, meta["rl_step"], primary, keep_final="final" in meta and meta["rl_step"] >= steps)
     else:
         log = TextJobLog(workdir, None, primary)
+    rollouts = None
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
                      summarize=job.rl.rollout.context.strategy == "summary")
@@ -291,6 +295,9 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
             nonlocal clock
             now = time.perf_counter()
             meta.update(rl_step=step, wall_clock_s=meta["wall_clock_s"] + now - clock, stream=stream.state())
+            if rollouts is not None:                    # the stream from the oldest batch not trained on
+                meta["async"] = rollouts.checkpoint()
+                meta["stream"] = meta["async"].pop("stream")
             clock = now
             log.sync()
             ckpt.save(step, state, meta, metrics=None if evals is None else {"accuracy": evals["accuracy"]},
@@ -314,12 +321,21 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
         else:
             engine = _judged(job.judge, task, engine, cfg, state, chat, mesh)
         start = meta["rl_step"]
+        if job.rl.async_rollout.enabled:
+            def draw():                                 # (problems, their ids in the stream)
+                ids = stream.ids(job.rl.tasks_per_step)
+                return stream.take(job.rl.tasks_per_step), ids
+            rollouts = async_rollouts(job.rl, engine, state, draw=draw, stream_state=stream.state, key=key,
+                                      step=start, saved=meta.get("async"), subagents=job.subagents)
         bar = progress_bar(steps, "RL", progress, initial=min(start, steps))
         with bar:                                       # closed on a preemption too
             for step in range(start, steps):
-                problems = stream.take(job.rl.tasks_per_step)
-                state, m = rl_step(learner, state, engine, problems, jax.random.fold_in(key, 100 + step), job.rl,
-                                   step=step, subagents=job.subagents)
+                if rollouts is None:
+                    problems = stream.take(job.rl.tasks_per_step)
+                    state, m = rl_step(learner, state, engine, problems, jax.random.fold_in(key, 100 + step), job.rl,
+                                       step=step, subagents=job.subagents)
+                else:
+                    state, m = rollouts.step(state, functools.partial(learn, learner), lambda c: dict(c.metrics))
                 log.write("metrics.jsonl", {"stage": "rl", "step": step, **m})
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.3f}")
@@ -330,6 +346,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                          save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="rl",
                          preempted=lambda i: Preempted(i, workdir, stage="RL"))
     finally:
+        if rollouts is not None:
+            rollouts.close()
         log.close()
         runner.close()
         engine.close()

@@ -100,6 +100,14 @@ class AsyncConfig:
                              f"{device_count} devices")
 
 
+def logged_update(update: Any, cfg: AsyncConfig) -> Any:
+    """An ``UpdateConfig`` whose loss logs the sampler / learner mismatch
+    (``LossConfig.log_mismatch``) when ``cfg`` is asynchronous; else ``update`` itself."""
+    if not cfg.enabled or update.loss.log_mismatch:
+        return update
+    return dataclasses.replace(update, loss=dataclasses.replace(update.loss, log_mismatch=True))
+
+
 def split_devices(cfg: AsyncConfig) -> tuple[list, list | None]:
     """(the learner's devices, the rollout's or None when they share them)."""
     devices = jax.devices()
@@ -228,6 +236,21 @@ class AsyncRollouts:
         self.version += 1
         if self.version % self.cfg.sync_every == 0:
             self.pushed = (self._publish(params), self.version)
+
+    def step(self, state: Any, learn: Callable[[Any, Any], tuple[Any, dict]],
+             untrained: Callable[[Any], dict]) -> tuple[Any, dict]:
+        """One asynchronous training step: the oldest batch in flight
+        (:meth:`take`), ``learn(state, collected)`` on it unless it is staler than the
+        bound (then ``untrained(collected)``: its rollout figures alone), the weights
+        pushed (:meth:`trained`). Metrics: the step's, :meth:`figures`, and ``tasks``
+        (the batch's task ids)."""
+        ready = self.take(state.params)
+        if ready.train:
+            state, metrics = learn(state, ready.collected)
+            self.trained(state.params)
+        else:
+            metrics = untrained(ready.collected)
+        return state, {**metrics, **self.figures(ready), "tasks": ready.ids}
 
     def figures(self, ready: Ready) -> dict[str, float]:
         """The step's ``async/`` metrics: the learner's version the batch met, its

@@ -261,7 +261,6 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
     primary = jax.process_index() == 0
     progress = progress and primary
     t_start = time.perf_counter()
-    env = job.parl.rollout.env
     key = jax.random.key(job.seed)
     mesh, rollout_mesh = _meshes(job)
     if mesh is not None and jax.process_count() > 1:        # each process puts its rows on its devices
@@ -336,7 +335,9 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
                 tasks = _global(jax.tree.map(lambda x: x[own], to_tasks(next(train_iter))), mesh, True)
                 state, m = trainer.step(state, jax.random.fold_in(parl_key, i), step=i, tasks=tasks)
             else:
-                state, m = _async_step(trainer, rollouts, state)
+                state, m = rollouts.step(state, trainer.learn, untrained=lambda c: {
+                    **{k: float(v) for k, v in jax.device_get(c.metrics).items()},
+                    "rollout_s": c.seconds, "update_s": 0.0})
             m["tok_s"] = m["sampled_tokens"] / max(m["rollout_s"], 1e-9)
             log.write("metrics.jsonl", {"stage": "parl", "step": i, **m})
             bar.set_postfix(reward=f"{m['reward']:.3f}", f1=f"{m['item_f1']:.2f}", crit=f"{m['critical_steps']:.1f}",
@@ -424,19 +425,6 @@ def _async_rollouts(job: TrainJob, trainer: PARLTrainer, train_iter, state, meta
     rollouts.begin(state.params, step=meta["parl_step"], steps=job.parl_steps, version=saved.get("version", 0),
                    dropped=saved.get("dropped", 0), regenerated=saved.get("regenerated", 0))
     return rollouts
-
-
-def _async_step(trainer: PARLTrainer, rollouts: AsyncRollouts, state):
-    """One asynchronous PARL step: the oldest batch in flight, trained on unless it is
-    staler than the bound (then its rollout figures alone, ``async/trained`` 0)."""
-    ready = rollouts.take(state.params)
-    if ready.train:
-        state, m = trainer.learn(state, ready.collected)
-        rollouts.trained(state.params)
-    else:
-        m = {k: float(v) for k, v in jax.device_get(ready.collected.metrics).items()}
-        m.update(rollout_s=ready.collected.seconds, update_s=0.0)
-    return state, {**m, **rollouts.figures(ready), "tasks": ready.ids}
 
 
 def _warm_start(job: TrainJob, workdir: epath.Path, trainer: PARLTrainer, train_iter, log: JobLog,

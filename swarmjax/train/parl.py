@@ -41,7 +41,7 @@ from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import batch_sharding
 from swarmjax.swarm.engine import RolloutConfig, RolloutResult, SwarmRollout
 from swarmjax.swarm.outcome import episode_rewards, novel_subagents
-from swarmjax.train.async_rl import AsyncConfig
+from swarmjax.train.async_rl import AsyncConfig, logged_update
 
 Array = jax.Array
 
@@ -96,10 +96,7 @@ class PARLTrainer:
         self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
         self.rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
         self.engine = SwarmRollout(cfg.rollout, model_cfg, worker_cfg=worker_cfg, mesh=self.rollout_mesh)
-        update = cfg.update
-        if cfg.async_rollout.enabled and not update.loss.log_mismatch:   # stale samplers: log the mismatch
-            update = dataclasses.replace(update, loss=dataclasses.replace(update.loss, log_mismatch=True))
-        self.learner = Learner(model_cfg, update, mesh=mesh)
+        self.learner = Learner(model_cfg, logged_update(cfg.update, cfg.async_rollout), mesh=mesh)
         self._rewards = jax.jit(self._rewards_impl)
 
     def init(self, params: Any, worker_params: Any) -> TrainState:

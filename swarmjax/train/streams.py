@@ -30,6 +30,7 @@ class TaskStream:
         self.rng = np.random.default_rng(split_seed(seed, split))
         self.records = records_of(task, split)
         self.epoch, self.position = 0, 0
+        self.drawn = 0                            # problems taken so far: the next one's id
         self.shuffled_from: str | None = None     # the generator's state before this epoch's shuffle
         self.order = self._shuffle()
 
@@ -41,6 +42,7 @@ class TaskStream:
 
     def take(self, count: int) -> list[Any]:
         """The next ``count`` problems (a dataset wraps into a fresh shuffled epoch)."""
+        self.drawn += count
         if self.records is None:
             return list(self.task.sample(self.rng, count, split=self.split))
         out = []
@@ -51,9 +53,15 @@ class TaskStream:
             self.position += 1
         return out
 
+    def ids(self, count: int) -> list[str]:
+        """The ids of the next ``count`` problems (``"<split>/<index in the stream>"``)."""
+        return [f"{self.split}/{self.drawn + i}" for i in range(count)]
+
     def state(self) -> dict[str, Any]:
-        """Where the stream is: the generator's state, the epoch and the position in it."""
+        """Where the stream is: the generator's state, the epoch and the position in it,
+        the problems drawn so far."""
         return {"rng": json.dumps(self.rng.bit_generator.state), "epoch": self.epoch, "position": self.position,
+                "drawn": self.drawn,
                 "shuffled_from": self.shuffled_from,
                 "records": None if self.records is None else len(self.records)}
 
@@ -67,6 +75,7 @@ class TaskStream:
             self.order = self._shuffle()
         self.rng.bit_generator.state = json.loads(state["rng"])
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.drawn = int(state.get("drawn", 0))
 
 
 def held_out(task: Any, split: str, seed: int, count: int) -> list[Any]:

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
+import jax
 import numpy as np
 
 from swarmjax.envs.widesearch import Episode, WideSearchConfig
@@ -174,6 +175,7 @@ class TextPARLJob:
                              f"max_mentions {self.max_mentions}: answers would be cut")
         if self.parl.focus_fraction > 0 and self.parl.focus_min_n > env.max_task_size:
             raise ValueError(f"focus_min_n {self.parl.focus_min_n} is above max_task_size {env.max_task_size}")
+        self.parl.async_rollout.check(jax.device_count(), jax.process_count())
 
 
 # ------------------------------------------------------------------------ tasks

@@ -36,6 +36,7 @@ One process.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import time
@@ -58,7 +59,8 @@ from swarmjax.train.logs import TextJobLog, curves, log_line, progress_bar, summ
 from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.agent import evaluate, rl_step
+from swarmjax.train.agent import async_rollouts, evaluate, learn, rl_step
+from swarmjax.train.async_rl import logged_update
 from swarmjax.train.engines import DeviceEngine
 from swarmjax.train.text_parl import EVAL_STREAMS, TextPARLJob, eval_episodes, sample_episodes, size_rows, warm_start
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
@@ -157,7 +159,8 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
     task = build_task(job, workdir, train=latest is None)      # a resumed run keeps its tokenizer
     cfg = job.model.replace(vocab_size=task.chat.tokenizer.vocab_size)
     key = jax.random.key(job.seed)
-    learner = Learner(cfg, job.parl.update)
+    learner = Learner(cfg, logged_update(job.parl.update, job.parl.async_rollout))
+    rollouts = None
     parl_seed = job.seed if job.parl_seed is None else job.parl_seed
     big, steps = max(job.eval_sizes), job.parl.steps
     if latest is not None:
@@ -204,6 +207,8 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
             nonlocal clock
             now = time.perf_counter()
             meta.update(parl_step=step, wall_clock_s=meta["wall_clock_s"] + now - clock)
+            if rollouts is not None:                    # its stream position is the step: replayed on resume
+                meta["async"] = {k: v for k, v in rollouts.checkpoint().items() if k != "stream"}
             clock = now
             log.sync()
             scores = None if evals is None else {k: evals[str(big)][k] for k in ("item_f1", "critical_steps")}
@@ -221,11 +226,23 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
         start = meta["parl_step"]
         for _ in range(start):                          # the stream of training tasks, to where it stopped
             draw()
+        drawn = start
+        if job.parl.async_rollout.enabled:              # the oldest batch not trained on is always `start`
+            def draw_ids():
+                nonlocal drawn
+                drawn += 1
+                return draw(), [f"train/{(drawn - 1) * job.parl.tasks_per_step + i}"
+                                for i in range(job.parl.tasks_per_step)]
+            rollouts = async_rollouts(job.parl, engine, state, draw=draw_ids, stream_state=lambda: drawn,
+                                      key=parl_key, step=start, saved=meta.get("async"))
         bar = progress_bar(steps, "PARL", progress, initial=min(start, steps))
         with bar:                                       # closed on a preemption too
             for step in range(start, steps):
-                state, m = rl_step(learner, state, engine, draw(), jax.random.fold_in(parl_key, 100 + step),
-                                   job.parl, step=step)
+                if rollouts is None:
+                    state, m = rl_step(learner, state, engine, draw(), jax.random.fold_in(parl_key, 100 + step),
+                                       job.parl, step=step)
+                else:
+                    state, m = rollouts.step(state, functools.partial(learn, learner), lambda c: dict(c.metrics))
                 log.write("metrics.jsonl", {"stage": "parl", "step": step, **m})
                 bar.update(1)
                 bar.set_postfix(f1=f"{m['accuracy']:.3f}", crit=f"{m['critical_steps']:.1f}",
@@ -236,6 +253,8 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
                          save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="parl",
                          preempted=lambda i: Preempted(i, workdir))
     finally:
+        if rollouts is not None:
+            rollouts.close()
         log.close()
     curves(workdir, ("reward", "accuracy", "critical_steps", "subagents"))
     before, after = _rows(meta["warm_eval"]), _rows(meta.get("final_eval", meta["warm_eval"]))
