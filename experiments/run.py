@@ -93,6 +93,15 @@ EXPERIMENTS = {
         # return; a chunk of 2 entities (half the warm start's delegations) is stopped.
         # Budget 12 = the fewest critical steps at n = 16 then (8 x 1 delegated, 8 serial)
         variant=("parl.rollout.env.subagent_steps=2", "parl.rollout.env.budget=12")),
+    "staleness": Experiment(
+        claim="Rollouts that run ahead of the learner (asynchronous RL, the batch decoded with the "
+              "policy 1 or 2 updates old) learn about as well per step as synchronous ones at this "
+              "scale, with GSPO's clip and the sampler's log-probs as the only correction.",
+        source="the asynchronous RL of GLM-5 and Kimi K2.5 (arXiv 2602.02276), verl's one-step "
+               "off-policy and fully-async modes; AReaL (arXiv 2505.24298) for staleness-bounded training",
+        arms={"default": (), "stale1": ("parl.async_rollout.depth=1",), "stale2": ("parl.async_rollout.depth=2",)},
+        curves=("reward", "item_f1", "critical_steps", "subagents"),
+        train_means=("async/staleness", "learner/mismatch_kl", "learner/clip_fraction", "reward")),
 }
 
 
@@ -161,7 +170,8 @@ def _final_test_row(d: str) -> dict:
 def _curve(d: str, key: str) -> tuple[list[int], list[float]]:
     rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
     rows = [r for r in rows if r.get("stage") == "parl"]
-    return [r["step"] + 1 for r in rows], [float(r[key]) for r in rows]
+    return [r["step"] + 1 for r in rows], [float(r.get(key, 0.0 if key.startswith("async/") else "nan"))
+                                           for r in rows]             # a synchronous run: staleness 0
 
 
 def _validation(d: str) -> dict[int, dict]:

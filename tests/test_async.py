@@ -94,7 +94,7 @@ def test_checkpoint_mid_stream_resumes_every_task_once():
 
 def test_versions_and_config_errors():
     v = token_versions(np.array([[False, True], [False, False]]), 5)
-    assert v.tolist() == [[-1, 5], [-1, -1]] and staleness_of(v, 7) == 2 and staleness_of(v[1:], 7) == 0
+    assert v.tolist() == [[-1, 5], [-1, -1]] and staleness_of(v, 7, 5) == 2 and staleness_of(v[1:], 7, 4) == 3
     with pytest.raises(ValueError, match="on_stale"):
         AsyncConfig(depth=1, on_stale="skip")
     with pytest.raises(ValueError, match="one process"):

@@ -121,10 +121,11 @@ def token_versions(loss_mask: np.ndarray, version: int) -> np.ndarray:
     return np.where(np.asarray(loss_mask), np.int32(version), np.int32(-1))
 
 
-def staleness_of(versions: np.ndarray, learner_version: int) -> int:
-    """The learner's version minus the oldest sampled token's (0 for no sampled token)."""
+def staleness_of(versions: np.ndarray, learner_version: int, decoded_with: int) -> int:
+    """The learner's version minus the oldest sampled token's (``decoded_with``, the
+    rollout's version, for a batch with no sampled token left: dynamic sampling)."""
     sampled = versions[versions >= 0]
-    return int(learner_version - sampled.min()) if sampled.size else 0
+    return int(learner_version - (sampled.min() if sampled.size else decoded_with))
 
 
 @dataclasses.dataclass
@@ -218,7 +219,7 @@ class AsyncRollouts:
         collected = b.future.result()
         wait = time.perf_counter() - t0
         versions = token_versions(self._loss_mask(collected), b.version)
-        stale = staleness_of(versions, self.version)
+        stale = staleness_of(versions, self.version, b.version)
         train, regenerated = stale <= self.cfg.bound, False
         if not train and self.cfg.on_stale == "regenerate":
             fresh = self._publish(params)
@@ -260,7 +261,7 @@ class AsyncRollouts:
         sampled = ready.versions[ready.versions >= 0]
         v = ready.learner_version
         return {"async/version": v, "async/staleness": ready.staleness,
-                "async/token_staleness": float(np.mean(v - sampled)) if sampled.size else 0.0,
+                "async/token_staleness": float(np.mean(v - sampled)) if sampled.size else float(ready.staleness),
                 "async/trained": int(ready.train), "async/dropped": self.dropped,
                 "async/regenerated": self.regenerated, "async/wait_s": ready.wait_s,
                 "async/in_flight": len(self.queue)}
