@@ -94,7 +94,6 @@ def run_mode(mode: str, job: TrainJob, params, steps: int) -> dict:
             return copy(p)
         return jax.device_put(p, tree_shardings(param_logical_axes(job.model), p, rmesh))
 
-    workers = publish(state.frozen["workers"])
     drawn = {"j": 0}
 
     def draw():
@@ -102,12 +101,12 @@ def run_mode(mode: str, job: TrainJob, params, steps: int) -> dict:
         drawn["j"] += 1
         return tasks_of(j), [str(j)]
 
-    def collect(j, tasks, p):
+    def collect(j, tasks, p, workers):
         return trainer.collect(p, workers, tasks, jax.random.split(jax.random.fold_in(key, 10_000 + j))[1], j)
 
     rollouts = AsyncRollouts(AsyncConfig(depth=1), draw=draw, stream_state=lambda: drawn["j"], collect=collect,
                              loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=publish)
-    rollouts.begin(state.params, step=0, steps=steps)
+    rollouts.begin(state.params, step=0, steps=steps, frozen=state.frozen["workers"])
     try:
         for _ in range(steps):
             state, m = rollouts.step(state, trainer.learn, untrained=lambda c: {})

@@ -8,7 +8,9 @@ import threading
 import numpy as np
 import pytest
 
+from swarmjax.rl.update import TrainState
 from swarmjax.train.async_rl import AsyncConfig, AsyncRollouts, staleness_of, token_versions
+from swarmjax.train.subagents import SubagentRefresh, refresh_subagents
 
 TASKS = 2       # tasks per batch
 
@@ -24,9 +26,9 @@ def queue(cfg, position=0):
         stream["position"] += 1
         return j, [f"t{TASKS * j + i}" for i in range(TASKS)]
 
-    def collect(step, tasks, params):
+    def collect(step, tasks, params, frozen):
         threads.add(threading.current_thread().name)
-        assert step == tasks
+        assert step == tasks and frozen is None
         return {"params": params, "loss_mask": np.array([[False, True, True], [False, True, False]])}
 
     rollouts = AsyncRollouts(cfg, draw=draw, stream_state=lambda: stream["position"], collect=collect,
@@ -103,3 +105,14 @@ def test_versions_and_config_errors():
         AsyncConfig(depth=1, rollout_devices=8).check(8, 1)
     with pytest.raises(ValueError, match="depth >= 1"):
         AsyncRollouts(AsyncConfig(), draw=None, stream_state=None, collect=None, loss_mask=None, publish=None)
+
+
+def test_subagent_refresh():
+    r = SubagentRefresh(every=3, at=(2,))
+    assert [d for d in range(1, 10) if r.due(d)] == [2, 3, 6, 9] and not SubagentRefresh().due(5)
+    state = TrainState(step=np.int32(0), params={"w": np.ones(2)}, opt_state=(), frozen={"workers": {"w": np.zeros(2)}})
+    assert refresh_subagents(state, "workers").frozen["workers"]["w"].tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="no frozen 'subagents'"):
+        refresh_subagents(state, "subagents")
+    with pytest.raises(ValueError, match="refresh_subagents"):
+        SubagentRefresh(at=(0,))

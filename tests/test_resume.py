@@ -195,7 +195,7 @@ def test_async_kill_and_preempt_trains_every_task_once(tmp_path, env):
     trained on once, in order, and nothing else is."""
     rng = random.Random(SEED + 1)
     e, overrides = env
-    overrides = overrides + ["parl.async_rollout.depth=2"]
+    overrides = overrides + ["parl.async_rollout.depth=2", "parl.refresh_subagents.every=3"]
     run = tmp_path / "async"
     p = start(run, (e, overrides))
     k = rng.randint(1, 2)
@@ -220,6 +220,8 @@ def test_async_kill_and_preempt_trains_every_task_once(tmp_path, env):
     assert all(r["async/trained"] == 1 and r["async/staleness"] <= 2 for r in done)
     assert max(r["async/staleness"] for r in done) >= 1 and done[-1]["async/version"] == STEPS - 1
     assert "checkpoint at PARL step" in output(run)
+    state, _ = final_params(run, overrides)         # refreshed after step 6: the sub-agents are the policy
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state.params, state.frozen["workers"])))
 
 
 def test_second_sigterm_terminates(tmp_path):

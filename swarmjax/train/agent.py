@@ -43,6 +43,7 @@ from swarmjax.sharding.mesh import batch_sharding
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRolloutConfig, TextRolloutResult
 from swarmjax.train.async_rl import AsyncConfig, AsyncRollouts, split_devices
 from swarmjax.train.demos import Demos, pack_rows
+from swarmjax.train.subagents import SubagentRefresh
 from swarmjax.train.distributed import allgather, global_rows, global_whole, local_replica, share
 from swarmjax.train.engines import Engine
 from swarmjax.train.sft import sft_step
@@ -136,6 +137,8 @@ class TextRLConfig:
       per-sequence aggregation the episode counts as much as one that never compacted).
     async_rollout: rollouts overlapped with updates (:mod:`swarmjax.train.async_rl`;
       depth 0: roll out, then update).
+    refresh_subagents: when frozen sub-agents become a copy of the policy
+      (:mod:`swarmjax.train.subagents`; default never).
     """
 
     steps: int = 60
@@ -154,6 +157,7 @@ class TextRLConfig:
     head_multiple: int = 0
     segment_weight: str = "segment"
     async_rollout: AsyncConfig = AsyncConfig()
+    refresh_subagents: SubagentRefresh = SubagentRefresh()
 
     def __post_init__(self):
         if self.segment_weight not in SEGMENT_WEIGHTS:
@@ -398,17 +402,16 @@ def async_rollouts(rcfg: TextRLConfig, engine: Engine, state: TrainState, *, dra
             return jax.tree.map(jnp.copy, params)
         return jax.device_put(params, jax.sharding.SingleDeviceSharding(devices[0]))
 
-    has_frozen = bool(state.frozen) and "subagents" in state.frozen
-    frozen = publish(state.frozen["subagents"]) if has_frozen else None     # None: the policy's own
-
-    def collect_step(j, problems, params):
+    def collect_step(j, problems, params, frozen):        # frozen None: the sub-agents decode with the policy
         return collect(engine, params, params if frozen is None else frozen, problems, jax.random.fold_in(key, 100 + j),
                        rcfg, step=j, subagents=subagents)
 
     rollouts = AsyncRollouts(rcfg.async_rollout, draw=draw, stream_state=stream_state, collect=collect_step,
                              loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=publish)
     saved = saved or {}
+    has_frozen = bool(state.frozen) and "subagents" in state.frozen
     rollouts.begin(state.params, step=step, steps=rcfg.steps, version=saved.get("version", 0),
+                   frozen=state.frozen["subagents"] if has_frozen else None,
                    dropped=saved.get("dropped", 0), regenerated=saved.get("regenerated", 0))
     return rollouts
 

@@ -70,6 +70,7 @@ from swarmjax.train.frame import check_identity, end_step, run_checkpointed
 from swarmjax.train.logs import TextJobLog, change, log_line, progress_bar, write_summary
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy, read_tokenizer
 from swarmjax.train.preemption import Preempted, PreemptionWatch
+from swarmjax.train.subagents import refresh_subagents
 from swarmjax.train.streams import TaskStream, held_out
 
 __all__ = ["AgentJob", "agent_summary_table", "evaluate_agent_checkpoint", "run_agent_job"]
@@ -154,6 +155,10 @@ class AgentJob:
             if self.role == "orchestrator" and self.subagents == "shared":
                 raise ValueError("subagents='shared' runs in one process (its sub-agent rows differ in number "
                                  "between processes); use subagents='frozen' or one process")
+        refresh = self.rl.refresh_subagents
+        if (refresh.every or refresh.at) and (self.role != "orchestrator" or self.subagents != "frozen"):
+            raise ValueError("rl.refresh_subagents replaces frozen sub-agents: it needs role='orchestrator' and "
+                             "subagents='frozen'")
         if self.role == "orchestrator" and self.subagents == "shared" and \
                 self.rl.rollout.context.summarizer == "frozen":
             raise ValueError("rl.rollout.context.summarizer='frozen' decodes with the sub-agents' params, which "
@@ -341,6 +346,10 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                 bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.3f}")
                 log_line(progress, job.log_every, step, steps, "RL", m,
                          ("reward", "accuracy", "tool_calls", "subagents"))
+                if job.rl.refresh_subagents.due(step + 1):     # the sub-agents become the policy from here on
+                    state = refresh_subagents(state, "subagents")
+                    if rollouts is not None:
+                        rollouts.refresh(state.frozen["subagents"])
                 end_step(step + 1, steps, job.eval_every,
                          run_eval=lambda i, label: run_evals(i, label, state),
                          save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="rl",

@@ -161,9 +161,10 @@ class AsyncRollouts:
     """The rollout side of an asynchronous job: a queue of in-flight batches.
 
     ``draw()`` -> (tasks, ids): the stream's next batch; ``stream_state()``: the stream's
-    state now; ``collect(step, tasks, params)`` -> the job's learner input (run in the
-    worker thread, returning once its arrays are ready); ``loss_mask(collected)`` -> its
-    [B, T] sampled-token mask; ``publish(params)`` -> a copy of the learner's params for
+    state now; ``collect(step, tasks, params, frozen)`` -> the job's learner input (run in
+    the worker thread, returning once its arrays are ready; ``frozen``: the frozen
+    sub-agents' params, or None); ``loss_mask(collected)`` -> its [B, T] sampled-token
+    mask; ``publish(params)`` -> a copy of the learner's params (or the frozen ones) for
     the rollout (on its devices).
 
     >>> rollouts = AsyncRollouts(cfg, draw=..., stream_state=..., collect=..., loss_mask=..., publish=...)
@@ -186,14 +187,17 @@ class AsyncRollouts:
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmjax-rollout")
         self.version = 0                  # the learner's: updates applied
         self.pushed: tuple[Any, int] | None = None
+        self.frozen: Any = None           # the frozen sub-agents' params, published
         self.next_step = self.steps = 0
         self.dropped = self.regenerated = 0
 
-    def begin(self, params: Any, *, step: int, steps: int, version: int = 0, dropped: int = 0,
+    def begin(self, params: Any, *, step: int, steps: int, frozen: Any = None, version: int = 0, dropped: int = 0,
               regenerated: int = 0) -> None:
         """Start at training step ``step`` of ``steps`` with the learner at ``version``
-        (a resumed job: :meth:`checkpoint`'s counts)."""
+        (a resumed job: :meth:`checkpoint`'s counts); ``frozen``: the sub-agents' params
+        (None: the job's collect() has none, or uses the policy's)."""
         self.version, self.next_step, self.steps = version, step, steps
+        self.refresh(frozen)
         self.dropped, self.regenerated = dropped, regenerated
         self.pushed = (self._publish(params), version)
 
@@ -205,7 +209,7 @@ class AsyncRollouts:
             params, version = self.pushed
             step = self.next_step
             self.queue.append(InFlight(step, version, tasks, list(ids), before,
-                                       self.pool.submit(self._collect, step, tasks, params)))
+                                       self.pool.submit(self._collect, step, tasks, params, self.frozen)))
             self.next_step += 1
 
     def take(self, params: Any) -> Ready:
@@ -223,7 +227,7 @@ class AsyncRollouts:
         train, regenerated = stale <= self.cfg.bound, False
         if not train and self.cfg.on_stale == "regenerate":
             fresh = self._publish(params)
-            collected = self._collect(b.step, b.tasks, fresh)
+            collected = self._collect(b.step, b.tasks, fresh, self.frozen)
             versions = token_versions(self._loss_mask(collected), self.version)
             stale, train, regenerated = 0, True, True
             self.regenerated += 1
@@ -237,6 +241,10 @@ class AsyncRollouts:
         self.version += 1
         if self.version % self.cfg.sync_every == 0:
             self.pushed = (self._publish(params), self.version)
+
+    def refresh(self, frozen: Any) -> None:
+        """New frozen sub-agents (:class:`SubagentRefresh`) for the batches launched from now on."""
+        self.frozen = None if frozen is None else self._publish(frozen)
 
     def step(self, state: Any, learn: Callable[[Any, Any], tuple[Any, dict]],
              untrained: Callable[[Any], dict]) -> tuple[Any, dict]:

@@ -62,6 +62,7 @@ from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpoin
 from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
+from swarmjax.train.subagents import refresh_subagents
 from swarmjax.train.sft import SFTConfig, train_sft
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
@@ -346,6 +347,11 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
             log_line(progress, job.log_every, i, job.parl_steps, "PARL", m,
                      ("reward", "item_f1", "critical_steps", "subagents"))
             done = i + 1
+            if job.parl.refresh_subagents.due(done):      # the sub-agents become the policy from here on
+                state = refresh_subagents(state, "workers")
+                warm = jax.tree.map(jax.numpy.copy, state.frozen["workers"])   # the evaluations' sub-agents too
+                if rollouts is not None:
+                    rollouts.refresh(state.frozen["workers"])
             metrics = None
             if done == job.parl_steps or (job.eval_every and done % job.eval_every == 0):
                 metrics = {"item_f1": _mean_f1(run_eval(state.params, "parl", done, "validation"))}
@@ -409,20 +415,19 @@ def _async_rollouts(job: TrainJob, trainer: PARLTrainer, train_iter, state, meta
             return jax.tree.map(jax.numpy.copy, params)
         return jax.device_put(params, tree_shardings(param_logical_axes(job.model), params, rmesh))
 
-    workers = publish(state.frozen["workers"])
-
     def draw():
         rec = next(train_iter)
         return to_tasks(rec), [bytes(t).decode() for t in np.asarray(rec["task_id"])]
 
-    def collect(step, tasks, params):
+    def collect(step, tasks, params, workers):
         k_roll = jax.random.split(jax.random.fold_in(parl_key, step))[1]     # the synchronous step's key
         return trainer.collect(params, workers, tasks, k_roll, step)
 
     rollouts = AsyncRollouts(job.parl.async_rollout, draw=draw, stream_state=train_iter.get_state, collect=collect,
                              loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=publish)
     saved = meta.get("async", {})
-    rollouts.begin(state.params, step=meta["parl_step"], steps=job.parl_steps, version=saved.get("version", 0),
+    rollouts.begin(state.params, step=meta["parl_step"], steps=job.parl_steps, frozen=state.frozen["workers"],
+                   version=saved.get("version", 0),
                    dropped=saved.get("dropped", 0), regenerated=saved.get("regenerated", 0))
     return rollouts
 

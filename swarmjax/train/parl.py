@@ -42,6 +42,7 @@ from swarmjax.sharding.mesh import batch_sharding
 from swarmjax.swarm.engine import RolloutConfig, RolloutResult, SwarmRollout
 from swarmjax.swarm.outcome import episode_rewards, novel_subagents
 from swarmjax.train.async_rl import AsyncConfig, logged_update
+from swarmjax.train.subagents import SubagentRefresh
 
 Array = jax.Array
 
@@ -56,6 +57,7 @@ class PARLTrainConfig:
     advantage: str = "grpo"            # key of rl.advantages.ADVANTAGES
     dynamic_sampling: bool = False     # drop (mask) groups whose rewards are all equal
     async_rollout: AsyncConfig = AsyncConfig()     # depth 0: roll out, then update (synchronous)
+    refresh_subagents: SubagentRefresh = SubagentRefresh()   # default: the warm start stays the sub-agents
 
     def __post_init__(self):
         if self.tasks_per_step < 1 or self.group_size < 1:

@@ -59,6 +59,7 @@ from swarmjax.train.logs import TextJobLog, curves, log_line, progress_bar, summ
 from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
+from swarmjax.train.subagents import refresh_subagents
 from swarmjax.train.agent import async_rollouts, evaluate, learn, rl_step
 from swarmjax.train.async_rl import logged_update
 from swarmjax.train.engines import DeviceEngine
@@ -249,6 +250,11 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
                                 subs=f"{m['subagents']:.1f}")
                 log_line(progress, job.log_every, step, steps, "PARL", m,
                          ("reward", "accuracy", "critical_steps", "subagents"))
+                if job.parl.refresh_subagents.due(step + 1):   # the sub-agents become the policy from here on
+                    state = refresh_subagents(state, "subagents")
+                    warm = jax.tree.map(jnp.copy, state.frozen["subagents"])    # the evaluations' too
+                    if rollouts is not None:
+                        rollouts.refresh(state.frozen["subagents"])
                 end_step(step + 1, steps, job.eval_every, run_eval=lambda i, label: run_evals(i, label, state.params),
                          save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="parl",
                          preempted=lambda i: Preempted(i, workdir))
