@@ -23,7 +23,8 @@ SMALL = ["sft.steps=4", "sft.demos=64", "sft.batch=8", "rl.steps=2", "rl.tasks_p
          "eval_episodes=4", "eval_every=1", "model.num_layers=1",
          "rl.overlong.max_length=48", "rl.overlong.cache_length=16",
          "judge.mix.verifier=0.5", "judge.mix.judge=0.5",        # half the reward from an LLM judge,
-         "judge.reference=True"]                                  # which reads the reference answer
+         "judge.reference=True",                                  # which reads the reference answer
+         "rl.async_rollout.depth=1", "rl.async_rollout.rollout_devices=1"]  # rollouts a batch ahead, on their device
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,10 @@ def test_text_job_runs_and_writes_its_summary(small_run, capsys):
     rl = [r for r in rows if r["stage"] == "rl"]
     assert len(rl) == 2 and all(r["segments"] >= 1 and "learner/loss" in r for r in rl)
     assert all(r["orch_sampled_tokens"] > 0 for r in rl)
+    # asynchronous: batch 1 decoded with the policy before update 0, every problem of the stream trained once
+    assert [(r["async/version"], r["async/staleness"], r["async/trained"]) for r in rl] == [(0, 0, 1), (1, 1, 1)]
+    ids = [int(i.split("/")[1]) for r in rl for i in r["tasks"]]
+    assert ids == list(range(ids[0], ids[0] + 4)) and all("learner/mismatch_kl" in r for r in rl)
     for r in rl:                # the judge (a frozen copy of the warm-started policy) scored every episode
         assert 0 <= r["reward/judge"] <= 1 and r["judge_unparseable"] == 0 and r["accuracy"] == r["reward/r_verifier"]
         assert r["reward/r_perf"] == pytest.approx(0.5 * r["reward/r_verifier"] + 0.5 * r["reward/judge"], abs=1e-6)
