@@ -220,6 +220,20 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
     assert {name: (cut / name).read_text() for name in logs} == logs
 
 
+def test_async_text_parl_stage(tiny_run, tmp_path):
+    """The PARL stage over the tiny run's warm start with one batch in flight: batch 1
+    decodes with the policy before update 0, each batch's task ids are the stream's next."""
+    config, full, _ = tiny_run
+    run = tmp_path / "async"
+    assert main(["train", "--config", str(config), "--workdir", str(run), "--no-progress", "--set",
+                 f"warm_start_from={full}", "--set", "parl.async_rollout.depth=1"]) == 0
+    rl = [json.loads(x) for x in open(run / "metrics.jsonl")]
+    rl = [r for r in rl if r["stage"] == "parl"]
+    assert [(r["async/version"], r["async/staleness"], r["async/trained"]) for r in rl] == [(0, 0, 1), (1, 1, 1)]
+    assert [r["tasks"] for r in rl] == [["train/0", "train/1"], ["train/2", "train/3"]]
+    assert all(r["learner/mismatch_kl"] >= 0 for r in rl)
+
+
 def test_summary_says_worse_when_a_run_got_worse():
     """The summary's words follow the figures: more critical steps and a lower item-F1 are
     'worse', the headline says 'more than' (never 'below' for a rise)."""
