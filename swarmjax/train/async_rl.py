@@ -71,11 +71,11 @@ class AsyncConfig:
 
     def __post_init__(self):
         if self.depth < 0 or self.sync_every < 1 or self.rollout_devices < 0:
-            raise ValueError(f"async: need depth >= 0, sync_every >= 1, rollout_devices >= 0; got {self}")
+            raise ValueError(f"async_rollout: need depth >= 0, sync_every >= 1, rollout_devices >= 0; got {self}")
         if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"async.max_staleness must be >= 0 or None, got {self.max_staleness}")
+            raise ValueError(f"async_rollout.max_staleness must be >= 0 or None, got {self.max_staleness}")
         if self.on_stale not in STALE:
-            raise ValueError(f"async.on_stale must be one of {', '.join(STALE)}, got {self.on_stale!r}")
+            raise ValueError(f"async_rollout.on_stale must be one of {', '.join(STALE)}, got {self.on_stale!r}")
 
     @property
     def enabled(self) -> bool:
@@ -90,13 +90,13 @@ class AsyncConfig:
         """One-line errors for a setting this machine cannot run."""
         if not self.enabled:
             if self.rollout_devices:
-                raise ValueError("async.rollout_devices needs async.depth >= 1")
+                raise ValueError("async_rollout.rollout_devices needs async_rollout.depth >= 1")
             return
         if process_count > 1:
             raise ValueError(f"asynchronous RL runs in one process ({process_count} given): use a mesh of its "
-                             "devices, or async.depth=0")
+                             "devices, or async_rollout.depth=0")
         if self.rollout_devices >= device_count:
-            raise ValueError(f"async.rollout_devices={self.rollout_devices} leaves the learner none of the "
+            raise ValueError(f"async_rollout.rollout_devices={self.rollout_devices} leaves the learner none of the "
                              f"{device_count} devices")
 
 
@@ -179,7 +179,7 @@ class AsyncRollouts:
                  stream_state: Callable[[], Any], collect: Callable[[int, Any, Any], Any],
                  loss_mask: Callable[[Any], np.ndarray], publish: Callable[[Any], Any]):
         if not cfg.enabled:
-            raise ValueError("AsyncRollouts needs async.depth >= 1 (0 is the synchronous loop)")
+            raise ValueError("AsyncRollouts needs async_rollout.depth >= 1 (0 is the synchronous loop)")
         self.cfg = cfg
         self._draw, self._stream_state, self._collect = draw, stream_state, collect
         self._loss_mask, self._publish = loss_mask, publish
