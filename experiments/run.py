@@ -99,7 +99,11 @@ EXPERIMENTS = {
               "scale, with GSPO's clip and the sampler's log-probs as the only correction.",
         source="the asynchronous RL of GLM-5 and Kimi K2.5 (arXiv 2602.02276), verl's one-step "
                "off-policy and fully-async modes; AReaL (arXiv 2505.24298) for staleness-bounded training",
-        arms={"default": (), "stale1": ("parl.async_rollout.depth=1",), "stale2": ("parl.async_rollout.depth=2",)},
+        # the first 100 PARL steps (the default job's F1 at n = 16 is ~0.99 by then), every
+        # arm from the default job's warm start
+        arms={"sync": ("parl_steps=100", "eval_every=25"),
+              "stale1": ("parl_steps=100", "eval_every=25", "parl.async_rollout.depth=1"),
+              "stale2": ("parl_steps=100", "eval_every=25", "parl.async_rollout.depth=2")},
         curves=("reward", "item_f1", "critical_steps", "subagents"),
         train_means=("async/staleness", "learner/mismatch_kl", "learner/clip_fraction", "reward")),
 }
