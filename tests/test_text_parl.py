@@ -226,7 +226,7 @@ def test_async_text_parl_stage(tiny_run, tmp_path):
     config, full, _ = tiny_run
     run = tmp_path / "async"
     assert main(["train", "--config", str(config), "--workdir", str(run), "--no-progress", "--set",
-                 f"warm_start_from={full}", "--set", "parl.async_rollout.depth=1"]) == 0
+                 f"warm_start_from={full}", "--set", "parl.async_rollout.depth=1", "--set", "eval_every=0"]) == 0
     rl = [json.loads(x) for x in open(run / "metrics.jsonl")]
     rl = [r for r in rl if r["stage"] == "parl"]
     assert [(r["async/version"], r["async/staleness"], r["async/trained"]) for r in rl] == [(0, 0, 1), (1, 1, 1)]
