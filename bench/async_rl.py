@@ -34,6 +34,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -53,7 +54,7 @@ from swarmjax.train.job import TrainJob  # noqa: E402
 from swarmjax.train.parl import PARLTrainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = {"sync": None, "async": AsyncConfig(depth=1), "async_split": None}   # split: half the devices each
+MODES = ("sync", "async", "async_split")
 
 
 def warm_params(job: TrainJob, warm: str | None):
@@ -75,7 +76,8 @@ def run_mode(mode: str, job: TrainJob, params, steps: int) -> dict:
     split = mode == "async_split"
     mesh = make_mesh(MeshConfig(data=-1), devices[:half] if split else devices)
     rollout_mesh = make_mesh(MeshConfig(data=-1), devices[half:]) if split else None
-    trainer = PARLTrainer(job.model, job.parl, mesh=mesh, rollout_mesh=rollout_mesh)
+    parl = job.parl if mode == "sync" else dataclasses.replace(job.parl, async_rollout=AsyncConfig(depth=1))
+    trainer = PARLTrainer(job.model, parl, mesh=mesh, rollout_mesh=rollout_mesh)   # async: mismatch logged
     copy = lambda tree: jax.tree.map(jax.numpy.copy, tree)     # noqa: E731
     state = trainer.init(copy(params), worker_params=copy(params))
     key = jax.random.key(7)
