@@ -147,6 +147,8 @@ class AgentJob:
             raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s}")
         procs = jax.process_count()
         self.rl.async_rollout.check(jax.device_count(), procs)
+        if self.mesh is not None and self.rl.async_rollout.rollout_devices:   # the learner's devices: the rest
+            self.mesh.shape(jax.device_count() - self.rl.async_rollout.rollout_devices)
         if procs > 1:
             if self.mesh is None:
                 raise ValueError(f"{procs} processes: set mesh= (e.g. --set mesh.data=-1) so the learner spans them")
