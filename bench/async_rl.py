@@ -47,8 +47,8 @@ from common import matmul_peak_flops  # noqa: E402
 
 from swarmjax.config_file import load_config  # noqa: E402
 from swarmjax.envs import widesearch_jax as wsj  # noqa: E402
-from swarmjax.models.transformer import init_params, param_logical_axes  # noqa: E402
-from swarmjax.sharding.mesh import MeshConfig, make_mesh, tree_shardings  # noqa: E402
+from swarmjax.models.transformer import init_params  # noqa: E402
+from swarmjax.sharding.mesh import MeshConfig, make_mesh  # noqa: E402
 from swarmjax.train.async_rl import AsyncConfig, AsyncRollouts  # noqa: E402
 from swarmjax.train.job import TrainJob  # noqa: E402
 from swarmjax.train.parl import PARLTrainer  # noqa: E402
@@ -89,13 +89,6 @@ def run_mode(mode: str, job: TrainJob, params, steps: int) -> dict:
             rows.append((time.perf_counter() - t0, m))
         return {"rows": rows}
 
-    rmesh = trainer.rollout_mesh
-
-    def publish(p):
-        if rmesh is trainer.mesh:
-            return copy(p)
-        return jax.device_put(p, tree_shardings(param_logical_axes(job.model), p, rmesh))
-
     drawn = {"j": 0}
 
     def draw():
@@ -107,7 +100,7 @@ def run_mode(mode: str, job: TrainJob, params, steps: int) -> dict:
         return trainer.collect(p, workers, tasks, jax.random.split(jax.random.fold_in(key, 10_000 + j))[1], j)
 
     rollouts = AsyncRollouts(AsyncConfig(depth=1), draw=draw, stream_state=lambda: drawn["j"], collect=collect,
-                             loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=publish)
+                             loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=trainer.publish)
     rollouts.begin(state.params, step=0, steps=steps, frozen=state.frozen["workers"])
     try:
         for _ in range(steps):

@@ -52,8 +52,8 @@ from etils import epath
 from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import Vocab
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import init_params, param_logical_axes
-from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh, tree_shardings
+from swarmjax.models.transformer import init_params
+from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.async_rl import AsyncRollouts, split_devices
@@ -408,13 +408,6 @@ def _async_rollouts(job: TrainJob, trainer: PARLTrainer, train_iter, state, meta
     already at the oldest batch its checkpoint had not trained on)."""
     from swarmjax.data import to_tasks
 
-    rmesh = trainer.rollout_mesh
-
-    def publish(params):          # a copy on the rollout's devices (the learner donates its own)
-        if rmesh is trainer.mesh:
-            return jax.tree.map(jax.numpy.copy, params)
-        return jax.device_put(params, tree_shardings(param_logical_axes(job.model), params, rmesh))
-
     def draw():
         rec = next(train_iter)
         return to_tasks(rec), [bytes(t).decode() for t in np.asarray(rec["task_id"])]
@@ -424,7 +417,7 @@ def _async_rollouts(job: TrainJob, trainer: PARLTrainer, train_iter, state, meta
         return trainer.collect(params, workers, tasks, k_roll, step)
 
     rollouts = AsyncRollouts(job.parl.async_rollout, draw=draw, stream_state=train_iter.get_state, collect=collect,
-                             loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=publish)
+                             loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=trainer.publish)
     saved = meta.get("async", {})
     rollouts.begin(state.params, step=meta["parl_step"], steps=job.parl_steps, frozen=state.frozen["workers"],
                    version=saved.get("version", 0),

@@ -38,7 +38,8 @@ from swarmjax.rl.parl import PARLConfig, item_f1
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
 from swarmjax.sampling.processors import SamplingConfig
-from swarmjax.sharding.mesh import batch_sharding
+from swarmjax.models.transformer import param_logical_axes
+from swarmjax.sharding.mesh import batch_sharding, tree_shardings
 from swarmjax.swarm.engine import RolloutConfig, RolloutResult, SwarmRollout
 from swarmjax.swarm.outcome import episode_rewards, novel_subagents
 from swarmjax.train.async_rl import AsyncConfig, logged_update
@@ -166,6 +167,13 @@ class PARLTrainer:
         batch, batch_metrics = self._rewards(result, groups, jnp.asarray(step, jnp.int32))
         jax.block_until_ready(batch)
         return Collected(batch, batch_metrics, time.perf_counter() - t0)
+
+    def publish(self, params: Any) -> Any:
+        """A copy of ``params`` for the rollout (the learner's update donates its own): laid
+        out over the rollout's mesh when it has devices of its own."""
+        if self.rollout_mesh is self.mesh:
+            return jax.tree.map(jnp.copy, params)
+        return jax.device_put(params, tree_shardings(param_logical_axes(self.model_cfg), params, self.rollout_mesh))
 
     def learn(self, state: TrainState, collected: "Collected") -> tuple[TrainState, dict[str, float]]:
         """The update half of :meth:`step`: one learner update on a collected batch (placed
