@@ -59,9 +59,9 @@ from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.chat import chat_format, detect_chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.traces.text import text_trace
-from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, async_rollouts,
-                                  demonstrations, evaluate, learn, mean_figures, mix_context, rl_step, subagent_params,
-                                  warm_start)
+from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations,
+                                  evaluate, learn, mean_figures, mix_context, rl_step, subagent_params, warm_start)
+from swarmjax.train.agent_async import async_rollouts
 from swarmjax.train.async_rl import logged_update, split_devices
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier, local_replica

@@ -60,7 +60,8 @@ from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
 from swarmjax.train.subagents import refresh_subagents
-from swarmjax.train.agent import async_rollouts, evaluate, learn, rl_step
+from swarmjax.train.agent import evaluate, learn, rl_step
+from swarmjax.train.agent_async import async_rollouts
 from swarmjax.train.async_rl import logged_update
 from swarmjax.train.engines import DeviceEngine
 from swarmjax.train.text_parl import EVAL_STREAMS, TextPARLJob, eval_episodes, sample_episodes, size_rows, warm_start
