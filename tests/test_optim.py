@@ -191,3 +191,41 @@ def test_bfloat16_params_keep_a_float32_optimizer_state(name):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.bfloat16)))
     new = optax.apply_updates(params, upd)
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(new))
+
+
+def test_distributed_muon_equals_optax_muon_and_the_single_device_update():
+    """On one device the Muon here is ``optax.contrib.muon`` (to float rounding); on a (2, 2, 2) mesh,
+    with the layers spread over the devices for Newton-Schulz (3 layers padded to 8),
+    its updates equal the single-device ones to float tolerance, per layer and per head."""
+    from optax.contrib import muon as optax_muon
+
+    from swarmjax.models.transformer import param_logical_axes
+    from swarmjax.optim import learning_rate_schedule
+    from swarmjax.optim.muon import NS_COEFFS
+    from swarmjax.sharding.mesh import MeshConfig, make_mesh, tree_shardings
+
+    cfg_m = ModelConfig(vocab_size=32, hidden_size=16, num_layers=3, num_heads=4, num_kv_heads=2,
+                        head_dim=4, intermediate_size=24)
+    params = init_params(cfg_m, jax.random.key(0))
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2), devices=jax.devices()[:8])
+    sharded = jax.device_put(params, tree_shardings(param_logical_axes(cfg_m), params, mesh))
+    grads = [jax.tree.map(lambda x: jax.random.normal(jax.random.key(i), x.shape), params) for i in range(2)]
+    for per_head in (False, True):
+        cfg = OptimConfig(learning_rate=0.1, max_grad_norm=0.0, weight_decay=0.01, muon_per_head=per_head,
+                          float32_state=False)
+        reference = optax_muon(
+            learning_rate=learning_rate_schedule(cfg), ns_coeffs=NS_COEFFS, ns_steps=5, beta=cfg.muon_beta,
+            eps=cfg.eps, weight_decay=0.01, adam_b1=cfg.b1, adam_b2=cfg.b2, adam_weight_decay=0.01,
+            consistent_rms=0.2, muon_weight_dimension_numbers=lambda p: muon_dimension_numbers(p, per_head))
+        runs = [(reference, params), (make_optimizer(cfg), params), (make_optimizer(cfg, mesh=mesh), sharded)]
+        updates = []
+        for opt, p in runs:
+            state, out = opt.init(p), []
+            for g in grads:
+                u, state = jax.jit(opt.update)(g, state, p)
+                out.append(u)
+            updates.append(out)
+        for a, b in zip(jax.tree.leaves(updates[0]), jax.tree.leaves(updates[1])):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+        for a, b in zip(jax.tree.leaves(updates[1]), jax.tree.leaves(updates[2])):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

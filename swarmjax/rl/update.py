@@ -149,7 +149,7 @@ class Learner:
                  mesh: Mesh | None = None, rules=DEFAULT_RULES,
                  optimizer: optax.GradientTransformation | None = None):
         self.model_cfg, self.cfg, self.mesh, self.rules = model_cfg, cfg, mesh, rules
-        self.optimizer = optimizer or make_optimizer(cfg.optim)
+        self.optimizer = optimizer or make_optimizer(cfg.optim, mesh=mesh)
         self._update: dict[tuple[int, int | None], Callable] = {}
 
     # ------------------------------------------------------------------ sharding

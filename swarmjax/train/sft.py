@@ -170,7 +170,7 @@ def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, roles: Sequen
 
     ``mesh``: params and optimizer state sharded as the learner shards them (the params
     returned placed so); the caller places each batch's rows over the data axes."""
-    opt = make_optimizer(optim)
+    opt = make_optimizer(optim, mesh=mesh)
     tau = optim.qk_clip_tau
     jit_kw: dict[str, Any] = {}
     if mesh is None:
