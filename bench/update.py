@@ -22,6 +22,13 @@ and none of them is in the loss; the same update (Muon) is timed on the whole ro
 and with the head given once (``Learner.update(head=)``, cascade attention), and
 ``head_speedup`` = whole / head step seconds. The text PARL job's batches look like
 ``--sizes 1m --batch 32 --seq 1280 --head 512``.
+
+``--mesh D,F,T``: the same steps on a (data, fsdp, tensor) mesh (on a CPU, simulated
+devices: the script asks for as many), params sharded by the logical rules, plus Muon
+left to XLA (``muon_gathered``: the optimizer not given the mesh, so Newton-Schulz
+gathers every layer's matrices on every device) against Muon spread over the mesh
+(:func:`swarmjax.optim.muon.newton_schulz`): ``spread_over_gathered`` is their
+step-time ratio.
 """
 
 from __future__ import annotations
@@ -31,18 +38,32 @@ import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+
+def _ask_for_devices() -> None:
+    """``--mesh D,F,T`` on a CPU: as many simulated devices, set before JAX starts."""
+    if "--mesh" in sys.argv[:-1]:
+        count = 1
+        for n in sys.argv[sys.argv.index("--mesh") + 1].split(","):
+            count *= int(n)
+        flag = f"--xla_force_host_platform_device_count={count}"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+
+
+_ask_for_devices()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import base_parser, run_sizes, time_best  # noqa: E402
 
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
-from swarmjax.optim.muon import OptimConfig  # noqa: E402
+from swarmjax.optim.muon import OptimConfig, make_optimizer  # noqa: E402
 from swarmjax.rl.trajectory import TrajectoryBatch, shared_head  # noqa: E402
 from swarmjax.rl.update import Learner, UpdateConfig  # noqa: E402
+from swarmjax.sharding.mesh import MeshConfig, make_mesh  # noqa: E402
 
 
 def make_batch(cfg, batch: int, seq: int, seed: int = 0) -> TrajectoryBatch:
@@ -53,9 +74,12 @@ def make_batch(cfg, batch: int, seq: int, seed: int = 0) -> TrajectoryBatch:
     return TrajectoryBatch.create(tokens, loss_mask, adv, sampler_logprobs=np.zeros((batch, seq)))
 
 
-def time_update(cfg, optim: OptimConfig, batch: TrajectoryBatch, repeats: int, head=None) -> tuple[float, float]:
-    """(compile + first step seconds, best steady step seconds)."""
-    learner = Learner(cfg, UpdateConfig(optim=optim, num_minibatches=1, num_microbatches=1))
+def time_update(cfg, optim: OptimConfig, batch: TrajectoryBatch, repeats: int, head=None, *, mesh=None,
+                gathered: bool = False) -> tuple[float, float]:
+    """(compile + first step seconds, best steady step seconds); ``gathered``: Muon not
+    told the mesh (XLA gathers each layer's matrices for Newton-Schulz)."""
+    learner = Learner(cfg, UpdateConfig(optim=optim, num_minibatches=1, num_microbatches=1), mesh=mesh,
+                      optimizer=make_optimizer(optim) if gathered else None)
     state = learner.init(init_params(cfg, jax.random.key(0)))
     t0 = time.perf_counter()
     state, metrics = jax.block_until_ready(learner.update(state, batch, head=head))
@@ -90,10 +114,15 @@ def bench_size(name: str, args, peak: float) -> dict:
     batch = make_batch(cfg, args.batch, args.seq)
     tokens = args.batch * args.seq
     flops = 4 * cfg.matmul_flops_per_token(context=args.seq) * tokens
-    compile_s, muon_s = time_update(cfg, OptimConfig(name="muon", qk_clip_tau=0.0), batch, args.repeats)
-    _, adamw_s = time_update(cfg, OptimConfig(name="adamw", qk_clip_tau=0.0), batch, args.repeats)
-    _, clip_s = time_update(cfg, OptimConfig(name="muon", qk_clip_tau=100.0), batch, args.repeats)
+    mesh = args.mesh and make_mesh(MeshConfig(*args.mesh))
+    muon = OptimConfig(name="muon", qk_clip_tau=0.0)
+    compile_s, muon_s = time_update(cfg, muon, batch, args.repeats, mesh=mesh)
+    _, adamw_s = time_update(cfg, OptimConfig(name="adamw", qk_clip_tau=0.0), batch, args.repeats, mesh=mesh)
+    _, clip_s = time_update(cfg, OptimConfig(name="muon", qk_clip_tau=100.0), batch, args.repeats, mesh=mesh)
     out = bench_head(cfg, args) if args.head else {}
+    if mesh:
+        _, gathered_s = time_update(cfg, muon, batch, args.repeats, mesh=mesh, gathered=True)
+        out.update(mesh=list(args.mesh), muon_gathered_step_s=gathered_s, spread_over_gathered=muon_s / gathered_s)
     return {
         **out, "params": cfg.num_params(), "tokens_per_step": tokens, "compile_s": compile_s,
         "step_s": muon_s, "tok_s": tokens / muon_s, "achieved_flops": flops / muon_s,
@@ -109,6 +138,8 @@ def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--head", type=int, default=0, help="also time rows sharing this many leading ids")
+    p.add_argument("--mesh", type=lambda t: tuple(int(x) for x in t.split(",")), default=None,
+                   help="data,fsdp,tensor: time the steps on this mesh (and Muon left to XLA beside it)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                    help="params and matmuls of every size, and the peak's matmul (default: each preset's "
                         "own dtype, float32 peak)")
@@ -118,7 +149,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(results))
         return
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}, "
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{len(jax.devices())}"
+          f"{f', mesh {args.mesh}' if args.mesh else ''}, "
           f"batch {args.batch} x {args.seq} tokens, {args.dtype or 'float32'} matmul peak {peak / 1e9:.1f} GFLOP/s")
     head = f"{'size':>5} {'params':>8} {'compile s':>9} {'step s':>8} {'tok/s':>9} {'GFLOP/s':>8} " \
            f"{'MFU':>6} {'adamw s':>8} {'NS s':>6} {'muon/adamw':>10} {'+qkclip':>8}"
@@ -129,6 +161,10 @@ def main() -> None:
               f"{r['adamw_step_s']:>8.3f} {r['ns_overhead_s']:>6.2f} {r['muon_over_adamw']:>10.3f} "
               f"{r['qkclip_over_muon']:>8.3f}")
     for name, r in results.items():
+        if "mesh" in r:
+            print(f"{name}: Muon on mesh {tuple(r['mesh'])}: spread {r['step_s']:.3f} s, gathered by XLA "
+                  f"{r['muon_gathered_step_s']:.3f} s, spread/gathered {r['spread_over_gathered']:.3f}, "
+                  f"muon/adamw {r['muon_over_adamw']:.3f}")
         if "head" in r:
             print(f"{name}: rows sharing {r['head']} leading ids: whole {r['whole_step_s']:.3f} s, "
                   f"head= {r['head_step_s']:.3f} s, speedup {r['head_speedup']:.2f}x")

@@ -18,7 +18,9 @@ from swarmjax.models.hf import config_to_hf
 from swarmjax.models.transformer import remat_policy
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, UpdateConfig
-from swarmjax.sharding.mesh import MeshConfig, make_mesh
+from jax.sharding import PartitionSpec
+
+from swarmjax.sharding.mesh import MeshConfig, make_mesh, rows_sharding
 from swarmjax.train.plan import DEVICE_MEMORY, plan_memory, plan_update
 
 CFG = ModelConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -54,11 +56,18 @@ def test_the_plan_agrees_with_the_real_compile_and_arrays(mesh):
                             token_mask=jnp.ones((8, 64), bool), loss_mask=jnp.ones((8, 64), bool).at[:, 0].set(False),
                             sampler_logprobs=jnp.zeros((8, 64)), advantages=jnp.ones((8,)),
                             group_ids=jnp.zeros((8,), jnp.int32), rewards=jnp.ones((8,)))
-    learner.update(state, batch)                                   # compiles the real update
+    meshed = jax.device_get(learner.update(state, batch))          # compiles the real update
     real = learner._update[(8, None)].lower(learner.init(init_params(CFG, jax.random.key(1))), batch, None).compile()
     planned, _ = plan_update(learner, 8, 64)
     for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes"):
         assert getattr(real.memory_analysis(), field) == getattr(planned.memory_analysis(), field), field
+    # a minibatch of 4 rows on the 8 devices of the data axes: its positions are split
+    # instead (rows_sharding), and the update equals the single-device one
+    assert rows_sharding(mesh, (4, 64)).spec == PartitionSpec(None, ("data", "fsdp"))
+    assert rows_sharding(mesh, (8, 64)).spec == PartitionSpec(("data", "fsdp"), None)
+    alone = Learner(CFG, update)
+    single = jax.device_get(alone.update(alone.init(init_params(CFG, jax.random.key(0))), batch))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), meshed, single)
 
 
 def test_remat_keeps_values_and_gradients():

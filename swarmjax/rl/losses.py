@@ -142,10 +142,14 @@ def chunked_token_logprobs(hidden: Array, head: Array, tokens: Array, *, chunk: 
     Returns [B, T] f32, 0 at t = 0.
     """
     B, T, D = hidden.shape
-    n = -(-(T - 1) // chunk)
-    pad = n * chunk - (T - 1)
-    h = jnp.pad(hidden[:, :-1], ((0, 0), (0, pad), (0, 0))).reshape(B, n, chunk, D).swapaxes(0, 1)
-    tgt = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad))).reshape(B, n, chunk).swapaxes(0, 1)
+    n = -(-T // chunk)
+    pad = n * chunk - T
+    # Chunk i holds positions c * n + i (strided): a sharding of T over devices (a
+    # minibatch split by positions, sharding.mesh.rows_sharding) stays on the chunk's
+    # own axis instead of the scanned one, which XLA would gather. Position t predicts
+    # token t + 1 (the last position's target is a pad, dropped below).
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(B, chunk, n, D).transpose(2, 0, 1, 3)
+    tgt = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad + 1))).reshape(B, chunk, n).transpose(2, 0, 1)
 
     @jax.checkpoint
     def one(args):
@@ -154,7 +158,7 @@ def chunked_token_logprobs(hidden: Array, head: Array, tokens: Array, *, chunk: 
         picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
         return picked - jax.nn.logsumexp(logits, axis=-1)                    # [B, chunk]
 
-    picked = lax.map(one, (h, tgt)).swapaxes(0, 1).reshape(B, n * chunk)[:, :T - 1]
+    picked = lax.map(one, (h, tgt)).transpose(1, 2, 0).reshape(B, n * chunk)[:, :T - 1]
     return jnp.pad(picked, ((0, 0), (1, 0)))
 
 

@@ -49,7 +49,7 @@ from swarmjax.rl.advantages import ADVANTAGES
 from swarmjax.rl.losses import (LossConfig, MetricSums, batch_totals, chunked_token_logprobs,
                                 metrics_from_sums, policy_loss_sums, token_logprobs)
 from swarmjax.rl.trajectory import TrajectoryBatch
-from swarmjax.sharding.mesh import (DEFAULT_RULES, batch_sharding, state_shardings_like,
+from swarmjax.sharding.mesh import (DEFAULT_RULES, batch_sharding, rows_sharding, state_shardings_like,
                                     tree_shardings)
 
 Array = jax.Array
@@ -198,11 +198,12 @@ class Learner:
 
     # ------------------------------------------------------------------ the step
     def _rows(self, x: Array) -> Array:
-        """``x`` with its leading (row) axis split over the mesh's data axes (no-op without a mesh)."""
+        """``x`` [B, T] with its rows split over the mesh's data axes, or its positions when a
+        microbatch has fewer rows than they have devices (:func:`rows_sharding`; no-op
+        without a mesh)."""
         if self.mesh is None:
             return x
-        return lax.with_sharding_constraint(x, batch_sharding(self.mesh, x.ndim, rules=self.rules,
-                                                              batch_size=x.shape[0]))
+        return lax.with_sharding_constraint(x, rows_sharding(self.mesh, x.shape, rules=self.rules))
 
     def _logprobs(self, params, tokens, token_mask, want_max=False, head=None):
         """log p of every row id [B, T] (0 at column 0) and the attention max logits [L, H]
@@ -212,7 +213,7 @@ class Learner:
         of B (P + T), the same values and gradients (``remat`` does not apply to it)."""
         tokens, token_mask = self._rows(tokens), self._rows(token_mask)
         B, T = tokens.shape
-        act = None if self.mesh is None else batch_sharding(self.mesh, 3, rules=self.rules, batch_size=B)
+        act = None if self.mesh is None else rows_sharding(self.mesh, (B, T, 1), rules=self.rules)
         chunk = self.cfg.logits_chunk
         chunked = bool(chunk and chunk < T - 1)     # long sequences: never the whole [B, T, V] logits
         kw = dict(token_mask=token_mask, return_max_logits=want_max, activation_sharding=act,

@@ -142,6 +142,20 @@ def batch_sharding(mesh: Mesh, ndim: int, *, rules: Mapping[str, Any] = DEFAULT_
     return logical_sharding(logical, shape, mesh, rules)
 
 
+def rows_sharding(mesh: Mesh, shape: Sequence[int], *, rules: Mapping[str, Any] = DEFAULT_RULES) -> NamedSharding:
+    """Sharding of an array of rows ``[B, T, ...]`` inside a step: rows over the batch
+    rule's axes (``data`` x ``fsdp``) when ``B`` divides by their device count (as
+    :func:`batch_sharding`); otherwise (a minibatch with fewer rows than those axes have
+    devices) the positions ``T`` over them, so each device holds a slice of every row
+    instead of all of it (XLA gathers keys and values for attention); replicated when
+    neither divides."""
+    axes = tuple(a for a in _mesh_axes_for("batch", rules) if mesh.shape[a] > 1)
+    devices = math.prod(mesh.shape[a] for a in axes)
+    if axes and len(shape) >= 2 and shape[0] % devices and not shape[1] % devices:
+        return NamedSharding(mesh, PartitionSpec(None, axes if len(axes) > 1 else axes[0]))
+    return batch_sharding(mesh, len(shape), rules=rules, batch_size=shape[0])
+
+
 def _dict_keys(path) -> tuple:
     return tuple(k.key if isinstance(k, jax.tree_util.DictKey) else object() for k in path)
 
