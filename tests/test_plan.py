@@ -103,7 +103,8 @@ def test_plan_command_prints_json_per_device(tmp_path):
     tail = ["--mesh", "1,4,1", "--batch", "8", "--seq", "64", "--remat", "block", "--judge-batch", "8",
             "--judge-prompt", "48", "--judge-model", "tiny", "--json"]
     cmd = [sys.executable, "-m", "swarmjax.cli", "plan", "--hf", str(tmp_path), *tail]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    swarm = ["--subagents", "2", "--subagent-context", "32"]
+    out = subprocess.run(cmd + swarm, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     plan = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"params", "opt_state", "temp", "total", "kv_cache", "fits"} <= set(plan)
@@ -113,6 +114,12 @@ def test_plan_command_prints_json_per_device(tmp_path):
     # an LLM judge of another model: its weights resident throughout, its forward planned
     assert abs(plan["frozen"] - PRESETS["tiny"].num_params() * 4 / 4) < 0.1 * plan["frozen"]
     assert 0 < plan["judge_temp"] < plan["judge_total"] <= plan["total"]
+    # the swarm rollout: 8 orchestrator rows of 64 slots, 16 sub-agent rows of 32 (as many
+    # cache bytes), a frozen copy of the policy, the optimizer state and judge resident
+    sw = plan["swarm"]
+    assert plan["subagents"] == 2 and sw["sub_rows"] == 16 and sw["sub_cache"] == sw["orch_cache"] > 0
+    assert sw["sub_params"] == plan["params"] and sw["resident"] == plan["opt_state"] + plan["frozen"]
+    assert 0 < sw["tick_temp"] and sw["total"] <= plan["total"]
     bad = subprocess.run(cmd[:4] + ["--model", "1m", *tail[:-9], "--remat", "blocks"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown remat policy" in bad.stderr

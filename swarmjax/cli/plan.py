@@ -4,16 +4,23 @@
     swarmjax plan --model qwen3-1.7b --mesh 1,8,1 --batch 32 --seq 2048 --json
     swarmjax plan --hf ~/ckpt/Qwen3-0.6B --mesh 1,4,1 --batch 16 --seq 2048   # its config.json
     swarmjax plan --model qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --judge-batch 64 --judge-model qwen3-1.7b
+    swarmjax plan --model qwen3-0.6b,qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --subagents 8,32 \
+        --subagent-context 4096 --remat block      # the whole RL step with the swarm rollout, a table
 
 Compiles the learner update and the rollout ahead of time from abstract shapes on
 simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
 XLA's per-device memory: params, optimizer state, temporaries, KV cache, and whether
-the total fits v5e / v5p / v6e / H100 (:mod:`swarmjax.train.plan`).
+the total fits v5e / v5p / v6e / H100 (:mod:`swarmjax.train.plan`). With ``--subagents``
+the swarm rollout too: B orchestrator rows and B x K sub-agent rows (or a pool of
+``--subagent-lanes``), their caches, the frozen sub-agent weights and one tick of their
+decoding (:mod:`swarmjax.train.plan_swarm`). Several models or K give one plan each and
+a summary table.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -33,7 +40,8 @@ def _mesh(text: str) -> tuple[int, int, int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--model", help="a model preset (swarmjax.models.config.PRESETS), e.g. qwen3-8b")
+    which.add_argument("--model", help="a model preset (swarmjax.models.config.PRESETS), e.g. qwen3-8b; "
+                                       "several comma-separated")
     which.add_argument("--hf", dest="hf_path",
                        help="a Hugging Face checkpoint directory: the shape of its config.json (no weights read)")
     p.add_argument("--mesh", type=_mesh, required=True, help="data,fsdp,tensor sizes, e.g. 1,64,1")
@@ -53,7 +61,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--judge-model", help="the judge: a model preset or a Hugging Face checkpoint directory "
                                          "(default: a frozen copy of the policy)")
     p.add_argument("--judge-prompt", type=int, default=512, help="ids of a judge prompt (task, answer, rubric)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (bytes per device)")
+    p.add_argument("--subagents", type=_ints, default=(),
+                   help="plan the swarm rollout with K sub-agent slots an episode; several comma-separated")
+    p.add_argument("--subagent-context", type=int, help="a sub-agent's cache slots (default --seq)")
+    p.add_argument("--subagent-lanes", type=int, default=0,
+                   help="sub-agent rows with a cache, shared by the slots (default 0: one per slot)")
+    p.add_argument("--subagent-model", help="the sub-agents: a model preset or a Hugging Face checkpoint "
+                                            "directory (default: a frozen copy of the policy)")
+    p.add_argument("--chunk", type=int, default=16, help="ids a swarm row is fed in one tick (the engine's chunk)")
+    p.add_argument("--json", action="store_true", help="print one JSON object a plan (bytes per device)")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated non-negative ints, got {text!r}")
+    return out
 
 
 def _simulated_cpu_devices(count: int) -> None:
@@ -80,20 +106,19 @@ def run(args: argparse.Namespace) -> int:
     from swarmjax.rl.losses import loss_preset
     from swarmjax.rl.update import UpdateConfig
     from swarmjax.sharding.mesh import MeshConfig, make_mesh
-    from swarmjax.train.plan import format_plan, plan_memory
+    from swarmjax.train.plan import format_plan, format_summary, plan_memory
+    from swarmjax.train.plan_swarm import plan_swarm
 
     if len(jax.devices()) < devices:
         raise ValueError(f"the mesh needs {devices} devices but JAX has {len(jax.devices())}")
-    if args.hf_path:
-        cfg = hf_config(args.hf_path)
-        name = args.hf_path
-    else:
-        cfg, name = preset(args.model), args.model
-    judge = None if not args.judge_model else \
-        hf_config(args.judge_model) if os.path.isdir(args.judge_model) else preset(args.judge_model)
+    load = lambda ref: hf_config(ref) if os.path.isdir(ref) else preset(ref)
+    models = [(args.hf_path, hf_config(args.hf_path))] if args.hf_path else \
+        [(name, preset(name)) for name in args.model.split(",")]
+    judge = args.judge_model and load(args.judge_model)
+    sub = args.subagent_model and load(args.subagent_model)
     if args.dtype:
-        cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
-        judge = judge and judge.replace(dtype=args.dtype, param_dtype=args.dtype)
+        cast = lambda c: c and c.replace(dtype=args.dtype, param_dtype=args.dtype)
+        models, judge, sub = [(n, cast(c)) for n, c in models], cast(judge), cast(sub)
     update = UpdateConfig(loss=loss_preset(args.loss), optim=OptimConfig(name=args.optimizer),
                           num_minibatches=args.minibatches, num_microbatches=args.microbatches, remat=args.remat)
     if args.batch % (args.minibatches * args.microbatches):
@@ -101,16 +126,28 @@ def run(args: argparse.Namespace) -> int:
                          f"= {args.minibatches * args.microbatches}")
     data, fsdp, tensor = args.mesh
     mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices=jax.devices()[:devices])
-    plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
-                       rollout_batch=args.rollout_batch, prompt=args.prompt,
-                       judge_batch=args.judge_batch, judge_prompt=args.judge_prompt if args.judge_batch else 0,
-                       judge_model=judge)
-    if args.json:
-        print(json.dumps({"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
-                          "dtype": cfg.dtype, **plan.as_dict()}))
-    else:
-        print(format_plan(plan, title=f"{name} ({cfg.num_params() / 1e9:.2f}B params, {cfg.dtype}), "
-                                      f"batch {args.batch} x {args.seq} tokens, remat {args.remat}"))
+    summary = []
+    for name, cfg in models:
+        plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
+                           rollout_batch=args.rollout_batch, prompt=args.prompt,
+                           judge_batch=args.judge_batch, judge_prompt=args.judge_prompt if args.judge_batch else 0,
+                           judge_model=judge)
+        for k in args.subagents or (None,):
+            if k is not None:
+                swarm = plan_swarm(cfg, mesh, episodes=args.batch, subagents=k, context=args.seq,
+                                   subagent_context=args.subagent_context, lanes=args.subagent_lanes,
+                                   chunk=args.chunk, subagent_model=sub, resident=plan.opt_state + plan.frozen)
+                plan = dataclasses.replace(plan, swarm=swarm)
+            title = (f"{name} ({cfg.num_params() / 1e9:.2f}B params, {cfg.dtype}), batch {args.batch} x "
+                     f"{args.seq} tokens, remat {args.remat}" + ("" if k is None else f", K = {k} sub-agents"))
+            if args.json:
+                print(json.dumps({"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
+                                  "dtype": cfg.dtype, "subagents": k, **plan.as_dict()}))
+            else:
+                print(format_plan(plan, title=title) + "\n")
+            summary.append((name, k, plan))
+    if len(summary) > 1 and not args.json:
+        print(format_summary(summary))
     return 0
 
 

@@ -70,10 +70,12 @@ class MemoryPlan:
     mesh: tuple[int, int, int]
     judge_temp: int = 0
     judge_total: int = 0
+    swarm: Any = None                 # a plan_swarm.SwarmPlan of the swarm rollout, or None
 
     @property
     def total(self) -> int:
-        return max(self.update_total, self.rollout_total, self.judge_total)
+        return max(self.update_total, self.rollout_total, self.judge_total,
+                   0 if self.swarm is None else self.swarm.total)
 
     def fits(self, device: str, *, headroom: float = 0.9) -> bool:
         """Whether ``total`` fits in ``headroom`` of ``device``'s memory (:data:`DEVICE_MEMORY`)."""
@@ -83,6 +85,7 @@ class MemoryPlan:
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        out["swarm"] = None if self.swarm is None else self.swarm.as_dict()
         out["mesh"] = list(self.mesh)
         out["total"] = self.total
         out["fits"] = {d: self.fits(d) for d in DEVICE_MEMORY}
@@ -224,10 +227,27 @@ def format_plan(plan: MemoryPlan, *, title: str = "") -> str:
             ("rollout temp", plan.rollout_temp), ("rollout total", plan.rollout_total)]
     if plan.judge_total:
         rows += [("judge temp", plan.judge_temp), ("judge total", plan.judge_total)]
+    if plan.swarm is not None:
+        sw = plan.swarm
+        rows += [(f"swarm: {sw.episodes} orchestrator rows, {sw.sub_rows} sub-agent rows", None),
+                 ("  orch cache", sw.orch_cache), ("  sub cache", sw.sub_cache), ("  sub params", sw.sub_params),
+                 ("  tick temp", sw.tick_temp), ("  swarm total", sw.total)]
     rows.append(("total", plan.total))
     lines = [title] if title else []
     lines.append(f"per device of {plan.devices} (mesh data, fsdp, tensor = {plan.mesh}), GiB:")
-    lines += [f"  {name:<14}{g(n)}" for name, n in rows]
+    lines += [f"  {name:<14}{g(n)}" if n is not None else f"  {name}" for name, n in rows]
     lines.append("  fits (90% of memory): " + ", ".join(
         f"{d} {DEVICE_MEMORY[d] // GIB} GiB: {'yes' if plan.fits(d) else 'no'}" for d in DEVICE_MEMORY))
+    return "\n".join(lines)
+
+
+def format_summary(plans: list[tuple[str, Any, MemoryPlan]]) -> str:
+    """One line a (model, sub-agents K, plan): the update's, the rollout's (the swarm's
+    with K) and the step's per-device GiB, and the devices the step fits (90%)."""
+    g = lambda n: f"{n / GIB:8.2f}"
+    lines = [f"{'model':<14}{'K':>4}{'update':>9}{'rollout':>9}{'total':>9}  fits (90% of memory)"]
+    for name, k, p in plans:
+        rollout = p.rollout_total if p.swarm is None else p.swarm.total
+        fits = ", ".join(d for d in DEVICE_MEMORY if p.fits(d)) or "none"
+        lines.append(f"{name:<14}{'-' if k is None else k:>4}{g(p.update_total)}{g(rollout)}{g(p.total)}  {fits}")
     return "\n".join(lines)
