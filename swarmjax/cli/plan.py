@@ -69,6 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--subagent-model", help="the sub-agents: a model preset or a Hugging Face checkpoint "
                                             "directory (default: a frozen copy of the policy)")
     p.add_argument("--chunk", type=int, default=16, help="ids a swarm row is fed in one tick (the engine's chunk)")
+    p.add_argument("--buffers", type=int, default=0,
+                   help="also list each program's N largest arrays (what the temporaries are made of)")
     p.add_argument("--json", action="store_true", help="print one JSON object a plan (bytes per device)")
 
 
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
                            rollout_batch=args.rollout_batch, prompt=args.prompt,
                            judge_batch=args.judge_batch, judge_prompt=args.judge_prompt if args.judge_batch else 0,
-                           judge_model=judge)
+                           judge_model=judge, largest=args.buffers)
         for k in args.subagents or (None,):
             if k is not None:
                 swarm = plan_swarm(cfg, mesh, episodes=args.batch, subagents=k, context=args.seq,

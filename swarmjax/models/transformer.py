@@ -490,7 +490,20 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             rows = jnp.ones((B,), bool) if prefix_rows is None else prefix_rows
             prefix_mask = rows[:, None, None] & prefix.valid[0][None, None, :]   # [B, 1, P]
         new_k, new_v, maxes = [], [], []
-        for l, layer_params in enumerate(unstack_layers(params)["layers"]):
+        layers = params["layers"]
+        if empty and prefix is None and not isinstance(layers, (list, tuple)):
+            # A prefill over stacked weights: one layer at a time under lax.scan, so on a
+            # mesh each layer's weights are gathered inside its step (unrolled, XLA issued
+            # every layer's FSDP all-gather at once: the whole model on each device).
+            def body(x, layer_params):
+                x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask, None, None, index)
+                return pin(x), (k, v, max_logit)
+            x, (ks, vs, stacked_max) = lax.scan(body, x, layers)          # ks, vs [L, B, Hkv, T, hd]
+            layers, maxes = (), [] if stacked_max is None else list(stacked_max)
+            new_k = [lax.dynamic_update_slice(c, k.swapaxes(2, 3).astype(c.dtype), (0, 0, 0, 0))
+                     for c, k in zip(cache.k, ks)]
+            new_v = [lax.dynamic_update_slice(c, v.astype(c.dtype), (0, 0, 0, 0)) for c, v in zip(cache.v, vs)]
+        for l, layer_params in enumerate(unstack_layers({**params, "layers": layers})["layers"]):
             ck, cv = (None, None) if empty else (cache.k[l], cache.v[l])
             shared = () if prefix is None else (prefix.k[l][0], prefix.v[l][0], prefix_mask)
             x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from typing import Any
 
 import jax
@@ -71,6 +72,7 @@ class MemoryPlan:
     judge_temp: int = 0
     judge_total: int = 0
     swarm: Any = None                 # a plan_swarm.SwarmPlan of the swarm rollout, or None
+    largest: Any = None               # {program: largest_arrays(...)} when asked for
 
     @property
     def total(self) -> int:
@@ -101,6 +103,30 @@ def per_device_bytes(tree: Any) -> int:
 
 def _abstract(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+_ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+               "f64": 8, "s64": 8, "u64": 8}
+_HLO_ARRAY = re.compile(r"\s*(?:ROOT )?%?[\w.\-]+ = (\w+)\[([\d,]*)\]\S* ([\w\-]+)\(")
+
+
+def largest_arrays(compiled, top: int = 8) -> list[tuple[int, str, str]]:
+    """The ``top`` largest arrays a compiled program computes on one device, from its
+    optimised HLO: ``(bytes, "dtype[shape] opcode", the JAX op that made it)``, one line
+    per (shape, op). What to look at when a plan's temporaries are larger than expected
+    (e.g. a batch left whole on every device, or weights gathered whole); it lists
+    arrays, not what is live at once (XLA's buffer assignment decides that)."""
+    seen: dict[str, tuple[int, str, str]] = {}
+    for line in compiled.as_text().splitlines():
+        m = _HLO_ARRAY.match(line)
+        if not m or m.group(1) not in _ITEM_BYTES or m.group(3) in ("parameter", "bitcast", "get-tuple-element"):
+            continue
+        array = f"{m.group(1)}[{m.group(2)}]"
+        if array not in seen:                       # the first op that makes an array of that shape
+            where = re.search(r'op_name="([^"]*)"', line)
+            size = math.prod(int(d) for d in m.group(2).split(",") if d) * _ITEM_BYTES[m.group(1)]
+            seen[array] = (size, f"{array} {m.group(3)}", where.group(1)[-80:] if where else "")
+    return sorted(seen.values(), reverse=True)[:top]
 
 
 def _xla_total(compiled) -> tuple[int, int]:
@@ -176,7 +202,8 @@ def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
 
 def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: UpdateConfig = UpdateConfig(),
                 rollout_batch: int | None = None, prompt: int | None = None,
-                judge_batch: int = 0, judge_prompt: int = 0, judge_model: ModelConfig | None = None) -> MemoryPlan:
+                judge_batch: int = 0, judge_prompt: int = 0, judge_model: ModelConfig | None = None,
+                largest: int = 0) -> MemoryPlan:
     """Per-device memory of the update and the rollout of ``cfg`` on ``mesh``.
 
     Args:
@@ -192,6 +219,7 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
         (resident throughout), its run is ``judge_total``.
       judge_model: the judge's model (another checkpoint's shape; None: a frozen copy
         of the policy).
+      largest: also list each program's that many largest arrays (:func:`largest_arrays`).
     """
     if seq < 2 or batch < 1:
         raise ValueError(f"need batch >= 1 and seq >= 2, got batch={batch}, seq={seq}")
@@ -206,8 +234,10 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
     rollout_total, rollout_temp = _xla_total(rollout)
     frozen = 0 if state.frozen is None else per_device_bytes(state.frozen)
     judge_total = judge_temp = judge_params = 0
+    programs = {"update": compiled, "rollout": rollout}
     if judge_batch and judge_prompt:
         judged, judge_tree = plan_judge(judge_model or cfg, mesh, judge_batch, judge_prompt)
+        programs["judge"] = judged
         judge_total, judge_temp = _xla_total(judged)
         judge_params = per_device_bytes(judge_tree)
         judge_total += per_device_bytes(state.params) + per_device_bytes(state.opt_state) + frozen  # resident
@@ -216,7 +246,8 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
                       update_total=update_total + judge_params, kv_cache=per_device_bytes(cache),
                       rollout_temp=rollout_temp, rollout_total=rollout_total + resident + judge_params,
                       devices=mesh.devices.size, mesh=tuple(mesh.devices.shape), judge_temp=judge_temp,
-                      judge_total=judge_total)
+                      judge_total=judge_total,
+                      largest={k: largest_arrays(c, largest) for k, c in programs.items()} if largest else None)
 
 
 def format_plan(plan: MemoryPlan, *, title: str = "") -> str:
@@ -236,6 +267,9 @@ def format_plan(plan: MemoryPlan, *, title: str = "") -> str:
     lines = [title] if title else []
     lines.append(f"per device of {plan.devices} (mesh data, fsdp, tensor = {plan.mesh}), GiB:")
     lines += [f"  {name:<14}{g(n)}" if n is not None else f"  {name}" for name, n in rows]
+    for program, arrays in (plan.largest or {}).items():
+        lines.append(f"  largest arrays of the {program}:")
+        lines += [f"    {size / (1 << 20):10.1f} MiB  {array}  {op}" for size, array, op in arrays]
     lines.append("  fits (90% of memory): " + ", ".join(
         f"{d} {DEVICE_MEMORY[d] // GIB} GiB: {'yes' if plan.fits(d) else 'no'}" for d in DEVICE_MEMORY))
     return "\n".join(lines)

@@ -125,16 +125,26 @@ def plan_swarm(cfg: ModelConfig, mesh: Mesh, *, episodes: int, subagents: int, c
     traces = [jax.ShapeDtypeStruct((n, x), jnp.int32, sharding=batch_sharding(mesh, 2, batch_size=n))
               for _, n, x in roles]
     models = [RoleModel(cfg=c, grammar=None, context=x, sampling=None) for c, _, x in roles]
-    wide = [max(1, int(round(wide_rows * n))) for _, n, _ in roles]
+    shards = math.prod(mesh.shape[a] for a in ("data", "fsdp") if a in mesh.axis_names)
+
+    def local(n: int) -> tuple[int, int]:
+        """(groups, wide rows a group): the rows fed a chunk are taken from every device's
+        own rows, so the chunk-wide forward moves no cache between devices."""
+        groups = shards if n % shards == 0 else 1
+        return groups, max(1, int(round(wide_rows * n / groups)))
 
     def tick(params, rows, traces):
         out = []
-        for p, m, r, ids, w in zip(params, models, rows, traces, wide):
+        for p, m, r, ids in zip(params, models, rows, traces):
             rope = r.rope(m.cfg, m.context)
             r = forward_rows(p, m, r, ids, jnp.ones(r.pos.shape, jnp.int32), 1, rope)      # every row: one id
-            sub = jax.tree.map(lambda a: a[:w], r)                                          # [w] rows: a chunk
-            sub = forward_rows(p, m, sub, ids[:w], jnp.full((w,), chunk, jnp.int32), chunk, rope)
-            out.append(jax.tree.map(lambda a, s: a.at[:w].set(s), r, sub))
+            groups, w = local(r.pos.shape[0])
+            pick = lambda a: a.reshape(groups, -1, *a.shape[1:])[:, :w].reshape(groups * w, *a.shape[1:])
+            sub = forward_rows(p, m, jax.tree.map(pick, r), pick(ids), jnp.full((groups * w,), chunk, jnp.int32),
+                               chunk, rope)                                                 # a chunk each
+            put = lambda a, s: a.reshape(groups, -1, *a.shape[1:]).at[:, :w].set(
+                s.reshape(groups, w, *s.shape[1:])).reshape(a.shape)
+            out.append(jax.tree.map(put, r, sub))
         return out
 
     shard = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
