@@ -103,7 +103,7 @@ def test_plan_command_prints_json_per_device(tmp_path):
     tail = ["--mesh", "1,4,1", "--batch", "8", "--seq", "64", "--remat", "block", "--judge-batch", "8",
             "--judge-prompt", "48", "--judge-model", "tiny", "--json"]
     cmd = [sys.executable, "-m", "swarmjax.cli", "plan", "--hf", str(tmp_path), *tail]
-    swarm = ["--subagents", "2", "--subagent-context", "32"]
+    swarm = ["--subagents", "2", "--subagent-context", "32", "--buffers", "2"]
     out = subprocess.run(cmd + swarm, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     plan = json.loads(out.stdout.strip().splitlines()[-1])
@@ -120,6 +120,10 @@ def test_plan_command_prints_json_per_device(tmp_path):
     assert plan["subagents"] == 2 and sw["sub_rows"] == 16 and sw["sub_cache"] == sw["orch_cache"] > 0
     assert sw["sub_params"] == plan["params"] and sw["resident"] == plan["opt_state"] + plan["frozen"]
     assert 0 < sw["tick_temp"] and sw["total"] <= plan["total"]
+    # each program's two largest arrays: (bytes, "dtype[shape] op", the JAX op), largest first
+    assert set(plan["largest"]) == {"update", "rollout", "judge"}
+    (big, array, _), (small, _, _) = plan["largest"]["update"]
+    assert big >= small > 0 and "[" in array
     bad = subprocess.run(cmd[:4] + ["--model", "1m", *tail[:-9], "--remat", "blocks"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown remat policy" in bad.stderr

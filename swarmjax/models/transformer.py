@@ -444,6 +444,8 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
         the data axes), imposed after the embedding and after every layer so the SPMD
         partitioner keeps the batch split instead of following the weights' ``embed``
         split (without it, an FSDP-sharded learner step replicated the activations).
+        A prefill (an empty cache written from slot 0) with it and stacked weights runs
+        its layers under ``lax.scan``, one layer's weights gathered at a time.
       return_hidden: static; return the final-normed hidden state [B, T, D] instead of
         logits (the head is not applied): a learner computes log-probs from it a chunk
         of positions at a time (:func:`swarmjax.rl.losses.chunked_token_logprobs`).
@@ -491,10 +493,10 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             prefix_mask = rows[:, None, None] & prefix.valid[0][None, None, :]   # [B, 1, P]
         new_k, new_v, maxes = [], [], []
         layers = params["layers"]
-        if empty and prefix is None and not isinstance(layers, (list, tuple)):
-            # A prefill over stacked weights: one layer at a time under lax.scan, so on a
-            # mesh each layer's weights are gathered inside its step (unrolled, XLA issued
-            # every layer's FSDP all-gather at once: the whole model on each device).
+        if empty and prefix is None and activation_sharding is not None and not isinstance(layers, (list, tuple)):
+            # A prefill on a mesh over stacked weights: one layer at a time under lax.scan,
+            # each layer's weights gathered inside its step (unrolled, XLA issued every
+            # layer's FSDP all-gather at once: the whole model on each device).
             def body(x, layer_params):
                 x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask, None, None, index)
                 return pin(x), (k, v, max_logit)

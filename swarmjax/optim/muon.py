@@ -1,11 +1,12 @@
 """Optimizers for the policy: Muon (hidden matrices) + AdamW (everything else), or AdamW.
 
-Built on ``optax.contrib.muon``: it already partitions params into a Muon group
-and an AdamW group and orthogonalises N-d weights through
-``MuonDimensionNumbers``. What we add is the *labelling* of our parameter tree
-(:func:`muon_dimension_numbers`): the stacked ``[L, ...]`` attention and MLP
-projections go to Muon with the layer axis as a batch axis (each layer's matrix
-orthogonalised on its own), embeddings / output head / norms / biases go to AdamW.
+Composed as ``optax.contrib.muon`` composes it (``optax.partition`` into a Muon group and
+an AdamW group, N-d weights orthogonalised through ``MuonDimensionNumbers``). What we
+add is the *labelling* of our parameter tree (:func:`muon_dimension_numbers`): the
+stacked ``[L, ...]`` attention and MLP projections go to Muon with the layer axis as a
+batch axis (each layer's matrix orthogonalised on its own), embeddings / output head /
+norms / biases go to AdamW; and, on a mesh, Newton-Schulz with the layers spread over the
+devices (:func:`newton_schulz`) instead of every layer's matrix gathered on every device.
 
 Muon update (Jordan 2024; Liu et al. 2025 "Muon is Scalable", arXiv 2502.16982):
 ``M_t = beta M_{t-1} + (1 - beta) G_t``; Nesterov ``M^ = beta M_t + (1 - beta) G_t``
