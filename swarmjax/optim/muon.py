@@ -98,6 +98,26 @@ def _is_dims(d: Any) -> bool:
     return d is None or isinstance(d, MuonDimensionNumbers)
 
 
+def _axes(axes: int | tuple[int, ...], ndim: int) -> tuple[int, ...]:
+    """A ``MuonDimensionNumbers`` field as non-negative axes."""
+    return tuple(a % ndim for a in ((axes,) if isinstance(axes, int) else axes))
+
+
+def _resolve(dims: Callable[[Any], Any], tree: Any) -> Any:
+    """``dims(tree)`` with ``optax.MaskedNode`` where ``tree`` has one (the leaves of the
+    other group inside ``optax.partition``)."""
+    masked = lambda x: isinstance(x, optax.MaskedNode)
+    return jax.tree.map(lambda d, x: optax.MaskedNode() if masked(x) else d, dims(tree), tree,
+                        is_leaf=lambda v: _is_dims(v) or masked(v))
+
+
+def _each_matrix(fn: Callable, dims: Callable[[Any], Any], tree: Any) -> Any:
+    """``fn(leaf, dimension numbers)`` on every leaf ``dims`` labels, other leaves as they are."""
+    return jax.tree.map(lambda d, x: fn(x, d) if isinstance(d, MuonDimensionNumbers) else x,
+                        _resolve(dims, tree), tree,
+                        is_leaf=lambda v: _is_dims(v) or isinstance(v, optax.MaskedNode))
+
+
 def _spread(x: jax.Array, mesh: Mesh, *, back: bool = False) -> jax.Array:
     """``x`` sharded along axis 0 over every mesh axis (size > 1), the other axes whole;
     ``back``: from there to axis 0 whole, the other axes as XLA sees fit (the parameter's
@@ -126,15 +146,15 @@ def newton_schulz(x: jax.Array, dims: MuonDimensionNumbers, *, coeffs: tuple[flo
     quintic iterations ``X <- a X + (b A + c A^2) X``, ``A = X X^T`` (on the wide side).
 
     ``dims`` names the reduction (fan-in) and output (fan-out) axes of one matrix; every
-    other axis is a batch axis (e.g. q_proj ``[L, D, N, H]`` with reduction ``(1,)`` and
-    output ``(2, 3)`` is ``L`` matrices of ``D x N*H``). ``x`` is viewed as a stack
+    other axis is a batch axis (e.g. q_proj ``[L, D, H, hd]`` with reduction ``(1,)`` and
+    output ``(2, 3)`` is ``L`` matrices of ``D x H*hd``). ``x`` is viewed as a stack
     ``[matrices, fan_in, fan_out]`` (``matrices`` = product of the batch axes).
 
     With a ``mesh`` of more than one device the stack is padded to a multiple of the
     device count (zero matrices orthogonalise to zero) and sharded along ``matrices`` over every
     mesh axis: each device orthogonalises whole matrices of its share, and XLA moves the
     momentum from the parameter's sharding to that one and back with all-to-alls (the
-    scheme of Moonlight's distributed Muon, Liu et al. 2025, arXiv 2502.16982 section 2.3).
+    scheme of Moonlight's distributed Muon, Liu et al. 2025, arXiv 2502.16982).
     Without it, XLA gathers every layer's full float32 matrix on every device at once
     (59 GiB a device for Qwen3-8B on 64 devices). The arithmetic of each matrix is
     unchanged, so the result equals the single-device one to float tolerance.
@@ -143,10 +163,7 @@ def newton_schulz(x: jax.Array, dims: MuonDimensionNumbers, *, coeffs: tuple[flo
     and has no place for the sharding between the reshape and the iteration; its
     arithmetic (Frobenius preconditioning, the base quintic step) is the same.
     """
-    red = tuple(a % x.ndim for a in ((dims.reduction_axis,) if isinstance(dims.reduction_axis, int)
-                                     else dims.reduction_axis))
-    out = tuple(a % x.ndim for a in ((dims.output_axis,) if isinstance(dims.output_axis, int)
-                                     else dims.output_axis))
+    red, out = _axes(dims.reduction_axis, x.ndim), _axes(dims.output_axis, x.ndim)
     batch = tuple(a for a in range(x.ndim) if a not in red + out)
     perm = batch + red + out
     x = x.transpose(perm)                                                  # [batch..., fan_in..., fan_out...]
@@ -154,7 +171,7 @@ def newton_schulz(x: jax.Array, dims: MuonDimensionNumbers, *, coeffs: tuple[flo
     spread = mesh is not None and mesh.devices.size > 1 and len(batch) > 0
     if spread:
         # First batch axis (the layers) over every device, padded to a multiple of their
-        # count; the transition from the parameter's sharding is one all-to-all.
+        # count; from the parameter's sharding one all-to-all a mesh axis (_spread).
         x = jnp.pad(x, [(0, -lead % mesh.devices.size)] + [(0, 0)] * (x.ndim - 1))
         x = _spread(x, mesh)
     size = lambda axes: math.prod(x.shape[perm.index(a)] for a in axes)
@@ -177,33 +194,15 @@ def newton_schulz(x: jax.Array, dims: MuonDimensionNumbers, *, coeffs: tuple[flo
 
 
 def scale_by_muon(dims: Callable[[Any], Any], *, beta: float = 0.95, coeffs=NS_COEFFS, steps: int = 5,
-                  eps: float = 1e-8, consistent_rms: float | None = 0.2,
-                  mesh: Mesh | None = None) -> optax.GradientTransformation:
-    """Muon's direction for the leaves ``dims`` labels (others must be masked out):
-    Nesterov momentum ``M^ = beta M_t + (1 - beta) G_t`` (bias-corrected as in optax),
-    orthogonalised by :func:`newton_schulz` (sharded over ``mesh``), scaled by
-    ``consistent_rms * sqrt(max(fan_in, fan_out))`` (or ``sqrt(max(1, fan_out / fan_in))``
-    when None). State: ``optax.contrib.MuonState``, as ``optax.contrib.scale_by_muon``."""
-    def resolve(tree):
-        # dims of a tree whose non-Muon leaves are optax.MaskedNode (inside optax.partition)
-        masked = lambda x: isinstance(x, optax.MaskedNode)
-        d = dims(tree)
-        return jax.tree.map(lambda d, x: optax.MaskedNode() if masked(x) else d, d, tree,
-                            is_leaf=lambda v: _is_dims(v) or masked(v))
-
+                  eps: float = 1e-8, mesh: Mesh | None = None) -> optax.GradientTransformation:
+    """Muon's orthogonalised momentum for the leaves ``dims`` labels (inside
+    ``optax.partition``, the other leaves masked): Nesterov momentum
+    ``M^ = beta M_t + (1 - beta) G_t`` (bias-corrected as in optax), orthogonalised by
+    :func:`newton_schulz` (spread over ``mesh``). State: ``optax.contrib.MuonState``, as
+    ``optax.contrib.scale_by_muon``'s, so checkpoints of either restore into the other."""
     def init(params):
         return optax.contrib.MuonState(count=jnp.zeros([], jnp.int32), mu=optax.tree.zeros_like(params),
                                        ns_coeffs=jnp.asarray(coeffs))
-
-    def direction(d, m):
-        if not isinstance(d, MuonDimensionNumbers):
-            return m
-        o = newton_schulz(m, d, coeffs=coeffs, steps=steps, eps=eps, mesh=mesh)
-        fan = lambda axes: math.prod(m.shape[a] for a in ((axes,) if isinstance(axes, int) else axes))
-        fan_in, fan_out = fan(d.reduction_axis), fan(d.output_axis)
-        scale = (math.sqrt(max(1.0, fan_out / fan_in)) if consistent_rms is None
-                 else math.sqrt(max(fan_in, fan_out)) * consistent_rms)
-        return scale * o
 
     def update(updates, state, params=None):
         del params
@@ -212,16 +211,31 @@ def scale_by_muon(dims: Callable[[Any], Any], *, beta: float = 0.95, coeffs=NS_C
         mu_hat = jax.tree.map(lambda m, g: beta * m + (1 - beta) * g,
                               optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
                               optax.tree.bias_correction(updates, beta, count))
-        new = jax.tree.map(direction, resolve(updates), mu_hat,
-                           is_leaf=lambda v: _is_dims(v) or isinstance(v, optax.MaskedNode))
-        return new, optax.contrib.MuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs)
+        orthogonal = lambda m, d: newton_schulz(m, d, coeffs=coeffs, steps=steps, eps=eps, mesh=mesh)
+        return (_each_matrix(orthogonal, dims, mu_hat),
+                optax.contrib.MuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs))
 
     return optax.GradientTransformation(init, update)
 
 
+def scale_by_shape(dims: Callable[[Any], Any], *, consistent_rms: float | None = 0.2) -> optax.GradientTransformation:
+    """Each Muon matrix's update times ``consistent_rms * sqrt(max(fan_in, fan_out))`` (AdamW's
+    update RMS, Liu et al. 2025), or ``sqrt(max(1, fan_out / fan_in))`` when None; stateless,
+    as ``optax.contrib.muon``'s step of the same name."""
+    def scale(u, d):
+        fan_in = math.prod(u.shape[a] for a in _axes(d.reduction_axis, u.ndim))
+        fan_out = math.prod(u.shape[a] for a in _axes(d.output_axis, u.ndim))
+        return u * (math.sqrt(max(1.0, fan_out / fan_in)) if consistent_rms is None
+                    else math.sqrt(max(fan_in, fan_out)) * consistent_rms)
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(),
+                                        lambda updates, state, params=None: (_each_matrix(scale, dims, updates), state))
+
+
 def _muon(cfg: OptimConfig, dims: Callable[[Any], Any], *, mesh: Mesh | None = None) -> optax.GradientTransformation:
     """Muon on the leaves ``dims`` labels, AdamW (Nesterov) on the rest: the composition
-    of ``optax.contrib.muon``, with :func:`scale_by_muon` orthogonalising over ``mesh``."""
+    of ``optax.contrib.muon`` (the same state tree), with :func:`scale_by_muon`
+    orthogonalising over ``mesh``."""
     lr = learning_rate_schedule(cfg)
 
     def labels(params):
@@ -229,8 +243,8 @@ def _muon(cfg: OptimConfig, dims: Callable[[Any], Any], *, mesh: Mesh | None = N
 
     return optax.partition({
         "muon": optax.chain(
-            scale_by_muon(dims, beta=cfg.muon_beta, steps=cfg.ns_steps, eps=cfg.eps,
-                          consistent_rms=cfg.consistent_rms, mesh=mesh),
+            scale_by_muon(dims, beta=cfg.muon_beta, steps=cfg.ns_steps, eps=cfg.eps, mesh=mesh),
+            scale_by_shape(dims, consistent_rms=cfg.consistent_rms),
             optax.add_decayed_weights(cfg.weight_decay),
             optax.scale_by_learning_rate(lr)),
         "adam": optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, nesterov=True),
