@@ -29,6 +29,7 @@ rule table, the batch over the data axes.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -367,6 +368,13 @@ class Learner:
                              f"num_microbatches = {self.cfg.splits}")
         key = (B, None if head is None else int(head.shape[0]))
         if key not in self._update:
+            rows, T = B // self.cfg.splits, batch.tokens.shape[1]
+            if (self.mesh is not None and any(batch_sharding(self.mesh, 1, rules=self.rules).spec)
+                    and not any(rows_sharding(self.mesh, (rows, T), rules=self.rules).spec)):
+                warnings.warn(f"a microbatch of {rows} rows x {T} tokens splits over neither its rows nor its "
+                              f"positions on this mesh's data axes, so every device computes all of it: use "
+                              f"fewer minibatches x microbatches, or rows or tokens a multiple of the data axes' "
+                              f"device count", stacklevel=2)
             if self.mesh is None:
                 self._update[key] = jax.jit(self._update_impl, donate_argnums=0)
             else:

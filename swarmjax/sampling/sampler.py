@@ -148,7 +148,7 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
     constrain_cache = constrain_cache or (lambda c: c)
     ends = segment_ends(N - 1, scfg.decode_segments)
     first = constrain_cache(init_cache(cfg, B, window(ends[0]), cache.k[0].dtype))
-    out = forward(stacked, cfg, prompts, positions=default_positions(prompt_mask),   # the prefill: a layer scan
+    out = forward(stacked, cfg, prompts, positions=default_positions(prompt_mask),   # on a mesh: a layer scan
                   token_mask=prompt_mask, cache=first, cache_index=0,
                   logits_to_keep=1,            # left-aligned: the last column is every row's last token
                   rope_table=rope, activation_sharding=activation_sharding)
