@@ -151,7 +151,7 @@ def test_remat_and_logit_chunks_leave_the_update_unchanged():
 def test_muon_orthogonalises_spread_over_the_mesh(mesh):
     """Muon given the mesh plans far fewer temporaries than the same Muon left to XLA,
     which gathers every layer's float32 matrices on every device for Newton-Schulz."""
-    from swarmjax.optim import OptimConfig, make_optimizer
+    from swarmjax.optim import make_optimizer
     from swarmjax.train.plan import _xla_total
 
     cfg = CFG.replace(hidden_size=256, num_layers=8, head_dim=64, intermediate_size=1024)

@@ -101,7 +101,8 @@ def per_device_bytes(tree: Any) -> int:
                for x in jax.tree.leaves(tree))
 
 
-def _abstract(tree: Any, shardings: Any) -> Any:
+def with_shardings(tree: Any, shardings: Any) -> Any:
+    """``ShapeDtypeStruct``s of ``tree``'s leaves with ``shardings`` (a matching tree)."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
@@ -143,7 +144,7 @@ def abstract_train_state(learner: Learner) -> TrainState:
     frozen = {"reference": params} if learner.cfg.loss.kl_beta > 0 else None
     state = jax.eval_shape(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p,
                                                 opt_state=learner.optimizer.init(p), frozen=frozen), params)
-    return _abstract(state, learner.state_shardings(state))
+    return with_shardings(state, learner.state_shardings(state))
 
 
 def abstract_batch(mesh: Mesh, batch: int, seq: int) -> TrajectoryBatch:
@@ -154,7 +155,7 @@ def abstract_batch(mesh: Mesh, batch: int, seq: int) -> TrajectoryBatch:
                         sampler_logprobs=jax.ShapeDtypeStruct((batch, seq), jnp.float32),
                         advantages=jax.ShapeDtypeStruct((batch,), jnp.float32), group_ids=rows(batch),
                         rewards=jax.ShapeDtypeStruct((batch,), jnp.float32))
-    return _abstract(b, jax.tree.map(lambda x: batch_sharding(mesh, x.ndim, batch_size=batch), b))
+    return with_shardings(b, jax.tree.map(lambda x: batch_sharding(mesh, x.ndim, batch_size=batch), b))
 
 
 def plan_update(learner: Learner, batch: int, seq: int):
@@ -172,9 +173,9 @@ def plan_rollout(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int, seq: int
     """The sampler's generate compiled ahead of time: (compiled, abstract cache)."""
     sampler = Sampler(cfg, SamplingConfig(temperature=1.0, max_new_tokens=seq - prompt), mesh=mesh)
     params = abstract_params(cfg)
-    params = _abstract(params, sampler.param_shardings(params))
+    params = with_shardings(params, sampler.param_shardings(params))
     cache = jax.eval_shape(lambda: init_cache(cfg, batch, seq))
-    cache = _abstract(cache, sampler._cache_shardings(batch, seq))
+    cache = with_shardings(cache, sampler._cache_shardings(batch, seq))
     fn = sampler._compile(params, batch, cache, (False, False))
     tokens = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
     mask = jax.ShapeDtypeStruct((batch, prompt), bool)
@@ -191,7 +192,7 @@ def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
     from swarmjax.sharding.mesh import tree_shardings
 
     params = abstract_params(cfg)
-    params = _abstract(params, tree_shardings(param_logical_axes(cfg), params, mesh))
+    params = with_shardings(params, tree_shardings(param_logical_axes(cfg), params, mesh))
     rows = batch_sharding(mesh, 2, batch_size=batch)
     fn = jax.jit(functools.partial(yes_no_scores, cfg=cfg, yes=0, no=1),
                  in_shardings=(jax.tree.map(lambda x: x.sharding, params), rows, rows))

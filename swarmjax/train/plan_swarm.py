@@ -36,13 +36,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import abstract_params, cache_logical_axes, init_cache, param_logical_axes
 from swarmjax.sharding.mesh import batch_sharding, tree_shardings
 from swarmjax.swarm.text_device import Rows
 from swarmjax.swarm.text_engine_feed import RoleModel, forward_rows
+from swarmjax.train.plan import per_device_bytes, with_shardings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +68,6 @@ class SwarmPlan:
         return {**dataclasses.asdict(self), "total": self.total}
 
 
-def _abstract(tree: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
-
-
-def _per_device(tree: Any) -> int:
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
-               for x in jax.tree.leaves(tree))
-
-
 def abstract_rows(cfg: ModelConfig, mesh: Mesh, rows: int, context: int) -> Rows:
     """:class:`Rows` of ``rows`` rows with ``context`` cache slots as shapes, sharded as
     the engine shards them (rows over the data axes, the cache by its logical axes)."""
@@ -85,7 +77,7 @@ def abstract_rows(cfg: ModelConfig, mesh: Mesh, rows: int, context: int) -> Rows
     row = lambda nd: batch_sharding(mesh, nd, batch_size=rows)
     shardings = Rows(cache=tree_shardings(cache_logical_axes(cfg), shapes.cache, mesh),
                      logits=row(2), pos=row(1), offset=row(1))
-    return _abstract(shapes, shardings)
+    return with_shardings(shapes, shardings)
 
 
 def plan_swarm(cfg: ModelConfig, mesh: Mesh, *, episodes: int, subagents: int, context: int,
@@ -118,7 +110,7 @@ def plan_swarm(cfg: ModelConfig, mesh: Mesh, *, episodes: int, subagents: int, c
 
     def weights(c):
         p = abstract_params(c)
-        return _abstract(p, tree_shardings(param_logical_axes(c), p, mesh))
+        return with_shardings(p, tree_shardings(param_logical_axes(c), p, mesh))
 
     params = [weights(c) for c, _, _ in roles]
     rows = [abstract_rows(c, mesh, n, x) for c, n, x in roles]
@@ -154,7 +146,7 @@ def plan_swarm(cfg: ModelConfig, mesh: Mesh, *, episodes: int, subagents: int, c
     tick_total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
                   + m.temp_size_in_bytes)
     return SwarmPlan(episodes=episodes, subagents=subagents, sub_rows=sub_rows,
-                     orch_cache=_per_device(rows[0].cache),
-                     sub_cache=_per_device(rows[1].cache) if sub_rows else 0,
-                     sub_params=_per_device(params[1]) if sub_rows else 0,
+                     orch_cache=per_device_bytes(rows[0].cache),
+                     sub_cache=per_device_bytes(rows[1].cache) if sub_rows else 0,
+                     sub_params=per_device_bytes(params[1]) if sub_rows else 0,
                      tick_temp=m.temp_size_in_bytes, tick_total=tick_total, resident=resident)
