@@ -152,7 +152,7 @@ def test_muon_orthogonalises_spread_over_the_mesh(mesh):
     """Muon given the mesh plans far fewer temporaries than the same Muon left to XLA,
     which gathers every layer's float32 matrices on every device for Newton-Schulz."""
     from swarmjax.optim import make_optimizer
-    from swarmjax.train.plan import _xla_total
+    from swarmjax.train.plan import xla_total
 
     cfg = CFG.replace(hidden_size=256, num_layers=8, head_dim=64, intermediate_size=1024)
     fsdp = make_mesh(MeshConfig(data=1, fsdp=8, tensor=1), devices=jax.devices()[:8])
@@ -160,5 +160,5 @@ def test_muon_orthogonalises_spread_over_the_mesh(mesh):
     temp = {}
     for name, opt in (("spread", None), ("gathered", make_optimizer(update.optim))):
         compiled, _ = plan_update(Learner(cfg, update, mesh=fsdp, optimizer=opt), 8, 16)
-        temp[name] = _xla_total(compiled)[1]
+        temp[name] = xla_total(compiled)[1]
     assert temp["spread"] < 0.5 * temp["gathered"], temp

@@ -130,7 +130,7 @@ def largest_arrays(compiled, top: int = 8) -> list[tuple[int, str, str]]:
     return sorted(seen.values(), reverse=True)[:top]
 
 
-def _xla_total(compiled) -> tuple[int, int]:
+def xla_total(compiled) -> tuple[int, int]:
     """(arguments + outputs - aliased + temporaries, temporaries) of a compiled program."""
     m = compiled.memory_analysis()
     return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes,
@@ -229,17 +229,17 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
         raise ValueError(f"prompt must be in [1, seq), got {prompt}")
     learner = Learner(cfg, update, mesh=mesh)
     compiled, state = plan_update(learner, batch, seq)
-    update_total, temp = _xla_total(compiled)
+    update_total, temp = xla_total(compiled)
     rollout, cache = plan_rollout(cfg, mesh, rollout_batch or batch, prompt, seq)
     resident = per_device_bytes(state.opt_state) + (0 if state.frozen is None else per_device_bytes(state.frozen))
-    rollout_total, rollout_temp = _xla_total(rollout)
+    rollout_total, rollout_temp = xla_total(rollout)
     frozen = 0 if state.frozen is None else per_device_bytes(state.frozen)
     judge_total = judge_temp = judge_params = 0
     programs = {"update": compiled, "rollout": rollout}
     if judge_batch and judge_prompt:
         judged, judge_tree = plan_judge(judge_model or cfg, mesh, judge_batch, judge_prompt)
         programs["judge"] = judged
-        judge_total, judge_temp = _xla_total(judged)
+        judge_total, judge_temp = xla_total(judged)
         judge_params = per_device_bytes(judge_tree)
         judge_total += per_device_bytes(state.params) + per_device_bytes(state.opt_state) + frozen  # resident
     return MemoryPlan(params=per_device_bytes(state.params), opt_state=per_device_bytes(state.opt_state),

@@ -43,7 +43,7 @@ from swarmjax.models.transformer import abstract_params, cache_logical_axes, ini
 from swarmjax.sharding.mesh import batch_sharding, tree_shardings
 from swarmjax.swarm.text_device import Rows
 from swarmjax.swarm.text_engine_feed import RoleModel, forward_rows
-from swarmjax.train.plan import per_device_bytes, with_shardings
+from swarmjax.train.plan import per_device_bytes, with_shardings, xla_total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +142,9 @@ def plan_swarm(cfg: ModelConfig, mesh: Mesh, *, episodes: int, subagents: int, c
     shard = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
     compiled = jax.jit(tick, donate_argnums=1, in_shardings=(shard(params), shard(rows), shard(traces)),
                        out_shardings=shard(rows)).lower(params, rows, traces).compile()
-    m = compiled.memory_analysis()
-    tick_total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-                  + m.temp_size_in_bytes)
+    tick_total, tick_temp = xla_total(compiled)
     return SwarmPlan(episodes=episodes, subagents=subagents, sub_rows=sub_rows,
                      orch_cache=per_device_bytes(rows[0].cache),
                      sub_cache=per_device_bytes(rows[1].cache) if sub_rows else 0,
                      sub_params=per_device_bytes(params[1]) if sub_rows else 0,
-                     tick_temp=m.temp_size_in_bytes, tick_total=tick_total, resident=resident)
+                     tick_temp=tick_temp, tick_total=tick_total, resident=resident)
