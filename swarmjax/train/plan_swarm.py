@@ -31,7 +31,6 @@ TPU compile differs; leave headroom); the cache and weight arithmetic is exact.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -117,12 +116,12 @@ def plan_swarm(cfg: ModelConfig, mesh: Mesh, *, episodes: int, subagents: int, c
     traces = [jax.ShapeDtypeStruct((n, x), jnp.int32, sharding=batch_sharding(mesh, 2, batch_size=n))
               for _, n, x in roles]
     models = [RoleModel(cfg=c, grammar=None, context=x, sampling=None) for c, _, x in roles]
-    shards = math.prod(mesh.shape[a] for a in ("data", "fsdp") if a in mesh.axis_names)
 
     def local(n: int) -> tuple[int, int]:
         """(groups, wide rows a group): the rows fed a chunk are taken from every device's
-        own rows, so the chunk-wide forward moves no cache between devices."""
-        groups = shards if n % shards == 0 else 1
+        own rows (the groups the rows' sharding makes), so the chunk-wide forward moves no
+        cache between devices."""
+        groups = n // batch_sharding(mesh, 1, batch_size=n).shard_shape((n,))[0]
         return groups, max(1, int(round(wide_rows * n / groups)))
 
     def tick(params, rows, traces):
