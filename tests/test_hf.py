@@ -35,6 +35,10 @@ FAMILIES = {
               dict(tie_word_embeddings=False, rope_theta=1_000_000.0, use_sliding_window=False)),
     "qwen2_tied": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
                    dict(tie_word_embeddings=True)),
+    # Qwen3-MoE: 8 experts, 2 a token, renormalised (as the released models set it)
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                  dict(tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=32, norm_topk_prob=True)),
     # YaRN past a 16-position original context (TOKENS has 24; generation reaches 17)
     "qwen3_yarn": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
                    dict(tie_word_embeddings=True, max_position_embeddings=64,
@@ -79,6 +83,7 @@ def test_logits_match_transformers(hf_checkpoint):
     assert (cfg.attention_bias, cfg.has_o_bias) == {"llama3": (True, True), "qwen2": (True, False),
                                                     "qwen2_tied": (True, False)}.get(name, (False, False))
     assert cfg.rope_type == {"llama3": "llama3", "qwen3_yarn": "yarn"}.get(name, "default")
+    assert (cfg.num_experts, cfg.experts_per_token) == ((8, 2) if name == "qwen3_moe" else (0, 0))
     ours = forward_jit(params, cfg, jnp.asarray(TOKENS)).logits
     np.testing.assert_allclose(ours, _hf_logits(model, TOKENS), atol=1e-4, rtol=1e-4)
 
@@ -209,6 +214,26 @@ def test_bad_config_values_name_the_file(saved):
     (saved / "config.json").write_text("{ not json")
     with pytest.raises(CheckpointError, match=f"^{config}: not valid JSON"):
         from_hf(str(saved))
+
+
+def test_fused_expert_layout_loads_as_the_per_expert_one(tmp_path):
+    """transformers' in-memory layout (gate_up_proj [E, 2F, D], down_proj [E, D, F]) reads
+    as the Hub's per-expert one; a config with dense layers between is refused by name."""
+    from safetensors.numpy import load_file, save_file
+    _hf_model("qwen3_moe").save_pretrained(tmp_path)
+    cfg, params = from_hf(str(tmp_path))
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    for i in range(cfg.num_layers):
+        base = f"model.layers.{i}.mlp.experts."
+        per = {n: np.stack([tensors.pop(f"{base}{j}.{n}.weight") for j in range(cfg.num_experts)])
+               for n in ("gate_proj", "up_proj", "down_proj")}
+        tensors[base + "gate_up_proj"] = np.concatenate([per["gate_proj"], per["up_proj"]], axis=1)
+        tensors[base + "down_proj"] = per["down_proj"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    jax.tree.map(np.testing.assert_array_equal, from_hf(str(tmp_path))[1], params)
+    _edit_config(tmp_path, lambda c: c.update(decoder_sparse_step=2))
+    with pytest.raises(CheckpointError, match="decoder_sparse_step=2"):
+        from_hf(str(tmp_path))
 
 
 # ----------------------------------------------------------------- Qwen2 biases, YaRN

@@ -75,6 +75,17 @@ class ModelConfig:
     tie_embeddings: bool = True
     param_dtype: str = "float32"
     dtype: str = "float32"  # compute dtype of matmuls; norms and softmax stay float32
+    # Mixture of experts (Qwen3-MoE): num_experts > 0 replaces every layer's MLP with
+    # experts_per_token of num_experts SwiGLU experts of moe_intermediate_size, chosen
+    # per token by a linear router (softmax over all experts, top-k, renormalised to
+    # sum 1 when norm_topk_prob). expert_capacity: with the experts split over devices,
+    # each device receives at most expert_capacity x its even share of a layer's
+    # assignments (see swarmjax.models.moe); 0 = no cap (exact, worst-case buffers).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    expert_capacity: float = 2.0
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -90,6 +101,17 @@ class ModelConfig:
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"ModelConfig.{name} must be one of {sorted(DTYPES)}, "
                                  f"got {getattr(self, name)!r}")
+        if self.num_experts:
+            if not isinstance(self.num_experts, int) or self.num_experts < 0:
+                raise ValueError(f"ModelConfig.num_experts must be an int >= 0, got {self.num_experts!r}")
+            if not isinstance(self.experts_per_token, int) or not 0 < self.experts_per_token <= self.num_experts:
+                raise ValueError(f"ModelConfig.experts_per_token must be in [1, num_experts={self.num_experts}], "
+                                 f"got {self.experts_per_token!r}")
+            if not isinstance(self.moe_intermediate_size, int) or self.moe_intermediate_size <= 0:
+                raise ValueError("ModelConfig.moe_intermediate_size must be a positive int with experts, "
+                                 f"got {self.moe_intermediate_size!r}")
+            if self.expert_capacity < 0:
+                raise ValueError(f"ModelConfig.expert_capacity must be >= 0, got {self.expert_capacity!r}")
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"ModelConfig.rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
         if self.rope_type == "llama3" and not (isinstance(self.rope_scaling, tuple)
@@ -111,6 +133,20 @@ class ModelConfig:
     def has_o_bias(self) -> bool:
         """Whether the attention output projection has a bias."""
         return self.attention_bias if self.o_bias is None else self.o_bias
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the layers' MLPs are mixtures of experts."""
+        return self.num_experts > 0
+
+    def _mlp_weights(self, *, active: bool) -> int:
+        """Weights of one layer's MLP: a SwiGLU's 3 D F, or the router's D E plus 3 D F_e
+        for each of the E experts (``active``: the k a token runs)."""
+        d = self.hidden_size
+        if not self.is_moe:
+            return 3 * d * self.intermediate_size
+        experts = self.experts_per_token if active else self.num_experts
+        return d * self.num_experts + 3 * experts * d * self.moe_intermediate_size
 
     @property
     def num_groups(self) -> int:
@@ -135,16 +171,16 @@ class ModelConfig:
         if self.has_o_bias:
             attn += d
         norms = 2 * d + (2 * hd if self.qk_norm else 0)
-        layer = attn + 3 * d * f + norms
+        layer = attn + self._mlp_weights(active=False) + norms
         embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return self.num_layers * layer + embed + d
 
     def matmul_flops_per_token(self, context: int = 0) -> int:
-        """Forward FLOPs of one token: 2 x (non-embedding weights + head) plus attention
-        over ``context`` keys (2 x 2 x heads x head_dim x context)."""
-        d, h, kv, hd, f = (self.hidden_size, self.num_heads, self.num_kv_heads,
-                           self.head_dim, self.intermediate_size)
-        weights = self.num_layers * (d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f)
+        """Forward FLOPs of one token: 2 x (non-embedding weights it runs + head) plus
+        attention over ``context`` keys (2 x 2 x heads x head_dim x context). With experts
+        only the router and the token's k experts count (the active weights)."""
+        d, h, kv, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        weights = self.num_layers * (d * h * hd + 2 * d * kv * hd + h * hd * d + self._mlp_weights(active=True))
         weights += d * self.vocab_size  # output head
         attn = self.num_layers * 4 * h * hd * context
         return 2 * weights + attn
@@ -153,7 +189,8 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-_REPR_IF_SET = ("o_bias",)
+_REPR_IF_SET = ("o_bias", "num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
+                "expert_capacity")
 
 
 # Named presets. The ~1M and ~30M sizes are the benchmark sizes of bench/sampler.py.
@@ -183,6 +220,13 @@ PRESETS.update({
     "qwen3-4b": _qwen3(2560, 36, 32, 9728, tied=True),
     "qwen3-8b": _qwen3(4096, 36, 32, 12288, tied=False),
 })
+
+
+# Qwen3-30B-A3B (huggingface.co/Qwen/Qwen3-30B-A3B config.json, April 2025): 48 layers of
+# 128 experts of 768, 8 a token (3.3B active of 30.5B), 4 kv heads, untied; the dense
+# intermediate_size (6144) is unused (no dense layers: decoder_sparse_step 1).
+PRESETS["qwen3-30b-a3b"] = _qwen3(2048, 48, 32, 6144, tied=False).replace(
+    num_kv_heads=4, num_experts=128, experts_per_token=8, moe_intermediate_size=768, norm_topk_prob=True)
 
 
 def preset(name: str) -> ModelConfig:

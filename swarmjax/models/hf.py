@@ -1,5 +1,8 @@
-"""Hugging Face checkpoint interchange for Qwen3, Qwen2 / Qwen2.5 and Llama
-(config.json + safetensors), RoPE default, llama3 or YaRN.
+"""Hugging Face checkpoint interchange for Qwen3, Qwen3-MoE, Qwen2 / Qwen2.5 and Llama
+(config.json + safetensors), RoPE default, llama3 or YaRN. Qwen3-MoE experts are read
+per expert (``mlp.experts.{j}.gate_proj.weight``, the Hub's layout, which
+``save_pretrained`` writes) or fused (``mlp.experts.gate_up_proj`` [E, 2F, D] and
+``mlp.experts.down_proj`` [E, D, F], transformers' in-memory layout), written per expert.
 
 ``from_hf(path)`` reads a checkpoint directory (single ``model.safetensors`` or a
 sharded ``model.safetensors.index.json``) into a :class:`ModelConfig` and a
@@ -47,10 +50,11 @@ class Architecture:
     # None: config.json's "attention_bias" biases q, k, v and o; else the family's fixed
     # biases, (q/k/v, o) (Qwen2: q, k, v only; it has no "attention_bias" field)
     fixed_bias: tuple[bool, bool] | None = None
+    moe: bool = False    # every layer's MLP a mixture of experts
 
     def matches(self, cfg: ModelConfig) -> bool:
         """Whether this family can hold ``cfg``'s architecture."""
-        if self.qk_norm != cfg.qk_norm:
+        if self.qk_norm != cfg.qk_norm or self.moe != cfg.is_moe:
             return False
         if self.fixed_bias is None:
             return cfg.has_o_bias == cfg.attention_bias
@@ -60,6 +64,7 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     a.hf_name: a for a in (
         Architecture("Qwen3ForCausalLM", "qwen3", qk_norm=True),
+        Architecture("Qwen3MoeForCausalLM", "qwen3_moe", qk_norm=True, moe=True),
         Architecture("Qwen2ForCausalLM", "qwen2", qk_norm=False, fixed_bias=(True, False)),
         Architecture("LlamaForCausalLM", "llama", qk_norm=False),
     )
@@ -76,7 +81,7 @@ class _Tensor:
     ``to_ours`` maps the HF array to our layout; ``to_hf`` is its inverse.
     """
 
-    hf: str                       # name, with {i} for the layer index
+    hf: str                       # name, with {i} for the layer index (and {j} for the expert)
     ours: tuple[str, ...]         # path in the params dict
     to_ours: Callable[[np.ndarray, ModelConfig], np.ndarray]
     to_hf: Callable[[np.ndarray, ModelConfig], np.ndarray]
@@ -117,10 +122,14 @@ def _tensor_table(cfg: ModelConfig) -> list[_Tensor]:
         _Tensor(L + "self_attn.o_proj.weight", ("layers", "attn", "o_proj"),
                 lambda x, c: x.T.reshape(c.num_heads, c.head_dim, c.hidden_size),
                 lambda x, c: x.reshape(-1, c.hidden_size).T),
-        _Tensor(L + "mlp.gate_proj.weight", ("layers", "mlp", "gate_proj"), _t, _t),
-        _Tensor(L + "mlp.up_proj.weight", ("layers", "mlp", "up_proj"), _t, _t),
-        _Tensor(L + "mlp.down_proj.weight", ("layers", "mlp", "down_proj"), _t, _t),
     ]
+    if cfg.is_moe:
+        table += [_Tensor(L + "mlp.gate.weight", ("layers", "mlp", "router"), _t, _t)] + [
+            _Tensor(L + "mlp.experts.{j}." + hf + ".weight", ("layers", "mlp", ours), _t, _t)
+            for hf, ours in (("gate_proj", "expert_gate"), ("up_proj", "expert_up"), ("down_proj", "expert_down"))]
+    else:
+        table += [_Tensor(L + f"mlp.{name}.weight", ("layers", "mlp", name), _t, _t)
+                  for name in ("gate_proj", "up_proj", "down_proj")]
     if cfg.qk_norm:
         table += [
             _Tensor(L + "self_attn.q_norm.weight", ("layers", "attn", "q_norm", "scale"), _ident, _ident),
@@ -173,6 +182,7 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype: str = "float32",
         raise CheckpointError(f"{source}: unsupported option mlp_bias=true")
     if hf.get("use_sliding_window"):
         raise CheckpointError(f"{source}: unsupported option use_sliding_window=true")
+    moe = _moe_from_hf(hf, source) if arch.moe else {}
 
     rope = dict(hf.get("rope_parameters") or {})          # transformers >= 5
     legacy = hf.get("rope_scaling") or {}                  # transformers 4.x
@@ -215,12 +225,32 @@ def config_from_hf(hf: dict[str, Any], *, param_dtype: str = "float32",
             qk_norm=arch.qk_norm, attention_bias=qkv_bias,
             o_bias=None if arch.fixed_bias is None else o_bias,
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            param_dtype=param_dtype, dtype=dtype or param_dtype)
+            param_dtype=param_dtype, dtype=dtype or param_dtype, **moe)
     except CheckpointError:
         raise
     except (TypeError, ValueError, ZeroDivisionError) as e:  # a field of the wrong type/value
         raise CheckpointError(f"{source}: {e}") from None
     return cfg, arch
+
+
+def _moe_from_hf(hf: dict[str, Any], source: str) -> dict[str, Any]:
+    """A Qwen3-MoE config.json's expert fields as :class:`ModelConfig` keywords. Only the
+    layout with experts in every layer is implemented (``decoder_sparse_step`` 1, no
+    ``mlp_only_layers``), as every released Qwen3-MoE has. ``norm_topk_prob`` defaults to
+    False, transformers' default; ``num_local_experts`` is the name transformers 5 writes."""
+    step = hf.get("decoder_sparse_step", 1)
+    if step != 1:
+        raise CheckpointError(f"{source}: unsupported option decoder_sparse_step={step!r} "
+                              "(experts in every layer only)")
+    if hf.get("mlp_only_layers"):
+        raise CheckpointError(f"{source}: unsupported option mlp_only_layers={hf['mlp_only_layers']!r} "
+                              "(experts in every layer only)")
+    experts = hf.get("num_experts", hf.get("num_local_experts"))
+    if experts is None:
+        raise CheckpointError(f"{source}: lacks required field 'num_experts'")
+    return dict(num_experts=experts, experts_per_token=_field(hf, "num_experts_per_tok", source),
+                moe_intermediate_size=_field(hf, "moe_intermediate_size", source),
+                norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
 
 
 def _yarn_from_hf(rope: dict[str, Any], hf: dict[str, Any], max_positions: int) -> YarnScaling:
@@ -269,6 +299,10 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     family: dict[str, Any] = {"attention_bias": cfg.attention_bias}
     if arch.model_type == "qwen2":   # biases fixed by the family; no sliding window here
         family = {"use_sliding_window": False}
+    if arch.moe:
+        family.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+                      moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+                      decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False)
     return {
         "architectures": [arch.hf_name], "model_type": arch.model_type,
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
@@ -312,13 +346,32 @@ def _keys_of(file: str) -> list[str]:
         raise CheckpointError(f"{file}: unreadable safetensors file ({e})") from None
 
 
+def _slices(entry: _Tensor, cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """The HF tensor names of one table entry, each with the index of its slice of our
+    array: () for a whole array, (i,) for layer i, (i, j) for expert j of layer i."""
+    if "{j}" in entry.hf:
+        return [(entry.hf.format(i=i, j=j), (i, j)) for i in range(cfg.num_layers)
+                for j in range(cfg.num_experts)]
+    if "{i}" in entry.hf:
+        return [(entry.hf.format(i=i), (i,)) for i in range(cfg.num_layers)]
+    return [(entry.hf, ())]
+
+
 class _Reader:
-    """Reads tensors by name, keeping each shard file open once."""
+    """Reads tensors by name, keeping each shard file open once. ``virtual`` names are
+    slices of a stored tensor: name -> (stored name, slicing function)."""
 
     def __init__(self, files: dict[str, str]):
         self.files, self.handles, self.used = files, {}, set()
+        self.virtual: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {}
+        self._last: tuple[str, np.ndarray] | None = None
 
     def get(self, name: str) -> np.ndarray:
+        if name not in self.files and name in self.virtual:
+            stored, part = self.virtual[name]
+            if self._last is None or self._last[0] != stored:   # one stored tensor serves E names
+                self._last = (stored, self.get(stored))
+            return part(self._last[1])
         if name not in self.files:
             raise CheckpointError(f"missing tensor {name!r}")
         file = self.files[name]
@@ -335,6 +388,21 @@ class _Reader:
     def close(self):
         for h in self.handles.values():
             h.__exit__(None, None, None)
+
+
+def _fused_experts(reader: _Reader, cfg: ModelConfig) -> None:
+    """Let ``reader`` serve the per-expert names from fused expert tensors where a layer
+    stores them so: ``mlp.experts.gate_up_proj`` [E, 2F, D] (gate rows first) and
+    ``mlp.experts.down_proj`` [E, D, F]."""
+    F = cfg.moe_intermediate_size
+    for i in range(cfg.num_layers):
+        base = f"model.layers.{i}.mlp.experts."
+        if base + "gate_up_proj" not in reader.files:
+            continue
+        for j in range(cfg.num_experts):
+            reader.virtual[f"{base}{j}.gate_proj.weight"] = (base + "gate_up_proj", lambda a, j=j: a[j, :F])
+            reader.virtual[f"{base}{j}.up_proj.weight"] = (base + "gate_up_proj", lambda a, j=j: a[j, F:])
+            reader.virtual[f"{base}{j}.down_proj.weight"] = (base + "down_proj", lambda a, j=j: a[j])
 
 
 def _set(tree: dict, path: tuple[str, ...], value):
@@ -374,7 +442,7 @@ def _json_file(path: str, name: str) -> dict[str, Any] | None:
 
 def from_hf(path: str, *, param_dtype: str = "float32", dtype: str | None = None,
             shardings: Any = None) -> tuple[ModelConfig, dict[str, Any]]:
-    """Load a Qwen3, Qwen2 / Qwen2.5 or Llama HF checkpoint directory.
+    """Load a Qwen3, Qwen3-MoE, Qwen2 / Qwen2.5 or Llama HF checkpoint directory.
 
     Args:
       path: directory with ``config.json`` and safetensors weights.
@@ -395,22 +463,23 @@ def from_hf(path: str, *, param_dtype: str = "float32", dtype: str | None = None
     target = abstract_params(cfg)
     np_dtype = np.dtype(DTYPES[param_dtype])
     reader = _Reader(_tensor_files(path))
+    if cfg.is_moe:
+        _fused_experts(reader, cfg)
     params: dict[str, Any] = {}
     try:
         for entry in _tensor_table(cfg):
             want = _get(target, entry.ours).shape
-            layered = "{i}" in entry.hf
-            names = [entry.hf.format(i=i) for i in range(cfg.num_layers)] if layered else [entry.hf]
-            per_layer = want[1:] if layered else want
-            expected = entry.to_hf(np.zeros(per_layer, np.float32), cfg).shape
-            parts = []
-            for name in names:
+            slices = _slices(entry, cfg)
+            lead = len(slices[0][1])                       # leading [L] or [L, E] axes
+            expected = entry.to_hf(np.zeros(want[lead:], np.float32), cfg).shape
+            value = np.empty(want, np_dtype)
+            for name, index in slices:
                 hf_arr = reader.get(name)
                 if tuple(hf_arr.shape) != tuple(expected):
                     raise CheckpointError(f"tensor {name!r} has shape {tuple(hf_arr.shape)}, "
                                           f"expected {tuple(expected)}")
-                parts.append(entry.to_ours(hf_arr, cfg).astype(np_dtype))
-            _set(params, entry.ours, np.stack(parts) if layered else parts[0])
+                value[index] = entry.to_ours(hf_arr, cfg).astype(np_dtype)
+            _set(params, entry.ours, value)
         leftover = sorted(n for n in set(reader.files) - reader.used
                           if not n.endswith(_IGNORED_SUFFIXES)
                           and not (cfg.tie_embeddings and n == "lm_head.weight"))
@@ -458,11 +527,8 @@ def to_hf(cfg: ModelConfig, params: dict[str, Any], path: str,
     tensors: dict[str, np.ndarray] = {}
     for entry in _tensor_table(cfg):
         arr = _get(host, entry.ours)
-        if "{i}" in entry.hf:
-            for i in range(cfg.num_layers):
-                tensors[entry.hf.format(i=i)] = np.ascontiguousarray(entry.to_hf(arr[i], cfg))
-        else:
-            tensors[entry.hf] = np.ascontiguousarray(entry.to_hf(arr, cfg))
+        for name, index in _slices(entry, cfg):
+            tensors[name] = np.ascontiguousarray(entry.to_hf(arr[index], cfg))
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
         json.dump(config_to_hf(cfg), f, indent=2)
     meta = {"format": "pt"}

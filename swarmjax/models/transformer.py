@@ -38,6 +38,7 @@ import numpy as np
 from jax import lax
 
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.moe import MoE
 from swarmjax.models.rope import (apply_rope, rope_attention_factor, rope_inv_freq,  # noqa: F401  (re-exported)
                                   rope_table, rope_tables)
 
@@ -234,10 +235,12 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One pre-norm decoder layer. Returns the new hidden state, k and v (the updated
     cache buffers, see :class:`KVCache`, when given, else this chunk's ``[B, K, T, hd]``)
-    and the max logit per head (or None)."""
+    and the max logit per head (or None). The MLP is a SwiGLU, or a mixture of experts
+    (:class:`swarmjax.models.moe.MoE`, run expert parallel over ``sharding``'s mesh)."""
 
     cfg: ModelConfig
     want_max: bool = False
+    sharding: Any = None
 
     @nn.compact
     def __call__(self, x, cos, sin, mask, cache_k=None, cache_v=None, cache_index=None,
@@ -246,7 +249,8 @@ class Block(nn.Module):
         a, k, v, max_logit = Attention(self.cfg, self.want_max, name="attn")(
             h, cos, sin, mask, cache_k, cache_v, cache_index, prefix_k, prefix_v, prefix_mask)
         x = x + a
-        x = x + MLP(self.cfg, name="mlp")(RMSNorm(self.cfg, name="post_attn_norm")(x))
+        mlp = MoE(self.cfg, self.sharding, name="mlp") if self.cfg.is_moe else MLP(self.cfg, name="mlp")
+        x = x + mlp(RMSNorm(self.cfg, name="post_attn_norm")(x))
         return x, k, v, max_logit
 
 
@@ -445,7 +449,8 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
         partitioner keeps the batch split instead of following the weights' ``embed``
         split (without it, an FSDP-sharded learner step replicated the activations).
         A prefill (an empty cache written from slot 0) with it and stacked weights runs
-        its layers under ``lax.scan``, one layer's weights gathered at a time.
+        its layers under ``lax.scan``, one layer's weights gathered at a time. A mixture of
+        experts runs expert parallel over its mesh (:mod:`swarmjax.models.moe`).
       return_hidden: static; return the final-normed hidden state [B, T, D] instead of
         logits (the head is not applied): a learner computes log-probs from it a chunk
         of positions at a time (:func:`swarmjax.rl.losses.chunked_token_logprobs`).
@@ -465,7 +470,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
     else:
         cos, sin = (jnp.take(t, positions, axis=0, mode="fill") for t in rope_table)
     mask_new = token_mask[:, None, :] & jnp.tril(jnp.ones((T, T), bool))[None]   # [B, T, T]
-    block = Block(cfg, return_max_logits)
+    block = Block(cfg, return_max_logits, activation_sharding)
 
     if cache is None:
         if prefix is not None:

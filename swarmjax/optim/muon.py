@@ -33,12 +33,15 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 # Parameter names (last path key) that are hidden projection matrices: their rank,
 # and (reduction axes, output axes) for the whole layer matrix and for one head.
-# Shapes: q/k/v [L, D, H, hd]; o [L, H, hd, D]; gate/up [L, D, F]; down [L, F, D].
+# Shapes: q/k/v [L, D, H, hd]; o [L, H, hd, D]; gate/up [L, D, F]; down [L, F, D]; experts
+# [L, E, D, F] / [L, E, F, D], each expert's matrix on its own. A MoE router [L, D, E] stays
+# with AdamW (a small classifier over experts, not a hidden projection).
 _D = MuonDimensionNumbers
 _HIDDEN: dict[str, tuple[int, MuonDimensionNumbers, MuonDimensionNumbers]] = {
     **{n: (4, _D((1,), (2, 3)), _D((1,), (3,))) for n in ("q_proj", "k_proj", "v_proj")},
     "o_proj": (4, _D((1, 2), (3,)), _D((2,), (3,))),
     **{n: (3, _D((1,), (2,)), _D((1,), (2,))) for n in ("gate_proj", "up_proj", "down_proj")},
+    **{n: (4, _D((2,), (3,)), _D((2,), (3,))) for n in ("expert_gate", "expert_up", "expert_down")},
 }
 
 
@@ -164,13 +167,14 @@ def newton_schulz(x: jax.Array, dims: MuonDimensionNumbers, *, coeffs: tuple[flo
     arithmetic (Frobenius preconditioning, the base quintic step) is the same.
     """
     red, out = _axes(dims.reduction_axis, x.ndim), _axes(dims.output_axis, x.ndim)
-    batch = tuple(a for a in range(x.ndim) if a not in red + out)
+    # the longest batch axis first: it is the one spread (experts [L, E, ...] spread E)
+    batch = tuple(sorted((a for a in range(x.ndim) if a not in red + out), key=lambda a: -x.shape[a]))
     perm = batch + red + out
     x = x.transpose(perm)                                                  # [batch..., fan_in..., fan_out...]
     lead = x.shape[0]
     spread = mesh is not None and mesh.devices.size > 1 and len(batch) > 0
     if spread:
-        # First batch axis (the layers) over every device, padded to a multiple of their
+        # First batch axis (layers, or experts) over every device, padded to a multiple of their
         # count; from the parameter's sharding one all-to-all a mesh axis (_spread).
         x = jnp.pad(x, [(0, -lead % mesh.devices.size)] + [(0, 0)] * (x.ndim - 1))
         x = _spread(x, mesh)

@@ -28,6 +28,7 @@ DEFAULT_RULES: dict[str, Any] = {
     "kv_heads": "tensor",
     "head_dim": None,
     "mlp": "tensor",
+    "experts": "fsdp",           # expert parallelism: each fsdp device holds E / fsdp whole experts
     "layers": None,
     "norm": None,
     "seq": None,
