@@ -163,8 +163,7 @@ class ModelConfig:
 
     def num_params(self) -> int:
         """Exact parameter count (embeddings included, counted once when tied)."""
-        d, h, kv, hd, f = (self.hidden_size, self.num_heads, self.num_kv_heads,
-                           self.head_dim, self.intermediate_size)
+        d, h, kv, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
         attn = d * h * hd + 2 * d * kv * hd + h * hd * d
         if self.attention_bias:
             attn += h * hd + 2 * kv * hd
