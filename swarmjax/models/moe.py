@@ -50,9 +50,11 @@ def route(x: Array, router: Array, cfg: ModelConfig) -> tuple[Array, Array]:
     """The k experts of each token and their weights.
 
     x [N, D], router [D, E] -> (ids [N, k] int32, weights [N, k] in x's dtype):
-    ``softmax(x R)`` in float32, its top k, divided by their sum when ``cfg.norm_topk_prob``."""
-    logits = jnp.dot(x, router.astype(x.dtype), preferred_element_type=jnp.float32)   # [N, E]
-    probs = jax.nn.softmax(logits, axis=-1)
+    ``softmax(x R)`` in float32, its top k, divided by their sum when ``cfg.norm_topk_prob``.
+    The logits are rounded to x's dtype before the softmax, as transformers computes
+    them, so a bfloat16 model picks the experts its reference does."""
+    logits = jnp.dot(x, router.astype(x.dtype))                                          # [N, E]
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     weights, ids = lax.top_k(probs, cfg.experts_per_token)                              # [N, k]
     if cfg.norm_topk_prob:
         weights = weights / weights.sum(-1, keepdims=True)
