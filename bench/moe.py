@@ -28,23 +28,15 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from devices import ask_for_devices, mesh_shape  # noqa: E402
 
-def _ask_for_devices() -> None:
-    if "--mesh" in sys.argv[:-1]:
-        count = 1
-        for n in sys.argv[sys.argv.index("--mesh") + 1].split(","):
-            count *= int(n)
-        flag = f"--xla_force_host_platform_device_count={count}"
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-
-
-_ask_for_devices()
+ask_for_devices()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import matmul_peak_flops, time_best  # noqa: E402
 
 from swarmjax.models.config import ModelConfig  # noqa: E402
@@ -100,7 +92,7 @@ def main() -> None:
          "expert_width": args.expert_width, "peak_flops": peak, "dense_s": dense_s, "moe_s": moe_s,
          "moe_over_dense": moe_s / dense_s, "dense_mfu": flops / dense_s / peak, "moe_mfu": flops / moe_s / peak}
     if args.mesh:
-        mesh = make_mesh(MeshConfig(*(int(n) for n in args.mesh.split(","))))
+        mesh = make_mesh(MeshConfig(*mesh_shape(args.mesh)))
         placed = {n: jax.device_put(a, logical_sharding(EXPERT_AXES.get(n, ("embed", None)), a.shape, mesh))
                   for n, a in moe.items()}
         tokens = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))

@@ -39,23 +39,15 @@ import sys
 import time
 
 
-def _ask_for_devices() -> None:
-    """``--mesh D,F,T`` on a CPU: as many simulated devices, set before JAX starts."""
-    if "--mesh" in sys.argv[:-1]:
-        count = 1
-        for n in sys.argv[sys.argv.index("--mesh") + 1].split(","):
-            count *= int(n)
-        flag = f"--xla_force_host_platform_device_count={count}"
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from devices import ask_for_devices, mesh_shape  # noqa: E402
 
-
-_ask_for_devices()
+ask_for_devices()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import base_parser, run_sizes, time_best  # noqa: E402
 
 from swarmjax.models.config import preset  # noqa: E402
@@ -138,7 +130,7 @@ def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--head", type=int, default=0, help="also time rows sharing this many leading ids")
-    p.add_argument("--mesh", type=lambda t: tuple(int(x) for x in t.split(",")), default=None,
+    p.add_argument("--mesh", type=mesh_shape, default=None,
                    help="data,fsdp,tensor: time the steps on this mesh (and Muon left to XLA beside it)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                    help="params and matmuls of every size, and the peak's matmul (default: each preset's "
