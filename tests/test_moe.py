@@ -13,6 +13,7 @@ from swarmjax.models import ModelConfig, init_params
 from swarmjax.models.moe import capacity
 from swarmjax.models.transformer import forward, param_logical_axes
 from swarmjax.optim import OptimConfig, make_optimizer, muon_dimension_numbers
+from swarmjax.sampling import Sampler, SamplingConfig, pad_prompts
 from swarmjax.sharding.mesh import MeshConfig, make_mesh, tree_shardings
 
 CFG = ModelConfig(num_experts=8, experts_per_token=2, moe_intermediate_size=32, norm_topk_prob=True)
@@ -36,6 +37,9 @@ def test_expert_parallel_equals_one_device_and_reports_drops():
     assert "all-to-all" in step.lower(sharded, tokens, CFG.replace(expert_capacity=0), rows).compile().as_text()
     np.testing.assert_allclose(value, ref, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grad, ref_grad)
+    # 3 rows do not split over the 4 row devices: each expert group shares them out and gathers back
+    three = jax.jit(lambda p, t: forward(p, CFG, t, activation_sharding=rows).logits)(sharded, tokens[:3])
+    np.testing.assert_allclose(three, forward(params, CFG, tokens[:3]).logits, rtol=1e-4, atol=1e-5)
 
     # the default capacity (twice the even share) here is the worst case, 24 tokens x 2;
     # on 8 devices, 1000 tokens: 2 x 2000 / 8 slots. A capacity of 1 % drops and says so.
@@ -47,6 +51,19 @@ def test_expert_parallel_equals_one_device_and_reports_drops():
             jax.effects_barrier()
         said = [str(w.message) for w in caught if "expert capacity" in str(w.message)]
         assert bool(said) == drops, said
+
+
+def test_sampler_decodes_a_mixture_of_experts_expert_parallel():
+    """Greedy decoding on a (2, 2, 2) mesh (prefill and every decode step dispatched by
+    all-to-all) picks the tokens one device picks."""
+    params = jax.tree.map(lambda x: x * 8.0 if x.ndim >= 3 else x, init_params(CFG, jax.random.key(2)))
+    tokens, mask = pad_prompts([[3, 17, 99, 4, 60], [8, 1, 2], [120], [5, 5]])
+    scfg = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    ref = Sampler(CFG, scfg)(params, tokens, prompt_mask=mask)
+    sampler = Sampler(CFG, scfg, mesh=make_mesh(MeshConfig(2, 2, 2)))
+    out = sampler(jax.tree.map(jax.device_put, params, sampler.param_shardings(params)), tokens, prompt_mask=mask)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    assert len(set(np.asarray(ref.tokens).ravel().tolist())) > 3          # not one repeated id
 
 
 def test_moe_parameters_counted_and_orthogonalised_per_expert_where_they_are():

@@ -371,7 +371,11 @@ class _Reader:
             stored, part = self.virtual[name]
             if self._last is None or self._last[0] != stored:   # one stored tensor serves E names
                 self._last = (stored, self.get(stored))
-            return part(self._last[1])
+            try:
+                return part(self._last[1])
+            except IndexError:
+                raise CheckpointError(f"tensor {stored!r} of shape {self._last[1].shape} has no part "
+                                      f"{name!r}") from None
         if name not in self.files:
             raise CheckpointError(f"missing tensor {name!r}")
         file = self.files[name]

@@ -112,10 +112,11 @@ def capacity(tokens: int, cfg: ModelConfig, devices: int) -> int:
     return min(worst, max(even, _MIN_SLOTS))
 
 
-def _dispatch(x: Array, params: dict[str, Array], cfg: ModelConfig, ep: tuple[str, ...],
-              n: int, tensor: tuple[str, ...], everything: tuple[str, ...]) -> Array:
+def _dispatch(x: Array, live: Array, params: dict[str, Array], cfg: ModelConfig, ep: tuple[str, ...],
+              n: int, tensor: tuple[str, ...], counted: tuple[str, ...]) -> Array:
     """One device's part of :func:`moe_expert_parallel` (inside ``shard_map``): its tokens
-    x [N, D], its E_loc experts; returns [N, D]."""
+    x [N, D] (``live`` [N]: False on padding, which is not sent), its E_loc experts;
+    returns [N, D]."""
     N, D = x.shape
     k = cfg.experts_per_token
     local = cfg.num_experts // n
@@ -123,10 +124,11 @@ def _dispatch(x: Array, params: dict[str, Array], cfg: ModelConfig, ep: tuple[st
     ids, weights = route(x, params["router"], cfg)                                      # [N, k]
     flat = ids.reshape(-1)                                                              # [A]
     dest = flat // local                                                                # [A] owner device
-    onehot = jax.nn.one_hot(dest, n, dtype=jnp.int32)                                   # [A, n]
-    slot = jnp.sum((jnp.cumsum(onehot, 0) - 1) * onehot, 1)                             # [A] place in its buffer
-    kept = slot < C
     token = jnp.arange(N * k) // k
+    sent = live[token]                                                                  # [A]
+    onehot = jax.nn.one_hot(dest, n, dtype=jnp.int32) * sent[:, None]                   # [A, n]
+    slot = jnp.where(sent, jnp.sum((jnp.cumsum(onehot, 0) - 1) * onehot, 1), C)        # [A] place in its buffer
+    kept = slot < C
     send = jnp.zeros((n, C, D), x.dtype).at[dest, slot].set(x[token], mode="drop")     # [n, C, D]
     send_e = jnp.full((n, C), local, jnp.int32).at[dest, slot].set(flat % local, mode="drop")
     with jax.named_scope("moe_all_to_all"):
@@ -143,9 +145,9 @@ def _dispatch(x: Array, params: dict[str, Array], cfg: ModelConfig, ep: tuple[st
     with jax.named_scope("moe_all_to_all"):
         back = lax.all_to_all(y, ep, 0, 0, tiled=True)                                  # [n, C, D] by owner
     out = jnp.where(kept[:, None], back[dest, jnp.minimum(slot, C - 1)], 0)             # [A, D]
-    dropped = lax.psum(jnp.sum(~kept), everything)
+    dropped = lax.psum(jnp.sum(sent & ~kept), counted)
     # the host hears of drops only (no callback on a step that drops nothing)
-    lax.cond(dropped > 0, lambda: jax.debug.callback(_warn_dropped, dropped, lax.psum(N * k, everything)),
+    lax.cond(dropped > 0, lambda: jax.debug.callback(_warn_dropped, dropped, lax.psum(jnp.sum(sent), counted)),
              lambda: None)
     return _combine(out, weights)
 
@@ -167,16 +169,29 @@ def moe_expert_parallel(x: Array, params: dict[str, Array], cfg: ModelConfig,
     if not ep:
         return moe_local(x.reshape(-1, D), params, cfg).reshape(B, T, D)
     n = math.prod(mesh.shape[a] for a in ep)
+    names = lambda s: () if s is None else ((s,) if isinstance(s, str) else tuple(s))
     spec = tuple(sharding.spec) + (None,) * (3 - len(sharding.spec))
-    fits = all(s is None or size % math.prod(mesh.shape[a] for a in ((s,) if isinstance(s, str) else s)) == 0
-               for s, size in zip(spec, x.shape))
+    fits = all(size % math.prod(mesh.shape[a] for a in names(s)) == 0 for s, size in zip(spec, x.shape))
     x_spec = PartitionSpec(*spec) if fits else PartitionSpec()   # tokens that do not split: whole on each
+    # tokens not split over the expert axes (whole, or split over other axes only): each
+    # device of an expert group dispatches its 1/n of them, then the group gathers the results
+    share = not set(ep) <= {a for s in x_spec for a in names(s)}
     w = {name: logical_to_spec(axes, params[name].shape, mesh) for name, axes in EXPERT_AXES.items()}
-    tensor = tuple(a for s in w["expert_gate"][2:] if s is not None for a in ((s,) if isinstance(s, str) else s))
+    tensor = names(w["expert_gate"][2])                          # the expert width split: partial sums
+    # the axes over which devices hold different tokens (drop counts summed over these)
+    counted = tuple(a for a in mesh.axis_names if a in set(ep) | {a for s in x_spec for a in names(s)})
 
     def body(x, p):
         b, t, _ = x.shape
-        return _dispatch(x.reshape(b * t, D), p, cfg, ep, n, tensor, tuple(mesh.axis_names)).reshape(b, t, D)
+        tokens = x.reshape(b * t, D)
+        if not share:
+            return _dispatch(tokens, jnp.ones((b * t,), bool), p, cfg, ep, n, tensor, counted).reshape(b, t, D)
+        per = -(-(b * t) // n)
+        start = lax.axis_index(ep) * per
+        mine = lax.dynamic_slice_in_dim(jnp.pad(tokens, ((0, per * n - b * t), (0, 0))), start, per)
+        live = start + jnp.arange(per) < b * t
+        y = _dispatch(mine, live, p, cfg, ep, n, tensor, counted)                  # [per, D]
+        return lax.all_gather(y, ep, tiled=True)[:b * t].reshape(b, t, D)
 
     in_specs = (x_spec, {"router": PartitionSpec(), **w})
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=x_spec, check_vma=False)(
