@@ -53,9 +53,9 @@ def test_expert_parallel_equals_one_device_and_reports_drops():
         assert bool(said) == drops, said
 
 
-def test_sampler_decodes_a_mixture_of_experts_expert_parallel():
-    """Greedy decoding on a (2, 2, 2) mesh (prefill and every decode step dispatched by
-    all-to-all) picks the tokens one device picks."""
+def test_sampler_on_a_mesh_decodes_a_mixture_of_experts_as_one_device():
+    """Greedy decoding on a (2, 2, 2) mesh (the prefill dispatched by all-to-all, the decode
+    steps left to XLA) picks the tokens one device picks."""
     params = jax.tree.map(lambda x: x * 8.0 if x.ndim >= 3 else x, init_params(CFG, jax.random.key(2)))
     tokens, mask = pad_prompts([[3, 17, 99, 4, 60], [8, 1, 2], [120], [5, 5]])
     scfg = SamplingConfig(temperature=0.0, max_new_tokens=8)

@@ -177,8 +177,7 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
 
     def body(c: DecodeCarry) -> DecodeCarry:
         step = forward(params, cfg, c.tok[:, None], positions=c.pos[:, None], token_mask=c.feed[:, None],
-                       cache=c.cache, cache_index=P + c.i, rope_table=rope,
-                       activation_sharding=activation_sharding if cfg.is_moe else None)   # experts: dispatched
+                       cache=c.cache, cache_index=P + c.i, rope_table=rope)
         key, sub = jax.random.split(c.key)
         state, tok, feed = record(c.state, c.i + 1, step.logits[:, 0], sub)
         return DecodeCarry(i=c.i + 1, state=state, tok=tok, feed=feed, cache=step.cache,
