@@ -15,13 +15,14 @@ Two ways to run the experts, the same arithmetic:
   the device that owns its expert (C slots per destination), exchanges the buffers with one
   ``all_to_all``, runs its local experts as grouped matmuls, and sends the results back with
   a second ``all_to_all`` (GShard's dispatch, Lepikhin et al. 2020, arXiv 2006.16668).
-  ``C = ceil(expert_capacity x N k / n)``: a device that would receive more assignments than
-  that from one sender drops the rest (the token keeps its other experts and the residual);
-  every drop is reported by a warning naming the fix. ``expert_capacity = 0`` sizes the
-  buffers for the worst case (C = N k): exact always, n times the memory.
+  ``C = max(16, ceil(expert_capacity x N k / n))`` (:func:`capacity`), at most the worst
+  case ``N min(k, E / n)``: a device that would receive more assignments than that from
+  one sender drops the rest (the token keeps its other experts and the residual); every
+  drop is reported by a warning naming the fix. ``expert_capacity = 0`` sizes the buffers
+  for the worst case: exact always, up to n times the memory.
 
 Shapes: N tokens, D hidden, E experts (E_loc on one device), F expert width, k experts a
-token (``K`` in the comments is the kv heads elsewhere, so here ``k``), A = N k assignments.
+token (lower case: K is the kv heads), A = N k assignments, C slots a destination device.
 """
 
 from __future__ import annotations
