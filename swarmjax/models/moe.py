@@ -97,8 +97,9 @@ def _warn_dropped(dropped, total) -> None:
                       "ModelConfig.expert_capacity (0 = never drop)", RuntimeWarning, stacklevel=2)
 
 
-# Fewest slots per destination: a decode step's few tokens then never drop (a token sends
-# at most min(k, E_loc) assignments to one device) for the cost of n x 16 rows of D.
+# Fewest slots per destination: a device's few tokens (a short chunk, a handful of rows)
+# then never drop (a token sends at most min(k, E_loc) assignments to one device), for the
+# cost of n x 16 rows of D.
 _MIN_SLOTS = 16
 
 
