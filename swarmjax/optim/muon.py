@@ -6,7 +6,8 @@ add is the *labelling* of our parameter tree (:func:`muon_dimension_numbers`): t
 stacked ``[L, ...]`` attention and MLP projections go to Muon with the layer axis as a
 batch axis (each layer's matrix orthogonalised on its own), embeddings / output head /
 norms / biases go to AdamW; and, on a mesh, Newton-Schulz with the layers spread over the
-devices (:func:`newton_schulz`) instead of every layer's matrix gathered on every device.
+devices (:func:`newton_schulz`) instead of every layer's matrix gathered on every device
+(a mixture of experts' matrices, each whole on the device of its expert, stay there).
 
 Muon update (Jordan 2024; Liu et al. 2025 "Muon is Scalable", arXiv 2502.16982):
 ``M_t = beta M_{t-1} + (1 - beta) G_t``; Nesterov ``M^ = beta M_t + (1 - beta) G_t``
