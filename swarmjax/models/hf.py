@@ -359,33 +359,27 @@ def _slices(entry: _Tensor, cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]
 
 class _Reader:
     """Reads tensors by name, keeping each shard file open once. ``virtual`` names are
-    slices of a stored tensor: name -> (stored name, slicing function)."""
+    parts of a stored tensor, read without the rest of it: name -> (stored name, index
+    of the part, a leading length-1 axis dropped)."""
 
     def __init__(self, files: dict[str, str]):
         self.files, self.handles, self.used = files, {}, set()
-        self.virtual: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {}
-        self._last: tuple[str, np.ndarray] | None = None
+        self.virtual: dict[str, tuple[str, tuple[slice, ...]]] = {}
 
     def get(self, name: str) -> np.ndarray:
-        if name not in self.files and name in self.virtual:
-            stored, part = self.virtual[name]
-            if self._last is None or self._last[0] != stored:   # one stored tensor serves E names
-                self._last = (stored, self.get(stored))
-            try:
-                return part(self._last[1])
-            except IndexError:
-                raise CheckpointError(f"tensor {stored!r} of shape {self._last[1].shape} has no part "
-                                      f"{name!r}") from None
-        if name not in self.files:
-            raise CheckpointError(f"missing tensor {name!r}")
-        file = self.files[name]
+        stored, part = self.virtual[name] if name not in self.files and name in self.virtual else (name, None)
+        if stored not in self.files:
+            raise CheckpointError(f"missing tensor {stored!r}")
+        file = self.files[stored]
         try:
             if file not in self.handles:
                 if not os.path.exists(file):
-                    raise CheckpointError(f"tensor {name!r}: shard file {file} does not exist")
+                    raise CheckpointError(f"tensor {stored!r}: shard file {file} does not exist")
                 self.handles[file] = safe_open(file, framework="numpy").__enter__()
-            self.used.add(name)
-            return self.handles[file].get_tensor(name)
+            self.used.add(stored)
+            if part is None:
+                return self.handles[file].get_tensor(stored)
+            return self.handles[file].get_slice(stored)[part][0]
         except SafetensorError as e:
             raise CheckpointError(f"tensor {name!r} in {file}: unreadable ({e})") from None
 
@@ -397,16 +391,17 @@ class _Reader:
 def _fused_experts(reader: _Reader, cfg: ModelConfig) -> None:
     """Let ``reader`` serve the per-expert names from fused expert tensors where a layer
     stores them so: ``mlp.experts.gate_up_proj`` [E, 2F, D] (gate rows first) and
-    ``mlp.experts.down_proj`` [E, D, F]."""
+    ``mlp.experts.down_proj`` [E, D, F]; each expert's part is read on its own."""
     F = cfg.moe_intermediate_size
     for i in range(cfg.num_layers):
         base = f"model.layers.{i}.mlp.experts."
         if base + "gate_up_proj" not in reader.files:
             continue
         for j in range(cfg.num_experts):
-            reader.virtual[f"{base}{j}.gate_proj.weight"] = (base + "gate_up_proj", lambda a, j=j: a[j, :F])
-            reader.virtual[f"{base}{j}.up_proj.weight"] = (base + "gate_up_proj", lambda a, j=j: a[j, F:])
-            reader.virtual[f"{base}{j}.down_proj.weight"] = (base + "down_proj", lambda a, j=j: a[j])
+            e = slice(j, j + 1)
+            reader.virtual[f"{base}{j}.gate_proj.weight"] = (base + "gate_up_proj", (e, slice(0, F)))
+            reader.virtual[f"{base}{j}.up_proj.weight"] = (base + "gate_up_proj", (e, slice(F, 2 * F)))
+            reader.virtual[f"{base}{j}.down_proj.weight"] = (base + "down_proj", (e,))
 
 
 def _set(tree: dict, path: tuple[str, ...], value):
