@@ -154,10 +154,14 @@ def _dispatch(x: Array, live: Array, params: dict[str, Array], cfg: ModelConfig,
     return _combine(out, weights)
 
 
+def _names(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one ``PartitionSpec`` entry (None, a name or a tuple of names)."""
+    return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
 def expert_axes(mesh, cfg: ModelConfig) -> tuple[str, ...]:
     """Mesh axes the experts are split over (the ``experts`` rule; empty: not split)."""
-    spec = logical_to_spec(("experts",), (cfg.num_experts,), mesh)[0]
-    return () if spec is None else ((spec,) if isinstance(spec, str) else tuple(spec))
+    return _names(logical_to_spec(("experts",), (cfg.num_experts,), mesh)[0])
 
 
 def moe_expert_parallel(x: Array, params: dict[str, Array], cfg: ModelConfig,
@@ -171,17 +175,17 @@ def moe_expert_parallel(x: Array, params: dict[str, Array], cfg: ModelConfig,
     if not ep:
         return moe_local(x.reshape(-1, D), params, cfg).reshape(B, T, D)
     n = math.prod(mesh.shape[a] for a in ep)
-    names = lambda s: () if s is None else ((s,) if isinstance(s, str) else tuple(s))
     spec = tuple(sharding.spec) + (None,) * (3 - len(sharding.spec))
-    fits = all(size % math.prod(mesh.shape[a] for a in names(s)) == 0 for s, size in zip(spec, x.shape))
+    fits = all(size % math.prod(mesh.shape[a] for a in _names(s)) == 0 for s, size in zip(spec, x.shape))
     x_spec = PartitionSpec(*spec) if fits else PartitionSpec()   # tokens that do not split: whole on each
     # tokens not split over the expert axes (whole, or split over other axes only): each
     # device of an expert group dispatches its 1/n of them, then the group gathers the results
-    share = not set(ep) <= {a for s in x_spec for a in names(s)}
+    token_axes = {a for s in x_spec for a in _names(s)}
+    share = not set(ep) <= token_axes
     w = {name: logical_to_spec(axes, params[name].shape, mesh) for name, axes in EXPERT_AXES.items()}
-    tensor = names(w["expert_gate"][2])                          # the expert width split: partial sums
+    tensor = _names(w["expert_gate"][2])                          # the expert width split: partial sums
     # the axes over which devices hold different tokens (drop counts summed over these)
-    counted = tuple(a for a in mesh.axis_names if a in set(ep) | {a for s in x_spec for a in names(s)})
+    counted = tuple(a for a in mesh.axis_names if a in set(ep) | token_axes)
 
     def body(x, p):
         b, t, _ = x.shape

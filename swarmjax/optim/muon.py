@@ -30,6 +30,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from optax.contrib import MuonDimensionNumbers
 
+from swarmjax.models.moe import EXPERT_AXES
+
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 # Parameter names (last path key) that are hidden projection matrices: their rank,
@@ -38,15 +40,15 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 # [L, E, D, F] / [L, E, F, D], each expert's matrix on its own. A MoE router [L, D, E] stays
 # with AdamW (a small classifier over experts, not a hidden projection).
 _D = MuonDimensionNumbers
+# Expert matrices, which Newton-Schulz leaves on the devices that hold them (each whole on
+# the device of its expert under the ``experts`` sharding rule).
+_EXPERTS = tuple(EXPERT_AXES)
 _HIDDEN: dict[str, tuple[int, MuonDimensionNumbers, MuonDimensionNumbers]] = {
     **{n: (4, _D((1,), (2, 3)), _D((1,), (3,))) for n in ("q_proj", "k_proj", "v_proj")},
     "o_proj": (4, _D((1, 2), (3,)), _D((2,), (3,))),
     **{n: (3, _D((1,), (2,)), _D((1,), (2,))) for n in ("gate_proj", "up_proj", "down_proj")},
-    **{n: (4, _D((2,), (3,)), _D((2,), (3,))) for n in ("expert_gate", "expert_up", "expert_down")},
+    **{n: (4, _D((2,), (3,)), _D((2,), (3,))) for n in _EXPERTS},
 }
-# Matrices Newton-Schulz leaves on the devices that hold them (the experts: each whole on
-# the device of its expert under the ``experts`` sharding rule).
-_IN_PLACE = ("expert_gate", "expert_up", "expert_down")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +230,7 @@ def scale_by_muon(dims: Callable[[Any], Any], *, beta: float = 0.95, coeffs=NS_C
         # where they are (spread and brought back, XLA gathered all of them: 110 GiB a
         # device for Qwen3-30B-A3B on 64 devices)
         orthogonal = lambda m, d, name: newton_schulz(m, d, coeffs=coeffs, steps=steps, eps=eps,
-                                                      mesh=None if name in _IN_PLACE else mesh)
+                                                      mesh=None if name in _EXPERTS else mesh)
         return (_each_matrix(orthogonal, dims, mu_hat, with_name=True),
                 optax.contrib.MuonState(count=count, mu=mu, ns_coeffs=state.ns_coeffs))
 
