@@ -7,10 +7,12 @@ and needs no schema of its own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
 import sys
+import traceback
 from typing import Any
 
 
@@ -26,16 +28,36 @@ def load_config(path: str, expected_type: type | None = None) -> Any:
     name = "_swarmjax_config_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with _config_errors(path):
+        spec.loader.exec_module(module)
     if not callable(getattr(module, "get_config", None)):
         raise ValueError(f"config file {path!r} defines no get_config()")
-    config = module.get_config()
+    with _config_errors(path):
+        config = module.get_config()
     if expected_type is not None and not isinstance(config, expected_type):
         raise ValueError(f"config file {path!r}: get_config() returned "
                          f"{type(config).__name__}, expected {expected_type.__name__}")
     if not dataclasses.is_dataclass(config):
         raise ValueError(f"config file {path!r}: get_config() must return a dataclass")
     return config
+
+
+@contextlib.contextmanager
+def _config_errors(path: str):
+    """A config file's own error (a syntax error, a failed import, an exception in
+    ``get_config()``) as one ValueError line naming the file and line; a ValueError from
+    a config's validation passes as it is."""
+    try:
+        yield
+    except ValueError:
+        raise
+    except SyntaxError as e:
+        raise ValueError(f"config file {path!r}, line {e.lineno}: {type(e).__name__}: {e.msg}") from None
+    except Exception as e:              # noqa: BLE001 - the user's code: any error, one line
+        here = os.path.abspath(path)
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == here]
+        where = f", line {lines[-1]}" if lines else ""
+        raise ValueError(f"config file {path!r}{where}: {type(e).__name__}: {e}") from None
 
 
 def _field_type(cls: type, name: str, path: str):

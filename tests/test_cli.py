@@ -111,3 +111,39 @@ def test_config_overrides_are_typed():
                      ("parl.schedule=step", "unknown schedule"), ("group_size.x=1", "not a config section")]:
         with pytest.raises(ValueError, match=msg):
             apply_overrides(cfg, [bad])
+
+
+def test_train_config_errors_are_one_line_and_leave_the_workdir_untouched(tmp_path):
+    """Each config error of `swarmjax train` is one line on stderr (exit 2), no traceback
+    (orbax's threads included: the processes run to their end), and nothing is created in
+    the workdir. Run as a user runs it: `swarmjax` processes, all at once."""
+    job = "from swarmjax.train.agent_job import AgentJob\ndef get_config():\n    return AgentJob({})\n"
+    (tmp_path / "syntax.py").write_text("def get_config(:\n    pass\n")
+    (tmp_path / "name.py").write_text(job.format("task=undefined_name"))
+    (tmp_path / "hf.py").write_text(job.format(f"hf_path={str(tmp_path / 'no-model')!r}"))
+    (tmp_path / "task.py").write_text(job.format("task='nosuch_pkg.tasks:Task'"))
+    (tmp_path / "ok.py").write_text(job.format(""))
+    (tmp_path / "empty").mkdir()
+    cases = {
+        "syntax": (["syntax.py"], "syntax.py', line 1: SyntaxError"),
+        "name": (["name.py"], "name.py', line 3: NameError"),
+        "hf": (["hf.py"], "no-model does not exist"),
+        "task": (["task.py"], "cannot import 'nosuch_pkg.tasks'"),
+        "set": (["ok.py", "--set", "no_such_field=1"], "has no field 'no_such_field'"),
+        "resume": (["ok.py", "--resume", "latest"], "no finished checkpoint"),
+        "resume_empty": (["ok.py", "--resume", "latest", "--workdir", "empty"], "no finished checkpoint"),
+    }
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    procs = {}
+    for name, (args, _) in cases.items():
+        workdir = ["--workdir", f"w_{name}"] if "--workdir" not in args else []
+        procs[name] = subprocess.Popen([sys.executable, "-m", "swarmjax", "train", "--config", *args, *workdir,
+                                        "--no-distributed"], cwd=tmp_path, env=env, text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, (name, err)
+        assert err.strip().startswith("swarmjax train: error: ") and len(err.strip().splitlines()) == 1, (name, err)
+        assert cases[name][1] in err, (name, err)
+        assert not (tmp_path / f"w_{name}").exists(), name
+    assert list((tmp_path / "empty").iterdir()) == []

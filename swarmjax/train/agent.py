@@ -416,8 +416,8 @@ def collect(engine: Engine, params: Any, worker_params: Any, problems: list, key
     groups = local + start
     adv = np.asarray(compute_advantages(rcfg.advantage, jnp.asarray(reward), jnp.asarray(local)))
     adv = adv * segment_weights([len(t.segments) for t in res.orchestrators], rcfg.segment_weight)
-    keep = ~np.asarray(uniform_groups(jnp.asarray(reward), jnp.asarray(local))) if rcfg.dynamic_sampling \
-        else np.ones(len(episodes), bool)
+    signal = ~np.asarray(uniform_groups(jnp.asarray(reward), jnp.asarray(local)))   # rewards differ in the group
+    keep = signal if rcfg.dynamic_sampling else np.ones(len(episodes), bool)
     L = int(allgather(res.length.max(initial=1)[None]).max())           # one width on every process
     rows = {"tokens": res.tokens[:, :L], "token_mask": np.arange(L)[None] < res.length[:, None],
             "loss_mask": res.loss_mask[:, :L] & keep[:, None], "logprobs": res.logprobs[:, :L],
@@ -437,6 +437,7 @@ def collect(engine: Engine, params: Any, worker_params: Any, problems: list, key
                                    group_ids=rows["group"], rewards=rows["reward"])
     head, batch = batch.split_head(P) if P else (None, batch)
     per_episode = allgather({"reward": reward.astype(np.float32), "kept_groups": keep.astype(np.float32),
+                             "signal_groups": signal.astype(np.float32),
                              "orch_sampled_tokens": res.loss_mask.sum(axis=1).astype(np.float32),
                              **episode_figures(res), **{f"reward/{k}": np.asarray(v, np.float32)
                                                         for k, v in channels.items()

@@ -67,7 +67,7 @@ from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier, local_replica
 from swarmjax.train.engines import HostEngine, JudgedEngine
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
-from swarmjax.train.logs import TextJobLog, change, log_line, progress_bar, write_summary
+from swarmjax.train.logs import SignalWatch, TextJobLog, change, log_line, progress_bar, write_summary
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy, read_tokenizer
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.subagents import refresh_subagents
@@ -177,6 +177,7 @@ def run_agent_job(job: AgentJob, workdir: str, *, progress: bool = True, resume:
     (continue when there is one). Only ``rl.steps``, ``eval_every`` and ``log_every``
     may change between attempts. ``handle_sigterm``: on SIGTERM stop at the next safe
     point and raise :class:`~swarmjax.train.preemption.Preempted`."""
+    job.policy().check()                      # before the workdir is touched
     return run_checkpointed(job, workdir, resume,
                             lambda ckpt, latest, watch: _run(job, workdir, ckpt, latest, watch, progress),
                             best_metric="accuracy", handle_sigterm=handle_sigterm, stage="RL")
@@ -321,8 +322,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                 meta["warm_start_s"] = time.perf_counter() - clock
             state = learner.init(params, _frozen(job, params))
             engine = _judged(job.judge, task, engine, cfg, state, chat, mesh)
-            run_evals(0, "initial", state)
-            save(0, state, None)                        # RL's start survives a crash in RL
+            evals = run_evals(0, "initial", state)
+            save(0, state, evals)                       # RL's start survives a crash in RL; a "best" candidate
             if steps > 0 and watch.reached():           # safe point
                 raise Preempted(0, workdir, stage="RL")
         else:
@@ -335,6 +336,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
             rollouts = async_rollouts(job.rl, engine, state, draw=draw, stream_state=stream.state, key=key,
                                       step=start, saved=meta.get("async"), subagents=job.subagents)
         bar = progress_bar(steps, "RL", progress, initial=min(start, steps))
+        no_signal = SignalWatch()
         with bar:                                       # closed on a preemption too
             for step in range(start, steps):
                 if rollouts is None:
@@ -344,6 +346,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                 else:
                     state, m = rollouts.step(state, functools.partial(learn, learner), lambda c: dict(c.metrics))
                 log.write("metrics.jsonl", {"stage": "rl", "step": step, **m})
+                no_signal(step, m)
                 bar.update(1)
                 bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.3f}")
                 log_line(progress, job.log_every, step, steps, "RL", m,

@@ -50,9 +50,12 @@ a step that is still being written.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
+import sys
 from typing import Any
 
 import jax
@@ -129,26 +132,27 @@ class Checkpointer:
             best_fn = lambda metrics: metrics.get(best_metric, unscored)  # noqa: E731
             preserve.append(ocm.BestN(get_metric_fn=best_fn, reverse=best_mode == "min", n=1,
                                       keep_checkpoints_without_metrics=False))
-        options = ocp.CheckpointManagerOptions(
-            save_decision_policy=ocm.AnySavePolicy([ocm.FixedIntervalPolicy(save_every),
-                                                    ocm.PreemptionCheckpointingPolicy()]),
-            preservation_policy=ocm.AnyPreservationPolicy(preserve),
-            # best_fn/best_mode only make the manager record metrics and answer best_step();
-            # retention is decided by preservation_policy alone.
-            best_fn=best_fn, best_mode=best_mode,
-            step_name_format=self._name_format,
-            enable_async_checkpointing=async_save,
-            # read-only (e.g. `swarmjax eval` beside a running job): never create the
-            # directory, never delete the trainer's in-flight tmp steps, never save
-            read_only=read_only,
-            cleanup_tmp_directories=not read_only,
-            create=not read_only)
         registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
         for item, save_args, restore_args in ((_STATE, ocp.args.StandardSave, ocp.args.StandardRestore),
                                               (_META, ocp.args.JsonSave, ocp.args.JsonRestore)):
             registry.add(item, save_args)
             registry.add(item, restore_args)
-        self._mngr = ocp.CheckpointManager(directory, options=options, handler_registry=registry)
+        with _quiet_absl(read_only):                # orbax warns that a read-only manager is read-only
+            options = ocp.CheckpointManagerOptions(
+                save_decision_policy=ocm.AnySavePolicy([ocm.FixedIntervalPolicy(save_every),
+                                                        ocm.PreemptionCheckpointingPolicy()]),
+                preservation_policy=ocm.AnyPreservationPolicy(preserve),
+                # best_fn/best_mode only make the manager record metrics and answer best_step();
+                # retention is decided by preservation_policy alone.
+                best_fn=best_fn, best_mode=best_mode,
+                step_name_format=self._name_format,
+                enable_async_checkpointing=async_save,
+                # read-only (e.g. `swarmjax eval` beside a running job): never create the
+                # directory, never delete the trainer's in-flight tmp steps, never save
+                read_only=read_only,
+                cleanup_tmp_directories=not read_only,
+                create=not read_only)
+            self._mngr = ocp.CheckpointManager(directory, options=options, handler_registry=registry)
 
     @property
     def directory(self) -> str:
@@ -246,8 +250,11 @@ class Checkpointer:
         ``--checkpoint``). Raises ValueError when there is no such checkpoint."""
         if which in ("latest", "best"):
             step = self.latest_step() if which == "latest" else self.best_step()
+            if step is None and which == "best" and (step := self.latest_step()) is not None:
+                print(f"no checkpoint in {self.directory} has a {self.best_metric} score (its evaluations were "
+                      f"not kept): using the latest, step {step}", file=sys.stderr)
             if step is None:
-                raise ValueError(f"no {which} checkpoint in {self.directory}")
+                raise ValueError(f"no finished checkpoint in {self.directory}")
             return step
         if not which.isdigit():
             raise ValueError(f"checkpoint must be 'latest', 'best' or a step number, got {which!r}")
@@ -273,11 +280,17 @@ class Checkpointer:
 
     def read(self, step: int) -> tuple[Any, dict]:
         """Checkpoint ``step`` as saved, with no target tree: ``(state, meta)`` with the
-        state's arrays on the default device (what a reader that does not know the
-        optimizer's state, e.g. an export of the params, uses). Raises ValueError if
+        state's arrays whole on this process's first device, whatever mesh or device count
+        wrote them (what a reader that does not know the optimizer's state, e.g. an export
+        of the params on a laptop of a run trained on a pod, uses). Raises ValueError if
         there is no such finalised checkpoint."""
-        restored = self._mngr.restore(self._finalised(step), args=ocp.args.Composite(
-            **{_STATE: ocp.args.StandardRestore(), _META: ocp.args.JsonRestore()}))
+        step = self._finalised(step)
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        saved = self._mngr.item_metadata(step)[_STATE]
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device),
+                              getattr(saved, "tree", saved), is_leaf=lambda m: hasattr(m, "shape"))
+        restored = self._mngr.restore(step, args=ocp.args.Composite(
+            **{_STATE: ocp.args.StandardRestore(target), _META: ocp.args.JsonRestore()}))
         return restored[_STATE], restored[_META]
 
     def _finalised(self, step: int | None) -> int:
@@ -330,6 +343,19 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _quiet_absl(quiet: bool):
+    """absl's (orbax's) warnings off inside the block when ``quiet``."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    if quiet:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _json_copy(meta: dict) -> dict:

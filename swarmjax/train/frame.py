@@ -84,25 +84,37 @@ def check_workdir(workdir: str, mode: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
+def finished_step(directory: str) -> int | None:
+    """The newest finished checkpoint in ``directory`` (None: none, or no such directory),
+    read without creating or cleaning anything there."""
+    path = epath.Path(directory)
+    if not path.exists() or not any(path.iterdir()):
+        return None
+    with Checkpointer(directory, save_every=1, read_only=True) as ckpt:
+        return ckpt.latest_step()
+
+
 def run_checkpointed(job: Any, workdir: str, resume: bool | str,
                      run: Callable[[Checkpointer, int | None, PreemptionWatch], dict], *, best_metric: str,
                      handle_sigterm: bool, stage: str = "PARL",
                      checkpoint: CheckpointConfig = CheckpointConfig(every=1, keep_last=2)) -> dict:
     """Every job's frame: ``resume`` read (:func:`resume_mode`), the job validated
-    (``job.validate()``), its workdir checked (:func:`check_workdir`), its checkpoints
-    opened (``workdir/checkpoints``: ``checkpoint.keep_last`` and the best by
-    ``best_metric`` kept), the newest finished step (None: none) checked against the mode
-    (:func:`check_resume`; ``stage`` names the training stage in its errors), then
+    (``job.validate()``), the newest finished step (None: none) checked against the mode
+    (:func:`check_resume`; ``stage`` names the training stage in its errors): a config
+    error leaves the workdir as it was. Then its workdir checked and created
+    (:func:`check_workdir`), its checkpoints opened (``workdir/checkpoints``:
+    ``checkpoint.keep_last`` and the best by ``best_metric`` kept), then
     ``run(ckpt, latest, watch)`` under a SIGTERM watch; the checkpoints are closed after
     it (waiting for a save in flight)."""
     mode = resume_mode(resume)
     job.validate()
+    directory = os.path.join(str(workdir), "checkpoints")
+    check_resume(mode, finished_step(directory), workdir, directory, stage=stage)   # nothing created yet
     check_workdir(workdir, mode)
-    ckpt = Checkpointer(os.path.join(str(workdir), "checkpoints"), save_every=checkpoint.every,
-                        keep_last=checkpoint.keep_last, best_metric=best_metric, async_save=checkpoint.async_save)
+    ckpt = Checkpointer(directory, save_every=checkpoint.every, keep_last=checkpoint.keep_last,
+                        best_metric=best_metric, async_save=checkpoint.async_save)
     try:
         latest = ckpt.latest_step()
-        check_resume(mode, latest, workdir, ckpt.directory, stage=stage)
         with PreemptionWatch(enabled=handle_sigterm) as watch:
             return run(ckpt, latest, watch)
     finally:

@@ -59,7 +59,7 @@ from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.async_rl import AsyncRollouts, split_devices
 from swarmjax.train.distributed import allgather, global_rows, global_whole, share
 from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpointed
-from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, summary_table, write_summary
+from swarmjax.train.logs import JobLog, SignalWatch, curves, log_line, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.subagents import refresh_subagents
@@ -331,6 +331,7 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
         parl_key = jax.random.fold_in(key, 3)
         rollouts = _async_rollouts(job, trainer, train_iter, state, meta, parl_key) if acfg.enabled else None
         bar = progress_bar(job.parl_steps, "PARL", progress, initial=min(start, job.parl_steps))
+        no_signal = SignalWatch()
         for i in range(start, job.parl_steps):
             if rollouts is None:                      # synchronous: roll out, then update
                 tasks = _global(jax.tree.map(lambda x: x[own], to_tasks(next(train_iter))), mesh, True)
@@ -341,6 +342,7 @@ def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: Pr
                     "rollout_s": c.seconds, "update_s": 0.0})
             m["tok_s"] = m["sampled_tokens"] / max(m["rollout_s"], 1e-9)
             log.write("metrics.jsonl", {"stage": "parl", "step": i, **m})
+            no_signal(i, m)
             bar.set_postfix(reward=f"{m['reward']:.3f}", f1=f"{m['item_f1']:.2f}", crit=f"{m['critical_steps']:.1f}",
                             subagents=f"{m['subagents']:.2f}", tok_s=f"{m['tok_s']:.0f}")
             bar.update()

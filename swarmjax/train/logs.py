@@ -259,3 +259,41 @@ def log_line(progress: bool, every: int, i: int, total: int, what: str, m: dict,
         return
     figures = ", ".join(f"{k} {m[k]:.3f}" for k in keys if k in m)
     print(f"{what} step {i + 1}/{total}: {figures}", file=sys.stderr, flush=True)
+
+
+class SignalWatch:
+    """Says when RL has nothing to learn from: a group-relative advantage is zero for every
+    episode of a group whose rewards are all equal (all right or, often, all wrong), so
+    when no group of ``patience`` consecutive steps carries a signal (the step metric
+    ``signal_groups``, the fraction of groups whose rewards differ, is 0) the policy gets
+    no gradient from its reward and does not change. One warning on stderr per such
+    stretch, from the process that writes the logs, naming the figures and what to try.
+
+    >>> watch = SignalWatch()
+    >>> for step in ...: watch(step, metrics)      # after each RL step
+    """
+
+    def __init__(self, patience: int = 3):
+        if patience < 1:
+            raise ValueError(f"patience must be >= 1, got {patience}")
+        self.patience, self.flat, self.warned = patience, 0, False
+
+    def __call__(self, step: int, m: dict) -> str | None:
+        """Record RL step ``step``'s metrics ``m``; returns the warning when it is given."""
+        if "signal_groups" not in m:
+            return None
+        if m["signal_groups"] > 0:
+            self.flat, self.warned = 0, False
+            return None
+        self.flat += 1
+        if self.flat < self.patience or self.warned:
+            return None
+        self.warned = True
+        reward = f"{m['reward']:.3f}" if "reward" in m else "?"
+        text = (f"warning: RL steps {step + 2 - self.flat}-{step + 1} had no learning signal: in every group all "
+                f"episodes got the same reward (signal_groups 0.000, mean reward {reward}), so the update is zero "
+                "and the policy does not change. Try a warm start (sft=...) or a longer one, a larger group_size, "
+                "a higher sampling temperature, or easier problems.")
+        if jax.process_index() == 0:
+            print(text, file=sys.stderr, flush=True)
+        return text

@@ -72,7 +72,8 @@ class PARLTrainConfig:
 
 # PARL step metrics besides the reward channels' means (all reduced on the device)
 BATCH_METRICS = ("reward", "item_f1", "critical_steps", "total_steps", "subagents", "finished_subagents",
-                 "novel_subagents", "answered", "kept_groups", "cut_by_max_ticks", "orch_tokens", "sampled_tokens")
+                 "novel_subagents", "answered", "kept_groups", "signal_groups", "cut_by_max_ticks", "orch_tokens",
+                 "sampled_tokens")
 
 
 def trajectories(result: RolloutResult, advantages: Array, group_ids: Array, rewards: Array) -> TrajectoryBatch:
@@ -120,7 +121,8 @@ class PARLTrainer:
         arrays may span several processes' devices, their means are replicated."""
         reward, channels = episode_rewards(result, self.cfg.parl, step)
         adv = compute_advantages(self.cfg.advantage, reward, group_ids)
-        keep = ~uniform_groups(reward, group_ids) if self.cfg.dynamic_sampling else jnp.ones_like(reward, bool)
+        signal = ~uniform_groups(reward, group_ids)                      # rewards differ in the group
+        keep = signal if self.cfg.dynamic_sampling else jnp.ones_like(reward, bool)
         batch = trajectories(result, adv, group_ids, reward)
         batch = batch.replace(loss_mask=batch.loss_mask & keep[:, None])
         if self.rollout_mesh is not None:   # laid out as the learner takes it (no resharding across processes)
@@ -133,6 +135,7 @@ class PARLTrainer:
             subagents=jnp.mean(result.spawned), finished_subagents=jnp.mean(result.finished),
             novel_subagents=jnp.mean(novel_subagents(result)),
             answered=jnp.mean(result.end_reason == wsj.END_ANSWER), kept_groups=jnp.mean(keep),
+            signal_groups=jnp.mean(signal),
             cut_by_max_ticks=result.cut_by_max_ticks,     # episodes the loop bound cut: 0
             orch_tokens=jnp.sum(result.length),
             sampled_tokens=jnp.sum(result.loss_mask) + jnp.sum(result.worker_sampled))

@@ -68,12 +68,14 @@ def read_tokenizer(directory: str, *, what: str = "tokenizer directory") -> Text
     """The tokenizer in ``directory`` (local or an object store); one clear error when it
     holds none."""
     path = epath.Path(directory)
+    if not path.exists():
+        raise ValueError(f"{what} {directory} does not exist")
     if not (path / TOKENIZER_FILE).exists() or not (path / TOKENIZER_CONFIG).exists():
         raise ValueError(f"{what} {directory} holds no tokenizer ({TOKENIZER_FILE} and {TOKENIZER_CONFIG}); "
                          "pass tokenizer_path= to a tokenizer directory")
     local = _local_copy(directory)
     try:
-        return TextTokenizer.from_dir(local)
+        return dataclasses.replace(TextTokenizer.from_dir(local), path=str(directory))   # named as given
     except TokenizerError as e:
         raise ValueError(str(e)) from None
     finally:
@@ -133,6 +135,23 @@ class PolicySource:
         if self.tokenizer_vocab < 300:
             raise ValueError("tokenizer_vocab must be >= 300 (bytes + merges)")
 
+    def check(self) -> None:
+        """One-line errors, naming the path as given, for what :func:`prepare_policy` would
+        fail on: an ``hf_path`` that does not exist, is not local, or holds no
+        ``config.json``; a tokenizer directory that does not exist or holds no tokenizer;
+        a tokenizer without a chat template when ``chat`` is not named. Reads only."""
+        if self.hf_path is not None:
+            if "://" in self.hf_path:
+                raise ValueError(f"hf_path {self.hf_path}: the weights are read from a local directory")
+            if not epath.Path(self.hf_path).exists():
+                raise ValueError(f"hf_path {self.hf_path} does not exist")
+            hf_config(self.hf_path)                      # a checkpoint directory: its config.json
+        source = self.tokenizer_path or self.hf_path
+        if source is not None:
+            tokenizer = read_tokenizer(source, what="tokenizer_path" if self.tokenizer_path else "hf_path")
+            if self.chat is None:
+                detect_chat_format(tokenizer)
+
 
 def prepare_policy(src: PolicySource, workdir: str, *, fresh: bool,
                    corpus: Callable[[], list[str]] | None, write: bool = True) -> tuple[ModelConfig, Any, ChatFormat]:
@@ -162,8 +181,6 @@ def prepare_policy(src: PolicySource, workdir: str, *, fresh: bool,
     if src.hf_path is not None:
         if not fresh:
             cfg = hf_config(src.hf_path)         # the weights are the run's checkpoint's
-        elif "://" in src.hf_path:
-            raise ValueError(f"hf_path {src.hf_path}: the weights are read from a local directory")
         else:
             cfg, params = from_hf(src.hf_path)
         if cfg.vocab_size < tokenizer.vocab_size:

@@ -55,7 +55,8 @@ from swarmjax.rl.update import Learner
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
-from swarmjax.train.logs import TextJobLog, curves, log_line, progress_bar, summary_table, write_summary
+from swarmjax.train.logs import (SignalWatch, TextJobLog, curves, log_line, progress_bar, summary_table,
+                                 write_summary)
 from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
@@ -238,6 +239,7 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
             rollouts = async_rollouts(job.parl, engine, state, draw=draw_ids, stream_state=lambda: drawn,
                                       key=parl_key, step=start, saved=meta.get("async"))
         bar = progress_bar(steps, "PARL", progress, initial=min(start, steps))
+        no_signal = SignalWatch()
         with bar:                                       # closed on a preemption too
             for step in range(start, steps):
                 if rollouts is None:
@@ -246,6 +248,7 @@ def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None,
                 else:
                     state, m = rollouts.step(state, functools.partial(learn, learner), lambda c: dict(c.metrics))
                 log.write("metrics.jsonl", {"stage": "parl", "step": step, **m})
+                no_signal(step, m)
                 bar.update(1)
                 bar.set_postfix(f1=f"{m['accuracy']:.3f}", crit=f"{m['critical_steps']:.1f}",
                                 subs=f"{m['subagents']:.1f}")
