@@ -7,6 +7,8 @@ import dataclasses
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import threading
 
 import grain
@@ -279,6 +281,33 @@ def test_restore_onto_another_mesh_and_back(tmp_path, tiny_cfg, trained):
     assert meta == {"saved_on": "2x2x2"}
     assert_identical(back, trained)
     assert all(x.sharding.is_equivalent_to(DEV0, x.ndim) for x in jax.tree.leaves(back))
+
+    # on a machine with fewer devices (trained on a pod, exported on a laptop): a process
+    # with one device reads it whole, with no target tree (export) and with one (eval, resume)
+    code = ("import sys, jax, numpy as np\n"
+            "from swarmjax.train.checkpoint import Checkpointer, abstract_state\n"
+            "assert jax.device_count() == 1\n"
+            "with Checkpointer(sys.argv[1], save_every=1, read_only=True) as c:\n"
+            "    state, meta = c.read(1)\n"
+            "    again, _ = c.restore(1, abstract_state(state, jax.sharding.SingleDeviceSharding(jax.devices()[0])))\n"
+            "assert meta == {'saved_on': '2x2x2'}\n"
+            "np.savez(sys.argv[2], *[np.asarray(x) for x in jax.tree.leaves((state, again))])\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mesh"), str(tmp_path / "leaves.npz")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    leaves = np.load(tmp_path / "leaves.npz")
+    want = [np.asarray(x) for x in jax.tree.leaves(trained)]
+    got = [leaves[f"arr_{i}"] for i in range(len(leaves.files))]
+    assert len(got) == 2 * len(want)
+    for a, b in zip(sorted(got[:len(want)], key=_key), sorted(want, key=_key)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(got[:len(want)], got[len(want):]):
+        np.testing.assert_array_equal(a, b)
+
+
+def _key(x):
+    return (x.shape, x.dtype.str, float(np.sum(x, dtype=np.float64)))
 
 
 # ---------------------------------------------------------------------------- half-written

@@ -163,3 +163,45 @@ def test_prefix_role_stats_equal_role_stats():
     assert stats(role_stats, *map(jnp.asarray, (tokens, token_mask, loss_mask)))[1:] == \
         stats(prefix_role_stats, jnp.asarray(tokens[0, :P]), *(jnp.asarray(x[:, P:]) for x in (tokens, token_mask,
                                                                                                loss_mask)))[1:]
+
+
+def test_warm_start_step_on_a_mesh_holds_a_share_of_the_logits():
+    """The [B, T, V] logits dominate a warm-start step at a large vocabulary. On a mesh
+    every device holds its rows' share (fsdp or data axes), not the whole: the compiled
+    step's temporaries a device <= 1.5 x the one-device step's / 8 (XLA's own figure)."""
+    from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
+    from swarmjax.train.sft import sft_step
+
+    cfg = ModelConfig(vocab_size=32_768, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                      intermediate_size=64)
+    params = init_params(cfg, jax.random.key(0))
+    B, T = 8, 128
+    rows = (jnp.zeros((B, T), jnp.int32), jnp.ones((B, T), bool), jnp.ones((B, T), bool))
+    temp = {}
+    for name, mesh in (("one", None), ("fsdp", make_mesh(MeshConfig(data=1, fsdp=8))),
+                       ("data", make_mesh(MeshConfig(data=8)))):
+        p, o, step = sft_step(params, cfg, OptimConfig(), roles=("agent",), mesh=mesh)
+        batch = rows if mesh is None else tuple(jax.device_put(x, batch_sharding(mesh, 2, batch_size=B)) for x in rows)
+        temp[name] = step.lower(p, o, batch).compile().memory_analysis().temp_size_in_bytes
+    assert temp["one"] > B * T * cfg.vocab_size * 4                    # the logits are most of it
+    for name in ("fsdp", "data"):
+        assert temp[name] <= 1.5 * temp["one"] / 8, (name, temp)
+
+
+def test_chunked_warm_start_loss_equals_the_whole_one():
+    from swarmjax.train.sft import sft_loss
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                      intermediate_size=64)
+    params = init_params(cfg, jax.random.key(1))
+    r = np.random.RandomState(0)
+    tokens = jnp.asarray(r.randint(0, 64, (3, 21)))
+    token_mask = jnp.asarray(np.arange(21)[None] < np.array([[21], [15], [9]]))
+    loss_mask = token_mask & jnp.asarray(r.rand(3, 21) < 0.6)
+    whole, chunked = (jax.value_and_grad(lambda p, c=c: sft_loss(p, cfg, [(tokens, token_mask, loss_mask)],
+                                                                     roles=("agent",), logits_chunk=c),
+                                         has_aux=True)(params) for c in (0, 4))
+    np.testing.assert_allclose(chunked[0][0], whole[0][0], rtol=1e-5)
+    assert float(chunked[0][1][0]["agent_acc"]) == float(whole[0][1][0]["agent_acc"])
+    for a, b in zip(jax.tree.leaves(chunked[1]), jax.tree.leaves(whole[1])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

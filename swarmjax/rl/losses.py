@@ -131,7 +131,8 @@ def token_logprobs(logits: Array, tokens: Array) -> Array:
     return jnp.pad(picked, ((0, 0), (1, 0)))
 
 
-def chunked_token_logprobs(hidden: Array, head: Array, tokens: Array, *, chunk: int) -> Array:
+def chunked_token_logprobs(hidden: Array, head: Array, tokens: Array, *, chunk: int,
+                           return_hits: bool = False) -> Array | tuple[Array, Array]:
     """:func:`token_logprobs` of ``logits = hidden @ head`` without the [B, T, V] logits.
 
     hidden: [B, T, D] final-normed states; head: [D, V]; tokens: [B, T]. The positions
@@ -139,7 +140,8 @@ def chunked_token_logprobs(hidden: Array, head: Array, tokens: Array, *, chunk: 
     backward pass (``jax.checkpoint``) and reduced at once to
     ``logits[token] - logsumexp(logits)``: peak memory B x chunk x V instead of several
     B x T x V float32 arrays (at a 152k vocabulary and 4096 tokens, 2.5 GB each per row).
-    Returns [B, T] f32, 0 at t = 0.
+    Returns [B, T] f32, 0 at t = 0; with ``return_hits`` also the bool [B, T] of
+    ``argmax_v logits[t - 1] == tokens[t]`` (False at t = 0): a teacher-forced accuracy.
     """
     B, T, D = hidden.shape
     n = -(-T // chunk)
@@ -156,10 +158,14 @@ def chunked_token_logprobs(hidden: Array, head: Array, tokens: Array, *, chunk: 
         hc, tc = args                                                        # [B, chunk, D], [B, chunk]
         logits = jnp.einsum("bcd,dv->bcv", hc, head.astype(hc.dtype), preferred_element_type=jnp.float32)
         picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-        return picked - jax.nn.logsumexp(logits, axis=-1)                    # [B, chunk]
+        hits = jnp.argmax(logits, axis=-1) == tc if return_hits else None
+        return picked - jax.nn.logsumexp(logits, axis=-1), hits              # [B, chunk] each
 
-    picked = lax.map(one, (h, tgt)).transpose(1, 2, 0).reshape(B, n * chunk)[:, :T - 1]
-    return jnp.pad(picked, ((0, 0), (1, 0)))
+    def unchunk(x):                                                          # [n, B, chunk] -> [B, T], t = 0 first
+        return jnp.pad(x.transpose(1, 2, 0).reshape(B, n * chunk)[:, :T - 1], ((0, 0), (1, 0)))
+
+    picked, hits = lax.map(one, (h, tgt))
+    return (unchunk(picked), unchunk(hits)) if return_hits else unchunk(picked)
 
 
 def _seq_mean(x: Array, mask: Array) -> Array:
