@@ -21,8 +21,9 @@ import jax.numpy as jnp
 import pytest
 
 from swarmjax.envs import scripts
+from swarmjax.envs.scoring import item_f1
 from swarmjax.envs.widesearch import Episode, Vocab, score, scripted, simulate
-from swarmjax.rl.parl import PARLConfig, item_f1, parl_reward
+from swarmjax.rl.parl import PARLConfig, parl_reward
 from test_swarm import novel_ref, parallel_ref
 
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from swarmjax.envs import scripts
+from swarmjax.envs.scoring import item_f1
 from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig, scripted, simulate
-from swarmjax.rl.parl import PARLConfig, anneal, item_f1, parl_reward
+from swarmjax.rl.parl import PARLConfig, anneal, parl_reward
 
 CFG = WideSearchConfig(budget=None)
 V = Vocab(CFG)

@@ -52,7 +52,7 @@ from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.task import Demo, EnvContext, TaskError
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
 from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, TaskNames, WideSearchProblems, text_corpus
-from swarmjax.rl.parl import item_f1
+from swarmjax.envs.scoring import item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.byte_tries import token_byte_table
 from swarmjax.text.device_answers import host_answer_pairs

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.envs.device_api import R_ANSWER, R_CONTEXT, R_TURNS, DeviceTask, TurnOut
+from swarmjax.envs.scoring import item_f1
 from swarmjax.envs.widesearch import Episode
 from swarmjax.envs.widesearch_relay import ERROR_TEXT, LIMIT, LOOKUP_AGAIN, UNKNOWN_ENTITY, RelayTask
 from swarmjax.text import device_answers as da
@@ -376,8 +377,7 @@ class RelayDeviceTask(DeviceTask):
         correct = jnp.sum(first & right, axis=1).astype(jnp.float32)
         answered = jnp.sum(first, axis=1).astype(jnp.float32)
         truth = jnp.sum(task >= 0, axis=1).astype(jnp.float32)
-        precision, recall = correct / jnp.maximum(answered, 1), correct / jnp.maximum(truth, 1)
-        f1 = jnp.where(correct > 0, 2 * precision * recall / jnp.maximum(precision + recall, 1e-9), 0.0)
+        f1 = item_f1(correct, answered, truth, True)
         done = jnp.asarray([a is not None for a in answers])
         z = lambda x: np.asarray(jnp.where(done, x, 0.0), np.float32)                        # noqa: E731
         return {"r_perf": z(f1), "correct": z(correct), "answered": z(answered), "truth": z(truth),

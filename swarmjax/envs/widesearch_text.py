@@ -38,7 +38,7 @@ from swarmjax.envs.orchestration import ASSIGN, CREATE, Orchestration
 from swarmjax.envs.task import Demo, EnvContext, Task
 from swarmjax.envs.tool_env import ToolAgentEnv
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
-from swarmjax.rl.parl import item_f1
+from swarmjax.envs.scoring import item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.tools import Tool

@@ -60,7 +60,7 @@ import numpy as np
 from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.widesearch import (PROTOCOL, Agent, Episode, Outcome, Stage, Vocab, WideSearchConfig, _say,
                                       episode_process, score)
-from swarmjax.rl.parl import item_f1
+from swarmjax.envs.scoring import item_f1
 
 STOP_IDS = (PROTOCOL.index("<eos>"),)     # any id will do: every turn is one token long
 

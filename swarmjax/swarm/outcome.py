@@ -10,7 +10,8 @@ import numpy as np
 
 from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import Episode, Outcome, Vocab, WideSearchConfig
-from swarmjax.rl.parl import PARLConfig, item_f1, parl_reward
+from swarmjax.envs.scoring import item_f1
+from swarmjax.rl.parl import PARLConfig, parl_reward
 from swarmjax.swarm.engine import RolloutResult
 
 Array = jax.Array

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from swarmjax.envs.widesearch import Episode, Outcome, Vocab, WideSearchConfig, score
-from swarmjax.rl.parl import item_f1
+from swarmjax.envs.scoring import item_f1
 
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schema.json")
 

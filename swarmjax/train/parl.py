@@ -34,7 +34,8 @@ from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.models.config import ModelConfig
 from swarmjax.rl.advantages import compute_advantages, uniform_groups
 from swarmjax.rl.losses import loss_preset
-from swarmjax.rl.parl import PARLConfig, item_f1
+from swarmjax.envs.scoring import item_f1
+from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
 from swarmjax.sampling.processors import SamplingConfig

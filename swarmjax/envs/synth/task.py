@@ -35,7 +35,7 @@ from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.synth.tasks import SynthConfig, generate
 from swarmjax.envs.synth.world import EnvSpec, State, changes, execute, initial_state, parameters
 from swarmjax.envs.task import Demo, Task, TaskError, jsonl_records
-from swarmjax.rl.parl import item_f1
+from swarmjax.envs.scoring import item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.tools import Tool
 
