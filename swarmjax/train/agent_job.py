@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,7 +66,8 @@ from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier, local_replica
 from swarmjax.train.engines import HostEngine, JudgedEngine
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
-from swarmjax.train.logs import SignalWatch, TextJobLog, change, log_line, progress_bar, write_summary
+from swarmjax.train.logs import (SignalWatch, TextJobLog, change, curves, log_line, progress_bar, say,
+                                 write_summary)
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy, read_tokenizer
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.subagents import refresh_subagents
@@ -252,6 +252,8 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     barrier("swarmjax-agent-policy")
     if not primary:
         cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None, corpus=corpus, write=False)
+    say(f"policy: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.vocab_size} ids, chat format {chat.name}"
+        f"{'' if job.hf_path is None else ', from ' + job.hf_path}; task {type(task).__name__}, role {job.role}")
     key = jax.random.key(job.seed)
     mesh = None if job.mesh is None else make_mesh(job.mesh, split_devices(job.rl.async_rollout)[0])
     learner = Learner(cfg, logged_update(job.rl.update, job.rl.async_rollout), mesh=mesh)
@@ -285,6 +287,9 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
             return write
 
         def run_eval(step: int, label: str, state: Any, split: str) -> dict[str, float]:
+            if label in ("initial", "final"):
+                say(f"evaluating the {'start' if label == 'initial' else 'final policy'} on {len(splits[split])} "
+                    f"{split} problems (greedy)")
             res = mean_figures(evaluate(engine, state.params, subagent_params(state), splits[split],
                                         jax.random.fold_in(key, 1), mesh=mesh,
                                         on_result=traces(step, label) if (label, split) == ("final", "test")
@@ -373,6 +378,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
                "warm_start_s": meta["warm_start_s"], "warm_start_data": meta.get("warm_start_data"),
                "backend": jax.default_backend()}
     if primary:
+        curves(workdir, ("reward", "accuracy", "tool_calls", "subagents"))
         write_summary(workdir, summary, agent_summary_table)
     return summary
 
@@ -385,21 +391,22 @@ def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfi
     ``skipped_demos``); raises :class:`Preempted` at the end of the SFT step where a
     SIGTERM arrived."""
     rng = np.random.default_rng(job.seed)
+    say(f"warm start: playing {job.sft.demos} demonstrations of {type(task).__name__} through its environments")
     data = demonstrations(task, stream.take(job.sft.demos), ctx, rng, job.rl.rollout,
                           mix=[mix_context(w, ctx) for w in job.sft.mix], overlong=job.sft.overlong)
     if data is None:
         raise ValueError(f"the warm start needs demonstrations: task {task_name(task)} gives none for role "
                          f"{job.role!r}; set sft=None to start RL from the policy as loaded")
     counts = {"rows": len(data), "skipped_demos": data.skipped}
-    if data.skipped and jax.process_index() == 0:
-        print(f"warm start: {data.skipped} demonstrations longer than their context left out (sft.overlong='skip'); "
-              f"{len(data)} rows", file=sys.stderr)
+    if data.skipped:
+        say(f"warm start: {data.skipped} demonstrations longer than their context left out (sft.overlong='skip'); "
+            f"{len(data)} rows")
     bar = progress_bar(job.sft.steps, "warm start", progress)
 
     def on_sft(i, m):
         log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
         bar.update(1)
-        bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m['agent_acc']:.3f}")
+        bar.set_postfix(loss=f"{m['loss']:.3f}", tok_acc=f"{m['agent_acc']:.3f}")     # teacher-forced tokens
         log_line(progress, job.log_every * 10, i, job.sft.steps, "warm start", m, ("loss", "agent_acc"))
         if watch.reached():
             bar.close()

@@ -225,8 +225,10 @@ def summary_table(summary: dict[str, Any]) -> str:
 
 def curves(workdir: PathLike, keys: tuple[str, ...] = ("reward", "item_f1", "critical_steps", "subagents")
            ) -> None:
-    """curves.png: SFT loss; the PARL steps' ``keys`` (batch means of the training
-    rollouts: reward, item-F1 / accuracy, critical steps and sub-agents) per step."""
+    """curves.png: the warm start's loss; the RL steps' ``keys`` (batch means of the
+    training rollouts: reward, item-F1 / accuracy, critical steps and sub-agents; a key
+    the steps do not log is left out) per step, whatever the RL stage is called in
+    ``metrics.jsonl`` ("parl", "rl")."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -235,19 +237,30 @@ def curves(workdir: PathLike, keys: tuple[str, ...] = ("reward", "item_f1", "cri
         return
     workdir = epath.Path(workdir)
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    parl = [r for r in rows if r["stage"] == "parl"]
+    rl = [r for r in rows if r["stage"] != "sft"]
     sft = [r for r in rows if r["stage"] == "sft"]
+    stage = rl[0]["stage"].upper() if rl else "RL"
+    keys = tuple(k for k in keys if any(k in r for r in rl)) or keys
     fig, axes = plt.subplots(1, 1 + len(keys), figsize=(4 * (1 + len(keys)), 3.4))
     axes[0].plot([r["step"] for r in sft], [r["loss"] for r in sft])
-    axes[0].set_title("SFT loss")
+    axes[0].set_title("warm start loss")
     for ax, k in zip(axes[1:], keys):
-        ax.plot([r["step"] for r in parl], [r[k] for r in parl])
-        ax.set_title(f"PARL {k}")
+        ax.plot([r["step"] for r in rl if k in r], [r[k] for r in rl if k in r])
+        ax.set_title(f"{stage} {k}")
         ax.set_xlabel("step")
     fig.tight_layout()
     with (workdir / "curves.png").open("wb") as f:
         fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
+
+
+def say(text: str) -> None:
+    """One progress line on stderr from the process that writes the logs (process 0):
+    what a long job is doing where no bar moves (loading, playing demonstrations,
+    evaluating)."""
+    if jax.process_index() == 0:
+        from tqdm.auto import tqdm
+        tqdm.write(text, file=sys.stderr)              # above a bar that is running, not inside it
 
 
 def log_line(progress: bool, every: int, i: int, total: int, what: str, m: dict, keys: tuple[str, ...]) -> None:
@@ -294,6 +307,5 @@ class SignalWatch:
                 f"episodes got the same reward (signal_groups 0.000, mean reward {reward}), so the update is zero "
                 "and the policy does not change. Try a warm start (sft=...) or a longer one, a larger group_size, "
                 "a higher sampling temperature, or easier problems.")
-        if jax.process_index() == 0:
-            print(text, file=sys.stderr, flush=True)
+        say(text)
         return text
