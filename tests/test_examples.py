@@ -186,3 +186,20 @@ def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path):
     for run in (mesh, two):
         for name in ("metrics.jsonl", "eval.jsonl"):
             _close(_lines(one, name), _lines(run, name), f"{run} {name}")
+    # written by two processes on 4 devices, read by one process with one device (trained on
+    # a pod, looked at on a laptop): exported, evaluated, and resumed for one more step
+    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(1)}
+
+    def one_process(*argv):
+        out = subprocess.run([sys.executable, "-m", "swarmjax.cli", *argv], env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        return out.stdout
+    assert "exported RL step" in one_process("export", "--workdir", two, "--checkpoint", "best", "--out",
+                                             str(tmp_path / "hf"))
+    assert os.path.isfile(tmp_path / "hf" / "model.safetensors")
+    sets = [a for s in (*SMALL, f"hf_path={checkpoint}", short, *judged) for a in ("--set", s)]
+    evaluated = one_process("eval", "--config", CONFIG, "--workdir", two, *sets)
+    assert "checkpoint at RL step 2" in evaluated and "| final |" in evaluated
+    one_process(*_args(two, checkpoint, short, *judged, "mesh.data=-1", "rl.steps=3"), "--resume", "auto")
+    assert [r["step"] for r in _lines(two, "metrics.jsonl") if r["stage"] == "rl"] == [0, 1, 2]

@@ -242,3 +242,41 @@ def test_summary_demonstrations_pages_and_a_mixed_warm_start(tmp_path):
             mix_context("critic", ctx)
     finally:
         runner.close()
+
+
+def test_the_stateful_example_task_scores_its_demonstrations(tmp_path):
+    """examples/ledger (a task written outside swarmjax, with a per-episode world): its
+    demonstrations, played through the environments the agent job builds, leave the
+    ledger as asked and score 1 in both roles (the orchestrator's sub-agent writes into
+    the episode's one ledger); an answer without the writes scores 0 (the verifier reads
+    the state, not only the text)."""
+    import sys
+
+    from swarmjax.envs.api import play
+    from swarmjax.envs.task import EnvContext, demonstration, make_env
+    from swarmjax.text.chat import chat_format
+    from swarmjax.text.runner import ToolRunner
+
+    sys.path.insert(0, os.path.join(ROOT, "examples", "ledger"))
+    try:
+        from ledger_task import LedgerTask
+    finally:
+        sys.path.pop(0)
+    task = resolve_task(LedgerTask())
+    check_task(task)
+    chat = chat_format("qwen3", TextTokenizer.from_dir(train_bpe_tokenizer(task.corpus(), str(tmp_path / "bpe"),
+                                                                            vocab_size=600, chat_format="qwen3")))
+    problems = task.sample(np.random.default_rng(0), 6)
+    runner = ToolRunner([])
+    try:
+        for role in ("single", "orchestrator"):
+            ctx = EnvContext(chat, runner, role=role, max_subagents=2)
+            for p in problems:
+                demo = demonstration(task, p, chat, np.random.default_rng(1), role)
+                played = play(make_env(task, p, ctx), p, demo.turns, workers=demo.workers)
+                assert played.last.done and played.last.rewards["r_perf"] == 1.0, (role, p)
+                assert len(played.subagents) == (role == "orchestrator")
+            lazy = play(make_env(task, p, ctx), p, [chat.assistant_ids(f"The value is {p.result}.").tolist()])
+            assert lazy.last.done and lazy.last.rewards["r_perf"] == 0.0 and lazy.last.rewards["stored"] == 0.0
+    finally:
+        runner.close()
