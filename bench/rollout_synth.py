@@ -39,7 +39,7 @@ from common import matmul_peak_flops, time_best  # noqa: E402
 
 from swarmjax.envs.synth.device_task import SynthDeviceTask  # noqa: E402
 from swarmjax.envs.synth.task import SynthToolTask, answer_text  # noqa: E402
-from swarmjax.envs.synth.tasks import SynthConfig  # noqa: E402
+from swarmjax.envs.synth.generator import SynthConfig  # noqa: E402
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
 from swarmjax.sampling.processors import SamplingConfig  # noqa: E402

@@ -8,7 +8,7 @@ Workload: the task set of ``configs/synth_tools_cpu.py`` (generated here, nothin
 downloaded); the recorded calls of its training tasks (first calls of each part: the
 reads, computes and writes of real trajectories), each on its task's initial state.
 
-* ``host``: :func:`swarmjax.envs.synth.tasks.valid_arguments` (the schema check every
+* ``host``: :func:`swarmjax.envs.synth.generator.valid_arguments` (the schema check every
   call gets) and :func:`swarmjax.envs.synth.world.execute`, one call after the other: what
   the host-driven rollout spends per call, besides parsing and tokenising;
 * ``device``: :func:`swarmjax.envs.synth.device.step` jitted and vmapped over ``B`` rows,
@@ -51,7 +51,7 @@ def main(argv=None) -> None:
 
     from swarmjax.config_file import load_config
     from swarmjax.envs.synth import device
-    from swarmjax.envs.synth.tasks import generate, valid_arguments
+    from swarmjax.envs.synth.generator import generate, valid_arguments
     from swarmjax.envs.synth.world import ToolError, execute, initial_state
     from swarmjax.models.transformer import forward, init_cache, init_params
     from swarmjax.train.agent_job import AgentJob

@@ -19,7 +19,7 @@ multi-part task's demonstration hands each part to a sub-agent).
 """
 
 from swarmjax.envs.synth.task import SynthToolTask
-from swarmjax.envs.synth.tasks import SynthConfig
+from swarmjax.envs.synth.generator import SynthConfig
 from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset

@@ -11,7 +11,7 @@ import pytest
 
 from swarmjax.envs.synth.device_task import SynthDeviceTask
 from swarmjax.envs.synth.task import SynthToolTask, answer_text
-from swarmjax.envs.synth.tasks import SynthConfig
+from swarmjax.envs.synth.generator import SynthConfig
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm

@@ -21,7 +21,7 @@ from swarmjax.envs.synth import device
 from swarmjax.envs.synth.device import DeviceEnv
 from swarmjax.envs.synth.graph import communities, tool_graph
 from swarmjax.envs.synth.task import SynthToolTask, SynthWorld, score_answer, state_f1
-from swarmjax.envs.synth.tasks import FILTERS, SynthConfig, build_envs, generate, valid_arguments
+from swarmjax.envs.synth.generator import FILTERS, SynthConfig, build_envs, generate, valid_arguments
 from swarmjax.envs.synth.world import (MAX_AMOUNT, OPS, EnvSpec, Field, Kind, ToolError, broken, changes, execute,
                                        initial_state, kind_tools, parameters)
 from swarmjax.envs.task import EnvContext, check_task, demonstration, make_env
@@ -86,7 +86,7 @@ def test_tools_are_pure_functions_of_the_state_and_the_graph_links_outputs_to_in
 def test_generation_is_deterministic_filtered_and_split_by_environment(data):
     again = generate(CFG)
     assert again.splits == data.splits and again.envs == data.envs and again.counts == data.counts
-    code = ("import json, sys; from swarmjax.envs.synth.tasks import SynthConfig, generate; "
+    code = ("import json, sys; from swarmjax.envs.synth.generator import SynthConfig, generate; "
             f"print(json.dumps(generate(SynthConfig(**{dataclasses.asdict(CFG)!r})).splits, default=str))")
     for hash_seed in ("1", "2"):                 # another process, another string hashing: the same tasks
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

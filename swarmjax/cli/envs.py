@@ -19,7 +19,7 @@ from swarmjax.cli import register
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from swarmjax.envs.synth.tasks import SynthConfig
+    from swarmjax.envs.synth.generator import SynthConfig
 
     d = SynthConfig()
     p.add_argument("action", choices=("synth", "show"), help="generate a task set, or print a task set's card")
@@ -43,7 +43,7 @@ def _synth(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from swarmjax.envs.synth.card import card_markdown, write
-    from swarmjax.envs.synth.tasks import SynthConfig, generate
+    from swarmjax.envs.synth.generator import SynthConfig, generate
 
     if not args.out:
         raise ValueError("synth needs --out DIR")

@@ -1,10 +1,10 @@
 """TFDS builder for generated tool-environment task sets (``swarmjax envs synth``).
 
-One example is one task (:mod:`swarmjax.envs.synth.tasks`): ``task_id`` and ``env``
+One example is one task (:mod:`swarmjax.envs.synth.generator`): ``task_id`` and ``env``
 (text, for filtering and sharding) and ``record`` (the whole task as JSON text: its
 query, parts, calls, expected answers and state seed; the environments themselves are
 in the task set's ``envs.json``). Splits: ``train``, ``seen``, ``validation``,
-``test`` (:data:`swarmjax.envs.synth.tasks.SPLITS`), read from the JSON-lines files the
+``test`` (:data:`swarmjax.envs.synth.generator.SPLITS`), read from the JSON-lines files the
 generator wrote beside it, so nothing is generated twice or downloaded. The config name
 is a digest of the generator's settings: another task set never reuses these files.
 ArrayRecord files, read back as random-access data sources (no TensorFlow needed).
@@ -21,7 +21,7 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from swarmjax.envs.synth.card import TFDS_NAME
-from swarmjax.envs.synth.tasks import SPLITS
+from swarmjax.envs.synth.generator import SPLITS
 
 FILE_FORMAT = "array_record"
 

@@ -246,11 +246,13 @@ class Block(nn.Module):
     def __call__(self, x, cos, sin, mask, cache_k=None, cache_v=None, cache_index=None,
                  prefix_k=None, prefix_v=None, prefix_mask=None):
         h = RMSNorm(self.cfg, name="input_norm")(x)
-        a, k, v, max_logit = Attention(self.cfg, self.want_max, name="attn")(
-            h, cos, sin, mask, cache_k, cache_v, cache_index, prefix_k, prefix_v, prefix_mask)
+        with jax.named_scope("attention"):
+            a, k, v, max_logit = Attention(self.cfg, self.want_max, name="attn")(
+                h, cos, sin, mask, cache_k, cache_v, cache_index, prefix_k, prefix_v, prefix_mask)
         x = x + a
         mlp = MoE(self.cfg, self.sharding, name="mlp") if self.cfg.is_moe else MLP(self.cfg, name="mlp")
-        x = x + mlp(RMSNorm(self.cfg, name="post_attn_norm")(x))
+        with jax.named_scope("mlp"):
+            x = x + mlp(RMSNorm(self.cfg, name="post_attn_norm")(x))
         return x, k, v, max_logit
 
 

@@ -253,7 +253,8 @@ class Learner:
 
         def accumulate(acc: _MicroCarry, xs) -> tuple[_MicroCarry, tuple[Array, MetricSums]]:
             m, old, ref = xs                                # [micro_size, T] each
-            (loss, (sums, max_logits)), grads = grad_fn(params, m, old, ref, totals, head)
+            with jax.named_scope("learner_microbatch"):
+                (loss, (sums, max_logits)), grads = grad_fn(params, m, old, ref, totals, head)
             if max_logits is not None:
                 acc = acc._replace(max_logits=jnp.maximum(acc.max_logits, max_logits))
             return acc._replace(grads=jax.tree.map(jnp.add, acc.grads, grads)), (loss, sums)

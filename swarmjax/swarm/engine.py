@@ -371,6 +371,10 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
         ecfg, o, w, table, asked, so, sw, ready))
 
     def body(c: TickCarry) -> TickCarry:
+        with jax.named_scope("swarm_tick"):
+            return tick(c)
+
+    def tick(c: TickCarry) -> TickCarry:
         key, ko, kw = jax.random.split(c.key, 3)
         w, w_cache = c.w, c.w_cache
         # running sub-agents without a lane get one (fresh lanes start with an empty cache)

@@ -203,7 +203,8 @@ def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Ge
                 if longest > limits.max_turn_tokens:
                     raise ValueError(f"a demonstration turn holds {longest} ids, more than rl.rollout."
                                      f"max_turn_tokens={limits.max_turn_tokens}: the rollout would cut it; raise it")
-            mine, over = _played_rows(play(make_env(task, p, c), p, demo.turns, workers=demo.workers), limits)
+            mine, over = _played_rows(play(make_env(task, p, c), p, demo.turns, workers=demo.workers), limits,
+                                      role=c.role)
             if over is not None and overlong == "error":
                 raise ValueError(f"a demonstration's {over}: raise it, or summarise sooner, or set sft.overlong="
                                  "'skip' (nothing is cut)")
@@ -215,16 +216,19 @@ def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Ge
     return pack_rows(rows, max(len(ids) for ids, _ in rows), pad=pad, skipped=skipped)
 
 
-def _played_rows(played: Played, limits: TextRolloutConfig | None) -> tuple[list, str | None]:
+def _played_rows(played: Played, limits: TextRolloutConfig | None, *, role: str = "orchestrator"
+                 ) -> tuple[list, str | None]:
     """The (ids, own-ids mask) rows of a played demonstration (every agent, every segment)
-    and, when one exceeds its role's context in ``limits``, what (else None)."""
+    and, when one exceeds its role's context in ``limits``, what (else None; the top
+    agent named by its ``role``: "single" or "orchestrator")."""
     rows, over, stack = [], None, [(played, True)]
     while stack:
         agent, orch = stack.pop()
         context = None if limits is None else limits.orch_context if orch else limits.worker_context
         for ids, mask in [*agent.segments, (agent.ids, agent.mask)]:         # each segment a row of its own
             if context is not None and len(ids) > context and over is None:
-                over = (f"{'orchestrator' if orch else 'sub-agent'} conversation holds {len(ids)} ids, more than "
+                who = ("single agent's" if role == "single" else "orchestrator") if orch else "sub-agent"
+                over = (f"{who} conversation holds {len(ids)} ids, more than "
                         f"its context ({context}, rl.rollout.{'orch' if orch else 'worker'}_context)")
             rows.append((ids, mask))
         stack.extend((sub, False) for sub in agent.subagents)

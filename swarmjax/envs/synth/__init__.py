@@ -4,7 +4,7 @@
   state) and the tools over them (read, compute, write), each with a JSON schema;
 * :mod:`~swarmjax.envs.synth.graph`: the tool graph (output -> input edges by type and
   entity, description-similarity edges) and its Louvain communities, the environments;
-* :mod:`~swarmjax.envs.synth.tasks`: tasks from random walks and from shortest paths to
+* :mod:`~swarmjax.envs.synth.generator`: tasks from random walks and from shortest paths to
   a target call, executed on an initial state, written as queries, filtered and counted;
 * :mod:`~swarmjax.envs.synth.task`: a generated task set as a task plug-in
   (:mod:`swarmjax.envs.task`): the verifier scores the answer and the final state;

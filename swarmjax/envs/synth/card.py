@@ -1,6 +1,6 @@
 """A generated task set on disk, and its data set card.
 
-:func:`write` puts a :class:`~swarmjax.envs.synth.tasks.SynthData` in a directory:
+:func:`write` puts a :class:`~swarmjax.envs.synth.generator.SynthData` in a directory:
 
 * ``envs.json``: the generator's settings, their digest and every environment
   (:class:`~swarmjax.envs.synth.world.EnvSpec`);
@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from swarmjax.envs.synth.tasks import FILTERS, SPLITS, SynthData
+from swarmjax.envs.synth.generator import FILTERS, SPLITS, SynthData
 
 TFDS_NAME = "synth_tool_tasks"      # the TFDS data set swarmjax.data.synth_builder writes under <dir>/tfds
 

@@ -3,7 +3,7 @@
 :class:`SynthToolTask` reads a task set written by ``swarmjax envs synth`` (its
 ``envs.json`` and its tasks: the TFDS data set read with grain when it is there, else
 the JSON-lines files), or generates one in memory from a
-:class:`~swarmjax.envs.synth.tasks.SynthConfig`. Each episode gets a
+:class:`~swarmjax.envs.synth.generator.SynthConfig`. Each episode gets a
 :class:`SynthWorld`: the task's initial state and its environment's tools acting on it
 (the orchestrator and its sub-agents share one world). The verifier scores by outcome:
 
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from swarmjax.envs.orchestration import ASSIGN, CREATE
-from swarmjax.envs.synth.tasks import SynthConfig, generate
+from swarmjax.envs.synth.generator import SynthConfig, generate
 from swarmjax.envs.synth.world import EnvSpec, State, changes, execute, initial_state, parameters
 from swarmjax.envs.task import Demo, Task, TaskError, jsonl_records
 from swarmjax.envs.scoring import item_f1
