@@ -45,6 +45,7 @@ from swarmjax.envs import scripts as token_scripts  # noqa: E402
 from swarmjax.envs import widesearch_jax as wsj  # noqa: E402
 from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig  # noqa: E402
 from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus  # noqa: E402
+from swarmjax.envs.widesearch_relay_device import RelayDeviceTask  # noqa: E402
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
 from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
@@ -131,7 +132,7 @@ def main(argv=None):
                              budget=None, orch_sampling=greedy, worker_sampling=greedy)
     peak = matmul_peak_flops()
 
-    engine = TextSwarm(task, mcfg, rcfg, chunk=args.chunk)
+    engine = TextSwarm(RelayDeviceTask(task), mcfg, rcfg, chunk=args.chunk)
     run_jit = lambda: engine(params, params, eps, jax.random.key(0), scripts=scripts)
     t0 = time.perf_counter()
     got = run_jit()

@@ -13,6 +13,7 @@ import pytest
 from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.widesearch import Episode, WideSearchConfig
 from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
+from swarmjax.envs.widesearch_relay_device import RelayDeviceTask
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.context import ContextConfig
@@ -61,7 +62,8 @@ def _lookup(task, name):
 def _engine(setup, rcfg, mesh=None):
     key = (rcfg, mesh is not None)
     if key not in _ENGINES:
-        _ENGINES[key] = TextSwarm(setup[0], setup[1], rcfg, chunk=16, buckets=2, mesh=mesh)   # fewer compiles
+        _ENGINES[key] = TextSwarm(RelayDeviceTask(setup[0]), setup[1], rcfg, chunk=16, buckets=2,
+                                  mesh=mesh)   # fewer compiles
     return _ENGINES[key]
 
 
@@ -195,12 +197,15 @@ def test_bad_input_is_refused(setup, scripted):
         engine(params, params, [], jax.random.key(0))
     with pytest.raises(ValueError, match="episode 1: a task of 1..4"):
         engine(params, params, [eps[0], Episode(table=eps[1].table, task=list(range(5)))], jax.random.key(0))
+    twin = RelayDeviceTask(task)
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
-        TextSwarm(task, model.replace(vocab_size=64), SCRIPTED)
+        TextSwarm(twin, model.replace(vocab_size=64), SCRIPTED)
     with pytest.raises(ValueError, match="buckets must be >= 1"):
-        TextSwarm(task, model, SCRIPTED, buckets=0)
+        TextSwarm(twin, model, SCRIPTED, buckets=0)
     with pytest.raises(ValueError, match="the device swarm has none"):
-        TextSwarm(task, model, dataclasses.replace(SCRIPTED, context=ContextConfig("discard_all")))
+        TextSwarm(twin, model, dataclasses.replace(SCRIPTED, context=ContextConfig("discard_all")))
+    with pytest.raises(TypeError, match="runs a DeviceTask, got RelayTask"):
+        TextSwarm(task, model, SCRIPTED)
 
 
 def test_played_demonstrations_match_the_rollouts(setup, scripted):

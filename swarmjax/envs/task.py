@@ -49,7 +49,12 @@ Optional:
 * ``judge_text(problem) -> str``: the task as an LLM judge reads it (default: the last
   user message of ``messages(problem)``; :mod:`swarmjax.rl.judge`);
 * ``reference(problem) -> str``: a reference answer, shown to a judge whose reward
-  asks for one (``JudgeReward.reference``).
+  asks for one (``JudgeReward.reference``);
+* ``device_task(chat) -> DeviceTask``: the task's *device twin*
+  (:mod:`swarmjax.envs.device_api`: its tools parsed and answered inside the jitted
+  swarm, :class:`~swarmjax.swarm.text_engine.TextSwarm`), what a job with
+  ``engine="device"`` rolls out (:func:`device_twin`); its episodes are the problems of
+  the task's stream and score as the task's own environments do.
 
 Roles: a job runs the task as a single agent, or as an orchestrator that may
 ``create_subagent`` / ``assign_task`` (:mod:`swarmjax.envs.orchestration`); its
@@ -126,6 +131,21 @@ class Task:
 
     def subagent_messages(self, system_prompt: str, prompt: str) -> Messages:
         return [{"role": "system", "content": system_prompt}, {"role": "user", "content": prompt}]
+
+
+def check_device_twin(task: Any) -> None:
+    """Raise :class:`TaskError` (one line) when ``task`` has no device twin
+    (``device_task(chat)``, module docstring)."""
+    if not callable(getattr(task, "device_task", None)):
+        raise TaskError(f"task {task_name(task)} has no device twin (a device_task(chat) method): engine='device' "
+                        "runs tasks whose tools run inside the jitted swarm (built in: relay); use engine='host'")
+
+
+def device_twin(task: Any, chat: ChatFormat) -> Any:
+    """``task.device_task(chat)``: the task's device twin over ``chat`` (module
+    docstring). Raises :class:`TaskError` (one line) for a task without one."""
+    check_device_twin(task)
+    return task.device_task(chat)
 
 
 def problem_size(task: Any, problem: Any) -> int:

@@ -352,20 +352,26 @@ class RelayWideSearchTask(WideSearchProblems):
     (:meth:`RelayTask.split_script`).
     """
 
-    def device_task(self, chat: ChatFormat) -> RelayTask:
+    def relay(self, chat: ChatFormat) -> RelayTask:
         """The canonical task over ``chat``: names, tools and sentences, for the host twin
         and the device engine alike."""
         return _relay(self.cfg, chat, self.names_seed)
+
+    def device_task(self, chat: ChatFormat):
+        """The device twin (:class:`~swarmjax.envs.widesearch_relay_device.RelayDeviceTask`)
+        of :meth:`relay`."""
+        from swarmjax.envs.widesearch_relay_device import RelayDeviceTask     # the device twin imports this module
+        return RelayDeviceTask(self.relay(chat))
 
     def env(self, problem: Episode, ctx: EnvContext) -> RelayEnv:
         if ctx.role != "orchestrator":
             raise TaskError(f"task 'relay' runs as an orchestrator only (role={ctx.role!r}); use task='widesearch' "
                             "for a single agent")
-        return self.device_task(ctx.chat).orchestrator(problem)
+        return self.relay(ctx.chat).orchestrator(problem)
 
     def demonstration(self, problem: Episode, chat: ChatFormat, rng: np.random.Generator, *,
                       role: str = "orchestrator") -> Demo:
-        task, parts = self.device_task(chat), self.split_parts(problem, rng)
+        task, parts = self.relay(chat), self.split_parts(problem, rng)
         if parts:
             turns, workers = task.split_script(problem, parts)
             return Demo(turns, workers)

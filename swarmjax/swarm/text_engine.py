@@ -52,8 +52,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.envs.device_api import R_ANSWER, R_CONTEXT, R_TURNS, DeviceTask
 from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RUNNING
-from swarmjax.envs.widesearch_relay import RelayTask
-from swarmjax.envs.widesearch_relay_device import RelayDeviceTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
 from swarmjax.swarm.text_device import choose, make_prefix
@@ -73,8 +71,8 @@ class TextSwarm:
     """Jitted rollouts of a device task's episodes.
 
     Args:
-      task: the :class:`~swarmjax.envs.device_api.DeviceTask` (a :class:`RelayTask` is
-        run as its :class:`~swarmjax.envs.widesearch_relay_device.RelayDeviceTask`).
+      task: the :class:`~swarmjax.envs.device_api.DeviceTask` (a task plug-in's device
+        twin: :func:`swarmjax.envs.task.device_twin`).
       orch_cfg / worker_cfg: the two models' configs (the same architecture as a rule).
       rcfg: the :class:`TextRolloutConfig` (contexts, turn limit, sub-agent turns,
         budget, sampling; ``worker_lanes`` and the host rollout's bucketing are unused:
@@ -92,7 +90,7 @@ class TextSwarm:
         caches are constrained batch-sharded.
     """
 
-    def __init__(self, task: DeviceTask | RelayTask, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *,
+    def __init__(self, task: DeviceTask, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *,
                  worker_cfg: ModelConfig | None = None, chunk: int = 16, wide_rows: float = 0.25,
                  buckets: int = 3, mesh: Mesh | None = None,
                  rules=DEFAULT_RULES):
@@ -105,8 +103,9 @@ class TextSwarm:
         if rcfg.context.strategy != "none":
             raise ValueError(f"context strategy {rcfg.context.strategy!r}: the device swarm has none (its "
                              "sub-agents are its context management); use the host rollout (TextRollout)")
-        if isinstance(task, RelayTask):
-            task = RelayDeviceTask(task)
+        if not isinstance(task, DeviceTask):
+            raise TypeError(f"TextSwarm runs a DeviceTask, got {type(task).__name__} (a task plug-in's device twin: "
+                            "swarmjax.envs.task.device_twin)")
         self.buckets = 1 if mesh is not None else buckets
         for name, cfg in (("orchestrator", orch_cfg), ("sub-agent", worker_cfg or orch_cfg)):
             if cfg.vocab_size < task.chat.tokenizer.vocab_size:

@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swarmjax.envs.task import ROLES, EnvContext, make_env, problem_size, problem_text, resolve_task, task_name
+from swarmjax.envs.task import (ROLES, EnvContext, check_device_twin, device_twin, make_env, problem_size,
+                                problem_text, resolve_task, task_name)
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.hf import from_hf
 from swarmjax.models.transformer import init_params
@@ -54,6 +55,7 @@ from swarmjax.rl.update import Learner
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.context import check_env
+from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.chat import chat_format, detect_chat_format
 from swarmjax.text.runner import ToolRunner
@@ -64,7 +66,7 @@ from swarmjax.train.agent_async import async_rollouts
 from swarmjax.train.async_rl import logged_update, split_devices
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.distributed import barrier, local_replica
-from swarmjax.train.engines import HostEngine, JudgedEngine
+from swarmjax.train.engines import DeviceEngine, HostEngine, JudgedEngine
 from swarmjax.train.frame import check_identity, end_step, run_checkpointed
 from swarmjax.train.logs import (SignalWatch, TextJobLog, change, curves, log_line, progress_bar, say,
                                  write_summary)
@@ -96,6 +98,10 @@ class AgentJob:
     tool_timeout_s: a tool call running longer gets an error reply.
     mesh: the learner's ``(data, fsdp, tensor)`` mesh (None: one device; needed with
       several processes).
+    engine: what rolls the episodes out (:data:`ENGINES`): "host" (the host-driven
+      rollout, any task's Python tools) or "device" (the jitted swarm over the task's
+      device twin, ``device_task(chat)``: orchestrator and sub-agents decode in one XLA
+      program, the episodes' rows over the mesh's batch axes).
     """
 
     task: Any = "arith"
@@ -115,6 +121,7 @@ class AgentJob:
     tool_timeout_s: float = 10.0
     mesh: MeshConfig | None = None
     judge: JudgeReward | None = None
+    engine: str = "host"
     seed: int = 0
 
     def policy(self) -> PolicySource:
@@ -127,9 +134,10 @@ class AgentJob:
         configuration, seed or held-out set."""
         same = dataclasses.replace(self, rl=dataclasses.replace(self.rl, steps=0), eval_every=0, log_every=0,
                                    task=task_name(resolve_task(self.task)), mesh=None)
-        # no judge: left out, so runs saved before the judge field resume as they were
+        # no judge, the host engine: left out, so runs saved before those fields resume as they were
         return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)
-                if not (f.name == "judge" and self.judge is None)}
+                if not (f.name == "judge" and self.judge is None) and not (f.name == "engine" and
+                                                                          self.engine == "host")}
 
     def validate(self) -> None:
         task = resolve_task(self.task)
@@ -157,6 +165,18 @@ class AgentJob:
             if self.role == "orchestrator" and self.subagents == "shared":
                 raise ValueError("subagents='shared' runs in one process (its sub-agent rows differ in number "
                                  "between processes); use subagents='frozen' or one process")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; known: {', '.join(ENGINES)}")
+        if self.engine == "device":
+            check_device_twin(task)
+            why = [what for what, bad in (
+                (f"rl.rollout.context.strategy={self.rl.rollout.context.strategy!r} (the device swarm's sub-agents "
+                 "are its context management: 'none')", self.rl.rollout.context.strategy != "none"),
+                ("subagents='shared' (use 'frozen')", self.role == "orchestrator" and self.subagents == "shared"),
+                ("rl.async_rollout (set rl.async_rollout.depth=0)", self.rl.async_rollout.enabled),
+                (f"{procs} processes (one process, over a mesh of its devices)", procs > 1)) if bad]
+            if why:
+                raise ValueError(f"engine='device' does not run with {why[0]}; or use engine='host'")
         refresh = self.rl.refresh_subagents
         if (refresh.every or refresh.at) and (self.role != "orchestrator" or self.subagents != "frozen"):
             raise ValueError("rl.refresh_subagents replaces frozen sub-agents: it needs role='orchestrator' and "
@@ -237,6 +257,26 @@ def _rollout(job: AgentJob, cfg: ModelConfig, chat, *, greedy: bool) -> TextRoll
     return TextRollout(cfg, rcfg, stop_ids=chat.stop_ids, pad_id=int(chat.ids[chat.pad_token][0]))
 
 
+def host_engine(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, mesh: Any) -> HostEngine:
+    """The host-driven rollout over fresh environments of ``task`` (any task): a sampling
+    rollout and a greedy one for the evaluations."""
+    return HostEngine(_rollout(job, cfg, ctx.chat, greedy=False), lambda p: make_env(task, p, ctx),
+                      greedy_rollout=_rollout(job, cfg, ctx.chat, greedy=True))
+
+
+def device_engine(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, mesh: Any) -> DeviceEngine:
+    """The jitted swarm over ``task``'s device twin (:func:`~swarmjax.envs.task.device_twin`),
+    its episodes' rows over ``mesh``'s batch axes, compiled once for a step's episodes
+    (training and, greedy with the budget lifted, the evaluations)."""
+    swarm = TextSwarm(device_twin(task, ctx.chat), cfg, job.rl.rollout, mesh=mesh)
+    return DeviceEngine(swarm, batch=job.rl.tasks_per_step * job.rl.group_size,
+                        size=functools.partial(problem_size, task))
+
+
+# engine name -> (job, task, env context, model config, mesh) -> the engine its RL steps and evaluations call
+ENGINES: dict[str, Callable[..., Any]] = {"host": host_engine, "device": device_engine}
+
+
 def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
          progress: bool) -> dict:
     """:func:`run_agent_job` once the checkpoints are open."""
@@ -270,8 +310,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
                      summarize=job.rl.rollout.context.strategy == "summary")
-    engine = HostEngine(_rollout(job, cfg, chat, greedy=False), lambda p: make_env(task, p, ctx),
-                        greedy_rollout=_rollout(job, cfg, chat, greedy=True))
+    engine = ENGINES[job.engine](job, task, ctx, cfg, mesh)
     splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
     check_env(job.rl.rollout.context.strategy, make_env(task, splits["validation"][0], ctx),
               summarizer=job.rl.rollout.context.summarizer)
@@ -446,7 +485,10 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
                      summarize=job.rl.rollout.context.strategy == "summary")
-    sampler = HostEngine(_rollout(job, cfg, chat, greedy=not sampled), lambda p: make_env(task, p, ctx))
+    if sampled and job.engine != "host":
+        raise ValueError("sampled evaluations run on the host engine: set engine='host'")
+    sampler = HostEngine(_rollout(job, cfg, chat, greedy=not sampled), lambda p: make_env(task, p, ctx)) \
+        if sampled else ENGINES[job.engine](job, task, ctx, cfg, None)
     engine = _judged(job.judge if judge is None else judge, task, sampler, cfg, state, chat, None)
     t0 = time.perf_counter()
     given = problems

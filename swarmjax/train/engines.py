@@ -11,8 +11,8 @@ An *engine* turns problems into a :class:`~swarmjax.swarm.text_types.TextRollout
 * :class:`DeviceEngine`: :class:`~swarmjax.swarm.text_engine.TextSwarm`, the whole swarm
   in one jitted program (tool calls parsed and answered on the device), for tasks with a
   device twin; greedy calls lift the critical-step budget, as evaluations do. Its
-  result's ``rewards["n"]`` holds each task's size (the count of the PARL reward's
-  ``r_parallel="coverage"``).
+  result's ``rewards["n"]`` holds each problem's size (``size(problem)``: the count of
+  the PARL reward's ``r_parallel="coverage"``).
 
 * :class:`JudgedEngine`: either of them with an LLM judge's reward (:mod:`swarmjax.rl.judge`)
   mixed into ``r_perf`` on training calls; greedy calls (evaluations) keep the verifier's
@@ -77,11 +77,12 @@ class DeviceEngine:
 
     swarm: Any
     batch: int | None = None
+    size: Callable[[Any], int] | None = None         # a problem's size (the task's size(problem)); None: 1
 
     def __call__(self, orch_params, worker_params, problems, key, *, episode_ids=None, greedy=False):
         res = self.swarm(orch_params, worker_params, list(problems), key, greedy=greedy,
                          **({"budget": None} if greedy else {}))
-        n = np.asarray([len(p.task) for p in problems], np.float32)
+        n = np.asarray([1 if self.size is None else self.size(p) for p in problems], np.float32)
         return dataclasses.replace(res, rewards={**res.rewards, "n": n})
 
     def close(self) -> None:

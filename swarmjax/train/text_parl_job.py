@@ -49,6 +49,7 @@ import numpy as np
 
 from swarmjax.envs.widesearch import Episode
 from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
+from swarmjax.envs.widesearch_relay_device import RelayDeviceTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
@@ -87,9 +88,9 @@ def make_engine(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> DeviceEn
     """The job's swarm behind the engine call: PARL's rollouts, and (greedy, budget
     lifted) its evaluations, both at one batch size (a PARL step's episodes: one
     compiled program)."""
-    swarm = TextSwarm(task, cfg, job.parl.rollout, chunk=job.parl.chunk, wide_rows=job.parl.wide_rows,
-                      buckets=job.parl.buckets)
-    return DeviceEngine(swarm, batch=job.parl.tasks_per_step * job.parl.group_size)
+    swarm = TextSwarm(RelayDeviceTask(task), cfg, job.parl.rollout, chunk=job.parl.chunk,
+                      wide_rows=job.parl.wide_rows, buckets=job.parl.buckets)
+    return DeviceEngine(swarm, batch=job.parl.tasks_per_step * job.parl.group_size, size=lambda p: len(p.task))
 
 
 def run_evaluation(engine: DeviceEngine, params: Any, warm: Any, tasks: dict[int, list[Episode]],
