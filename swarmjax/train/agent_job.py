@@ -329,11 +329,13 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
             if label in ("initial", "final"):
                 say(f"evaluating the {'start' if label == 'initial' else 'final policy'} on {len(splits[split])} "
                     f"{split} problems (greedy)")
-            res = mean_figures(evaluate(engine, state.params, subagent_params(state), splits[split],
-                                        jax.random.fold_in(key, 1), mesh=mesh,
-                                        on_result=traces(step, label) if (label, split) == ("final", "test")
-                                        else None))
+            episodes = evaluate(engine, state.params, subagent_params(state), splits[split],
+                                jax.random.fold_in(key, 1), mesh=mesh,
+                                on_result=traces(step, label) if (label, split) == ("final", "test") else None)
+            res = mean_figures(episodes)
             log.write("eval.jsonl", {"step": step, "policy": label, "split": split, **res})
+            if split == "test" and label in ("initial", "final") and (by := per_size(task, splits[split], episodes)):
+                meta[f"{label}_sizes"] = by
             return res
 
         def run_evals(step: int, label: str, state: Any) -> dict[str, float]:
@@ -411,6 +413,7 @@ def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, wa
         engine.close()
     summary = {"task": task_name(task), "role": job.role, "subagents": job.subagents if job.role != "single" else None,
                "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size, "chat": chat.name,
+               **{k: meta[k] for k in ("initial_sizes", "final_sizes") if k in meta},
                "held_out": meta["held_out"], "rl_steps": meta["rl_step"], "warm_start_steps": 0 if job.sft is None
                else job.sft.steps, "initial": meta["initial"], "final": meta.get("final", meta["initial"]),
                "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - clock,
@@ -502,10 +505,26 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     out = {"step": step, "final": mean_figures(episodes), "episodes": {k: v.tolist() for k, v in episodes.items()},
            "held_out": {split if given is None else "given": len(problems)}, "rl_steps": step,
            "wall_clock_s": time.perf_counter() - t0, "backend": jax.default_backend()}
+    if (by := per_size(task, problems, episodes)) is not None:
+        out["final_sizes"] = by
     if given is None and split == "test" and meta.get("held_out", {}).get("test") == len(problems):
         out["initial"] = meta["initial"]
+        if "initial_sizes" in meta:
+            out["initial_sizes"] = meta["initial_sizes"]
     return out
 
+
+def per_size(task: Any, problems: list, episodes: dict[str, np.ndarray]) -> dict[str, dict[str, float]] | None:
+    """Each figure's mean over the episodes of each problem size (``task.size(problem)``:
+    ``{str(n): {figure: mean}}``), or None when every problem has one size."""
+    sizes = np.asarray([problem_size(task, p) for p in problems])
+    if len(set(sizes.tolist())) < 2:
+        return None
+    return {str(n): mean_figures({k: v[sizes == n] for k, v in episodes.items()}) for n in np.unique(sizes)}
+
+
+# the per-size table's columns: what a size changes
+SIZE_FIGURES = ("accuracy", "answered", "subagents", "critical_steps", "total_steps")
 
 _HIGHER_IS_BETTER = {"accuracy": True, "answered": True, "tool_errors": False, "truncated": False,
                      "context_ended": False}
@@ -522,6 +541,14 @@ def agent_summary_table(summary: dict) -> str:
     if len(names) == 2:
         rows.append("\n" + "; ".join(change(k, summary["initial"].get(k, 0.0), summary["final"].get(k, 0.0),
                                             higher_is_better=up) for k, up in _HIGHER_IS_BETTER.items()))
+    sized = [n for n in ("initial", "final") if f"{n}_sizes" in summary]
+    if sized:
+        sizes = sorted({int(k) for n in sized for k in summary[f"{n}_sizes"]})
+        cols = [f"{n} {k}" for k in SIZE_FIGURES for n in sized]
+        rows.append("\nper task size (test split):\n\n| n | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1) + "|")
+        for size in sizes:
+            cells = [summary[f"{n}_sizes"].get(str(size), {}).get(k) for k in SIZE_FIGURES for n in sized]
+            rows.append(f"| {size} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
     held = ", ".join(f"{n} {s}" for s, n in summary.get("held_out", {}).items())
     rows.append(f"\nheld-out problems: {held}; greedy; {summary['rl_steps']} RL steps; "
                 f"wall clock {summary['wall_clock_s']:.0f} s on {summary['backend']}")
