@@ -125,6 +125,7 @@ def is_png(path):
     return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_quickstart_runs_on_cpu(tmp_path, monkeypatch):
     work = tmp_path / "content"
     work.mkdir()
@@ -143,6 +144,7 @@ def test_quickstart_runs_on_cpu(tmp_path, monkeypatch):
     assert png_outputs(nb) >= 4                                       # curves, Gantt x 2, curves again
 
 
+@pytest.mark.slow
 def test_pieces_runs_on_cpu(tmp_path, monkeypatch):
     nb, seconds, text = run_notebook("pieces", tmp_path, tmp_path, monkeypatch)
     assert "backend 'cpu' (CPU), 8 device(s)" in text                 # the flag set in its first cell

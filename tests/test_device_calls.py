@@ -261,6 +261,7 @@ def test_byte_table_matches_decode(tok):
         assert table[i, :length[i]].tobytes().decode("utf-8", "replace") == tok.decode([i]), i
 
 
+@pytest.mark.slow
 def test_fuzz_agrees_with_host(tok, grammar, parse):
     r = random.Random(1234)
     split = Splitter(tok)
@@ -359,6 +360,7 @@ def rows_equal(a, b):
     return jnp.stack(same).all(axis=0)
 
 
+@pytest.mark.slow
 def test_jit_batch_with_active_masking(tok, grammar, jit_step):
     """Rows fed at different ticks; the branch-free step (skip_idle=False) keeps the same state."""
     branch_free = jax.jit(functools.partial(dc.step, skip_idle=False))
@@ -419,6 +421,7 @@ def parse_with_reads(g, ids, lengths, cap):
     return dc.finish(g, state, jnp.ones(ids.shape[0], bool)), reads
 
 
+@pytest.mark.slow
 def test_a_tick_reads_at_most_the_cap_and_the_backlog_changes_nothing(tok, grammar):
     """With a byte cap of 3 most tokens leave a backlog. A tick reads at most 3 bytes a
     row, except where it must catch up first (a tag token; a token the ring cannot hold);

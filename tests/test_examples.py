@@ -21,6 +21,8 @@ from small_job import restored_states, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
+pytestmark = pytest.mark.slow     # the whole file: end-to-end runs (the README's whole suite)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "units")
 CONFIG = os.path.join(EXAMPLE, "config.py")

@@ -22,6 +22,7 @@ POLICIES = ["tokens", "grammar", "spawn-t1", "spawn-t2"]
 BATCH = 84                     # 1000 episodes = 12 batches, one per (size, policy)
 
 
+@pytest.mark.slow
 def test_a_thousand_random_episodes_find_nothing():
     report = fuzz.fuzz(1000, batch=BATCH, sizes=SIZES, policies=POLICIES)
     assert report.episodes == 1000

@@ -79,6 +79,7 @@ def four_steps(tmp_path_factory, small):
     return run, out.getvalue()
 
 
+@pytest.mark.slow
 def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, capsys):
     (full, printed), split = four_steps, tmp_path / "split"
     for name in ("config.txt", "metrics.jsonl", "eval.jsonl", "traces.jsonl", "summary.json", "summary.md",
@@ -135,6 +136,7 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
     assert "no finalised checkpoint for step 7" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_warm_start_from_another_run(tmp_path, small, two_steps, capsys):
     base, arm = two_steps, tmp_path / "arm"
     assert os.path.exists(base / "warm_start" / "meta.json")
@@ -288,6 +290,7 @@ def close(a, b) -> bool:
     return a == b
 
 
+@pytest.mark.slow
 def test_two_processes_preempt_resume_and_match_one_process(tmp_path, small, four_steps):
     """The job over two processes of 2 devices each (jax.distributed on 127.0.0.1, a 4-way
     data mesh): stopped by SIGTERM, resumed through launch/local.py, it writes the

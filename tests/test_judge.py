@@ -33,6 +33,7 @@ def judge_parts(tmp_path_factory):
     return chat, cfg, spread(init_params(cfg, jax.random.key(3)), 4.0)
 
 
+@pytest.mark.slow
 def test_yes_no_scores_equal_the_reference_whatever_the_batch_and_mesh(judge_parts):
     from swarmjax.sharding.mesh import MeshConfig, make_mesh
     chat, cfg, params = judge_parts
@@ -123,6 +124,7 @@ def test_a_judge_from_a_hugging_face_checkpoint(tmp_path):
         build_judge(JudgeReward(jc, hf_path=_checkpoint(tmp_path / "b", spare=-1)), None, None, None)
 
 
+@pytest.mark.slow
 def test_a_judge_trained_on_verdicts_reads_them_back(judge_parts):
     """SFT on (task, answer, verdict) rows, then the judge's p(yes) at the position the
     rows trained: it tells the answers apart (here by a surface cue: the mechanics, not

@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 from swarmjax.envs.widesearch import Vocab, WideSearchConfig
 from swarmjax.models import ModelConfig, init_params
@@ -30,6 +31,8 @@ from swarmjax.rl.update import UpdateConfig
 from swarmjax.swarm.engine import RolloutConfig, SwarmRollout
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy, sample_eval_tasks
 from swarmjax.train.sft import SFTConfig, train_sft
+
+pytestmark = pytest.mark.slow     # the whole file: end-to-end runs (the README's whole suite)
 
 ENV = WideSearchConfig(num_entities=16, num_values=16, min_task_size=1, max_task_size=6, max_subagents=3,
                        subagent_steps=4, budget=5, orch_context=64, worker_context=24)

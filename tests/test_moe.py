@@ -7,6 +7,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from swarmjax.models import ModelConfig, init_params
@@ -23,6 +24,7 @@ def _loss(params, tokens, cfg, sharding):
     return forward(params, cfg, tokens, activation_sharding=sharding).logits.std()
 
 
+@pytest.mark.slow
 def test_expert_parallel_equals_one_device_and_reports_drops():
     params = init_params(CFG, jax.random.key(0))
     tokens = jnp.asarray(np.random.RandomState(0).randint(0, CFG.vocab_size, (8, 12)))
@@ -53,6 +55,7 @@ def test_expert_parallel_equals_one_device_and_reports_drops():
         assert bool(said) == drops, said
 
 
+@pytest.mark.slow
 def test_sampler_on_a_mesh_decodes_a_mixture_of_experts_as_one_device():
     """Greedy decoding on a (2, 2, 2) mesh (the prefill dispatched by all-to-all, the decode
     steps left to XLA) picks the tokens one device picks."""

@@ -169,6 +169,7 @@ def test_qk_clip_with_qk_norm_is_per_layer():
     assert int(m["qk_clip_heads"]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["muon", "adamw"])
 def test_bfloat16_params_keep_a_float32_optimizer_state(name):
     """bf16 params and compute: the optimizer's state and arithmetic stay float32 and the
@@ -193,6 +194,7 @@ def test_bfloat16_params_keep_a_float32_optimizer_state(name):
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(new))
 
 
+@pytest.mark.slow
 def test_distributed_muon_equals_optax_muon_and_the_single_device_update():
     """On one device the Muon here is ``optax.contrib.muon`` (to float rounding); on a (2, 2, 2) mesh,
     with the layers spread over the devices for Newton-Schulz (3 layers padded to 8),

@@ -32,6 +32,7 @@ def mesh():
     return make_mesh(MeshConfig(data=2, fsdp=4, tensor=1), devices=jax.devices()[:8])
 
 
+@pytest.mark.slow
 def test_remat_lowers_the_planned_temporaries(mesh):
     plans = {r: plan_memory(CFG, mesh, batch=16, seq=128, update=UpdateConfig(remat=r)) for r in ("none", "block")}
     assert plans["block"].temp < 0.7 * plans["none"].temp, {r: p.temp for r, p in plans.items()}
@@ -40,6 +41,7 @@ def test_remat_lowers_the_planned_temporaries(mesh):
     assert all(plans["none"].as_dict()["fits"][d] for d in DEVICE_MEMORY)
 
 
+@pytest.mark.slow
 def test_the_plan_agrees_with_the_real_compile_and_arrays(mesh):
     """Params and optimizer state per device equal the bytes the real sharded arrays
     hold on one device; XLA's memory analysis of the real update equals the plan's."""
@@ -94,6 +96,7 @@ def test_qwen3_presets_have_the_published_sizes():
     assert [round(v, 1) for v in sizes.values()] == [0.6, 1.7, 4.0, 8.2], sizes
 
 
+@pytest.mark.slow
 def test_plan_command_prints_json_per_device(tmp_path):
     """The command in its own process (it asks JAX for as many CPU devices as the mesh has),
     on a checkpoint directory's config.json (a preset's shape: 4 bytes a param, a quarter

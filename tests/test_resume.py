@@ -30,6 +30,8 @@ from swarmjax.train.logs import JobLog, truncate
 from swarmjax.train.parl import PARLTrainer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
+pytestmark = pytest.mark.slow     # the whole file: end-to-end runs (the README's whole suite)
+
 SEED = 14
 STEPS = 6
 # the smallest job with a warm start of many short steps (one compiled SFT step:

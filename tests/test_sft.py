@@ -87,6 +87,7 @@ def test_loss_counts_only_said_tokens():
         assert not np.isin(said, [V["<val>"], V["<result>"], V["<task>"], V["<orch>"], V["<worker>"]]).any()
 
 
+@pytest.mark.slow
 def test_short_sft_run_improves_both_roles():
     cfg = ModelConfig(vocab_size=V.size, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                       head_dim=8, intermediate_size=96)
@@ -101,6 +102,7 @@ def test_short_sft_run_improves_both_roles():
         assert report["after"][f"{role}_acc"] > report["before"][f"{role}_acc"] + 0.3, report
 
 
+@pytest.mark.slow
 def test_sft_qk_clip_and_held_out_curve():
     """QK-Clip follows every SFT step (as in the RL learner): a Llama-form model (no QK-norm)
     at a high learning rate grows its attention logits past tau; clipped, the next step's

@@ -230,6 +230,7 @@ def spawn_then_sample(cfg, eps, per_block=2):
     return Scripts(orch=jnp.asarray(orch), workers=jnp.full((len(eps), K, cfg.worker_context), SAMPLE, jnp.int32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_random_model_at_the_largest_sizes_is_never_cut(engines, temperature):
     """The largest sizes (the defaults with the budget lifted, n = 16), a random model
@@ -334,6 +335,7 @@ def test_index_checks_flag_what_is_out_of_range():
     assert flagged(pool=pool.replace(lane_of=pool.lane_of.at[0, 0].set(2))) == [{"lane_id", "lane_owner"}, set()]
 
 
+@pytest.mark.slow
 def test_sharded_engine_matches_the_reference(engines):
     """The differential tests again on a 2x2x2 mesh of 8 devices: scripted episodes,
     then sampled ones (episodes split over data x fsdp, weights over tensor)."""

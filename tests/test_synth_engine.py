@@ -101,6 +101,7 @@ def _host(setup, eps, scripts):
         rollout.close()
 
 
+@pytest.mark.slow
 def test_a_generated_environment_runs_in_the_jitted_engine_as_on_the_host(setup):
     from swarmjax.sharding.mesh import MeshConfig, make_mesh
     dt, records, model, params, rcfg = setup

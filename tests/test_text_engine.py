@@ -149,6 +149,7 @@ def scripted(setup):
     return eps, scripts, want
 
 
+@pytest.mark.slow
 def test_scripted_episodes_agree(setup, scripted):
     eps, scripts, want = scripted
     _, got = _run_both(setup, eps, scripts, SCRIPTED, host=False)
@@ -180,6 +181,7 @@ def test_budget_is_an_argument_of_the_one_program(setup, scripted):
     np.testing.assert_array_equal(got.critical_steps[same], want.critical_steps[same])
 
 
+@pytest.mark.slow
 def test_eight_devices_agree(setup, scripted):
     """The same episodes split over 8 devices (one each)."""
     from swarmjax.sharding.mesh import MeshConfig, make_mesh

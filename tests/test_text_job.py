@@ -39,6 +39,7 @@ def small_run(tmp_path_factory):
     return workdir, args, out.getvalue()
 
 
+@pytest.mark.slow
 def test_text_job_runs_and_writes_its_summary(small_run, capsys):
     workdir, args, out = small_run
     assert "| initial |" in out and "| final |" in out and "accuracy " in out
@@ -153,6 +154,7 @@ def test_shared_subagent_rows_have_their_own_role_advantages():
     assert rows["loss_mask"].sum(1).tolist() == [2, 4, 1, 1]
 
 
+@pytest.mark.slow
 def test_a_runs_checkpoint_gives_verdicts_to_train_a_judge_on(small_run, tmp_path):
     """The final checkpoint's test episodes as (task, answer, right) triples: the answered
     ones, right exactly where the verifier scored 1 (the judge's score beside it is not

@@ -76,6 +76,7 @@ def tiny_run(tmp_path_factory):
     return config, workdir, buf.getvalue()
 
 
+@pytest.mark.slow
 def test_text_parl_job_runs_and_writes_its_summary(tiny_run, tmp_path, capsys):
     config, workdir, out = tiny_run
     assert "| 4 | warm start |" in out and "| 4 | final |" in out and "critical steps" in out
@@ -172,6 +173,7 @@ def test_focus_tasks():
     assert 0.55 < big < 0.75          # half focused, plus the 5/16 of the rest that are >= 12 anyway
 
 
+@pytest.mark.slow
 def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch, capsys):
     """A PARL stage over the tiny run's warm start, stopped by SIGTERM after its first
     step (exit 143, a checkpoint at step 1) and continued with ``--resume auto``, writes
@@ -220,6 +222,7 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
     assert {name: (cut / name).read_text() for name in logs} == logs
 
 
+@pytest.mark.slow
 def test_async_text_parl_stage(tiny_run, tmp_path):
     """The PARL stage over the tiny run's warm start with one batch in flight: batch 1
     decodes with the policy before update 0, each batch's task ids are the stream's next."""

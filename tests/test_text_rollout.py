@@ -55,6 +55,7 @@ def _episodes(sizes, seed=0):
     return [Episode.sample(CFG, rng, n=n) for n in sizes]
 
 
+@pytest.mark.slow
 def test_scripted_policies_match_the_token_world(world):
     """Serial and k-way split policies: the same answers, steps, critical steps, total
     steps, spawned / finished sub-agents as the token world's reference simulator."""
@@ -139,6 +140,7 @@ def test_recorded_logprobs_equal_a_teacher_forced_forward(world, scripted_run):
         is None
 
 
+@pytest.mark.slow
 def test_segmentation_and_windows_change_only_the_time(world):
     """segment_exit, decode_slack and min_window decide where decode segments end and how
     wide their windows are, never the trajectory: a run cut into many short segments in
@@ -198,6 +200,7 @@ def test_malformed_calls_cost_a_step_and_get_an_error_reply(world):
     assert "Error:" in text and "unknown tool 'teleport'" in text and "per turn" in text
 
 
+@pytest.mark.slow
 def test_context_strategies_split_an_episode_into_segments(world):
     """discard_all and keep_last_round past a threshold: the episode goes on in new
     segments, each its own id stream that opens with the first prompt re-rendered with the
@@ -280,6 +283,7 @@ def _checked_trace(task, res, b, size):
     return trace
 
 
+@pytest.mark.slow
 def test_summary_strategy_restarts_from_the_agents_summary(world):
     """ReSum: a turn that calls ``summarize`` ends its segment (the summary's ids sampled,
     in that segment's loss) and the next segment is the first prompt with the summary,

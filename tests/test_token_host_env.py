@@ -235,6 +235,7 @@ def rollouts():
         engine.close()
 
 
+@pytest.mark.slow
 def test_scripted_policies_through_the_text_rollout(rollouts):
     """The scripted episodes forced turn by turn (each script turn the ids of one whole
     turn, as the host run split them)."""
@@ -256,6 +257,7 @@ def spawn_turn(cfg, ep, rng):
     return toks + ([v["<wait>"]] if parts < cfg.max_subagents else [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which,sizes", [("small", [1, 2, 3, 4] * 3), ("big", [16, 16, 8, 1])])
 def test_random_model_episodes_replay_exactly(rollouts, which, sizes):
     """A random model samples at temperature 1 (every other episode after a forced first

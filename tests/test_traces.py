@@ -306,6 +306,7 @@ def test_engine_rollout_traces_validate():
         assert trace["trace_id"] in timeline(trace)
 
 
+@pytest.mark.slow
 def test_train_job_writes_valid_traces(tmp_path):
     """Every trace a (tiny) ``swarmjax train`` writes validates, with all reward channels,
     every agent's tool calls and a measured wall clock; ``trace show`` draws each."""

@@ -201,6 +201,7 @@ def test_bad_batch_size_is_a_clear_error(learner):
         learner.update(learner.init(_params()), batch)
 
 
+@pytest.mark.slow
 def test_gspo_learns_a_bandit():
     """Prompt = one token; reward = fraction of 4 sampled tokens equal to TARGET."""
     target, G, prompts, n = 7, 8, 4, 4
@@ -226,6 +227,7 @@ def test_gspo_learns_a_bandit():
     assert np.mean(rewards_seen[-3:]) > 0.6, rewards_seen
 
 
+@pytest.mark.slow
 def test_shared_head_equals_the_whole_rows():
     """Rows that open with the same ids, the head given once (``update(head=)``: one
     cascade forward of it per pass), update the params exactly as the whole rows do:
