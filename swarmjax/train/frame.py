@@ -76,12 +76,10 @@ def check_identity(mine: dict[str, str], saved: dict[str, str], what: str, may_c
 
 def check_workdir(workdir: str, mode: str) -> None:
     """Check a job's ``workdir`` for resume ``mode`` ("never", "latest" or "auto",
-    :func:`resume_mode`): under "never" no finished run in it; then create it."""
-    path = epath.Path(workdir)
-    if mode == "never" and (path / "summary.json").exists():
+    :func:`resume_mode`): under "never" no finished run in it. Creates nothing."""
+    if mode == "never" and (epath.Path(workdir) / "summary.json").exists():
         raise ValueError(f"workdir {workdir!r} already holds a finished run; choose another "
                          "(--resume auto reads its summary back)")
-    path.mkdir(parents=True, exist_ok=True)
 
 
 def finished_step(directory: str) -> int | None:
@@ -100,17 +98,18 @@ def run_checkpointed(job: Any, workdir: str, resume: bool | str,
                      checkpoint: CheckpointConfig = CheckpointConfig(every=1, keep_last=2)) -> dict:
     """Every job's frame: ``resume`` read (:func:`resume_mode`), the job validated
     (``job.validate()``), the newest finished step (None: none) checked against the mode
-    (:func:`check_resume`; ``stage`` names the training stage in its errors): a config
-    error leaves the workdir as it was. Then its workdir checked and created
-    (:func:`check_workdir`), its checkpoints opened (``workdir/checkpoints``:
+    (:func:`check_resume`; ``stage`` names the training stage in its errors), a finished
+    run refused under "never" (:func:`check_workdir`): a config error leaves the workdir
+    as it was. Then the workdir created, its checkpoints opened (``workdir/checkpoints``:
     ``checkpoint.keep_last`` and the best by ``best_metric`` kept), then
     ``run(ckpt, latest, watch)`` under a SIGTERM watch; the checkpoints are closed after
     it (waiting for a save in flight)."""
     mode = resume_mode(resume)
     job.validate()
     directory = os.path.join(str(workdir), "checkpoints")
-    check_resume(mode, finished_step(directory), workdir, directory, stage=stage)   # nothing created yet
-    check_workdir(workdir, mode)
+    check_workdir(workdir, mode)                                                      # nothing created yet
+    check_resume(mode, finished_step(directory), workdir, directory, stage=stage)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     ckpt = Checkpointer(directory, save_every=checkpoint.every, keep_last=checkpoint.keep_last,
                         best_metric=best_metric, async_save=checkpoint.async_save)
     try:
