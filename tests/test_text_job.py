@@ -195,3 +195,39 @@ def test_a_runs_checkpoint_gives_verdicts_to_train_a_judge_on(small_run, tmp_pat
     scores = ref([problem_text(task, p, reference=True) for p, _ in got[:len(problems)]],
                  [a for _, a in got[:len(problems)]])
     assert runs[0]["judge"] == pytest.approx(scores.total.tolist(), abs=1e-5)
+
+
+RELAY = ["task=relay", "role=orchestrator", "engine=device", "tokenizer_vocab=1000", "model.num_layers=1",
+         "model.hidden_size=32", "model.num_heads=2", "model.num_kv_heads=1", "model.head_dim=16",
+         "model.intermediate_size=64", "sft.steps=3", "sft.batch=8", "sft.demos=16", "rl.steps=2",
+         "rl.tasks_per_step=4", "rl.group_size=2", "rl.update.num_minibatches=1", "rl.rollout.orch_context=1536",
+         "rl.rollout.worker_context=384", "rl.rollout.max_turn_tokens=400", "rl.rollout.subagent_turns=4",
+         "rl.rollout.budget=8", "eval_episodes=8", "eval_every=0", "mesh.data=-1"]
+
+
+@pytest.mark.slow
+def test_device_engine_job_on_a_mesh(tmp_path, capsys):
+    """The agent job with the device engine: the relay task's device twin rolls out in the
+    jitted swarm, its 8 episodes a step over the 8-device mesh (the learner's mesh); the
+    warm start plays the host twin's demonstrations. Metrics, evaluations, the per-size
+    table, valid traces; resumed, it recomputes nothing. (On a 4-device mesh its metrics
+    and evaluations equal one device's: measured, docs/results.md.)"""
+    workdir = str(tmp_path / "run")
+    args = ["train", "--config", CONFIG, "--workdir", workdir, "--no-progress"] + [a for s in RELAY
+                                                                                   for a in ("--set", s)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "per task size (test split)" in out and "| final |" in out
+    rl = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    rl = [r for r in rl if r["stage"] == "rl"]
+    assert len(rl) == 2 and all("signal_groups" in r and "learner/loss" in r for r in rl)
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    assert summary["held_out"] == {"validation": 8, "test": 8} and len(summary["final_sizes"]) > 1
+    from test_traces import check
+    traces = [json.loads(line) for line in open(os.path.join(workdir, "traces.jsonl"))]
+    assert len(traces) == 8
+    for t in traces:
+        check(t)
+    logs = {name: open(os.path.join(workdir, name)).read() for name in ("metrics.jsonl", "eval.jsonl")}
+    assert main(args + ["--resume", "auto"]) == 0
+    assert {name: open(os.path.join(workdir, name)).read() for name in logs} == logs
