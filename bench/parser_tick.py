@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import matmul_peak_flops, time_best  # noqa: E402
 
 from swarmjax.envs.orchestration import ASSIGN_PARAMETERS, CREATE_PARAMETERS  # noqa: E402
-from swarmjax.text import device_calls as dc  # noqa: E402
+from swarmjax.text.device import calls as dc  # noqa: E402
 from swarmjax.text.byte_tries import token_byte_table  # noqa: E402
 from swarmjax.text.tokenizer import TextTokenizer  # noqa: E402
 from swarmjax.text.tools import Tool, ToolSet  # noqa: E402

@@ -46,7 +46,7 @@ from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
 from swarmjax.swarm.text_engine import TextSwarm  # noqa: E402
 from swarmjax.swarm.text_rollout import TextRollout  # noqa: E402
 from swarmjax.swarm.text_types import TextRolloutConfig, TextScripts  # noqa: E402
-from swarmjax.text import device_calls as dc  # noqa: E402
+from swarmjax.text.device import calls as dc  # noqa: E402
 from swarmjax.text.bpe import train_bpe_tokenizer  # noqa: E402
 from swarmjax.text.chat import Qwen3Format, chat_format  # noqa: E402
 from swarmjax.text.fragments import render  # noqa: E402

@@ -1,4 +1,4 @@
-"""The device answer-line parser (swarmjax.text.device_answers) agrees with its host twin
+"""The device answer-line parser (swarmjax.text.device.answers) agrees with its host twin
 on hand-written turns and on a fuzz of mutated answer texts, each tokenised canonically
 and with random byte-boundary splits, with control ids between and inside lines. The
 tokenizer is a byte-level BPE trained here on the wide-search corpus."""
@@ -12,7 +12,7 @@ import pytest
 
 from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.envs.widesearch_text import format_pairs, generate_names, text_corpus
-from swarmjax.text import device_answers as da
+from swarmjax.text.device import answers as da
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.byte_tries import token_byte_table
 from swarmjax.text.tokenizer import TextTokenizer

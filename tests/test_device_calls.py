@@ -1,4 +1,4 @@
-"""The device tool-call parser (swarmjax.text.device_calls) agrees with the host parser
+"""The device tool-call parser (swarmjax.text.device.calls) agrees with the host parser
 (parse_turn + the tools' JSON Schemas) on every case of a fuzz of generated turns, each
 tokenised canonically and with random byte-boundary splits (tags as added-token ids or
 spelled in ordinary tokens). The tokenizer is a byte-level BPE trained here."""
@@ -15,8 +15,8 @@ import pytest
 
 from swarmjax.envs.orchestration import ASSIGN_PARAMETERS, CREATE_PARAMETERS
 from swarmjax.envs.widesearch_text import generate_names
-from swarmjax.text import device_call_views as dv
-from swarmjax.text import device_calls as dc
+from swarmjax.text.device import call_views as dv
+from swarmjax.text.device import calls as dc
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.byte_tries import token_byte_table
 from swarmjax.text.tokenizer import TextTokenizer

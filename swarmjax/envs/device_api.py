@@ -87,7 +87,7 @@ class DeviceTask:
     max_subagents: K sub-agent slots per episode (0: the orchestrator works alone);
     agent_names: [K] the sub-agents' names (traces);
     max_calls: C; grid_width: G;
-    answer_grammar: a :class:`~swarmjax.text.device_answers.AnswerGrammar` the engine
+    answer_grammar: a :class:`~swarmjax.text.device.answers.AnswerGrammar` the engine
       steps on every sampled id (None: the task reads no answer lines on the device);
     widths: static bounds in ids: ``reply`` (an orchestrator's reply), ``worker_reply``,
       ``worker`` (a sub-agent's prompt).
@@ -104,7 +104,7 @@ class DeviceTask:
 
     # ---- host
     def grammar(self, role: str) -> Any:
-        """The :class:`~swarmjax.text.device_calls.CallGrammar` of ``role``'s tools."""
+        """The :class:`~swarmjax.text.device.calls.CallGrammar` of ``role``'s tools."""
         raise NotImplementedError
 
     def head_ids(self, role: str) -> np.ndarray:
@@ -126,7 +126,7 @@ class DeviceTask:
         raise NotImplementedError
 
     def orch_turn(self, state: Any, rec: Any, count: Array, acted: Array) -> tuple[Any, TurnOut]:
-        """rec: the parser's :class:`~swarmjax.text.device_calls_state.CallRecord` [B, C, ...];
+        """rec: the parser's :class:`~swarmjax.text.device.calls_state.CallRecord` [B, C, ...];
         count [B] calls made; acted [B] the rows whose turn ended with calls."""
         raise NotImplementedError
 

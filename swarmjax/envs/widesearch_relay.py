@@ -16,7 +16,7 @@ in the same words:
   ``UNKNOWN_ENTITY``.
 * A sub-agent's answer comes back as ``Sub-agent 'worker3' answered:`` and one
   ``entity: value`` line per distinct pair it answered with a known entity and value,
-  in order (:mod:`swarmjax.text.device_answers` reads the answer lines).
+  in order (:mod:`swarmjax.text.device.answers` reads the answer lines).
 * Every error has one fixed sentence per cause (a call's :class:`CallError`, a second
   lookup in a turn, an unknown agent, the K limit, calls past ``max_calls``).
 
@@ -55,7 +55,7 @@ from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, TaskNames,
 from swarmjax.envs.scoring import item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.byte_tries import token_byte_table
-from swarmjax.text.device_answers import host_answer_pairs
+from swarmjax.text.device.answers import host_answer_pairs
 from swarmjax.text.toolcalls import CallError, parse_turn
 from swarmjax.text.tools import Tool, ToolSet
 
@@ -142,7 +142,7 @@ class RelayTask(TaskNames):
         return token_byte_table(self.chat.tokenizer)      # built once, not per answer turn
 
     def answer_pairs(self, turn: np.ndarray) -> list[tuple[int, int]]:
-        """(entity, value) ids of a turn's answer lines (``device_answers`` rules; control
+        """(entity, value) ids of a turn's answer lines (``text.device.answers`` rules; control
         ids: the tokenizer's added tokens), the first ``max_pairs``."""
         return host_answer_pairs(self.chat.tokenizer, turn, self.entity_names, self.value_names,
                                  byte_table=self._byte_table)[:self.max_pairs]

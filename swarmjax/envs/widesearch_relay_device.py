@@ -36,11 +36,11 @@ from swarmjax.envs.device_api import R_ANSWER, R_CONTEXT, R_TURNS, DeviceTask, T
 from swarmjax.envs.scoring import item_f1
 from swarmjax.envs.widesearch import Episode
 from swarmjax.envs.widesearch_relay import ERROR_TEXT, LIMIT, LOOKUP_AGAIN, UNKNOWN_ENTITY, RelayTask
-from swarmjax.text import device_answers as da
-from swarmjax.text import device_calls as dc
+from swarmjax.text.device import answers as da
+from swarmjax.text.device import calls as dc
 from swarmjax.text import fragments
-from swarmjax.text.device_calls import fnv1a
-from swarmjax.text.device_calls_state import CallRecord
+from swarmjax.text.device.calls import fnv1a
+from swarmjax.text.device.calls_state import CallRecord
 from swarmjax.text.fragments import EMPTY, Fragments, check_joins, common_prefix, compose
 from swarmjax.text.toolcalls import CallError
 

@@ -14,8 +14,8 @@ environment :mod:`swarmjax.envs.synth.device_task`) is one ``lax.while_loop`` of
   order) and its KV cache holds the first ``pos`` ids of it.
 * **a tick.** Every row whose turn is open and that has heard everything samples one id
   (written to its trace and fed to the device tool-call parser
-  :mod:`swarmjax.text.device_calls` and answer-line parser
-  :mod:`swarmjax.text.device_answers`); then each model runs ONE forward over its rows,
+  :mod:`swarmjax.text.device.calls` and answer-line parser
+  :mod:`swarmjax.text.device.answers`); then each model runs ONE forward over its rows,
   feeding every row the ids of its trace it has not yet fed: 1 for a row that just
   sampled, up to ``chunk`` (F) environment ids for a row that was just answered (a
   chunked prefill; a tick where no row has more than one pending id runs the 1-wide
@@ -59,8 +59,8 @@ from swarmjax.swarm.text_engine_feed import RoleModel, feed
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
 from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult, check_budget
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
-from swarmjax.text import device_answers as da
-from swarmjax.text import device_calls as dc
+from swarmjax.text.device import answers as da
+from swarmjax.text.device import calls as dc
 from swarmjax.text.fragments import render
 
 Array = jax.Array

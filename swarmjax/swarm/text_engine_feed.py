@@ -17,7 +17,7 @@ from jax import lax
 from swarmjax.models.config import ModelConfig
 from swarmjax.swarm.text_device import Rows, gather_rows, scatter_rows
 from swarmjax.swarm.text_engine_state import Agents
-from swarmjax.text import device_calls as dc
+from swarmjax.text.device import calls as dc
 
 Array = jax.Array
 

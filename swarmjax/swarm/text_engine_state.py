@@ -15,8 +15,8 @@ import jax.numpy as jnp
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_cache
 from swarmjax.swarm.text_device import Rows
-from swarmjax.text import device_answers as da
-from swarmjax.text import device_calls as dc
+from swarmjax.text.device import answers as da
+from swarmjax.text.device import calls as dc
 
 Array = jax.Array
 RUNNING_SLOT, ENDED_SLOT = 1, 2        # Episode.slot: 0 unused

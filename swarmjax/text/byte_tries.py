@@ -11,7 +11,7 @@
   product of the two, whose size is the trie's plus the AC's.
 * :func:`tag_automaton`: the Aho-Corasick DFA of the hermes tags and stop strings.
 
-Everything here is plain numpy; :mod:`swarmjax.text.device_calls` puts the tables
+Everything here is plain numpy; :mod:`swarmjax.text.device.calls` puts the tables
 on the device.
 """
 

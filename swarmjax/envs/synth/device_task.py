@@ -7,7 +7,7 @@ answered on the device.
 
 * the environment's tables as arrays and its tools as one jittable step
   (:mod:`swarmjax.envs.synth.device`), per episode of the batch;
-* how a parsed call (:class:`~swarmjax.text.device_calls_state.CallRecord`) becomes that
+* how a parsed call (:class:`~swarmjax.text.device.calls_state.CallRecord`) becomes that
   step's arguments: a category by its enum index, an amount by its integer, a key or a
   reference by the FNV-1a hash of the string against the hashes of every key
   ``PREFIX-n`` a table can hold (``n <= 100 + R``; any other string names no row, as
@@ -50,7 +50,7 @@ from swarmjax.envs.synth.world import (AMOUNT_TEXT, OPS, EnvSpec, ToolError, exe
                                        parameters)
 from swarmjax.text import fragments
 from swarmjax.text.chat import ChatFormat
-from swarmjax.text.device_calls import CallGrammar, fnv1a
+from swarmjax.text.device.calls import CallGrammar, fnv1a
 from swarmjax.text.fragments import EMPTY, Fragments, common_prefix, compose
 from swarmjax.text.toolcalls import CallError, parse_turn
 from swarmjax.text.tools import ToolSet

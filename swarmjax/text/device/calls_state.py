@@ -1,4 +1,4 @@
-"""The state layout of the device tool-call parser (:mod:`swarmjax.text.device_calls`).
+"""The state layout of the device tool-call parser (:mod:`swarmjax.text.device.calls`).
 
 Every dataclass here describes ONE row (shapes in the comments); the batched state
 has a leading ``B`` on every leaf. ``C`` = max_calls, ``A`` = argument slots of the
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from swarmjax.text.device_json import K_NONE, JsonState, json_init
+from swarmjax.text.device.json_parser import K_NONE, JsonState, json_init
 from swarmjax.text.toolcalls import CALL_CLOSE, CALL_OPEN, CALL_SYNTAXES, THINK_CLOSE, THINK_OPEN
 
 # where the turn is
@@ -46,7 +46,7 @@ class TextState:
 
 @struct.dataclass
 class CallValues:
-    """What a call's body said (its verdict is computed from this by device_calls.call_record)."""
+    """What a call's body said (its verdict is computed from this by calls.call_record)."""
 
     name_kind: jax.Array  # int32 [] NAME_*
     name_sid: jax.Array   # int32 [] exact-string id of the name, -1
@@ -76,7 +76,7 @@ class CallRegs:
 
 @struct.dataclass
 class CallRecord:
-    """The verdicts of a turn's calls (device_calls.call_record); one row of it (without
+    """The verdicts of a turn's calls (calls.call_record); one row of it (without
     the leading C) is one call. Slots at or past ``count`` hold tool -1, error 0."""
 
     tool: jax.Array       # int32 [C] tool id; -1 unknown, unreadable or INCOMPLETE

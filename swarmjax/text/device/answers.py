@@ -54,7 +54,7 @@ import numpy as np
 from flax import struct
 
 from swarmjax.text import byte_tries
-from swarmjax.text.device_calls_state import where_rows
+from swarmjax.text.device.calls_state import where_rows
 from swarmjax.text.tokenizer import TextTokenizer
 
 __all__ = ["AnswerGrammar", "AnswerState", "init", "reset", "step", "finish", "pairs", "parse_tokens",

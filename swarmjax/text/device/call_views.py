@@ -1,4 +1,4 @@
-"""Host views of the device tool-call parser (:mod:`swarmjax.text.device_calls`), for
+"""Host views of the device tool-call parser (:mod:`swarmjax.text.device.calls`), for
 tests and logs: every row's calls as Python values (:func:`device_summaries`), and the
 same summary from the host parser's reading of a turn (:func:`host_summary`), so the two
 compare with ``==``."""
@@ -9,8 +9,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-from swarmjax.text.device_calls import CallGrammar, ParserState, call_record, fnv1a
-from swarmjax.text.device_json import K_ARR, K_FALSE, K_INT, K_NULL, K_NUM, K_OBJ, K_STR, K_TRUE
+from swarmjax.text.device.calls import CallGrammar, ParserState, call_record, fnv1a
+from swarmjax.text.device.json_parser import K_ARR, K_FALSE, K_INT, K_NULL, K_NUM, K_OBJ, K_STR, K_TRUE
 from swarmjax.text.toolcalls import CallError, ParsedTurn
 
 __all__ = ["ArgValue", "CallSummary", "TurnSummary", "device_summaries", "host_summary"]

@@ -15,11 +15,11 @@ Build once on the host, then step on the device::
     state = finish(grammar, state, cut)                  # the turn hit the length limit (drains too)
     record = call_record(grammar, state)                 # CallRecord [B, C, ...]; state.count [B]
 
-and on the host, for tests and logs, :mod:`swarmjax.text.device_call_views`:
+and on the host, for tests and logs, :mod:`swarmjax.text.device.call_views`:
 ``device_summaries`` (every row's calls as Python values) and ``host_summary`` (the same
 from :func:`parse_turn`'s output).
 
-The state (:mod:`device_calls_state`, one row; shapes there): the mode, the tag
+The state (:mod:`calls_state`, one row; shapes there): the mode, the tag
 automaton's state, the call count, the open call's registers (the body's JSON parser,
 the arguments-string parser, the string being read: automaton state, FNV-1a, first
 mentions; and what was read per argument name) and, per recorded call [C], what it
@@ -37,7 +37,7 @@ decoded text); an added token that is a tag where it stands is handled as one sy
 without its bytes. Modes follow ``_walk``: outside, in a think block (calls there are
 reasoning), in a call (only ``</tool_call>`` ends it), done (a stop string anywhere
 ends the turn; an open call becomes INCOMPLETE). In a call the bytes go to a JSON
-parser (:mod:`device_json`) and the strings' unescaped bytes to one string automaton
+parser (:mod:`json_parser`) and the strings' unescaped bytes to one string automaton
 (:func:`byte_tries.string_automaton`): a trie naming keys, tool names and enum values,
 times an Aho-Corasick automaton of the mention phrases. ``arguments`` written as a
 JSON string is parsed by a second JSON parser fed with the first one's unescaped
@@ -89,12 +89,12 @@ import numpy as np
 from flax import struct
 
 from swarmjax.text import byte_tries
-from swarmjax.text.device_calls_state import (
+from swarmjax.text.device.calls_state import (
     AK_BAD, AK_NULL, AK_OBJ, AK_SOBJ, AK_STR, END_BAD, END_CUT, END_JSON, END_NONE, MODE_CALL, MODE_DONE, MODE_OUT,
     MODE_THINK, NAME_OTHER, NAME_STR, ROLE_ARGS, ROLE_NAME, ROLE_PARAMS, TAG_CALL_CLOSE, TAG_CALL_OPEN, TAG_STOP,
     TAG_THINK_CLOSE, TAG_THINK_OPEN, TAGS, CallRecord, CallRegs, CallValues, ParserState, TextState, regs_init,
     ring_size, text_init, values_init, where_rows)
-from swarmjax.text.device_json import (
+from swarmjax.text.device.json_parser import (
     J_DONE, K_FALSE, K_INT, K_NONE, K_NULL, K_NUM, K_OBJ, K_STR, K_TRUE, JsonEvents, JsonState, json_byte,
     json_table)
 from swarmjax.text.tokenizer import TextTokenizer
@@ -217,7 +217,7 @@ class CallGrammar:
     tok_tag: jax.Array      # int32 [V] TAG_* of an added token that is a tag, else 0
     tag_next: jax.Array     # int32 [Sg, 256] tag automaton
     tag_accept: jax.Array   # int32 [Sg] TAG_* ending on entering the state
-    json: jax.Array         # int32 [J, 256] device_json.json_table()
+    json: jax.Array         # int32 [J, 256] json_parser.json_table()
     str_next: jax.Array     # int32 [S, 256] string automaton
     str_accept: jax.Array   # int32 [S] exact string id or -1
     str_out: jax.Array      # int32 [S, K] phrases ending here as phrase | byte length << 12, 0 padded
