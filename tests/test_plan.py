@@ -151,6 +151,7 @@ def test_remat_and_logit_chunks_leave_the_update_unchanged():
         np.testing.assert_allclose(out["memory"][1][k], v, rtol=1e-4, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow
 def test_muon_orthogonalises_spread_over_the_mesh(mesh):
     """Muon given the mesh plans far fewer temporaries than the same Muon left to XLA,
     which gathers every layer's float32 matrices on every device for Newton-Schulz."""

@@ -160,6 +160,7 @@ def random_batch(cfg, seed, size):
     return eps, orch, workers
 
 
+@pytest.mark.slow
 def test_randomized_scripts(engines):
     """Random turns of every kind (valid and malformed) on the small config, which
     makes episodes hit the context, step, spawn and budget limits."""
@@ -172,6 +173,7 @@ def test_randomized_scripts(engines):
     assert any(s == cfg.subagent_steps for r in refs for st in r.stages for s in st["worker_steps"])
 
 
+@pytest.mark.slow
 def test_starved_lane_pool_changes_timing_not_outcomes(engines):
     """One KV-cache lane for 48 x 3 sub-agent slots: sub-agents queue for it, the
     loop runs far more ticks, and every episode still matches the reference."""

@@ -163,6 +163,7 @@ def test_scripted_episodes_agree(setup, scripted):
     assert got.spawned[7] == 1 and got.finished[7] == 0 and got.subagents[7][0].steps < 3
 
 
+@pytest.mark.slow
 def test_budget_is_an_argument_of_the_one_program(setup, scripted):
     """``budget=None`` lifts the critical-step budget in the compiled program the config's
     budget runs (no new compile): the orchestrator the budget stopped goes on; episodes
