@@ -113,6 +113,7 @@ def run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=None):
     return result, refs
 
 
+@pytest.mark.slow
 def test_scripted_shapes(engines):
     """Serial (over budget), and the 16 entities split 8x2, 4x4, 2x8, 16x1 (too many), all
     with one batch; plus a worker that runs out of steps and malformed spawns."""

@@ -168,6 +168,7 @@ def test_segmentation_and_windows_change_only_the_time(world):
         np.testing.assert_array_equal(getattr(whole, field), getattr(cut, field))
 
 
+@pytest.mark.slow
 def test_budget_ends_an_episode_and_subagents_are_stopped_at_their_turn_limit(world):
     task = world[0]
     eps = _episodes([6, 4])
@@ -183,6 +184,7 @@ def test_budget_ends_an_episode_and_subagents_are_stopped_at_their_turn_limit(wo
     assert res.critical_steps[1] == 1 + 3 and END_REASONS[res.end_reason[1]] == "budget"
 
 
+@pytest.mark.slow
 def test_malformed_calls_cost_a_step_and_get_an_error_reply(world):
     task = world[0]
     ep = _episodes([2])[0]
