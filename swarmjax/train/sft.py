@@ -81,8 +81,14 @@ def prefix_role_stats(params: Any, cfg: ModelConfig, head: Array, tokens: Array,
 
 def _stats(logits: Array, tokens: Array, loss_mask: Array) -> tuple[Array, Array, Array]:
     logp = token_logprobs(logits, tokens)                                         # [B, T]
-    mask = loss_mask.at[:, 0].set(False).astype(jnp.float32)
     right = jnp.pad(jnp.argmax(logits[:, :-1], -1) == tokens[:, 1:], ((0, 0), (1, 0)))
+    return _masked_sums(logp, right, loss_mask)
+
+
+def _masked_sums(logp: Array, right: Array, loss_mask: Array) -> tuple[Array, Array, Array]:
+    """(sum of -log p, loss tokens, tokens the argmax predicted) over ``loss_mask`` [B, T]
+    without t = 0 (nothing predicts it); ``logp`` and ``right`` [B, T] are position t's."""
+    mask = loss_mask.at[:, 0].set(False).astype(jnp.float32)
     return -jnp.sum(logp * mask), jnp.sum(mask), jnp.sum(right * mask)
 
 
@@ -104,8 +110,7 @@ def _role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
         return _stats(out.logits, tokens, loss_mask), out.max_logits
     logp, hits = chunked_token_logprobs(out.hidden, output_head(params), tokens, chunk=logits_chunk,
                                         return_hits=True)
-    mask = loss_mask.at[:, 0].set(False).astype(jnp.float32)
-    return (-jnp.sum(logp * mask), jnp.sum(mask), jnp.sum(hits * mask)), out.max_logits
+    return _masked_sums(logp, hits, loss_mask), out.max_logits
 
 
 def sft_loss(params: Any, cfg: ModelConfig, batches: Sequence[tuple[Array, Array, Array]], *,
