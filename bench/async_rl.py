@@ -101,7 +101,7 @@ def run_mode(mode: str, job: TrainJob, params, steps: int) -> dict:
 
     rollouts = AsyncRollouts(AsyncConfig(depth=1), draw=draw, stream_state=lambda: drawn["j"], collect=collect,
                              loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=trainer.publish)
-    rollouts.begin(state.params, step=0, steps=steps, frozen=state.frozen["workers"])
+    rollouts.begin(state.params, step=0, steps=steps, frozen=state.frozen["subagents"])
     try:
         for _ in range(steps):
             state, m = rollouts.step(state, trainer.learn, untrained=lambda c: {})

@@ -182,7 +182,7 @@ def _validation(d: str) -> dict[int, dict]:
     out = {}
     for line in open(os.path.join(d, "eval.jsonl")):
         r = json.loads(line)
-        if r["policy"] == "parl" and r["split"] == "validation" and r["n"] == 16:
+        if r["policy"] in ("parl", "final") and r["split"] == "validation" and r["n"] == 16:
             out[r["step"]] = r
     return out
 

@@ -110,9 +110,10 @@ def test_versions_and_config_errors():
 def test_subagent_refresh():
     r = SubagentRefresh(every=3, at=(2,))
     assert [d for d in range(1, 10) if r.due(d)] == [2, 3, 6, 9] and not SubagentRefresh().due(5)
-    state = TrainState(step=np.int32(0), params={"w": np.ones(2)}, opt_state=(), frozen={"workers": {"w": np.zeros(2)}})
-    assert refresh_subagents(state, "workers").frozen["workers"]["w"].tolist() == [1.0, 1.0]
+    state = TrainState(step=np.int32(0), params={"w": np.ones(2)}, opt_state=(),
+                       frozen={"subagents": {"w": np.zeros(2)}})
+    assert refresh_subagents(state, "subagents").frozen["subagents"]["w"].tolist() == [1.0, 1.0]
     with pytest.raises(ValueError, match="no frozen 'subagents'"):
-        refresh_subagents(state, "subagents")
+        refresh_subagents(TrainState(step=np.int32(0), params={"w": np.ones(2)}, opt_state=(), frozen={}), "subagents")
     with pytest.raises(ValueError, match="refresh_subagents"):
         SubagentRefresh(at=(0,))

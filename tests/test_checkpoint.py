@@ -57,7 +57,7 @@ def trained(learner, tiny_params, batch):
     """Host copy of a TrainState after one optimizer step (non-trivial Muon/AdamW state),
     with a frozen sub-agent tree."""
     params = jax.tree.map(jnp.copy, tiny_params)
-    state = learner.init(params, frozen={"workers": jax.tree.map(jnp.copy, tiny_params)})
+    state = learner.init(params, frozen={"subagents": jax.tree.map(jnp.copy, tiny_params)})
     state, _ = learner.update(state, batch)
     return jax.device_get(state)
 
@@ -132,7 +132,7 @@ def test_round_trip_is_bit_identical(tmp_path, trained):
     restored, got_meta = ckpt.restore(10, abstract_state(trained, DEV0))
     assert isinstance(restored, TrainState)
     assert_identical(restored, trained)                    # params, opt_state, frozen, step
-    assert int(restored.step) == 1 and set(restored.frozen) == {"workers"}
+    assert int(restored.step) == 1 and set(restored.frozen) == {"subagents"}
     assert got_meta == want_meta
 
     # resuming from the meta continues the host RNG and the data stream exactly
@@ -270,7 +270,7 @@ def test_restore_onto_another_mesh_and_back(tmp_path, tiny_cfg, trained):
         assert x.sharding.is_equivalent_to(s, x.ndim)
     q = restored.params["layers"]["attn"]["q_proj"]
     assert q.sharding.shard_shape(q.shape) != q.shape                  # really split
-    mu = restored.frozen["workers"]["layers"]["mlp"]["up_proj"]
+    mu = restored.frozen["subagents"]["layers"]["mlp"]["up_proj"]
     assert mu.sharding.shard_shape(mu.shape) != mu.shape
 
     # and the reverse: saved from the mesh, restored onto one device
@@ -379,7 +379,7 @@ def test_errors(tmp_path, tiny_cfg, trained):
         ckpt.save(5, on_device(trained), {}, force=True)
 
     # tree structure: the checkpoint has frozen trees the abstract state does not
-    with pytest.raises(ValueError, match=r"not in abstract_state: frozen\.workers\.") as e:
+    with pytest.raises(ValueError, match=r"not in abstract_state: frozen\.subagents\.") as e:
         ckpt.restore(10, abstract.replace(frozen=None))
     one_line(e)
     # ... and the other way round
@@ -392,7 +392,7 @@ def test_errors(tmp_path, tiny_cfg, trained):
     other_cfg = dataclasses.replace(tiny_cfg, vocab_size=tiny_cfg.vocab_size + 32)
     other = Learner(other_cfg, UCFG)
     shapes = jax.eval_shape(lambda: other.init(init_params(other_cfg, jax.random.key(0)),
-                                               frozen={"workers": init_params(other_cfg, jax.random.key(1))}))
+                                               frozen={"subagents": init_params(other_cfg, jax.random.key(1))}))
     with pytest.raises(ValueError, match=r"shape mismatch: .*params\.embed saved \(96, 32\) "
                                          r"vs wanted \(128, 32\)") as e:
         ckpt.restore(10, abstract_state(shapes, DEV0))

@@ -62,23 +62,23 @@ def _lines(run, name):
 
 def test_single_agent_resumes_exactly_and_exports_to_transformers(checkpoint, one_device, tmp_path, monkeypatch,
                                                                    capsys):
-    import swarmjax.train.agent_job as agent_job
+    import swarmjax.train.loop as loop
 
     full, cut = one_device, str(tmp_path / "cut")
     summary = json.load(open(os.path.join(full, "summary.json")))
     assert summary["chat"] == "qwen3" and summary["role"] == "single" and summary["warm_start_steps"] == 40
     assert json.load(open(os.path.join(full, "policy.json")))["model"]["model_type"] == "qwen3"
-    step = agent_job.rl_step
+    step = loop.rl_step
 
     def preempted_step(*args, **kwargs):
         out = step(*args, **kwargs)
         if len(open(os.path.join(cut, "eval.jsonl")).readlines()) == 2:     # RL step 0
             os.kill(os.getpid(), signal.SIGTERM)
         return out
-    monkeypatch.setattr(agent_job, "rl_step", preempted_step)
+    monkeypatch.setattr(loop, "rl_step", preempted_step)
     assert main(_args(cut, checkpoint)) == PREEMPTED_EXIT_CODE
     assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
-    monkeypatch.setattr(agent_job, "rl_step", step)
+    monkeypatch.setattr(loop, "rl_step", step)
     assert main(_args(cut, checkpoint) + ["--resume", "auto"]) == 0
     for name in ("metrics.jsonl", "eval.jsonl"):
         assert _lines(cut, name) == _lines(full, name), name

@@ -31,7 +31,8 @@ from small_job import CONFIG, SMALL_JOB, TIMING, rows, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.checkpoint import Checkpointer
-from swarmjax.train.job import TrainJob, _restore
+from swarmjax.train.job import TrainJob, state_shapes
+from swarmjax.train.loop import restore
 from swarmjax.train.parl import PARLTrainer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
@@ -54,7 +55,8 @@ def final_state(workdir, small, steps):
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=2)
     try:
         assert ckpt.latest_step() == steps
-        state, meta = _restore(job, PARLTrainer(job.model, job.parl), ckpt, steps)
+        trainer = PARLTrainer(job.model, job.parl)
+        state, meta = restore(ckpt, steps, state_shapes(job, trainer), trainer.learner)
     finally:
         ckpt.close()
     return state, meta
@@ -106,7 +108,7 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
     b, meta_b = final_state(split, small, 4)
     same = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
     assert all(jax.tree.leaves(same))
-    assert meta_a["data"] == meta_b["data"] and meta_a["parl_step"] == 4
+    assert meta_a["stream"] == meta_b["stream"] and meta_a["step"] == 4
 
     # as if the run had died after logging steps 2 and 3 but before checkpoint 4 was finished:
     # resume from 2 drops those lines and computes them again, identically
@@ -150,7 +152,7 @@ def test_warm_start_from_another_run(tmp_path, small, two_steps, capsys):
     a, _ = final_state(base, small, 2)
     b, _ = final_state(arm, small, 2)
     same = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)),
-                        a.frozen["workers"], b.frozen["workers"])
+                        a.frozen["subagents"], b.frozen["subagents"])
     assert all(jax.tree.leaves(same))
     # a warm start made for another model, or none at all: one line
     capsys.readouterr()

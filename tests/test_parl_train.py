@@ -33,7 +33,7 @@ def test_parl_step_updates_the_orchestrator_only(trainer):
     params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(CFG, jax.random.key(0)))
     state = trainer.init(params, worker_params=params)
     before = jax.tree.map(np.asarray, state.params)
-    workers = jax.tree.map(np.asarray, state.frozen["workers"])
+    workers = jax.tree.map(np.asarray, state.frozen["subagents"])
     state, m = trainer.step(state, jax.random.key(1), step=0)
     for k in ("reward", "r_perf", "r_parallel", "r_finish", "cost", "lambda1", "lambda2", "item_f1",
               "critical_steps", "subagents", "learner/loss"):
@@ -42,7 +42,7 @@ def test_parl_step_updates_the_orchestrator_only(trainer):
     assert 1 <= m["critical_steps"] <= ENV.budget
     changed = jax.tree.map(lambda a, b: not np.allclose(a, np.asarray(b)), before, state.params)
     assert any(jax.tree.leaves(changed))
-    same = jax.tree.map(lambda a, b: np.array_equal(a, np.asarray(b)), workers, state.frozen["workers"])
+    same = jax.tree.map(lambda a, b: np.array_equal(a, np.asarray(b)), workers, state.frozen["subagents"])
     assert all(jax.tree.leaves(same))                                  # sub-agents stay frozen
     state, m2 = trainer.step(state, jax.random.key(2), step=1)
     assert int(state.step) == 2 * trainer.cfg.update.num_minibatches

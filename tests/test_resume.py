@@ -25,7 +25,8 @@ from small_job import CONFIG, SMALL_JOB, TIMING, rows, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.checkpoint import Checkpointer
-from swarmjax.train.job import TrainJob, _prepare, _restore, train_stream
+from swarmjax.train.job import TrainJob, _prepare, state_shapes, train_stream
+from swarmjax.train.loop import restore
 from swarmjax.train.logs import JobLog, truncate
 from swarmjax.train.parl import PARLTrainer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
@@ -118,7 +119,8 @@ def final_params(workdir, overrides):
     job = apply_overrides(load_config(CONFIG, TrainJob), overrides)
     ckpt = Checkpointer(workdir / "checkpoints", save_every=2, read_only=True)
     try:
-        state, meta = _restore(job, PARLTrainer(job.model, job.parl), ckpt, STEPS)
+        trainer = PARLTrainer(job.model, job.parl)
+        state, meta = restore(ckpt, STEPS, state_shapes(job, trainer), trainer.learner)
     finally:
         ckpt.close()
     return jax.device_get(state), meta
@@ -190,7 +192,7 @@ def test_kill_and_preempt_then_resume_auto_is_exact(tmp_path, env, full):
         strip_timing(json.loads((full / "summary.json").read_text()))
     (a, meta_a), (b, meta_b) = final_params(full, env[1]), final_params(cut, env[1])
     assert all(jax.tree.leaves(jax.tree.map(lambda x, y: np.array_equal(x, y), a, b)))
-    assert meta_a["data"] == meta_b["data"]
+    assert meta_a["stream"] == meta_b["stream"]
 
     # a finished run resumed again: nothing recomputed, the final evaluation lines stay
     before = {name: (cut / name).read_text() for name in ("metrics.jsonl", "eval.jsonl", "traces.jsonl")}
@@ -231,7 +233,7 @@ def test_async_kill_and_preempt_trains_every_task_once(tmp_path, env, full):
     assert max(r["async/staleness"] for r in done) >= 1 and done[-1]["async/version"] == STEPS - 1
     assert "checkpoint at PARL step" in output(run)
     state, _ = final_params(run, overrides)         # refreshed after step 6: the sub-agents are the policy
-    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state.params, state.frozen["workers"])))
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state.params, state.frozen["subagents"])))
 
 
 def test_second_sigterm_terminates(tmp_path):

@@ -63,7 +63,7 @@ def test_text_job_runs_and_writes_its_summary(small_run, capsys):
     evals = [json.loads(line) for line in open(os.path.join(workdir, "eval.jsonl"))]
     assert [(r["policy"], r["step"], r["split"]) for r in evals] == [
         ("initial", 0, "validation"), ("initial", 0, "test"), ("rl", 1, "validation"),
-        ("final", 2, "validation"), ("final", 2, "test")]
+        ("rl", 2, "validation"), ("final", 2, "test")]
     assert evals[-1]["accuracy"] == summary["final"]["accuracy"]
     assert all(r["judge_gap"] == pytest.approx(r["judge"] - r["accuracy"], abs=1e-6) for r in evals)  # truth kept
     from test_traces import check                       # the final test episodes as orchestration traces

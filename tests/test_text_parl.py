@@ -98,7 +98,7 @@ def test_text_parl_job_runs_and_writes_its_summary(tiny_run, tmp_path, capsys):
     # the warm start and the final policy on the test split; every evaluation on validation
     assert [(e["policy"], e["split"], e["n"]) for e in evals] == [
         ("warm_start", "test", 1), ("warm_start", "test", 4), ("parl", "validation", 1), ("parl", "validation", 4),
-        ("final", "validation", 1), ("final", "validation", 4), ("final", "test", 1), ("final", "test", 4)]
+        ("parl", "validation", 1), ("parl", "validation", 4), ("final", "test", 1), ("final", "test", 4)]
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
     assert summary["seed"] == summary["parl_seed"] == 0
     # the PARL state at each evaluation and at the end, scored by the validation F1 at the largest n;
@@ -185,14 +185,15 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
     cut = tmp_path / "cut"
     args = ["train", "--config", str(config), "--workdir", str(cut), "--no-progress", "--set",
             f"warm_start_from={full}"]
-    rl_step = text_parl_job.rl_step
+    from swarmjax.train import loop
+    rl_step = loop.rl_step
 
     def preempted_step(*args, step, **kw):
         out = rl_step(*args, step=step, **kw)
         if step == 0:                            # the notice arrives during PARL step 0
             os.kill(os.getpid(), signal.SIGTERM)
         return out
-    monkeypatch.setattr(text_parl_job, "rl_step", preempted_step)
+    monkeypatch.setattr(loop, "rl_step", preempted_step)
     assert main(args) == PREEMPTED_EXIT_CODE
     assert "checkpoint at PARL step 1 saved" in capsys.readouterr().err
     assert main(args) == 2                       # --resume never: a workdir with checkpoints is refused
@@ -214,7 +215,8 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
     job = load_config(str(config))
     cfg = job.model.replace(vocab_size=summary(full)["vocab_size"])
     learner = text_parl_job.Learner(cfg, job.parl.update)
-    states = restored_states((full, cut), lambda ckpt, step: text_parl_job._restore(cfg, learner, ckpt, step), 2)
+    shapes = text_parl_job._state_shapes(cfg, learner)
+    states = restored_states((full, cut), lambda ckpt, step: loop.restore(ckpt, step, shapes, learner), 2)
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, *states)))
     # a finished run resumed again: nothing recomputed, its lines stay as they are
     logs = {name: (cut / name).read_text() for name in ("metrics.jsonl", "eval.jsonl")}

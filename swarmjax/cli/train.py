@@ -19,7 +19,10 @@ after saving a checkpoint (rerun with --resume auto).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
 
 from swarmjax.cli import register
 
@@ -50,16 +53,28 @@ def _start_distributed(args: argparse.Namespace) -> None:
                      process_id=args.process_id, enabled=not args.no_distributed)
 
 
-def _jobs() -> dict[type, tuple]:
-    """Job config type -> (run, summary table): the registry ``swarmjax train`` dispatches on."""
-    from swarmjax.train.job import TrainJob, run_job
-    from swarmjax.train.logs import summary_table
-    from swarmjax.train.agent_job import AgentJob, agent_summary_table, run_agent_job
-    from swarmjax.train.text_parl import TextPARLJob
-    from swarmjax.train.text_parl_job import run_text_parl_job, text_parl_table
+class _Job(NamedTuple):
+    """What the CLI needs of a job config type: its run, its checkpoint evaluation, the
+    table that prints either's summary, the name of its training stage."""
 
-    return {TrainJob: (run_job, summary_table), AgentJob: (run_agent_job, agent_summary_table),
-            TextPARLJob: (run_text_parl_job, text_parl_table)}
+    run: Callable
+    evaluate: Callable
+    table: Callable[[dict], str]
+    stage: str
+
+
+def _jobs() -> dict[type, _Job]:
+    """Job config type -> its :class:`_Job`: the registry ``swarmjax train`` and
+    ``swarmjax eval`` dispatch on (every job runs the one loop, :mod:`swarmjax.train.loop`)."""
+    from swarmjax.train.job import TrainJob, evaluate_checkpoint, run_job
+    from swarmjax.train.logs import summary_table
+    from swarmjax.train.agent_job import AgentJob, agent_summary_table, evaluate_agent_checkpoint, run_agent_job
+    from swarmjax.train.text_parl import TextPARLJob
+    from swarmjax.train.text_parl_job import evaluate_text_checkpoint, run_text_parl_job, text_parl_table
+
+    return {TrainJob: _Job(run_job, evaluate_checkpoint, summary_table, "PARL"),
+            AgentJob: _Job(run_agent_job, evaluate_agent_checkpoint, agent_summary_table, "RL"),
+            TextPARLJob: _Job(run_text_parl_job, evaluate_text_checkpoint, text_parl_table, "PARL")}
 
 
 def _load(args: argparse.Namespace, types: tuple[type, ...] | None = None):
@@ -93,13 +108,13 @@ def run_train(args: argparse.Namespace) -> int:
 
     _start_distributed(args)
     job = _load(args)
-    run, table = _jobs()[type(job)]
+    entry = _jobs()[type(job)]
     try:
-        summary = run(job, args.workdir, progress=not args.no_progress, resume=args.resume)
+        summary = entry.run(job, args.workdir, progress=not args.no_progress, resume=args.resume)
     except Preempted as e:
         print(f"swarmjax train: {e}", file=sys.stderr)
         return PREEMPTED_EXIT_CODE
-    print(table(summary))
+    print(entry.table(summary))
     import jax
 
     if jax.process_index() == 0:
@@ -118,38 +133,21 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from swarmjax.train.job import TrainJob, evaluate_checkpoint
-    from swarmjax.train.logs import summary_table
-    from swarmjax.train.agent_job import AgentJob, agent_summary_table, evaluate_agent_checkpoint
-    from swarmjax.train.text_parl import TextPARLJob
-    from swarmjax.train.text_parl_job import evaluate_text_checkpoint, text_parl_table
-
     _start_distributed(args)
-    sizes = None
+    job = _load(args)
+    entry = _jobs()[type(job)]
     if args.sizes:
         try:
             sizes = tuple(int(x) for x in args.sizes.split(","))
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated integers, got {args.sizes!r}") from None
-    job = _load(args, (TrainJob, TextPARLJob, AgentJob))
-    if isinstance(job, AgentJob):
-        if sizes:
-            raise ValueError("an agent job's held-out problems have no sizes: drop --sizes")
-        out = evaluate_agent_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split)
-        print(f"checkpoint at RL step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
-        print(agent_summary_table(out))
-        return 0
-    if sizes:
-        import dataclasses
+        if not hasattr(job, "eval_sizes"):
+            raise ValueError(f"{type(job).__name__}: its held-out problems have no sizes to pick: drop --sizes")
         job = dataclasses.replace(job, eval_sizes=sizes)
         job.validate()
-    if isinstance(job, TextPARLJob):
-        out, table = evaluate_text_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split), \
-            text_parl_table
-    else:
-        out, table = evaluate_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split), summary_table
-    print(f"checkpoint at PARL step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
-    print(table(out))
+    out = entry.evaluate(job, args.workdir, which=args.checkpoint, split=args.split)
+    print(f"checkpoint at {entry.stage} step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
+    print(entry.table(out))
     return 0
 
 

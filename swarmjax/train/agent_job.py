@@ -61,18 +61,17 @@ from swarmjax.text.chat import chat_format, detect_chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.traces.text import text_trace
 from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations,
-                                  evaluate, learn, mean_figures, mix_context, rl_step, subagent_params, warm_start)
-from swarmjax.train.agent_async import async_rollouts
+                                  evaluate, mean_figures, mix_context, subagent_params, warm_start)
 from swarmjax.train.async_rl import logged_update, split_devices
-from swarmjax.train.checkpoint import Checkpointer, abstract_state
+from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.distributed import barrier, local_replica
 from swarmjax.train.engines import DeviceEngine, HostEngine, JudgedEngine
-from swarmjax.train.frame import check_identity, end_step, run_checkpointed
-from swarmjax.train.logs import (SignalWatch, TextJobLog, change, curves, log_line, progress_bar, say,
+from swarmjax.train.frame import run_checkpointed
+from swarmjax.train.loop import JobRun, restore, run_loop
+from swarmjax.train.logs import (JobLog, change, curves, log_line, progress_bar, say,
                                  write_summary)
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy, read_tokenizer
 from swarmjax.train.preemption import Preempted, PreemptionWatch
-from swarmjax.train.subagents import refresh_subagents
 from swarmjax.train.streams import TaskStream, held_out
 
 __all__ = ["AgentJob", "agent_summary_table", "evaluate_agent_checkpoint", "run_agent_job"]
@@ -198,9 +197,13 @@ def run_agent_job(job: AgentJob, workdir: str, *, progress: bool = True, resume:
     may change between attempts. ``handle_sigterm``: on SIGTERM stop at the next safe
     point and raise :class:`~swarmjax.train.preemption.Preempted`."""
     job.policy().check()                      # before the workdir is touched
-    return run_checkpointed(job, workdir, resume,
-                            lambda ckpt, latest, watch: _run(job, workdir, ckpt, latest, watch, progress),
-                            best_metric="accuracy", handle_sigterm=handle_sigterm, stage="RL")
+    progress = progress and jax.process_index() == 0
+
+    def run(ckpt, latest, watch):
+        return run_loop(AgentRun(job, workdir, fresh=latest is None, progress=progress), workdir, ckpt, latest,
+                        watch, progress)
+    return run_checkpointed(job, workdir, resume, run, best_metric="accuracy", handle_sigterm=handle_sigterm,
+                            stage="RL")
 
 
 def _frozen(job: AgentJob, params: Any) -> dict | None:
@@ -240,14 +243,6 @@ def _judged(reward: JudgeReward | None, task: Any, engine: Any, cfg: ModelConfig
     return JudgedEngine(engine, judge, reward.mix, lambda p: problem_text(task, p, reference=reward.reference))
 
 
-def _restore(job: AgentJob, cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
-    """(TrainState, meta) of checkpoint ``step``: on the learner's mesh, else the first device."""
-    shapes = jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), _frozen(job, p)))
-    shardings = jax.sharding.SingleDeviceSharding(jax.devices()[0]) if learner.mesh is None else \
-        learner.state_shardings(shapes)
-    return ckpt.restore(step, abstract_state(shapes, shardings))
-
-
 def _rollout(job: AgentJob, cfg: ModelConfig, chat, *, greedy: bool) -> TextRollout:
     """The training rollout, or (``greedy``) the evaluations' one: both roles at temperature 0."""
     rcfg = job.rl.rollout
@@ -277,156 +272,119 @@ def device_engine(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, m
 ENGINES: dict[str, Callable[..., Any]] = {"host": host_engine, "device": device_engine}
 
 
-def _run(job: AgentJob, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
-         progress: bool) -> dict:
-    """:func:`run_agent_job` once the checkpoints are open."""
-    clock = time.perf_counter()
-    primary = jax.process_index() == 0
-    progress = progress and primary
-    task = resolve_task(job.task)
-    corpus = getattr(task, "corpus", None)
-    if corpus is not None and job.judge is not None and job.judge.hf_path is None:   # the judge's words: tokens
-        corpus = functools.partial(lambda own: own() + judge_corpus(job.judge.judge), corpus)
-    if primary:                                 # process 0 writes the tokenizer and policy.json first
-        cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None, corpus=corpus)
-    barrier("swarmjax-agent-policy")
-    if not primary:
-        cfg, params, chat = prepare_policy(job.policy(), workdir, fresh=latest is None, corpus=corpus, write=False)
-    say(f"policy: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.vocab_size} ids, chat format {chat.name}"
-        f"{'' if job.hf_path is None else ', from ' + job.hf_path}; task {type(task).__name__}, role {job.role}")
-    key = jax.random.key(job.seed)
-    mesh = None if job.mesh is None else make_mesh(job.mesh, split_devices(job.rl.async_rollout)[0])
-    learner = Learner(cfg, logged_update(job.rl.update, job.rl.async_rollout), mesh=mesh)
-    steps = job.rl.steps
-    stream = TaskStream(task, "train", job.seed)
-    if latest is not None:
-        state, meta = _restore(job, cfg, learner, ckpt, latest)
-        check_identity(job.identity(), meta.get("job", {}), "--resume", "rl.steps, eval_every and log_every")
-        stream.restore(meta["stream"])
-        log = TextJobLog(workdir, meta["rl_step"], primary, keep_final="final" in meta and meta["rl_step"] >= steps)
-    else:
-        log = TextJobLog(workdir, None, primary)
-    rollouts = None
-    runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
-    ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
-                     summarize=job.rl.rollout.context.strategy == "summary")
-    engine = ENGINES[job.engine](job, task, ctx, cfg, mesh)
-    splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
-    check_env(job.rl.rollout.context.strategy, make_env(task, splits["validation"][0], ctx),
-              summarizer=job.rl.rollout.context.summarizer)
-    try:
-        def traces(step: int, label: str):
-            """The final test evaluation's traces (its first call's episodes) to ``traces.jsonl``."""
-            def write(res, problems, first):
-                for b, p in enumerate(problems if first == 0 else ()):
-                    size = problem_size(task, p)
-                    log.write("traces.jsonl", text_trace(res, b, chat.tokenizer.decode, task_size=size,
-                                                         trace_id=f"{label}-s{step}-n{size}-{b}",
-                                                         task_id=f"test-{b}"))
-            return write
+class AgentRun(JobRun):
+    """The agent job's pieces for the one loop (:func:`~swarmjax.train.loop.run_loop`):
+    the policy prepared (process 0 writes the tokenizer and ``policy.json`` first), the
+    learner on the job's mesh, the task's train stream, the engine, the held-out splits."""
 
-        def run_eval(step: int, label: str, state: Any, split: str) -> dict[str, float]:
-            if label in ("initial", "final"):
-                say(f"evaluating the {'start' if label == 'initial' else 'final policy'} on {len(splits[split])} "
-                    f"{split} problems (greedy)")
-            episodes = evaluate(engine, state.params, subagent_params(state), splits[split],
-                                jax.random.fold_in(key, 1), mesh=mesh,
-                                on_result=traces(step, label) if (label, split) == ("final", "test") else None)
-            res = mean_figures(episodes)
-            log.write("eval.jsonl", {"step": step, "policy": label, "split": split, **res})
-            if split == "test" and label in ("initial", "final") and (by := per_size(task, splits[split], episodes)):
-                meta[f"{label}_sizes"] = by
-            return res
+    stage, title, start_label, start_splits = "rl", "RL", "initial", ("validation", "test")
+    log_keys = ("reward", "accuracy", "tool_calls", "subagents")
+    may_change = "rl.steps, eval_every and log_every"
 
-        def run_evals(step: int, label: str, state: Any) -> dict[str, float]:
-            """Validation (the checkpoint's score); at the start and the end the test split too."""
-            res = run_eval(step, label, state, "validation")
-            if label in ("initial", "final"):
-                meta[label] = run_eval(step, label, state, "test")
-            return res
+    def __init__(self, job: AgentJob, workdir: str, *, fresh: bool, progress: bool):
+        self.job, self.workdir, self.progress = job, workdir, progress
+        self.primary = jax.process_index() == 0
+        self.task = task = resolve_task(job.task)
+        corpus = getattr(task, "corpus", None)
+        if corpus is not None and job.judge is not None and job.judge.hf_path is None:  # the judge's words: tokens
+            corpus = functools.partial(lambda own: own() + judge_corpus(job.judge.judge), corpus)
+        if self.primary:                        # process 0 writes the tokenizer and policy.json first
+            cfg, self.params, chat = prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus)
+        barrier("swarmjax-agent-policy")
+        if not self.primary:
+            cfg, self.params, chat = prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus, write=False)
+        self.cfg, self.chat = cfg, chat
+        say(f"policy: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.vocab_size} ids, chat format {chat.name}"
+            f"{'' if job.hf_path is None else ', from ' + job.hf_path}; task {type(task).__name__}, role {job.role}")
+        self.key = self.rl_key = jax.random.key(job.seed)
+        self.mesh = None if job.mesh is None else make_mesh(job.mesh, split_devices(job.rl.async_rollout)[0])
+        self.learner = Learner(cfg, logged_update(job.rl.update, job.rl.async_rollout), mesh=self.mesh)
+        self.rl, self.subagents, self.identity = job.rl, job.subagents, job.identity()
+        self.eval_every, self.log_every = job.eval_every, job.log_every
+        self.steps = self.rl.steps
+        self.stream = TaskStream(task, "train", job.seed)
+        self.runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
+        self.ctx = EnvContext(chat, self.runner, role=job.role, max_subagents=job.max_subagents,
+                              summarize=job.rl.rollout.context.strategy == "summary")
+        self.engine = ENGINES[job.engine](job, task, self.ctx, cfg, self.mesh)
+        self.splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
+        check_env(job.rl.rollout.context.strategy, make_env(task, self.splits["validation"][0], self.ctx),
+                  summarizer=job.rl.rollout.context.summarizer)
 
-        def save(step: int, state: Any, evals: dict | None) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            meta.update(rl_step=step, wall_clock_s=meta["wall_clock_s"] + now - clock, stream=stream.state())
-            if rollouts is not None:                    # the stream from the oldest batch not trained on
-                meta["async"] = rollouts.checkpoint()
-                meta["stream"] = meta["async"].pop("stream")
-            clock = now
-            log.sync()
-            ckpt.save(step, state, meta, metrics=None if evals is None else {"accuracy": evals["accuracy"]},
-                      force=True)
+    def state_shapes(self) -> Any:
+        return jax.eval_shape(lambda: self.learner.init(p := init_params(self.cfg, jax.random.key(0)),
+                                                        _frozen(self.job, p)))
 
-        if latest is None:
-            if params is None:
-                params = init_params(cfg, key)
-            meta = {"rl_step": 0, "job": job.identity(), "wall_clock_s": 0.0, "warm_start_s": 0.0,
-                    "held_out": {s: len(p) for s, p in splits.items()}}
-            if job.sft is not None:
-                params, meta["warm_start_data"] = _warm_start_stage(job, task, ctx, cfg, params, stream, log, watch,
-                                                                    workdir, progress, mesh)
-                meta["warm_start_s"] = time.perf_counter() - clock
-            state = learner.init(params, _frozen(job, params))
-            engine = _judged(job.judge, task, engine, cfg, state, chat, mesh)
-            evals = run_evals(0, "initial", state)
-            save(0, state, evals)                       # RL's start survives a crash in RL; a "best" candidate
-            if steps > 0 and watch.reached():           # safe point
-                raise Preempted(0, workdir, stage="RL")
-        else:
-            engine = _judged(job.judge, task, engine, cfg, state, chat, mesh)
-        start = meta["rl_step"]
-        if job.rl.async_rollout.enabled:
-            def draw():                                 # (problems, their ids in the stream)
-                ids = stream.ids(job.rl.tasks_per_step)
-                return stream.take(job.rl.tasks_per_step), ids
-            rollouts = async_rollouts(job.rl, engine, state, draw=draw, stream_state=stream.state, key=key,
-                                      step=start, saved=meta.get("async"), subagents=job.subagents)
-        bar = progress_bar(steps, "RL", progress, initial=min(start, steps))
-        no_signal = SignalWatch()
-        with bar:                                       # closed on a preemption too
-            for step in range(start, steps):
-                if rollouts is None:
-                    problems = stream.take(job.rl.tasks_per_step)
-                    state, m = rl_step(learner, state, engine, problems, jax.random.fold_in(key, 100 + step), job.rl,
-                                       step=step, subagents=job.subagents)
-                else:
-                    state, m = rollouts.step(state, functools.partial(learn, learner), lambda c: dict(c.metrics))
-                log.write("metrics.jsonl", {"stage": "rl", "step": step, **m})
-                no_signal(step, m)
-                bar.update(1)
-                bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.3f}")
-                log_line(progress, job.log_every, step, steps, "RL", m,
-                         ("reward", "accuracy", "tool_calls", "subagents"))
-                if job.rl.refresh_subagents.due(step + 1):     # the sub-agents become the policy from here on
-                    state = refresh_subagents(state, "subagents")
-                    if rollouts is not None:
-                        rollouts.refresh(state.frozen["subagents"])
-                end_step(step + 1, steps, job.eval_every,
-                         run_eval=lambda i, label: run_evals(i, label, state),
-                         save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="rl",
-                         preempted=lambda i: Preempted(i, workdir, stage="RL"))
-    finally:
-        if rollouts is not None:
-            rollouts.close()
-        log.close()
-        runner.close()
-        engine.close()
-    summary = {"task": task_name(task), "role": job.role, "subagents": job.subagents if job.role != "single" else None,
-               "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size, "chat": chat.name,
-               **{k: meta[k] for k in ("initial_sizes", "final_sizes") if k in meta},
-               "held_out": meta["held_out"], "rl_steps": meta["rl_step"], "warm_start_steps": 0 if job.sft is None
-               else job.sft.steps, "initial": meta["initial"], "final": meta.get("final", meta["initial"]),
-               "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - clock,
-               "warm_start_s": meta["warm_start_s"], "warm_start_data": meta.get("warm_start_data"),
-               "backend": jax.default_backend()}
-    if primary:
-        curves(workdir, ("reward", "accuracy", "tool_calls", "subagents"))
-        write_summary(workdir, summary, agent_summary_table)
-    return summary
+    def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
+        """The warm start (``job.sft``) from the policy as loaded, or a random model."""
+        job, clock = self.job, time.perf_counter()
+        params = init_params(self.cfg, self.key) if self.params is None else self.params
+        meta = {"job": self.identity, "warm_start_s": 0.0,
+                "held_out": {s: len(p) for s, p in self.splits.items()}}
+        if job.sft is not None:
+            params, meta["warm_start_data"] = _warm_start_stage(job, self.task, self.ctx, self.cfg, params,
+                                                                self.stream, log, watch, self.workdir,
+                                                                self.progress, self.mesh)
+            meta["warm_start_s"] = time.perf_counter() - clock
+        return self.learner.init(params, _frozen(job, params)), meta
+
+    def resumed(self, state: Any, meta: dict) -> None:
+        """The judge (a frozen copy in the state, or its own checkpoint) joins the engine."""
+        self.engine = _judged(self.job.judge, self.task, self.engine, self.cfg, state, self.chat, self.mesh)
+
+    def evaluate(self, step: int, label: str, state: Any, split: str, log: JobLog) -> dict:
+        """Greedy episodes of the held-out ``split`` (the final test evaluation's first
+        batch also as traces); the test split's start and end figures keep their per-size
+        rows (``sizes``)."""
+        task, problems = self.task, self.splits[split]
+        if label in ("initial", "final"):
+            say(f"evaluating the {'start' if label == 'initial' else 'final policy'} on {len(problems)} "
+                f"{split} problems (greedy)")
+
+        def traces(res, batch, first):
+            for b, p in enumerate(batch if first == 0 else ()):
+                size = problem_size(task, p)
+                log.write("traces.jsonl", text_trace(res, b, self.chat.tokenizer.decode, task_size=size,
+                                                     trace_id=f"{label}-s{step}-n{size}-{b}", task_id=f"test-{b}"))
+        episodes = evaluate(self.engine, state.params, subagent_params(state), problems,
+                            jax.random.fold_in(self.key, 1), mesh=self.mesh,
+                            on_result=traces if (label, split) == ("final", "test") else None)
+        res = mean_figures(episodes)
+        log.write("eval.jsonl", {"step": step, "policy": label, "split": split, **res})
+        if split == "test" and (by := per_size(task, problems, episodes)):
+            res = {**res, "sizes": by}
+        return res
+
+    def score(self, evals: dict) -> dict[str, float]:
+        return {"accuracy": evals["accuracy"]}
+
+    def postfix(self, m: dict) -> dict[str, str]:
+        return {"reward": f"{m['reward']:.3f}", "acc": f"{m['accuracy']:.3f}"}
+
+    def summary(self, meta: dict, wall_clock_s: float) -> dict:
+        job, evals = self.job, meta["evals"]
+        figures = {label: {k: v for k, v in ev.items() if k != "sizes"} for label, ev in evals.items()}
+        summary = {"task": task_name(self.task), "role": job.role,
+                   "subagents": job.subagents if job.role != "single" else None,
+                   "model_params": self.cfg.num_params(), "vocab_size": self.cfg.vocab_size, "chat": self.chat.name,
+                   **{f"{label}_sizes": ev["sizes"] for label, ev in evals.items() if "sizes" in ev},
+                   "held_out": meta["held_out"], "rl_steps": meta["step"],
+                   "warm_start_steps": 0 if job.sft is None else job.sft.steps, "initial": figures["initial"],
+                   "final": figures.get("final", figures["initial"]), "wall_clock_s": wall_clock_s,
+                   "warm_start_s": meta["warm_start_s"], "warm_start_data": meta.get("warm_start_data"),
+                   "backend": jax.default_backend()}
+        if self.primary:
+            curves(self.workdir, ("reward", "accuracy", "tool_calls", "subagents"))
+            write_summary(self.workdir, summary, agent_summary_table)
+        return summary
+
+    def close(self) -> None:
+        self.runner.close()
+        self.engine.close()
 
 
 def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, params: Any, stream: TaskStream,
-                      log: TextJobLog, watch: PreemptionWatch, workdir: str, progress: bool, mesh: Any
+                      log: JobLog, watch: PreemptionWatch, workdir: str, progress: bool, mesh: Any
                       ) -> tuple[Any, dict[str, int]]:
     """The task's demonstrations for the job's role and ``sft.mix`` (drawn from the train
     stream), then :func:`warm_start`: (params, the demonstrations' ``rows`` and
@@ -479,7 +437,9 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     task = resolve_task(job.task)
     with Checkpointer(f"{workdir}/checkpoints", save_every=1, read_only=True) as ckpt:
         step = ckpt.step_of(which)
-        state, meta = _restore(job, cfg, Learner(cfg, job.rl.update), ckpt, step)
+        learner = Learner(cfg, job.rl.update)
+        state, meta = restore(ckpt, step, jax.eval_shape(lambda: learner.init(
+            p := init_params(cfg, jax.random.key(0)), _frozen(job, p))), learner)
     made, mine = meta.get("job", {}), job.identity()
     differ = [k for k in ("task", "hf_path", "tokenizer_path", "chat", "tokenizer_vocab", "model", "role", "seed")
               if made.get(k) != mine[k]]
@@ -508,9 +468,10 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     if (by := per_size(task, problems, episodes)) is not None:
         out["final_sizes"] = by
     if given is None and split == "test" and meta.get("held_out", {}).get("test") == len(problems):
-        out["initial"] = meta["initial"]
-        if "initial_sizes" in meta:
-            out["initial_sizes"] = meta["initial_sizes"]
+        initial = meta["evals"]["initial"]
+        out["initial"] = {k: v for k, v in initial.items() if k != "sizes"}
+        if "sizes" in initial:
+            out["initial_sizes"] = initial["sizes"]
     return out
 
 

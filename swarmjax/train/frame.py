@@ -118,24 +118,3 @@ def run_checkpointed(job: Any, workdir: str, resume: bool | str,
             return run(ckpt, latest, watch)
     finally:
         ckpt.close()                                  # waits for a save in flight
-
-
-def end_step(done: int, steps: int, eval_every: int, *, run_eval: Callable[[int, str], dict],
-             save: Callable[[int, dict | None], None], stop: Callable[[], bool], label: str,
-             preempted: Callable[[int], Exception]) -> None:
-    """After a training step (``done`` steps of ``steps``): the final evaluation after the
-    last one, a ``label`` evaluation every ``eval_every`` (0: none); a checkpoint when
-    evaluated or when ``stop()`` (a preemption notice; the last step just finishes),
-    then ``preempted(done)`` is raised."""
-    evals = None
-    if done == steps:
-        evals = run_eval(done, "final")
-    elif eval_every and done % eval_every == 0:
-        evals = run_eval(done, label)
-    halt = done < steps and stop()                  # safe point
-    if evals is not None or halt:
-        save(done, evals)
-    if halt:
-        raise preempted(done)
-
-

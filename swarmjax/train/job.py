@@ -59,10 +59,10 @@ from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.async_rl import AsyncRollouts, split_devices
 from swarmjax.train.distributed import allgather, global_rows, global_whole, share
 from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpointed
-from swarmjax.train.logs import JobLog, SignalWatch, curves, log_line, progress_bar, summary_table, write_summary
+from swarmjax.train.loop import JobRun, restore, run_loop
+from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
-from swarmjax.train.subagents import refresh_subagents
 from swarmjax.train.sft import SFTConfig, train_sft
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
@@ -230,16 +230,20 @@ def _prepare(job: TrainJob, workdir: str, progress: bool):
 
 def run_job(job: TrainJob, workdir: str | epath.PathLike, *, progress: bool = True,
             resume: bool | str = False, handle_sigterm: bool = True) -> dict[str, Any]:
-    """Run the job, or continue it from its newest finished checkpoint (``resume``:
-    "never" / False, "latest" / True or "auto", see the module docstring); returns the
-    summary (also written to ``workdir`` by process 0).
+    """Run the job through the one loop (:func:`~swarmjax.train.loop.run_loop`), or
+    continue it from its newest finished checkpoint (``resume``: "never" / False,
+    "latest" / True or "auto", see the module docstring); returns the summary (also
+    written to ``workdir`` by process 0).
 
     ``handle_sigterm``: stop at the next safe point on SIGTERM and raise
     :class:`~swarmjax.train.preemption.Preempted` once its checkpoint is written (the
     previous SIGTERM handler is restored on return)."""
-    return run_checkpointed(job, str(workdir), resume,
-                            lambda ckpt, latest, watch: _run(job, epath.Path(workdir), ckpt, latest, watch, progress),
-                            best_metric="item_f1", handle_sigterm=handle_sigterm, checkpoint=job.checkpoint)
+    progress = progress and jax.process_index() == 0
+
+    def run(ckpt, latest, watch):
+        return run_loop(TokenRun(job, str(workdir), progress=progress), str(workdir), ckpt, latest, watch, progress)
+    return run_checkpointed(job, str(workdir), resume, run, best_metric="item_f1", handle_sigterm=handle_sigterm,
+                            checkpoint=job.checkpoint)
 
 
 def train_stream(job: TrainJob, sources):
@@ -253,143 +257,157 @@ def train_stream(job: TrainJob, sources):
                          focus_min_n=job.data.focus_min_n, focus_fraction=job.data.focus_fraction)
 
 
-def _run(job: TrainJob, workdir: epath.Path, ckpt, latest: int | None, watch: PreemptionWatch,
-         progress: bool) -> dict[str, Any]:
-    """:func:`run_job` once the checkpoints are open: the warm start (unless resuming
-    from ``latest``), then PARL, with a preemption check at every safe point."""
-    from swarmjax.data import to_tasks
+class TaskBatches:
+    """The train split's grain iterator as a task stream (:mod:`swarmjax.train.streams`):
+    :meth:`take` returns the next batch of ``tasks_per_step`` tasks, this process's
+    share of its rows put on the mesh; the state is the iterator's."""
 
-    primary = jax.process_index() == 0
-    progress = progress and primary
-    t_start = time.perf_counter()
-    key = jax.random.key(job.seed)
-    mesh, rollout_mesh = _meshes(job)
-    if mesh is not None and jax.process_count() > 1:        # each process puts its rows on its devices
-        shards = mesh.shape["data"] * mesh.shape["fsdp"]
-        if job.parl.tasks_per_step % shards:
-            raise ValueError(f"parl.tasks_per_step={job.parl.tasks_per_step} does not split over the mesh's "
-                             f"{shards} batch shards (data x fsdp) on {jax.process_count()} processes: make it "
-                             f"a multiple of {shards}")
+    def __init__(self, iterator, mesh):
+        self.iterator, self.mesh = iterator, mesh
 
-    sources = _prepare(job, workdir, progress)
-    test = _global(eval_tasks(sources["test"], job.eval_sizes, job.eval_episodes, "test"), mesh, False)
-    valid = _global(eval_tasks(sources["validation"], job.eval_sizes, job.eval_episodes, "validation"), mesh, False)
-    train_iter = train_stream(job, sources)
-    own = slice(*share(job.parl.tasks_per_step))
+    def take(self, count: int) -> wsj.Tasks:
+        from swarmjax.data import to_tasks
 
-    acfg, rollouts = job.parl.async_rollout, None
-    trainer = PARLTrainer(job.model, job.parl, mesh=mesh, rollout_mesh=rollout_mesh)
-    eval_engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=mesh)
-    eval_key = jax.random.fold_in(key, 2)
+        own = slice(*share(count))
+        return _global(jax.tree.map(lambda x: x[own], to_tasks(next(self.iterator))), self.mesh, True)
 
-    if latest is not None:                            # resume: the warm start is in the checkpoint
-        state, meta = _restore(job, trainer, ckpt, latest)
-        job.check_same_run(meta["job"], "--resume")
-        train_iter.set_state(meta["data"])
-        # a run that had finished keeps its final evaluation lines (nothing recomputes them)
-        finished = "final_eval" in meta and meta["parl_step"] >= job.parl_steps
-        log = JobLog(workdir, meta["parl_step"], enabled=primary, keep_final=finished)
-    else:
-        log = JobLog(workdir, None, enabled=primary)
-    try:
-        if latest is not None:
-            warm = jax.tree.map(jax.numpy.copy, state.frozen["workers"])   # the learner donates its state
-        else:                                         # stage 1: warm start
-            state, meta, warm = _warm_start(job, workdir, trainer, train_iter, log, watch, key, progress)
-        if primary:
-            (workdir / "config.txt").write_text(repr(job) + "\n")
+    def state(self) -> dict:
+        return self.iterator.get_state()
 
-        def run_eval(policy, label: str, step: int, split: str) -> dict[int, dict[str, float]]:
-            kept: dict = {}
-            res = evaluate(eval_engine, policy, warm, test if split == "test" else valid, eval_key, keep=kept)
-            for n, row in res.items():
-                log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
-                if split == "test":
-                    tasks, result, seconds = kept[n]
-                    tasks, result = allgather((tasks, result))        # every process joins the gather
-                    if primary:
-                        # the reward channels as PARL step `step` would weigh them (budget lifted)
-                        for tr in rollout_traces(eval_engine.rcfg.env, tasks, result,
-                                                 rewards=reward_channels(result, job.parl.parl, step),
-                                                 wall_clock_s=seconds, prefix=f"{label}-s{step}-n{n}",
-                                                 limit=job.traces_per_eval):
-                            log.write("traces.jsonl", tr)
-            return res
+    def restore(self, state: dict) -> None:
+        self.iterator.set_state(state)
 
-        if latest is None:
-            meta["warm_eval"] = {str(n): row for n, row in run_eval(warm, "warm_start", 0, "test").items()}
-            meta["wall_clock_s"] = time.perf_counter() - t_start
-            t_start = time.perf_counter()
-            log.sync()
-            ckpt.save(0, state, meta, force=True)        # the warm start survives a crash in PARL
-            if job.parl_steps > 0 and watch.reached():   # safe point
-                raise Preempted(0, str(workdir))
-        warm_eval = {int(n): row for n, row in meta["warm_eval"].items()}
 
-        # stage 2: PARL with the warm start frozen as sub-agents
-        start = meta["parl_step"]
-        parl_key = jax.random.fold_in(key, 3)
-        rollouts = _async_rollouts(job, trainer, train_iter, state, meta, parl_key) if acfg.enabled else None
-        bar = progress_bar(job.parl_steps, "PARL", progress, initial=min(start, job.parl_steps))
-        no_signal = SignalWatch()
-        for i in range(start, job.parl_steps):
-            if rollouts is None:                      # synchronous: roll out, then update
-                tasks = _global(jax.tree.map(lambda x: x[own], to_tasks(next(train_iter))), mesh, True)
-                state, m = trainer.step(state, jax.random.fold_in(parl_key, i), step=i, tasks=tasks)
-            else:
-                state, m = rollouts.step(state, trainer.learn, untrained=lambda c: {
-                    **{k: float(v) for k, v in jax.device_get(c.metrics).items()},
-                    "rollout_s": c.seconds, "update_s": 0.0})
-            m["tok_s"] = m["sampled_tokens"] / max(m["rollout_s"], 1e-9)
-            log.write("metrics.jsonl", {"stage": "parl", "step": i, **m})
-            no_signal(i, m)
-            bar.set_postfix(reward=f"{m['reward']:.3f}", f1=f"{m['item_f1']:.2f}", crit=f"{m['critical_steps']:.1f}",
-                            subagents=f"{m['subagents']:.2f}", tok_s=f"{m['tok_s']:.0f}")
-            bar.update()
-            log_line(progress, job.log_every, i, job.parl_steps, "PARL", m,
-                     ("reward", "item_f1", "critical_steps", "subagents"))
-            done = i + 1
-            if job.parl.refresh_subagents.due(done):      # the sub-agents become the policy from here on
-                state = refresh_subagents(state, "workers")
-                warm = jax.tree.map(jax.numpy.copy, state.frozen["workers"])   # the evaluations' sub-agents too
-                if rollouts is not None:
-                    rollouts.refresh(state.frozen["workers"])
-            metrics = None
-            if done == job.parl_steps or (job.eval_every and done % job.eval_every == 0):
-                metrics = {"item_f1": _mean_f1(run_eval(state.params, "parl", done, "validation"))}
-            if done == job.parl_steps:
-                meta["final_eval"] = {str(n): row for n, row in run_eval(state.params, "final", done, "test").items()}
-            stop = done < job.parl_steps and watch.reached()      # safe point (the last step just finishes)
-            if rollouts is None:
-                meta.update(data=train_iter.get_state())
-            else:                                     # the stream from the oldest batch not trained on
-                meta["async"] = rollouts.checkpoint()
-                meta["data"] = meta["async"].pop("stream")
-            meta.update(parl_step=done, wall_clock_s=meta["wall_clock_s"] + time.perf_counter() - t_start)
-            t_start = time.perf_counter()
-            log.sync()                                # the logs first: a finished checkpoint has its lines
-            ckpt.save(done, state, meta, metrics=metrics, force=metrics is not None or stop)
-            if stop:
-                bar.close()
-                raise Preempted(done, str(workdir))
-        bar.close()
-    finally:
-        log.close()
-        if rollouts is not None:
-            rollouts.close()
+class TokenRun(JobRun):
+    """The token world's pieces for the one loop (:func:`~swarmjax.train.loop.run_loop`):
+    the TFDS task set (process 0 prepares it first), the jitted token swarm
+    (:class:`~swarmjax.train.parl.PARLTrainer`: its own rollout, reward and update
+    programs), the grain stream of training tasks, the held-out tasks per size."""
 
-    final_eval = {int(n): row for n, row in meta.get("final_eval", meta["warm_eval"]).items()}
-    summary = {
-        "warm_start": {str(n): {k: row[k] for k in EVAL_KEYS} for n, row in warm_eval.items()},
-        "final": {str(n): {k: row[k] for k in EVAL_KEYS} for n, row in final_eval.items()},
-        "sft_accuracy": meta["sft_accuracy"],
-        "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - t_start,
-        "parl_steps": meta["parl_step"], "device": jax.devices()[0].device_kind,
-    }
-    if primary:
-        write_summary(workdir, summary, summary_table)
-        curves(workdir)
-    return summary
+    stage, title, start_label, start_splits = "parl", "PARL", "warm_start", ("test",)
+    log_keys = ("reward", "item_f1", "critical_steps", "subagents")
+    may_change = "step counts, evaluation, checkpoint, mesh and data_dir"
+
+    def __init__(self, job: TrainJob, workdir: str, *, progress: bool):
+        self.job, self.workdir, self.progress = job, epath.Path(workdir), progress
+        self.primary = jax.process_index() == 0
+        self.key = jax.random.key(job.seed)
+        self.rl_key = jax.random.fold_in(self.key, 3)
+        self.mesh, rollout_mesh = _meshes(job)
+        if self.mesh is not None and jax.process_count() > 1:     # each process puts its rows on its devices
+            shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+            if job.parl.tasks_per_step % shards:
+                raise ValueError(f"parl.tasks_per_step={job.parl.tasks_per_step} does not split over the mesh's "
+                                 f"{shards} batch shards (data x fsdp) on {jax.process_count()} processes: make "
+                                 f"it a multiple of {shards}")
+        sources = _prepare(job, workdir, progress)
+        self.held_out = {split: _global(eval_tasks(sources[split], job.eval_sizes, job.eval_episodes, split),
+                                        self.mesh, False) for split in ("test", "validation")}
+        self.stream = TaskBatches(train_stream(job, sources), self.mesh)
+        self.trainer = PARLTrainer(job.model, job.parl, mesh=self.mesh, rollout_mesh=rollout_mesh)
+        self.learner, self.engine, self.rl, self.steps = self.trainer.learner, self.trainer.engine, job.parl, \
+            job.parl_steps
+        self.eval_engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=self.mesh)
+        self.identity, self.eval_every, self.log_every = job.identity(), job.eval_every, job.log_every
+        self.checkpoint_every = job.checkpoint.every
+
+    def state_shapes(self) -> Any:
+        return state_shapes(self.job, self.trainer)
+
+    def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
+        state, meta = _warm_start(self.job, self.workdir, self.trainer, log, watch, self.key, self.progress)
+        return state, meta
+
+    def resumed(self, state: Any, meta: dict) -> None:
+        if self.primary:
+            (self.workdir / "config.txt").write_text(repr(self.job) + "\n")
+
+    def rl_step(self, state: Any, step: int) -> tuple[Any, dict]:
+        """One PARL step (:meth:`PARLTrainer.step`) on the stream's next batch; ``tok_s``:
+        sampled tokens a second of the rollout."""
+        state, m = self.trainer.step(state, jax.random.fold_in(self.rl_key, step), step=step,
+                                     tasks=self.stream.take(self.rl.tasks_per_step))
+        return state, _tok_s(m)
+
+    def async_rollouts(self, state: Any, meta: dict) -> AsyncRollouts:
+        """The rollout side of an asynchronous PARL stage (:mod:`swarmjax.train.async_rl`),
+        begun at ``meta``'s step (the stream already at the oldest batch its checkpoint
+        had not trained on)."""
+        from swarmjax.data import to_tasks
+
+        trainer, iterator = self.trainer, self.stream.iterator
+
+        def draw():
+            rec = next(iterator)
+            return to_tasks(rec), [bytes(t).decode() for t in np.asarray(rec["task_id"])]
+
+        def collect(step, tasks, params, workers):
+            k_roll = jax.random.split(jax.random.fold_in(self.rl_key, step))[1]     # the synchronous step's key
+            return trainer.collect(params, workers, tasks, k_roll, step)
+
+        rollouts = AsyncRollouts(self.rl.async_rollout, draw=draw, stream_state=iterator.get_state, collect=collect,
+                                 loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=trainer.publish)
+        saved = meta.get("async", {})
+        rollouts.begin(state.params, step=meta["step"], steps=self.steps, frozen=state.frozen["subagents"],
+                       version=saved.get("version", 0), dropped=saved.get("dropped", 0),
+                       regenerated=saved.get("regenerated", 0))
+        return rollouts
+
+    def async_step(self, rollouts: AsyncRollouts, state: Any) -> tuple[Any, dict]:
+        state, m = rollouts.step(state, self.trainer.learn, untrained=lambda c: {
+            **{k: float(v) for k, v in jax.device_get(c.metrics).items()}, "rollout_s": c.seconds, "update_s": 0.0})
+        return state, _tok_s(m)
+
+    def evaluate(self, step: int, label: str, state: Any, split: str, log: JobLog) -> dict:
+        """Greedy, budget lifted, per task size; the test split's first episodes of each
+        size as traces (every process joins their gather)."""
+        kept: dict = {}
+        res = evaluate(self.eval_engine, state.params, state.frozen["subagents"], self.held_out[split],
+                       jax.random.fold_in(self.key, 2), keep=kept)
+        for n, row in res.items():
+            log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
+            if split == "test":
+                tasks, result, seconds = kept[n]
+                tasks, result = allgather((tasks, result))
+                if self.primary:
+                    # the reward channels as PARL step `step` would weigh them (budget lifted)
+                    for tr in rollout_traces(self.eval_engine.rcfg.env, tasks, result,
+                                             rewards=reward_channels(result, self.job.parl.parl, step),
+                                             wall_clock_s=seconds, prefix=f"{label}-s{step}-n{n}",
+                                             limit=self.job.traces_per_eval):
+                        log.write("traces.jsonl", tr)
+        return {str(n): row for n, row in res.items()}
+
+    def score(self, evals: dict) -> dict[str, float]:
+        """The item-F1's mean over the evaluated sizes."""
+        return {"item_f1": float(np.mean([row["item_f1"] for row in evals.values()]))}
+
+    def postfix(self, m: dict) -> dict[str, str]:
+        return {"reward": f"{m['reward']:.3f}", "f1": f"{m['item_f1']:.2f}", "crit": f"{m['critical_steps']:.1f}",
+                "subagents": f"{m['subagents']:.2f}", "tok_s": f"{m['tok_s']:.0f}"}
+
+    def summary(self, meta: dict, wall_clock_s: float) -> dict:
+        evals = meta["evals"]
+        pick = lambda rows: {n: {k: row[k] for k in EVAL_KEYS} for n, row in rows.items()}   # noqa: E731
+        summary = {"warm_start": pick(evals["warm_start"]), "final": pick(evals.get("final", evals["warm_start"])),
+                   "sft_accuracy": meta["sft_accuracy"], "wall_clock_s": wall_clock_s, "parl_steps": meta["step"],
+                   "device": jax.devices()[0].device_kind}
+        if self.primary:
+            write_summary(self.workdir, summary, summary_table)
+            curves(self.workdir)
+        return summary
+
+
+def state_shapes(job: TrainJob, trainer: PARLTrainer) -> Any:
+    """The PARL state's shapes (the orchestrator, its optimizer state, the frozen
+    sub-agents) to restore a checkpoint into (:func:`swarmjax.train.loop.restore`)."""
+    key = jax.random.key(0)
+    return jax.eval_shape(lambda: trainer.init(init_params(job.model, key), init_params(job.model, key)))
+
+
+def _tok_s(m: dict) -> dict:
+    """``m`` with ``tok_s``: the step's sampled tokens a second of its rollout."""
+    return {**m, "tok_s": m["sampled_tokens"] / max(m["rollout_s"], 1e-9)}
 
 
 def _meshes(job: TrainJob):
@@ -404,34 +422,12 @@ def _meshes(job: TrainJob):
     return mesh, make_mesh(MeshConfig(data=len(rollout_devices)), rollout_devices)
 
 
-def _async_rollouts(job: TrainJob, trainer: PARLTrainer, train_iter, state, meta: dict, parl_key) -> AsyncRollouts:
-    """The rollout side of an asynchronous PARL stage (:mod:`swarmjax.train.async_rl`),
-    begun at ``meta``'s step (a resumed run: its version and counts; ``train_iter`` is
-    already at the oldest batch its checkpoint had not trained on)."""
-    from swarmjax.data import to_tasks
-
-    def draw():
-        rec = next(train_iter)
-        return to_tasks(rec), [bytes(t).decode() for t in np.asarray(rec["task_id"])]
-
-    def collect(step, tasks, params, workers):
-        k_roll = jax.random.split(jax.random.fold_in(parl_key, step))[1]     # the synchronous step's key
-        return trainer.collect(params, workers, tasks, k_roll, step)
-
-    rollouts = AsyncRollouts(job.parl.async_rollout, draw=draw, stream_state=train_iter.get_state, collect=collect,
-                             loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=trainer.publish)
-    saved = meta.get("async", {})
-    rollouts.begin(state.params, step=meta["parl_step"], steps=job.parl_steps, frozen=state.frozen["workers"],
-                   version=saved.get("version", 0),
-                   dropped=saved.get("dropped", 0), regenerated=saved.get("regenerated", 0))
-    return rollouts
-
-
-def _warm_start(job: TrainJob, workdir: epath.Path, trainer: PARLTrainer, train_iter, log: JobLog,
-                watch: PreemptionWatch, key, progress: bool) -> tuple[Any, dict, Any]:
+def _warm_start(job: TrainJob, workdir: epath.Path, trainer: PARLTrainer, log: JobLog, watch: PreemptionWatch,
+                key, progress: bool) -> tuple[Any, dict]:
     """Stage 1: the SFT warm start (or the one ``job.warm_start_from`` names), saved to
-    ``<workdir>/warm_start``. Returns (PARL train state, checkpoint meta, warm params).
+    ``<workdir>/warm_start``. Returns (PARL train state, checkpoint meta).
     Raises Preempted at the end of an SFT step after a SIGTERM (nothing saved)."""
+    clock = time.perf_counter()
     env = job.parl.rollout.env
     init = lambda: init_params(job.model, jax.random.fold_in(key, 0))    # noqa: E731
     if job.warm_start_from:
@@ -462,23 +458,9 @@ def _warm_start(job: TrainJob, workdir: epath.Path, trainer: PARLTrainer, train_
     state = trainer.init(warm, worker_params=warm)
     # every run's workdir holds its warm start: the frozen sub-agents, laid out on the
     # trainer's mesh (global arrays: every process writes its shards)
-    save_warm_start(job, str(workdir), state.frozen["workers"], sft_accuracy, identity=warm_id)
-    meta = {"parl_step": 0, "seed": job.seed, "wall_clock_s": 0.0, "data": train_iter.get_state(),
-            "job": job.identity(), "sft_accuracy": sft_accuracy}
-    # the evaluations' warm start placed as a resumed run's (the state's copy): the same programs
-    return state, meta, jax.tree.map(jax.numpy.copy, state.frozen["workers"])
-
-
-def _restore(job: TrainJob, trainer: PARLTrainer, ckpt, step: int):
-    """(TrainState, meta) of checkpoint ``step``, placed on the trainer's mesh (any mesh:
-    checkpoints do not depend on the mesh that wrote them)."""
-    from swarmjax.train.checkpoint import abstract_state
-
-    key = jax.random.key(0)
-    shapes = jax.eval_shape(lambda: trainer.init(init_params(job.model, key), init_params(job.model, key)))
-    shardings = (trainer.learner.state_shardings(shapes) if trainer.learner.mesh is not None
-                 else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
-    return ckpt.restore(step, abstract_state(shapes, shardings))
+    save_warm_start(job, str(workdir), state.frozen["subagents"], sft_accuracy, identity=warm_id)
+    return state, {"seed": job.seed, "job": job.identity(), "sft_accuracy": sft_accuracy,
+                   "warm_start_s": time.perf_counter() - clock}
 
 
 def evaluate_checkpoint(job: TrainJob, workdir: str, *, which: str = "latest", split: str = "test"
@@ -500,7 +482,7 @@ def evaluate_checkpoint(job: TrainJob, workdir: str, *, which: str = "latest", s
         step = ckpt.step_of(which)
         mesh, rollout_mesh = _meshes(job)
         trainer = PARLTrainer(job.model, job.parl, mesh=mesh, rollout_mesh=rollout_mesh)
-        state, meta = _restore(job, trainer, ckpt, step)
+        state, meta = restore(ckpt, step, state_shapes(job, trainer), trainer.learner)
     finally:
         ckpt.close()
     job.check_same_run(meta["job"], "swarmjax eval")
@@ -508,7 +490,7 @@ def evaluate_checkpoint(job: TrainJob, workdir: str, *, which: str = "latest", s
     tasks = _global(eval_tasks(sources[split], job.eval_sizes, job.eval_episodes, split), mesh, False)
     engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=mesh)
     key = jax.random.fold_in(jax.random.key(job.seed), 2)
-    warm = state.frozen["workers"]
+    warm = state.frozen["subagents"]
     out = {"step": step}
     for label, params in (("warm_start", warm), ("final", state.params)):
         out[label] = {str(n): {k: row[k] for k in EVAL_KEYS}

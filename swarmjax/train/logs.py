@@ -133,10 +133,6 @@ class JobLog:
         self.tb = None
 
 
-class TextJobLog(JobLog):
-    """The text jobs' logs: ``metrics.jsonl``, ``eval.jsonl`` and ``traces.jsonl``."""
-
-
 def keep_line(row: dict, step: int, *, keep_final: bool = False) -> bool:
     """Whether a log line belongs to the run up to PARL step ``step``: SFT and warm-start
     lines always, a training step before ``step``, a periodic evaluation or trace at

@@ -106,11 +106,11 @@ class PARLTrainer:
 
     def init(self, params: Any, worker_params: Any) -> TrainState:
         """Train state over copies of ``params``; the frozen sub-agents ride along in
-        ``state.frozen["workers"]`` (copied too: the learner donates its state). With a
+        ``state.frozen["subagents"]`` (copied too: the learner donates its state). With a
         KL term (``update.loss.kl_beta > 0``) the reference policy is the starting
         orchestrator, ``state.frozen["reference"]``."""
         copy = lambda tree: jax.tree.map(jnp.copy, tree)
-        frozen = {"workers": copy(worker_params)}
+        frozen = {"subagents": copy(worker_params)}
         if self.cfg.update.loss.kl_beta > 0:
             frozen["reference"] = copy(params)
         return self.learner.init(copy(params), frozen=frozen)
@@ -154,7 +154,7 @@ class PARLTrainer:
         k_tasks, k_roll = jax.random.split(key)
         if tasks is None:
             tasks = wsj.reset(k_tasks, cfg.rollout.env, cfg.tasks_per_step)
-        collected = self.collect(state.params, state.frozen["workers"], tasks, k_roll, step)
+        collected = self.collect(state.params, state.frozen["subagents"], tasks, k_roll, step)
         return self.learn(state, collected)
 
     def collect(self, params: Any, worker_params: Any, tasks: wsj.Tasks, key: Array, step: int) -> "Collected":

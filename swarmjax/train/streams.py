@@ -5,11 +5,15 @@ a dataset task (``records``) is read in a seeded shuffled order, epoch after epo
 (every record once per epoch). Either way :meth:`TaskStream.state` is a JSON-able dict
 a checkpoint keeps and :meth:`TaskStream.restore` continues from: a resumed job draws
 exactly the problems an uninterrupted one does, with nothing skipped or repeated.
+A recipe that draws its problems its own way (:class:`ReplayStream`) keeps the same
+interface: its state is the count drawn.
 """
 
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -86,3 +90,32 @@ def held_out(task: Any, split: str, seed: int, count: int) -> list[Any]:
     if records is None:
         return TaskStream(task, split, seed).take(count)
     return [records[i] for i in range(min(count, len(records)))]
+
+
+class ReplayStream:
+    """A stream of problems drawn one at a time by ``draw(rng)`` from a
+    ``random.Random(seed_text)`` (a recipe with its own draw: e.g. a share of the tasks
+    at the largest sizes), with :class:`TaskStream`'s interface. Its state is the count
+    drawn; :meth:`restore` replays the draws up to it, so a resumed job draws what an
+    uninterrupted one does."""
+
+    def __init__(self, draw: Callable[[random.Random], Any], seed_text: str, split: str = "train"):
+        self.draw, self.seed_text, self.split = draw, seed_text, split
+        self.rng, self.drawn = random.Random(seed_text), 0
+
+    def take(self, count: int) -> list[Any]:
+        """The next ``count`` problems."""
+        self.drawn += count
+        return [self.draw(self.rng) for _ in range(count)]
+
+    def ids(self, count: int) -> list[str]:
+        """The ids of the next ``count`` problems (``"<split>/<index in the stream>"``)."""
+        return [f"{self.split}/{self.drawn + i}" for i in range(count)]
+
+    def state(self) -> dict[str, Any]:
+        return {"drawn": self.drawn}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Replay the draws to ``state``'s count from the seed."""
+        self.rng, self.drawn = random.Random(self.seed_text), 0
+        self.take(int(state["drawn"]))

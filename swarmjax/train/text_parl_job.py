@@ -36,9 +36,7 @@ One process.
 
 from __future__ import annotations
 
-import functools
 import os
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,19 +52,19 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
 from swarmjax.swarm.text_engine import TextSwarm
-from swarmjax.train.checkpoint import Checkpointer, abstract_state
-from swarmjax.train.frame import check_identity, end_step, run_checkpointed
-from swarmjax.train.logs import (SignalWatch, TextJobLog, curves, log_line, progress_bar, summary_table,
+from swarmjax.train.checkpoint import Checkpointer
+from swarmjax.train.frame import run_checkpointed
+from swarmjax.train.loop import JobRun, restore, run_loop
+from swarmjax.train.logs import (JobLog, curves, log_line, progress_bar, summary_table,
                                  write_summary)
 from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.subagents import refresh_subagents
-from swarmjax.train.agent import evaluate, learn, rl_step
-from swarmjax.train.agent_async import async_rollouts
+from swarmjax.train.agent import evaluate, subagent_params
 from swarmjax.train.async_rl import logged_update
 from swarmjax.train.engines import DeviceEngine
 from swarmjax.train.text_parl import EVAL_STREAMS, TextPARLJob, eval_episodes, sample_episodes, size_rows, warm_start
+from swarmjax.train.streams import ReplayStream
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
 __all__ = ["build_task", "evaluate_text_checkpoint", "headline", "make_engine", "run_evaluation",
@@ -103,12 +101,6 @@ def run_evaluation(engine: DeviceEngine, params: Any, warm: Any, tasks: dict[int
     return size_rows(per, np.asarray([len(ep.task) for ep in episodes]), time.perf_counter() - t0)
 
 
-def _restore(cfg: ModelConfig, learner: Learner, ckpt: Checkpointer, step: int) -> tuple[Any, dict]:
-    """(TrainState, meta) of checkpoint ``step``, on the first device."""
-    shapes = jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), {"subagents": p}))
-    return ckpt.restore(step, abstract_state(shapes, jax.sharding.SingleDeviceSharding(jax.devices()[0])))
-
-
 def _warm_start_stage(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, key: jax.Array, progress: bool,
                       log: Callable[[str, dict], None], stop: Callable[[], bool], workdir: str) -> Any:
     """Demonstrations, then :func:`warm_start` from fresh params (progress bars, SFT log
@@ -141,14 +133,16 @@ def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, 
                       handle_sigterm: bool = True) -> dict:
     """Tokenizer -> demonstrations -> warm start -> PARL -> summary, or the continuation
     of an unfinished run from its newest finished checkpoint (``resume``: "never" / False,
-    "latest" / True or "auto"; module docstring). Returns the summary (``summary.json``).
+    "latest" / True or "auto"; module docstring), through the one loop
+    (:func:`~swarmjax.train.loop.run_loop`). Returns the summary (``summary.json``).
 
     ``handle_sigterm``: stop at the next safe point on SIGTERM and raise
     :class:`~swarmjax.train.preemption.Preempted` once its checkpoint (if any) is on
     disk. The workdir must be local (the tokenizer is written with local file APIs)."""
-    return run_checkpointed(job, workdir, resume,
-                            lambda ckpt, latest, watch: _run(job, workdir, ckpt, latest, watch, progress),
-                            best_metric="item_f1", handle_sigterm=handle_sigterm)
+    def run(ckpt, latest, watch):
+        return run_loop(TextPARLRun(job, workdir, fresh=latest is None, progress=progress), workdir, ckpt, latest,
+                        watch, progress)
+    return run_checkpointed(job, workdir, resume, run, best_metric="item_f1", handle_sigterm=handle_sigterm)
 
 
 def _rows(evals: dict) -> dict[int, dict[str, float]]:
@@ -156,126 +150,82 @@ def _rows(evals: dict) -> dict[int, dict[str, float]]:
     return {int(n): row for n, row in evals.items()}
 
 
-def _run(job: TextPARLJob, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
-         progress: bool) -> dict:
-    """:func:`run_text_parl_job` once the checkpoints are open."""
-    clock = time.perf_counter()
-    task = build_task(job, workdir, train=latest is None)      # a resumed run keeps its tokenizer
-    cfg = job.model.replace(vocab_size=task.chat.tokenizer.vocab_size)
-    key = jax.random.key(job.seed)
-    learner = Learner(cfg, logged_update(job.parl.update, job.parl.async_rollout))
-    rollouts = None
-    parl_seed = job.seed if job.parl_seed is None else job.parl_seed
-    big, steps = max(job.eval_sizes), job.parl.steps
-    if latest is not None:
-        state, meta = _restore(cfg, learner, ckpt, latest)
-        check_identity(job.identity(), meta.get("job", {}), "--resume",
-                       "parl.steps, eval_every and warm_start_from")
-        # a run that had finished keeps its final evaluation lines (nothing recomputes them)
-        log = TextJobLog(workdir, meta["parl_step"], keep_final="final_eval" in meta and meta["parl_step"] >= steps)
-    else:
-        log = TextJobLog(workdir, None)
-    try:
-        if latest is not None:
-            warm = jax.tree.map(jnp.copy, state.frozen["subagents"])   # the learner donates its state
+def _state_shapes(cfg: ModelConfig, learner: Learner) -> Any:
+    """The PARL state's shapes: the trained orchestrator and the frozen sub-agents."""
+    return jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), {"subagents": p}))
+
+
+class TextPARLRun(JobRun):
+    """The text PARL recipe's pieces for the one loop: the tokenizer trained on the
+    task's corpus (a resumed run keeps its own), the relay task and its jitted swarm,
+    the focus stream of training tasks (:func:`sample_episodes` from
+    ``random.Random("parl-<parl_seed>")``), the held-out tasks per size."""
+
+    stage, title, start_label, start_splits = "parl", "PARL", "warm_start", ("test",)
+    log_keys = ("reward", "accuracy", "critical_steps", "subagents")
+    may_change = "parl.steps, eval_every and warm_start_from"
+
+    def __init__(self, job: TextPARLJob, workdir: str, *, fresh: bool, progress: bool):
+        self.job, self.workdir, self.progress = job, workdir, progress
+        self.task = build_task(job, workdir, train=fresh)
+        self.cfg = job.model.replace(vocab_size=self.task.chat.tokenizer.vocab_size)
+        self.key = jax.random.key(job.seed)
+        self.learner = Learner(self.cfg, logged_update(job.parl.update, job.parl.async_rollout))
+        self.parl_seed = job.seed if job.parl_seed is None else job.parl_seed
+        self.rl, self.rl_key, self.identity = job.parl, jax.random.key(self.parl_seed), job.identity()
+        self.eval_every, self.log_every = job.eval_every, job.log_every
+        self.steps = self.rl.steps
+        self.stream = ReplayStream(lambda rng: sample_episodes(job.env, rng, 1, focus_fraction=job.parl.focus_fraction,
+                                                               focus_min_n=job.parl.focus_min_n)[0],
+                                   f"parl-{self.parl_seed}")
+        self.engine = make_engine(job, self.task, self.cfg)
+        self.held_out = {s: eval_episodes(job, s) for s in EVAL_STREAMS}
+
+    def state_shapes(self) -> Any:
+        return _state_shapes(self.cfg, self.learner)
+
+    def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
+        """The warm start (or the one ``warm_start_from`` names), saved to
+        ``workdir/warm_start``; the sub-agents frozen at it."""
+        job, clock = self.job, time.perf_counter()
+        if job.warm_start_from:
+            warm, _ = load_warm_start(job, job.warm_start_from,
+                                      jax.eval_shape(lambda: init_params(self.cfg, self.key)))
         else:
-            if job.warm_start_from:
-                warm, _ = load_warm_start(job, job.warm_start_from, jax.eval_shape(lambda: init_params(cfg, key)))
-            else:
-                warm = _warm_start_stage(job, task, cfg, key, progress, log.write, watch.reached, workdir)
-                save_warm_start(job, workdir, warm, {})
-            state = learner.init(jax.tree.map(jnp.copy, warm), frozen={"subagents": jax.tree.map(jnp.copy, warm)})
-            warm = jax.tree.map(jnp.copy, state.frozen["subagents"])    # placed as a resumed run's
-            meta = {"parl_step": 0, "parl_seed": parl_seed, "eval_n": big, "identity": job.warm_identity(),
-                    "job": job.identity(), "warm_start_s": time.perf_counter() - clock, "wall_clock_s": 0.0}
+            warm = _warm_start_stage(job, self.task, self.cfg, self.key, self.progress, log.write, watch.reached,
+                                     self.workdir)
+            save_warm_start(job, self.workdir, warm, {})
+        state = self.learner.init(jax.tree.map(jnp.copy, warm), frozen={"subagents": jax.tree.map(jnp.copy, warm)})
+        return state, {"parl_seed": self.parl_seed, "eval_n": max(job.eval_sizes), "identity": job.warm_identity(),
+                       "job": self.identity, "warm_start_s": time.perf_counter() - clock}
 
-        engine = make_engine(job, task, cfg)
-        held_out, eval_key = {s: eval_episodes(job, s) for s in EVAL_STREAMS}, jax.random.fold_in(key, 1)
+    def evaluate(self, step: int, label: str, state: Any, split: str, log: JobLog) -> dict:
+        """Greedy, budget lifted, every size's held-out tasks of ``split`` together: rows by size."""
+        res = run_evaluation(self.engine, state.params, subagent_params(state), self.held_out[split],
+                             jax.random.fold_in(self.key, 1))
+        for n, r in res.items():
+            log.write("eval.jsonl", {"step": step, "policy": label, "split": split, "n": n, **r})
+        return {str(n): r for n, r in res.items()}
 
-        def run_eval(step: int, label: str, params: Any, split: str) -> dict[str, dict[str, float]]:
-            res = run_evaluation(engine, params, warm, held_out[split], eval_key)
-            for n, r in res.items():
-                log.write("eval.jsonl", {"step": step, "policy": label, "split": split, "n": n, **r})
-            return {str(n): r for n, r in res.items()}
+    def score(self, evals: dict) -> dict[str, float]:
+        """The item-F1 and critical steps at the largest size."""
+        return {k: evals[str(max(self.job.eval_sizes))][k] for k in ("item_f1", "critical_steps")}
 
-        def run_evals(step: int, label: str, params: Any) -> dict[str, dict[str, float]]:
-            """Validation (the checkpoint's score); after the last step the test split too."""
-            res = run_eval(step, label, params, "validation")
-            if label == "final":
-                meta["final_eval"] = run_eval(step, label, params, "test")   # in the last checkpoint: finished
-            return res
+    def postfix(self, m: dict) -> dict[str, str]:
+        return {"f1": f"{m['accuracy']:.3f}", "crit": f"{m['critical_steps']:.1f}", "subs": f"{m['subagents']:.1f}"}
 
-        def save(step: int, state: Any, evals: dict | None) -> None:
-            """The state after ``step`` PARL steps (scored by the item-F1 at the largest n
-            when evaluated), its logs first: a finished checkpoint has its lines."""
-            nonlocal clock
-            now = time.perf_counter()
-            meta.update(parl_step=step, wall_clock_s=meta["wall_clock_s"] + now - clock)
-            if rollouts is not None:                    # its stream position is the step: replayed on resume
-                meta["async"] = {k: v for k, v in rollouts.checkpoint().items() if k != "stream"}
-            clock = now
-            log.sync()
-            scores = None if evals is None else {k: evals[str(big)][k] for k in ("item_f1", "critical_steps")}
-            ckpt.save(step, state, meta, metrics=scores, force=True)
-
-        if latest is None:
-            meta["warm_eval"] = run_eval(0, "warm_start", warm, "test")
-            save(0, state, None)                        # the warm start survives a crash in PARL
-            if steps > 0 and watch.reached():           # safe point
-                raise Preempted(0, workdir)
-
-        parl_key, rng = jax.random.key(parl_seed), random.Random(f"parl-{parl_seed}")
-        draw = lambda: sample_episodes(job.env, rng, job.parl.tasks_per_step,  # noqa: E731
-                                       focus_fraction=job.parl.focus_fraction, focus_min_n=job.parl.focus_min_n)
-        start = meta["parl_step"]
-        for _ in range(start):                          # the stream of training tasks, to where it stopped
-            draw()
-        drawn = start
-        if job.parl.async_rollout.enabled:              # the oldest batch not trained on is always `start`
-            def draw_ids():
-                nonlocal drawn
-                drawn += 1
-                return draw(), [f"train/{(drawn - 1) * job.parl.tasks_per_step + i}"
-                                for i in range(job.parl.tasks_per_step)]
-            rollouts = async_rollouts(job.parl, engine, state, draw=draw_ids, stream_state=lambda: drawn,
-                                      key=parl_key, step=start, saved=meta.get("async"))
-        bar = progress_bar(steps, "PARL", progress, initial=min(start, steps))
-        no_signal = SignalWatch()
-        with bar:                                       # closed on a preemption too
-            for step in range(start, steps):
-                if rollouts is None:
-                    state, m = rl_step(learner, state, engine, draw(), jax.random.fold_in(parl_key, 100 + step),
-                                       job.parl, step=step)
-                else:
-                    state, m = rollouts.step(state, functools.partial(learn, learner), lambda c: dict(c.metrics))
-                log.write("metrics.jsonl", {"stage": "parl", "step": step, **m})
-                no_signal(step, m)
-                bar.update(1)
-                bar.set_postfix(f1=f"{m['accuracy']:.3f}", crit=f"{m['critical_steps']:.1f}",
-                                subs=f"{m['subagents']:.1f}")
-                log_line(progress, job.log_every, step, steps, "PARL", m,
-                         ("reward", "accuracy", "critical_steps", "subagents"))
-                if job.parl.refresh_subagents.due(step + 1):   # the sub-agents become the policy from here on
-                    state = refresh_subagents(state, "subagents")
-                    warm = jax.tree.map(jnp.copy, state.frozen["subagents"])    # the evaluations' too
-                    if rollouts is not None:
-                        rollouts.refresh(state.frozen["subagents"])
-                end_step(step + 1, steps, job.eval_every, run_eval=lambda i, label: run_evals(i, label, state.params),
-                         save=lambda i, evals: save(i, state, evals), stop=watch.reached, label="parl",
-                         preempted=lambda i: Preempted(i, workdir))
-    finally:
-        if rollouts is not None:
-            rollouts.close()
-        log.close()
-    curves(workdir, ("reward", "accuracy", "critical_steps", "subagents"))
-    before, after = _rows(meta["warm_eval"]), _rows(meta.get("final_eval", meta["warm_eval"]))
-    summary = {"task": "widesearch_relay", "model_params": cfg.num_params(), "vocab_size": cfg.vocab_size,
-               "eval_episodes": job.eval_episodes, "parl_steps": meta["parl_step"], "seed": job.seed,
-               "parl_seed": parl_seed, "warm_start": before, "final": after, "headline": headline(before, after, big),
-               "wall_clock_s": meta["wall_clock_s"] + time.perf_counter() - clock,
-               "warm_start_s": meta["warm_start_s"], "device": f"{jax.default_backend()} x{jax.device_count()}"}
-    write_summary(workdir, summary, text_parl_table)
-    return summary
+    def summary(self, meta: dict, wall_clock_s: float) -> dict:
+        job, big = self.job, max(self.job.eval_sizes)
+        curves(self.workdir, ("reward", "accuracy", "critical_steps", "subagents"))
+        evals = meta["evals"]
+        before, after = _rows(evals["warm_start"]), _rows(evals.get("final", evals["warm_start"]))
+        summary = {"task": "widesearch_relay", "model_params": self.cfg.num_params(),
+                   "vocab_size": self.cfg.vocab_size, "eval_episodes": job.eval_episodes, "parl_steps": meta["step"],
+                   "seed": job.seed, "parl_seed": self.parl_seed, "warm_start": before, "final": after,
+                   "headline": headline(before, after, big), "wall_clock_s": wall_clock_s,
+                   "warm_start_s": meta["warm_start_s"], "device": f"{jax.default_backend()} x{jax.device_count()}"}
+        write_summary(self.workdir, summary, text_parl_table)
+        return summary
 
 
 def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
@@ -294,7 +244,8 @@ def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "la
     cfg = job.model.replace(vocab_size=task.chat.tokenizer.vocab_size)
     with Checkpointer(directory, save_every=1, read_only=True) as ckpt:
         step = ckpt.step_of(which)
-        state, meta = _restore(cfg, Learner(cfg, job.parl.update), ckpt, step)
+        learner = Learner(cfg, job.parl.update)
+        state, meta = restore(ckpt, step, _state_shapes(cfg, learner), learner)
     made = meta.get("identity", {})
     differ = [k for k in ("model", "env", "tokenizer", "seed") if made.get(k) != job.warm_identity()[k]]
     if differ:

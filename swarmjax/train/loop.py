@@ -1,0 +1,248 @@
+"""The one training loop of every job: start or restore, RL steps, evaluations,
+checkpoints, preemption, summary.
+
+A job plugs its pieces into :func:`run_loop` as a :class:`JobRun`: the agent job's
+(:mod:`swarmjax.train.agent_job`: any text task, host or device engine), the text PARL
+recipe's (:mod:`swarmjax.train.text_parl_job`), the token world's
+(:mod:`swarmjax.train.job`: its own jitted trainer). A run brings its learner, engine,
+task stream, RL config, how it warm-starts, evaluates and sums up; the loop owns
+everything in between, the same for every job:
+
+1. **Start** (``latest`` None): :meth:`JobRun.start` (the warm start and the learner's
+   state), the start's evaluations (:attr:`JobRun.start_splits`), checkpoint 0 (RL's
+   start survives a crash in RL), a safe point. **Resume**: :func:`restore` of the
+   newest finished checkpoint on the learner's mesh, the identity checked, the task
+   stream put back where the checkpoint left it, the logs cut back to its step.
+2. **RL**: per step :meth:`JobRun.rl_step` (by default ``rl.tasks_per_step`` problems
+   of the stream through :func:`~swarmjax.train.agent.rl_step`, sampled with
+   ``fold_in(rl_key, 100 + s)`` at step ``s``) or, with ``rl.async_rollout``, a batch
+   rolled out ahead (:meth:`JobRun.async_rollouts`); a metrics line, the no-signal
+   watch, a progress bar and log lines; frozen sub-agents refreshed when due.
+3. **Evaluations and checkpoints**: the validation split every ``eval_every`` steps
+   (labelled with the stage) and after the last (labelled "final" unless it is a
+   periodic one; its figures score the checkpoint: :meth:`JobRun.score`), the
+   test split at the start and the end (the summary's table); a checkpoint at every
+   evaluation and at a preemption notice (and, with ``checkpoint_every``, whenever the
+   checkpointer's period says: the safe point stops there, after the last step's save), its
+   ``meta``: ``step``, ``job`` (identity), ``wall_clock_s``, ``warm_start_s``,
+   ``stream``, ``async``, ``evals`` (the test split's figures by label) and the run's
+   own keys.
+4. **Summary**: :meth:`JobRun.summary` from the last checkpoint's meta.
+
+A resumed run computes what an uninterrupted one does: every random draw is keyed by
+the step, the stream is restored, the logs continue the same lines.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import jax
+
+from swarmjax.train.agent import learn, rl_step
+from swarmjax.train.agent_async import async_rollouts
+from swarmjax.train.checkpoint import Checkpointer, abstract_state
+from swarmjax.train.frame import check_identity
+from swarmjax.train.logs import SignalWatch, JobLog, log_line, progress_bar
+from swarmjax.train.preemption import Preempted, PreemptionWatch
+from swarmjax.train.subagents import refresh_subagents
+
+__all__ = ["JobRun", "restore", "run_loop"]
+
+
+class JobRun:
+    """What a job plugs into :func:`run_loop` (attributes set by the job's constructor).
+
+    learner, engine, stream, rl, steps: the :class:`~swarmjax.rl.update.Learner`, the
+      rollout engine (:mod:`swarmjax.train.engines`), the training problems' stream
+      (:mod:`swarmjax.train.streams`: ``take``, ``ids``, ``state``, ``restore``), the RL
+      stage's config (``tasks_per_step``, ``async_rollout``, ``refresh_subagents``:
+      :class:`~swarmjax.train.agent.TextRLConfig`), its step count.
+    rl_key: the RL steps' sampling key; subagents: "frozen" or "shared".
+    identity, may_change: the job's identity (a resume must match it) and what may
+      differ, for the error.
+    eval_every, log_every, primary: evaluation and log cadence; whether this process
+      writes the logs.
+    stage, title, start_label: the metrics lines' stage ("rl"), the progress bar's and
+      preemption's name ("RL"), the start evaluation's label ("initial").
+    start_splits: the splits evaluated at the start ("validation" scores checkpoint 0).
+    log_keys: the figures of the log lines.
+    checkpoint_every: 0: checkpoints at evaluations and preemptions only; else a save
+      is offered after every step (the checkpointer keeps every ``every``-th).
+    """
+
+    learner: Any
+    engine: Any
+    stream: Any
+    rl: Any
+    steps: int
+    rl_key: jax.Array
+    subagents: str = "frozen"
+    identity: dict[str, str]
+    may_change: str
+    eval_every: int
+    log_every: int
+    primary: bool = True
+    stage: str = "rl"
+    title: str = "RL"
+    start_label: str = "initial"
+    start_splits: tuple[str, ...] = ("validation", "test")
+    log_keys: tuple[str, ...] = ("reward", "accuracy")
+    checkpoint_every: int = 0
+
+    def state_shapes(self) -> Any:
+        """The learner state's shapes (``jax.eval_shape``), to restore a checkpoint into."""
+        raise NotImplementedError
+
+    def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
+        """A fresh run's RL state (the warm start done) and its meta: at least
+        ``job`` and ``warm_start_s``. Raises :class:`Preempted` at a safe point."""
+        raise NotImplementedError
+
+    def resumed(self, state: Any, meta: dict) -> None:
+        """Called with a restored state before RL goes on (e.g. an engine that needs it)."""
+
+    def evaluate(self, step: int, label: str, state: Any, split: str, log: JobLog) -> dict:
+        """Evaluate ``state`` on ``split``, its lines to ``log``; returns its figures."""
+        raise NotImplementedError
+
+    def score(self, evals: dict) -> dict[str, float]:
+        """The checkpoint's metrics from a validation evaluation's figures."""
+        raise NotImplementedError
+
+    def rl_step(self, state: Any, step: int) -> tuple[Any, dict]:
+        """RL step ``step`` on the stream's next problems: :func:`~swarmjax.train.agent.rl_step`
+        with the key ``fold_in(rl_key, 100 + step)``."""
+        return rl_step(self.learner, state, self.engine, self.stream.take(self.rl.tasks_per_step),
+                       jax.random.fold_in(self.rl_key, 100 + step), self.rl, step=step, subagents=self.subagents)
+
+    def async_rollouts(self, state: Any, meta: dict) -> Any:
+        """The rollouts a batch ahead (``rl.async_rollout``), begun at ``meta``'s step."""
+        tasks = self.rl.tasks_per_step
+
+        def draw():                                     # (problems, their ids in the stream)
+            ids = self.stream.ids(tasks)
+            return self.stream.take(tasks), ids
+        return async_rollouts(self.rl, self.engine, state, draw=draw, stream_state=self.stream.state,
+                              key=self.rl_key, step=meta["step"], saved=meta.get("async"), subagents=self.subagents)
+
+    def async_step(self, rollouts: Any, state: Any) -> tuple[Any, dict]:
+        """An RL step on the oldest batch rolled out ahead."""
+        return rollouts.step(state, functools.partial(learn, self.learner), lambda c: dict(c.metrics))
+
+    def postfix(self, m: dict) -> dict[str, str]:
+        """The progress bar's figures of an RL step's metrics."""
+        return {k: f"{m[k]:.3f}" for k in self.log_keys[:2]}
+
+    def summary(self, meta: dict, wall_clock_s: float) -> dict:
+        """The run's summary from its meta (written by the job on process 0)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the run's tools and engines (after the loop, on any exit)."""
+
+
+def restore(ckpt: Checkpointer, step: int, shapes: Any, learner: Any) -> tuple[Any, dict]:
+    """(state, meta) of checkpoint ``step``, laid out as ``shapes`` on the ``learner``'s
+    mesh (its state shardings), else on the first device: any device count reads a
+    checkpoint whatever wrote it."""
+    shardings = jax.sharding.SingleDeviceSharding(jax.devices()[0]) if learner.mesh is None else \
+        learner.state_shardings(shapes)
+    return ckpt.restore(step, abstract_state(shapes, shardings))
+
+
+def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
+             progress: bool) -> dict:
+    """Start (or continue from checkpoint ``latest``) and train ``run`` (module
+    docstring); returns :meth:`JobRun.summary`. Raises :class:`Preempted` once a
+    SIGTERM's checkpoint is written."""
+    clock = time.perf_counter()
+    steps = run.steps
+    if latest is not None:
+        state, meta = restore(ckpt, latest, run.state_shapes(), run.learner)
+        check_identity(run.identity, meta.get("job", {}), "--resume", run.may_change)
+        run.stream.restore(meta["stream"])
+        # a run that had finished keeps its final evaluation lines (nothing recomputes them)
+        log = JobLog(workdir, meta["step"], run.primary,
+                         keep_final="final" in meta["evals"] and meta["step"] >= steps)
+    else:
+        log = JobLog(workdir, None, run.primary)
+    rollouts = None
+    try:
+        def evaluate(step: int, state: Any, *, start: bool = False) -> dict | None:
+            """The evaluations after ``step`` steps: the start's (:attr:`JobRun.start_splits`),
+            or the validation split (labelled as the stage's periodic evaluation when
+            ``step`` is one, else "final": a longer run resumed from here keeps the one and
+            recomputes the other) and after the last step the test split ("final"). Returns
+            the validation figures (the checkpoint's score) or None; the test split's are
+            kept in the meta by label."""
+            if start:
+                todo = [(split, run.start_label) for split in run.start_splits]
+            else:
+                periodic = bool(run.eval_every) and step % run.eval_every == 0
+                todo = [("validation", run.stage if periodic else "final")] + [("test", "final")] * (step == steps)
+            scored = None
+            for split, label in todo:
+                res = run.evaluate(step, label, state, split, log)
+                if split == "validation":
+                    scored = res
+                else:
+                    meta["evals"][label] = res
+            return scored
+
+        def save(step: int, state: Any, evals: dict | None, *, force: bool = True) -> None:
+            """Checkpoint ``step`` (scored by ``evals`` when evaluated; unless ``force``,
+            when the checkpointer's period says so), its logs first: a finished
+            checkpoint has its lines."""
+            nonlocal clock
+            now = time.perf_counter()
+            meta.update(step=step, wall_clock_s=meta["wall_clock_s"] + now - clock, stream=run.stream.state())
+            if rollouts is not None:                    # the stream from the oldest batch not trained on
+                meta["async"] = rollouts.checkpoint()
+                meta["stream"] = meta["async"].pop("stream")
+            clock = now
+            log.sync()
+            ckpt.save(step, state, meta, metrics=None if evals is None else run.score(evals), force=force)
+
+        if latest is None:
+            state, meta = run.start(log, watch)
+            meta.update(step=0, wall_clock_s=0.0, evals={})
+            run.resumed(state, meta)
+            save(0, state, evaluate(0, state, start=True))   # RL's start survives a crash in RL
+            if steps > 0 and watch.reached():           # safe point
+                raise Preempted(0, workdir, stage=run.title)
+        else:
+            run.resumed(state, meta)
+        start = meta["step"]
+        if run.rl.async_rollout.enabled:
+            rollouts = run.async_rollouts(state, meta)
+        bar = progress_bar(steps, run.title, progress, initial=min(start, steps))
+        no_signal = SignalWatch()
+        with bar:                                       # closed on a preemption too
+            for step in range(start, steps):
+                state, m = run.rl_step(state, step) if rollouts is None else run.async_step(rollouts, state)
+                log.write("metrics.jsonl", {"stage": run.stage, "step": step, **m})
+                no_signal(step, m)
+                bar.update(1)
+                bar.set_postfix(**run.postfix(m))
+                log_line(progress, run.log_every, step, steps, run.title, m, run.log_keys)
+                if run.rl.refresh_subagents.due(step + 1):     # the sub-agents become the policy from here on
+                    state = refresh_subagents(state, "subagents")
+                    if rollouts is not None:
+                        rollouts.refresh(state.frozen["subagents"])
+                done = step + 1
+                evals = evaluate(done, state) if done == steps or run.eval_every and done % run.eval_every == 0 \
+                    else None
+                halt = done < steps and watch.reached()                  # safe point (the last step just ends)
+                if evals is not None or halt or run.checkpoint_every:
+                    save(done, state, evals, force=evals is not None or halt)
+                if halt:
+                    raise Preempted(done, workdir, stage=run.title)
+    finally:
+        if rollouts is not None:
+            rollouts.close()
+        log.close()
+        run.close()
+    return run.summary(meta, meta["wall_clock_s"] + time.perf_counter() - clock)
