@@ -138,6 +138,12 @@ def main(argv=None):
     got = run_jit()
     jit_first = time.perf_counter() - t0
     jit_s = time_best(run_jit, args.repeats)
+    # the same program with one key split per tick for the whole batch (the text PARL
+    # recipe's): what keying every token by its episode, agent and position costs
+    batch_keyed = TextSwarm(RelayDeviceTask(task), mcfg, rcfg, chunk=args.chunk, episode_keys=False)
+    run_batch_keyed = lambda: batch_keyed(params, params, eps, jax.random.key(0), scripts=scripts)  # noqa: E731
+    run_batch_keyed()
+    batch_keyed_s = time_best(run_batch_keyed, args.repeats)
 
     host = TextRollout(mcfg, rcfg, stop_ids=chat.stop_ids, pad_id=tok.token_id(chat.pad_token))
     run_host = lambda: host(params, params, [task.orchestrator(ep) for ep in eps], [None] * len(eps),
@@ -162,7 +168,8 @@ def main(argv=None):
         "jax": jax.__version__, "backend": jax.default_backend(), "batch": B, "chunk": args.chunk,
         "params": mcfg.num_params(), "peak_flops": peak, "ratio": host_s / jit_s,
         "jit_episodes_s": B / jit_s, "host_episodes_s": B / host_s, "tokens_per_episode": tokens / B,
-        "jit_s": jit_s, "host_s": host_s, "jit_compile_s": jit_first - jit_s, "host_first_call_s": host_first,
+        "jit_s": jit_s, "jit_one_key_a_tick_s": batch_keyed_s, "episode_keys_cost": jit_s / batch_keyed_s,
+        "host_s": host_s, "jit_compile_s": jit_first - jit_s, "host_first_call_s": host_first,
         "ticks": got.stats["ticks"], "mean_critical_steps": float(got.critical_steps.mean()),
         "mean_subagents": float(got.spawned.mean()), "identical_episodes": same,
         "token_world_tokens_per_episode": tw["tokens"] / B, "token_world_episodes_s": B / tw["seconds"],
@@ -186,6 +193,8 @@ def main(argv=None):
           f"mean sub-agents {figures['mean_subagents']:.2f}")
     print(f"{'':12}{'s/batch':>10}{'episodes/s':>12}{'first call s':>14}")
     print(f"{'jit text':12}{jit_s:10.3f}{B / jit_s:12.1f}{jit_first:14.2f}")
+    print(f"{'jit 1 key':12}{batch_keyed_s:10.3f}{B / batch_keyed_s:12.1f}   (one key a tick, not per episode: "
+          f"episode keys cost {figures['episode_keys_cost']:.2f}x)")
     print(f"{'host text':12}{host_s:10.3f}{B / host_s:12.1f}{host_first:14.2f}")
     print(f"{'token world':12}{tw['seconds']:10.3f}{B / tw['seconds']:12.1f}")
     print(f"ratio jit/host episodes/s: {figures['ratio']:.2f}x (identical episodes: {same}); text costs "

@@ -42,3 +42,28 @@ def restored_states(runs, restore, step: int) -> list:
         with Checkpointer(os.path.join(run, "checkpoints"), save_every=1, read_only=True) as ckpt:
             states.append(restore(ckpt, step)[0])
     return states
+
+
+def close_lines(a, b, where):
+    """Two runs' log lines agree: the same keys, integers and strings equal, floats to
+    float32 rounding (a sharded reduction may round its last bit differently), but for
+    the counts of how a process's batch was decoded."""
+    import numpy as np
+
+    assert len(a) == len(b), where
+    for x, y in zip(a, b):
+        # each process decodes its own batch: its compaction segments and the swarm's ticks
+        x, y = ({k: v for k, v in r.items() if k not in ("segments", "ticks")} for r in (x, y))
+        assert x.keys() == y.keys(), where
+        for k in x:
+            same = np.isclose(x[k], y[k], rtol=1e-5, atol=1e-6) if isinstance(x[k], float) else x[k] == y[k]
+            assert same, (where, x.get("step"), k, x[k], y[k])
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (a local jax.distributed coordinator)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

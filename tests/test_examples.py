@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from small_job import restored_states, subprocess_xla_flags
+from small_job import close_lines, restored_states, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
@@ -146,18 +146,6 @@ def test_orchestrator_keeps_its_subagents_frozen(checkpoint, tmp_path):
     assert not equal(after["params"], after["frozen"]["subagents"])
 
 
-def _close(a, b, where):
-    """Two runs' log lines agree: the same keys, integers and strings equal, floats to
-    float32 rounding (a sharded reduction may round its last bit differently)."""
-    assert len(a) == len(b), where
-    for x, y in zip(a, b):
-        x, y = ({k: v for k, v in r.items() if k != "segments"} for r in (x, y))   # each process decodes its own
-        assert x.keys() == y.keys(), where
-        for k in x:
-            same = np.isclose(x[k], y[k], rtol=1e-5, atol=1e-6) if isinstance(x[k], float) else x[k] == y[k]
-            assert same, (where, x.get("step"), k, x[k], y[k])
-
-
 def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path):
     """The single-agent job (a short warm start, then updates that move the policy) on one
     device, on a 2x2x2 (data, fsdp, tensor) mesh of 8 simulated devices, and over two
@@ -187,7 +175,7 @@ def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path):
     assert all(0 < r["reward/judge"] < 1 for r in rl)                       # the judge scored every step
     for run in (mesh, two):
         for name in ("metrics.jsonl", "eval.jsonl"):
-            _close(_lines(one, name), _lines(run, name), f"{run} {name}")
+            close_lines(_lines(one, name), _lines(run, name), f"{run} {name}")
     # written by two processes on 4 devices, read by one process with one device (trained on
     # a pod, looked at on a laptop): exported, evaluated, and resumed for one more step
     env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(1)}

@@ -7,6 +7,8 @@ import dataclasses
 import io
 import json
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -202,21 +204,36 @@ RELAY = ["task=relay", "role=orchestrator", "engine=device", "tokenizer_vocab=10
          "model.intermediate_size=64", "sft.steps=3", "sft.batch=8", "sft.demos=16", "rl.steps=2",
          "rl.tasks_per_step=4", "rl.group_size=2", "rl.update.num_minibatches=1", "rl.rollout.orch_context=1536",
          "rl.rollout.worker_context=384", "rl.rollout.max_turn_tokens=400", "rl.rollout.subagent_turns=4",
-         "rl.rollout.budget=8", "eval_episodes=8", "eval_every=0", "mesh.data=-1"]
+         "rl.rollout.budget=8", "eval_episodes=8", "eval_every=0"]
 
 
 @pytest.mark.slow
-def test_device_engine_job_on_a_mesh(tmp_path, capsys):
+def test_device_engine_job_on_one_device_and_two_processes(tmp_path, capsys):
     """The agent job with the device engine: the relay task's device twin rolls out in the
-    jitted swarm, its 8 episodes a step over the 8-device mesh (the learner's mesh); the
-    warm start plays the host twin's demonstrations. Metrics, evaluations, the per-size
-    table, valid traces; resumed, it recomputes nothing. (On a 4-device mesh its metrics
-    and evaluations equal one device's: measured, docs/results.md.)"""
-    workdir = str(tmp_path / "run")
-    args = ["train", "--config", CONFIG, "--workdir", workdir, "--no-progress"] + [a for s in RELAY
-                                                                                   for a in ("--set", s)]
-    assert main(args) == 0
+    jitted swarm (the warm start plays the host twin's demonstrations), on one device and
+    over two processes of 2 devices each (a data mesh for the learner; each process rolls
+    out its 2 problems' groups, every episode keyed by its index in the step): both write
+    the same metrics and evaluations. Per-size table, valid traces; resumed, it recomputes
+    nothing. (The swarm over an 8-device mesh equals one device: tests/test_text_engine.py.)"""
+    from small_job import close_lines, free_port, subprocess_xla_flags
+
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    args = lambda workdir, *more: ["train", "--config", CONFIG, "--workdir", workdir, "--no-progress"] + [   # noqa: E731
+        a for s in RELAY + list(more) for a in ("--set", s)]
+    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "swarmjax.cli", *args(two, "mesh.data=-1"), "--coordinator",
+           f"127.0.0.1:{free_port()}", "--num-processes", "2"]
+    procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env) for i in range(2)]
+    assert main(args(one)) == 0                             # meanwhile, in this process: one device
     out = capsys.readouterr().out
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    lines = lambda run, name: [{k: v for k, v in json.loads(x).items() if not k.endswith("_s")}   # noqa: E731
+                               for x in open(os.path.join(run, name))]
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        close_lines(lines(one, name), lines(two, name), f"{two} {name}")
+    workdir, args = one, args(one)
     assert "per task size (test split)" in out and "| final |" in out
     rl = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     rl = [r for r in rl if r["stage"] == "rl"]

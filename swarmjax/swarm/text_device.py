@@ -187,9 +187,19 @@ def row_keys(key: Array, agents: Array, positions: Array) -> Array:
     conversation of the token it samples (``positions`` int32 [R]). A token's draw then
     depends on what was sampled before it in its own conversation only: not on the batch,
     its compaction, the segments or the process that decodes it."""
-    def one(agent, position):
-        return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, agent[0]), agent[1]), position)
-    return jax.vmap(one)(agents, positions)
+    return position_keys(agent_keys(key, agents), positions)
+
+
+def agent_keys(key: Array, agents: Array) -> Array:
+    """The first two folds of :func:`row_keys`: one key per row [R] for its agent
+    (``agents`` int32 [R, 2]), computed once per rollout."""
+    return jax.vmap(lambda agent: jax.random.fold_in(jax.random.fold_in(key, agent[0]), agent[1]))(agents)
+
+
+def position_keys(keys: Array, positions: Array) -> Array:
+    """The last fold of :func:`row_keys`: each row's agent key [R] with the position of
+    the token it samples [R]."""
+    return jax.vmap(jax.random.fold_in)(keys, positions)
 
 
 def _advance(params, cfg: ModelConfig, scfg: SamplingConfig, d: _Decoding, i: Array, key: Array,

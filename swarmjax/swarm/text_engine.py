@@ -54,7 +54,7 @@ from swarmjax.envs.device_api import R_ANSWER, R_CONTEXT, R_TURNS, DeviceTask
 from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RUNNING
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
-from swarmjax.swarm.text_device import choose, make_prefix
+from swarmjax.swarm.text_device import agent_keys, choose, make_prefix, position_keys
 from swarmjax.swarm.text_engine_feed import RoleModel, feed
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
 from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult, check_budget
@@ -88,11 +88,17 @@ class TextSwarm:
       mesh: optional mesh: episodes (and their sub-agent slots, ``b K + j``) are split
         over its batch axes (``data`` x ``fsdp``), weights follow the logical rules, the
         caches are constrained batch-sharded.
+      episode_keys: each token drawn with its own key, ``fold_in(fold_in(fold_in(key, e),
+        a), t)`` for episode id ``e`` (the call's ``episode_ids``), agent ``a`` (0: the
+        orchestrator, 1 + j: its j-th sub-agent slot) and position ``t`` in the agent's
+        conversation (:func:`~swarmjax.swarm.text_device.row_keys`): an episode samples the
+        same ids whatever batch, mesh or process runs it. False: one key split per tick
+        for the whole batch (the text PARL recipe's published runs).
     """
 
     def __init__(self, task: DeviceTask, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *,
                  worker_cfg: ModelConfig | None = None, chunk: int = 16, wide_rows: float = 0.25,
-                 buckets: int = 3, mesh: Mesh | None = None,
+                 buckets: int = 3, mesh: Mesh | None = None, episode_keys: bool = True,
                  rules=DEFAULT_RULES):
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
@@ -119,7 +125,7 @@ class TextSwarm:
                               rcfg.worker_context, rcfg.worker_sampling)
         self.stop_ids = jnp.asarray(task.chat.stop_ids)
         self.pad_id = task.chat.tokenizer.token_id(task.chat.pad_token)
-        self.mesh, self.rules = mesh, rules
+        self.mesh, self.rules, self.episode_keys = mesh, rules, episode_keys
         self._jitted: dict[int, Any] = {}
         self._heads = {role: np.asarray(task.head_ids(role), np.int32)
                        for role in ("orchestrator",) + (("worker",) if self.K else ())}
@@ -135,8 +141,8 @@ class TextSwarm:
                 one = NamedSharding(self.mesh, PartitionSpec())
                 self._jitted[batch] = jax.jit(self._rollout, in_shardings=(
                     shard(self.orch.cfg, orch_params), shard(self.work.cfg, worker_params) if self.K else None,
-                    jax.tree.map(lambda x: rows(np.ndim(x)), arrays), rows(2), rows(1), one, rows(3), rows(3),
-                    one, one))
+                    jax.tree.map(lambda x: rows(np.ndim(x)), arrays), rows(2), rows(1), one, rows(1), rows(3),
+                    rows(3), one, one))
         return self._jitted[batch]
 
     def _agents(self, params: Any, m: RoleModel, role: str, rows: int) -> Agents:
@@ -162,10 +168,12 @@ class TextSwarm:
     # ------------------------------------------------------------------ host entry point
 
     def __call__(self, orch_params: Any, worker_params: Any, problems: Sequence[Any], key: Array, *,
-                 scripts: Any = None, greedy: bool = False, budget: int | None | str = "config"
-                 ) -> TextRolloutResult:
+                 scripts: Any = None, greedy: bool = False, budget: int | None | str = "config",
+                 episode_ids: Sequence[int] | None = None) -> TextRolloutResult:
         """Run ``len(problems)`` episodes to their end; ``scripts`` an optional
-        :class:`~swarmjax.swarm.text_types.TextScripts` of forced turns (ids -1: sample).
+        :class:`~swarmjax.swarm.text_types.TextScripts` of forced turns (ids -1: sample);
+        ``episode_ids`` [B] the episodes' ids for their keys (``episode_keys``; default
+        ``0..B-1``).
 
         ``greedy``: both roles take the argmax (an evaluation); ``budget``: the critical-step
         budget, "config" for ``rcfg.budget``, None lifted. Both are arguments of the one
@@ -186,10 +194,14 @@ class TextSwarm:
                 raise ValueError(f"episode {b}: its prompt does not open with the task's shared head")
             ids[b, :len(p)] = p
         lens = np.asarray([len(p) for p in prompts], np.int32)
+        eids = np.arange(len(problems), dtype=np.int32) if episode_ids is None else np.asarray(episode_ids, np.int32)
+        if eids.shape != (len(problems),):
+            raise ValueError(f"episode_ids: {len(eids)} ids for {len(problems)} episodes")
         o_script, w_script = self._scripts(scripts, len(problems))
         run = self._compiled(orch_params, worker_params, arrays, len(problems))
         out = jax.device_get(run(orch_params, worker_params if self.K else None, arrays, jnp.asarray(ids),
-                                 jnp.asarray(lens), key, o_script, w_script, jnp.asarray(greedy, bool),
+                                 jnp.asarray(lens), key, jnp.asarray(eids), o_script, w_script,
+                                 jnp.asarray(greedy, bool),
                                  jnp.asarray(_NO_BUDGET if budget is None else budget, jnp.int32)))
         return self._result(list(problems), out)
 
@@ -356,11 +368,17 @@ class TextSwarm:
                       stage_slot=jnp.where(over[:, None], -1, e.stage_slot))
         return self._orch_reply(c.replace(eps=e), over, script)
 
-    def _tick(self, params: tuple, scripts: tuple, ropes: tuple, c: Carry) -> Carry:
+    def _tick(self, params: tuple, scripts: tuple, ropes: tuple, agents: tuple, c: Carry) -> Carry:
+        """One tick (module docstring); ``agents``: the rows' agent keys (orchestrators [B],
+        sub-agent slots [B K]) when ``episode_keys``."""
         orch_params, work_params = params
         o_script, w_script = scripts
         o_rope, w_rope = ropes
-        key, ko, kw = jax.random.split(c.key, 3)
+        if self.episode_keys:           # per row: its episode, agent and position (the key stays)
+            key, ko = c.key, position_keys(agents[0], c.orch.trace.length)
+            kw = None if c.work is None else position_keys(agents[1], c.work.trace.length)
+        else:
+            key, ko, kw = jax.random.split(c.key, 3)
         wide = lambda rows: max(1, int(round(self.wide_rows * rows)))                       # noqa: E731
         o, o_end, o_cut = self._sample(orch_params, self.orch, c.orch, c.eps.end == RUNNING, ko, o_script, c.greedy)
         o = feed(orch_params, self.orch, o, c.eps.end == RUNNING, self.chunk, wide(o.turning.shape[0]),
@@ -381,9 +399,12 @@ class TextSwarm:
             return self._stages(c, o_script)
         return lax.cond(jnp.any(o_end) | jnp.any(w_end), events, lambda c: c, c)
 
-    def _rollout(self, orch_params, work_params, arrays, prompt, prompt_len, key, o_script, w_script, greedy,
-                 budget) -> dict[str, Any]:
+    def _rollout(self, orch_params, work_params, arrays, prompt, prompt_len, key, episode_ids, o_script, w_script,
+                 greedy, budget) -> dict[str, Any]:
         B, K = prompt.shape[0], self.K
+        agents = (agent_keys(key, jnp.stack([episode_ids, jnp.zeros_like(episode_ids)], 1)),           # [B]
+                  agent_keys(key, jnp.stack([jnp.repeat(episode_ids, K),                                # [B K]
+                                             jnp.tile(jnp.arange(1, K + 1, dtype=jnp.int32), B)], 1)))
         eps = Episodes.init(self.task.init(arrays), B, max_subagents=K, max_calls=self.task.max_calls,
                             grid_width=self.task.grid_width)
         orch = self._agents(orch_params, self.orch, "orchestrator", B)
@@ -396,7 +417,8 @@ class TextSwarm:
                       for a, m in ((orch, self.orch), (work, self.work)))
         max_ticks = self.rcfg.orch_context + K * self.rcfg.worker_context + 2
         c = lax.while_loop(lambda c: jnp.any(c.eps.end == RUNNING) & (c.tick < max_ticks),
-                           functools.partial(self._tick, (orch_params, work_params), (o_script, w_script), ropes), c)
+                           functools.partial(self._tick, (orch_params, work_params), (o_script, w_script), ropes,
+                                             agents), c)
         return {"orch": c.orch.trace, "work": None if work is None else c.work.trace, "eps": c.eps,
                 "orch_steps": c.orch.steps, "work_steps": None if work is None else c.work.steps, "ticks": c.tick}
 

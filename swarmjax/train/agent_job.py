@@ -172,8 +172,7 @@ class AgentJob:
                 (f"rl.rollout.context.strategy={self.rl.rollout.context.strategy!r} (the device swarm's sub-agents "
                  "are its context management: 'none')", self.rl.rollout.context.strategy != "none"),
                 ("subagents='shared' (use 'frozen')", self.role == "orchestrator" and self.subagents == "shared"),
-                ("rl.async_rollout (set rl.async_rollout.depth=0)", self.rl.async_rollout.enabled),
-                (f"{procs} processes (one process, over a mesh of its devices)", procs > 1)) if bad]
+                ("rl.async_rollout (set rl.async_rollout.depth=0)", self.rl.async_rollout.enabled)) if bad]
             if why:
                 raise ValueError(f"engine='device' does not run with {why[0]}; or use engine='host'")
         refresh = self.rl.refresh_subagents
@@ -262,9 +261,13 @@ def host_engine(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, mes
 def device_engine(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, mesh: Any) -> DeviceEngine:
     """The jitted swarm over ``task``'s device twin (:func:`~swarmjax.envs.task.device_twin`),
     its episodes' rows over ``mesh``'s batch axes, compiled once for a step's episodes
-    (training and, greedy with the budget lifted, the evaluations)."""
-    swarm = TextSwarm(device_twin(task, ctx.chat), cfg, job.rl.rollout, mesh=mesh)
-    return DeviceEngine(swarm, batch=job.rl.tasks_per_step * job.rl.group_size,
+    (training and, greedy with the budget lifted, the evaluations). With several
+    processes each rolls out its share of a step's episodes (whole groups) on its first
+    device with a local copy of the params, every episode keyed by its index in the step
+    (the swarm's ``episode_keys``): the metrics are those of one process."""
+    procs = jax.process_count()            # several: each decodes its share on its first device
+    swarm = TextSwarm(device_twin(task, ctx.chat), cfg, job.rl.rollout, mesh=mesh if procs == 1 else None)
+    return DeviceEngine(swarm, batch=job.rl.tasks_per_step * job.rl.group_size // procs,
                         size=functools.partial(problem_size, task))
 
 

@@ -72,8 +72,9 @@ class HostEngine:
 class DeviceEngine:
     """:class:`~swarmjax.swarm.text_engine.TextSwarm` on episodes of its task; greedy
     calls lift the budget (``budget=None``). ``batch``: the training step's episode count
-    (one compiled program for rollouts and evaluations). One process: the keys are the
-    call's, not per episode."""
+    (one compiled program for rollouts and evaluations). Episode ``e`` is keyed by its
+    ``episode_ids[e]`` (with the swarm's ``episode_keys``), so a share of the episodes
+    run on one process samples what one process would."""
 
     swarm: Any
     batch: int | None = None
@@ -81,6 +82,7 @@ class DeviceEngine:
 
     def __call__(self, orch_params, worker_params, problems, key, *, episode_ids=None, greedy=False):
         res = self.swarm(orch_params, worker_params, list(problems), key, greedy=greedy,
+                         episode_ids=None if episode_ids is None else list(episode_ids),
                          **({"budget": None} if greedy else {}))
         n = np.asarray([1 if self.size is None else self.size(p) for p in problems], np.float32)
         return dataclasses.replace(res, rewards={**res.rewards, "n": n})

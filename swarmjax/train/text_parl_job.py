@@ -2,7 +2,8 @@
 
     swarmjax train --config configs/parl_widesearch_text_cpu.py --workdir runs/text
 
-The job runs the pieces of :mod:`swarmjax.train.text_parl` in order: the tokenizer
+The one loop (:func:`~swarmjax.train.loop.run_loop` over :class:`TextPARLRun`) runs the
+pieces of :mod:`swarmjax.train.text_parl` in order: the tokenizer
 (trained on the task's corpus, saved to ``workdir/tokenizer``), the demonstrations and
 the warm start (saved to ``workdir/warm_start``, or reused from ``warm_start_from``),
 the warm start's evaluation, PARL with an evaluation every ``eval_every`` steps, the
@@ -87,7 +88,8 @@ def make_engine(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> DeviceEn
     lifted) its evaluations, both at one batch size (a PARL step's episodes: one
     compiled program)."""
     swarm = TextSwarm(RelayDeviceTask(task), cfg, job.parl.rollout, chunk=job.parl.chunk,
-                      wide_rows=job.parl.wide_rows, buckets=job.parl.buckets)
+                      wide_rows=job.parl.wide_rows, buckets=job.parl.buckets,
+                      episode_keys=False)        # one key a tick: the sampling of the published runs
     return DeviceEngine(swarm, batch=job.parl.tasks_per_step * job.parl.group_size, size=lambda p: len(p.task))
 
 
