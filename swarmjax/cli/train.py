@@ -77,10 +77,10 @@ def _jobs() -> dict[type, _Job]:
             TextPARLJob: _Job(run_text_parl_job, evaluate_text_checkpoint, text_parl_table, "PARL")}
 
 
-def _load(args: argparse.Namespace, types: tuple[type, ...] | None = None):
+def _load(args: argparse.Namespace):
     from swarmjax.config_file import apply_overrides, load_config
 
-    types = tuple(_jobs()) if types is None else types
+    types = tuple(_jobs())
     job = load_config(args.config)
     if not isinstance(job, types):
         raise ValueError(f"config file {args.config!r}: get_config() returned {type(job).__name__}, "

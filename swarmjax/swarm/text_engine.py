@@ -370,7 +370,7 @@ class TextSwarm:
 
     def _tick(self, params: tuple, scripts: tuple, ropes: tuple, agents: tuple, c: Carry) -> Carry:
         """One tick (module docstring); ``agents``: the rows' agent keys (orchestrators [B],
-        sub-agent slots [B K]) when ``episode_keys``."""
+        sub-agent slots [B K]) when ``episode_keys``, else None."""
         orch_params, work_params = params
         o_script, w_script = scripts
         o_rope, w_rope = ropes
@@ -402,9 +402,10 @@ class TextSwarm:
     def _rollout(self, orch_params, work_params, arrays, prompt, prompt_len, key, episode_ids, o_script, w_script,
                  greedy, budget) -> dict[str, Any]:
         B, K = prompt.shape[0], self.K
-        agents = (agent_keys(key, jnp.stack([episode_ids, jnp.zeros_like(episode_ids)], 1)),           # [B]
-                  agent_keys(key, jnp.stack([jnp.repeat(episode_ids, K),                                # [B K]
-                                             jnp.tile(jnp.arange(1, K + 1, dtype=jnp.int32), B)], 1)))
+        agents = None if not self.episode_keys else (                                         # per-row keys
+            agent_keys(key, jnp.stack([episode_ids, jnp.zeros_like(episode_ids)], 1)),                # [B]
+            agent_keys(key, jnp.stack([jnp.repeat(episode_ids, K),                                     # [B K]
+                                       jnp.tile(jnp.arange(1, K + 1, dtype=jnp.int32), B)], 1)))
         eps = Episodes.init(self.task.init(arrays), B, max_subagents=K, max_calls=self.task.max_calls,
                             grid_width=self.task.grid_width)
         orch = self._agents(orch_params, self.orch, "orchestrator", B)

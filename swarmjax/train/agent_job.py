@@ -331,7 +331,7 @@ class AgentRun(JobRun):
             meta["warm_start_s"] = time.perf_counter() - clock
         return self.learner.init(params, _frozen(job, params)), meta
 
-    def resumed(self, state: Any, meta: dict) -> None:
+    def ready(self, state: Any, meta: dict) -> None:
         """The judge (a frozen copy in the state, or its own checkpoint) joins the engine."""
         self.engine = _judged(self.job.judge, self.task, self.engine, self.cfg, state, self.chat, self.mesh)
 

@@ -315,10 +315,9 @@ class TokenRun(JobRun):
         return state_shapes(self.job, self.trainer)
 
     def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
-        state, meta = _warm_start(self.job, self.workdir, self.trainer, log, watch, self.key, self.progress)
-        return state, meta
+        return _warm_start(self.job, self.workdir, self.trainer, log, watch, self.key, self.progress)
 
-    def resumed(self, state: Any, meta: dict) -> None:
+    def ready(self, state: Any, meta: dict) -> None:
         if self.primary:
             (self.workdir / "config.txt").write_text(repr(self.job) + "\n")
 

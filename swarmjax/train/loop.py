@@ -101,8 +101,9 @@ class JobRun:
         ``job`` and ``warm_start_s``. Raises :class:`Preempted` at a safe point."""
         raise NotImplementedError
 
-    def resumed(self, state: Any, meta: dict) -> None:
-        """Called with a restored state before RL goes on (e.g. an engine that needs it)."""
+    def ready(self, state: Any, meta: dict) -> None:
+        """Called once the state is there, started or restored, before its first evaluation
+        (e.g. an engine that needs the state, files a run writes either way)."""
 
     def evaluate(self, step: int, label: str, state: Any, split: str, log: JobLog) -> dict:
         """Evaluate ``state`` on ``split``, its lines to ``log``; returns its figures."""
@@ -209,12 +210,12 @@ def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, 
         if latest is None:
             state, meta = run.start(log, watch)
             meta.update(step=0, wall_clock_s=0.0, evals={})
-            run.resumed(state, meta)
+            run.ready(state, meta)
             save(0, state, evaluate(0, state, start=True))   # RL's start survives a crash in RL
             if steps > 0 and watch.reached():           # safe point
                 raise Preempted(0, workdir, stage=run.title)
         else:
-            run.resumed(state, meta)
+            run.ready(state, meta)
         start = meta["step"]
         if run.rl.async_rollout.enabled:
             rollouts = run.async_rollouts(state, meta)
