@@ -3,8 +3,9 @@ against its host twin (SynthTwinEnv: the host tools, the same sentences) in the
 host-driven text rollout: on scripted episodes (the recorded calls of read and write
 tasks, several calls a turn, every error path: a call error of each kind, a key of no
 row, an amount out of range, a create with a dangling reference and past the twin's
-table, calls past max_calls, a cut turn) and on random-model episodes, on 1 and on 8
-devices, the ids, masks, log-probs, turns, counts, end reasons and rewards agree."""
+table, calls past max_calls, a cut turn) and on random-model episodes, the ids, masks,
+log-probs, turns, counts, end reasons and rewards agree. (The swarm on 8 devices equals one
+device whatever the task: tests/test_text_engine.py, on the relay task.)"""
 
 import jax
 import pytest
@@ -103,7 +104,6 @@ def _host(setup, eps, scripts):
 
 @pytest.mark.slow
 def test_a_generated_environment_runs_in_the_jitted_engine_as_on_the_host(setup):
-    from swarmjax.sharding.mesh import MeshConfig, make_mesh
     dt, records, model, params, rcfg = setup
     eps, scripts = _scripts(dt, records)
     want = _host(setup, eps, scripts)
@@ -115,9 +115,6 @@ def test_a_generated_environment_runs_in_the_jitted_engine_as_on_the_host(setup)
     for needle in ("has that", "amounts are whole", "table is full", "at most 4 calls", "cut off",
                    "no tool of that name", "misses a required", "not one of the allowed", "not a JSON object", '["'):
         assert needle in text, needle                                           # every error path was taken
-    mesh = make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))
-    on8 = TextSwarm(dt, model, rcfg, mesh=mesh)(params, params, eps, jax.random.key(0), scripts=scripts)
-    _assert_same(want, on8)
 
 
 def test_bad_input_is_refused(setup):

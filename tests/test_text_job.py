@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -204,18 +205,26 @@ RELAY = ["task=relay", "role=orchestrator", "engine=device", "tokenizer_vocab=10
          "model.intermediate_size=64", "sft.steps=3", "sft.batch=8", "sft.demos=16", "rl.steps=2",
          "rl.tasks_per_step=4", "rl.group_size=2", "rl.update.num_minibatches=1", "rl.rollout.orch_context=1536",
          "rl.rollout.worker_context=384", "rl.rollout.max_turn_tokens=400", "rl.rollout.subagent_turns=4",
-         "rl.rollout.budget=8", "eval_episodes=8", "eval_every=0"]
+         "rl.rollout.budget=8", "eval_episodes=8", "eval_every=0",
+         # rewards that differ within a group (a length penalty), so the updates move the policy
+         "rl.overlong.max_length=3200", "rl.overlong.cache_length=3200", "rl.dynamic_sampling=False"]
 
 
 @pytest.mark.slow
-def test_device_engine_job_on_one_device_and_two_processes(tmp_path, capsys):
-    """The agent job with the device engine: the relay task's device twin rolls out in the
-    jitted swarm (the warm start plays the host twin's demonstrations), on one device and
-    over two processes of 2 devices each (a data mesh for the learner; each process rolls
-    out its 2 problems' groups, every episode keyed by its index in the step): both write
-    the same metrics and evaluations. Per-size table, valid traces; resumed, it recomputes
-    nothing. (The swarm over an 8-device mesh equals one device: tests/test_text_engine.py.)"""
-    from small_job import close_lines, free_port, subprocess_xla_flags
+def test_device_engine_job_on_one_device_and_two_processes(tmp_path, monkeypatch, capsys):
+    """The agent job with the device engine, as an orchestrator with frozen sub-agents: the
+    relay task's device twin rolls out in the jitted swarm (the warm start plays the host
+    twin's demonstrations). Over two processes of 2 devices each (a data mesh for the
+    learner; each process rolls out its 2 problems' groups, every episode keyed by its
+    index in the step), uninterrupted; and on one device, stopped by SIGTERM in RL step 0
+    and continued with --resume auto: both write the same metrics and evaluations. The
+    sub-agents keep the weights RL started from while the policy moves; per-size table,
+    valid traces; resumed once more, it recomputes nothing. (The swarm over an 8-device
+    mesh equals one device: tests/test_text_engine.py.)"""
+    import jax
+    from small_job import close_lines, free_port, restored_states, subprocess_xla_flags
+    from swarmjax.train import loop
+    from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     args = lambda workdir, *more: ["train", "--config", CONFIG, "--workdir", workdir, "--no-progress"] + [   # noqa: E731
@@ -225,14 +234,26 @@ def test_device_engine_job_on_one_device_and_two_processes(tmp_path, capsys):
            f"127.0.0.1:{free_port()}", "--num-processes", "2"]
     procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=env) for i in range(2)]
-    assert main(args(one)) == 0                             # meanwhile, in this process: one device
+    # meanwhile, in this process: one device, the notice arriving during RL step 0
+    rl_step = loop.rl_step
+
+    def preempted_step(*a, step, **kw):
+        out = rl_step(*a, step=step, **kw)
+        if step == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    monkeypatch.setattr(loop, "rl_step", preempted_step)
+    assert main(args(one)) == PREEMPTED_EXIT_CODE
+    assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
+    monkeypatch.setattr(loop, "rl_step", rl_step)
+    assert main(args(one) + ["--resume", "auto"]) == 0
     out = capsys.readouterr().out
     outs = [p.communicate(timeout=900)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     lines = lambda run, name: [{k: v for k, v in json.loads(x).items() if not k.endswith("_s")}   # noqa: E731
                                for x in open(os.path.join(run, name))]
     for name in ("metrics.jsonl", "eval.jsonl"):
-        close_lines(lines(one, name), lines(two, name), f"{two} {name}")
+        close_lines(lines(two, name), lines(one, name), f"{one} {name}")
     workdir, args = one, args(one)
     assert "per task size (test split)" in out and "| final |" in out
     rl = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
@@ -240,6 +261,12 @@ def test_device_engine_job_on_one_device_and_two_processes(tmp_path, capsys):
     assert len(rl) == 2 and all("signal_groups" in r and "learner/loss" in r for r in rl)
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert summary["held_out"] == {"validation": 8, "test": 8} and len(summary["final_sizes"]) > 1
+    assert summary["role"] == "orchestrator" and summary["subagents"] == "frozen"
+    # the sub-agents keep their weights, bit for bit, while an update moves the policy
+    equal = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))     # noqa: E731
+    (before,), (after,) = (restored_states((workdir,), lambda ckpt, s: ckpt.read(s), step) for step in (1, 2))
+    assert equal(before["frozen"]["subagents"], after["frozen"]["subagents"])
+    assert not equal(before["params"], after["params"]) and not equal(after["params"], after["frozen"]["subagents"])
     from test_traces import check
     traces = [json.loads(line) for line in open(os.path.join(workdir, "traces.jsonl"))]
     assert len(traces) == 8

@@ -304,25 +304,3 @@ def test_engine_rollout_traces_validate():
         assert trace["metrics"]["critical_steps"] == int(result.critical_steps[b])
         assert max([end for _, _, end, _ in segments(trace)] + [0]) <= int(result.critical_steps[b])
         assert trace["trace_id"] in timeline(trace)
-
-
-@pytest.mark.slow
-def test_train_job_writes_valid_traces(tmp_path):
-    """Every trace a (tiny) ``swarmjax train`` writes validates, with all reward channels,
-    every agent's tool calls and a measured wall clock; ``trace show`` draws each."""
-    from small_job import CONFIG, SMALL_JOB
-    from swarmjax.cli import main
-
-    work = tmp_path / "run"
-    # no PARL steps: the warm start's test evaluation writes the traces (the same code
-    # path as every later evaluation), and nothing else compiles
-    sets = SMALL_JOB + ["sft.steps=4", "parl.tasks_per_step=2", "parl.group_size=4", "parl_steps=0",
-                        "checkpoint.async_save=False", f"data.data_dir='{tmp_path / 'tasks'}'", "mesh=None"]
-    assert main(["train", "--config", CONFIG, "--workdir", str(work), "--no-progress",
-                 *[a for s in sets for a in ("--set", s)]]) == 0
-    traces = [json.loads(line) for line in open(work / "traces.jsonl")]
-    assert [t["trace_id"] for t in traces] == ["warm_start-s0-n1-0", "warm_start-s0-n16-0"]
-    for i, trace in enumerate(traces):
-        _check_rollout_trace(trace)
-        assert trace["costs"]["wall_clock_s"] > 0 and trace["costs"]["batch_episodes"] == 4
-        assert main(["trace", "show", str(work / "traces.jsonl"), "--index", str(i)]) == 0
