@@ -101,7 +101,8 @@ def test_plan_command_prints_json_per_device(tmp_path):
     """The command in its own process (it asks JAX for as many CPU devices as the mesh has),
     on a checkpoint directory's config.json (a preset's shape: 4 bytes a param, a quarter
     per device)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    from small_job import subprocess_xla_flags
+    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags()}     # the suite's compiler flags, no device count
     (tmp_path / "config.json").write_text(json.dumps(config_to_hf(PRESETS["1m"])))
     tail = ["--mesh", "1,4,1", "--batch", "8", "--seq", "64", "--remat", "block", "--judge-batch", "8",
             "--judge-prompt", "48", "--judge-model", "tiny", "--json"]
