@@ -55,9 +55,7 @@ def spread(params, scale=8.0):
 # go first and the short files fill in behind them (longest-processing-time-first). xdist's
 # default order (files with the most tests first) put the few-test, minute-long files
 # (multihost, resume, learning) last: one worker ran 997 s of tests, the other 775 s, then waited.
-# The two files whose tests run jobs over several processes do not start together: run side by
-# side they took 328 + 281 s where they had taken 243 + 193 s beside others.
-HEAVY_FIRST = ("test_examples.py", "test_learning.py", "test_text_job.py", "test_resume.py", "test_job.py",
+HEAVY_FIRST = ("test_examples.py", "test_text_job.py", "test_resume.py", "test_job.py", "test_learning.py",
                "test_text_engine.py", "test_text_rollout.py", "test_swarm.py", "test_update.py", "test_text_parl.py",
                "test_sft.py", "test_colab.py", "test_device_calls.py", "test_plan.py", "test_token_host_env.py",
                "test_synth_engine.py")

@@ -3,7 +3,6 @@ to a job of seconds (single-process tests and the two-process worker), the metri
 rows two runs are compared by, the states of their checkpoints, and the XLA flags of the jobs the tests start as
 subprocesses."""
 
-import contextlib
 import json
 import os
 
@@ -68,22 +67,3 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def fake_gcs(data_dir, bucket: str = "bucket"):
-    """A Google Cloud Storage emulator (the PyPI package ``gcp-storage-emulator``) on
-    127.0.0.1, serving ``bucket`` from ``data_dir``: yields the environment that points a
-    process's ``gs://`` paths at it, for etils.epath (through gcsfs: logs, metadata) and for
-    tensorstore (orbax's arrays), with a fixed test token in place of Google credentials.
-    A job started with that environment and ``--workdir gs://<bucket>/...`` writes there."""
-    from gcp_storage_emulator.server import create_server
-
-    port = free_port()
-    server = create_server("127.0.0.1", port, default_bucket=bucket, data_dir=str(data_dir))
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        yield {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test"}
-    finally:
-        server.stop()
