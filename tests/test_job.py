@@ -94,14 +94,14 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
     assert [r["step"] for r in rows(full / "metrics.jsonl")] == [0, 1, 2, 3]
     assert len(rows(full / "metrics.jsonl", "sft")) == 6
     assert "| 16 | final |" in printed
-    # every trace validates, with all reward channels and a measured wall clock; `trace show` draws it
+    # every trace validates, with all reward channels and a measured wall clock; `trace show` draws each
     from test_traces import _check_rollout_trace
     traces = [json.loads(line) for line in open(full / "traces.jsonl")]
     assert {"warm_start-s0-n1-0", "warm_start-s0-n16-0"} <= {t["trace_id"] for t in traces}
-    for trace in traces:
+    for i, trace in enumerate(traces):
         _check_rollout_trace(trace)
         assert trace["costs"]["wall_clock_s"] > 0 and trace["costs"]["batch_episodes"] == 4
-    assert main(["trace", "show", str(full / "traces.jsonl"), "--index", str(len(traces) - 1)]) == 0
+        assert main(["trace", "show", str(full / "traces.jsonl"), "--index", str(i)]) == 0
 
     # 2 steps, stop, resume to 4: the same steps, metrics and parameters as 4 in one go
     shutil.copytree(two_steps, split)

@@ -218,7 +218,7 @@ def test_device_engine_job_on_one_device_and_two_processes(tmp_path, monkeypatch
     learner; each process rolls out its 2 problems' groups, every episode keyed by its
     index in the step), uninterrupted; and on one device, stopped by SIGTERM in RL step 0
     and continued with --resume auto: both write the same metrics and evaluations. The
-    sub-agents keep the weights RL started from while the policy moves; per-size table,
+    sub-agents' weights stay bit for bit what they were while an update moves the policy; per-size table,
     valid traces; resumed once more, it recomputes nothing. (The swarm over an 8-device
     mesh equals one device: tests/test_text_engine.py.)"""
     import jax
