@@ -131,7 +131,7 @@ def train_missing(jobs: dict, names, tag: str) -> dict[str, float]:
     ``summary.json`` yet (resuming an interrupted one), in order; the ``"warm"`` run is
     exported as a Hugging Face checkpoint (``<workdir>/hf``, its step 0) for the runs that
     start from it. Returns each trained run's wall clock (s)."""
-    from swarmjax.train.agent_job import run_agent_job
+    from swarmjax.train.jobs import run_job
     from swarmjax.train.export import export_run
 
     clock = {}
@@ -140,7 +140,7 @@ def train_missing(jobs: dict, names, tag: str) -> dict[str, float]:
         if not os.path.exists(os.path.join(workdir, "summary.json")):
             t0 = time.perf_counter()
             print(f"[{tag}] {name} -> {workdir}", flush=True)
-            run_agent_job(job, workdir, progress=False, resume="auto")
+            run_job(job, workdir, progress=False, resume="auto")
             clock[name] = time.perf_counter() - t0
         if name == "warm" and not os.path.exists(os.path.join(workdir, "hf", "config.json")):
             export_run(workdir, os.path.join(workdir, "hf"), which="0")

@@ -3,8 +3,10 @@ to a job of seconds (single-process tests and the two-process worker), the metri
 rows two runs are compared by, the states of their checkpoints, and the XLA flags of the jobs the tests start as
 subprocesses."""
 
+import contextlib
 import json
 import os
+import signal
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                       "parl_widesearch_cpu.py")
@@ -67,3 +69,24 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def sigterm_in_rl_step(at: int = 0):
+    """Within the block, a SIGTERM to this process once the one loop's RL step ``at`` has
+    run (:func:`swarmjax.train.agent.rl_step`, as the loop calls it): a scheduler's
+    preemption notice arriving during that step."""
+    from swarmjax.train import loop
+
+    rl_step = loop.rl_step
+
+    def preempted_step(*args, step, **kwargs):
+        out = rl_step(*args, step=step, **kwargs)
+        if step == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    loop.rl_step = preempted_step
+    try:
+        yield
+    finally:
+        loop.rl_step = rl_step

@@ -8,7 +8,6 @@ one device."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from small_job import close_lines, free_port, restored_states, subprocess_xla_flags
+from small_job import close_lines, free_port, restored_states, sigterm_in_rl_step, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
@@ -59,25 +58,14 @@ def _lines(run, name):
     return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in open(os.path.join(run, name))]
 
 
-def test_single_agent_resumes_exactly_and_exports_to_transformers(checkpoint, one_device, tmp_path, monkeypatch,
-                                                                   capsys):
-    import swarmjax.train.loop as loop
-
+def test_single_agent_resumes_exactly_and_exports_to_transformers(checkpoint, one_device, tmp_path, capsys):
     full, cut = one_device, str(tmp_path / "cut")
     summary = json.load(open(os.path.join(full, "summary.json")))
     assert summary["chat"] == "qwen3" and summary["role"] == "single" and summary["warm_start_steps"] == 40
     assert json.load(open(os.path.join(full, "policy.json")))["model"]["model_type"] == "qwen3"
-    step = loop.rl_step
-
-    def preempted_step(*args, **kwargs):
-        out = step(*args, **kwargs)
-        if len(open(os.path.join(cut, "eval.jsonl")).readlines()) == 2:     # RL step 0
-            os.kill(os.getpid(), signal.SIGTERM)
-        return out
-    monkeypatch.setattr(loop, "rl_step", preempted_step)
-    assert main(_args(cut, checkpoint)) == PREEMPTED_EXIT_CODE
+    with sigterm_in_rl_step(0):
+        assert main(_args(cut, checkpoint)) == PREEMPTED_EXIT_CODE
     assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
-    monkeypatch.setattr(loop, "rl_step", step)
     assert main(_args(cut, checkpoint) + ["--resume", "auto"]) == 0
     for name in ("metrics.jsonl", "eval.jsonl"):
         assert _lines(cut, name) == _lines(full, name), name

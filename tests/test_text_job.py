@@ -7,7 +7,6 @@ import dataclasses
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -211,7 +210,7 @@ RELAY = ["task=relay", "role=orchestrator", "engine=device", "tokenizer_vocab=10
 
 
 @pytest.mark.slow
-def test_device_engine_job_on_one_device_and_two_processes(tmp_path, monkeypatch, capsys):
+def test_device_engine_job_on_one_device_and_two_processes(tmp_path, capsys):
     """The agent job with the device engine, as an orchestrator with frozen sub-agents: the
     relay task's device twin rolls out in the jitted swarm (the warm start plays the host
     twin's demonstrations). Over two processes of 2 devices each (a data mesh for the
@@ -222,8 +221,7 @@ def test_device_engine_job_on_one_device_and_two_processes(tmp_path, monkeypatch
     valid traces; resumed once more, it recomputes nothing. (The swarm over an 8-device
     mesh equals one device: tests/test_text_engine.py.)"""
     import jax
-    from small_job import close_lines, free_port, restored_states, subprocess_xla_flags
-    from swarmjax.train import loop
+    from small_job import close_lines, free_port, restored_states, sigterm_in_rl_step, subprocess_xla_flags
     from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
@@ -235,17 +233,9 @@ def test_device_engine_job_on_one_device_and_two_processes(tmp_path, monkeypatch
     procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=env) for i in range(2)]
     # meanwhile, in this process: one device, the notice arriving during RL step 0
-    rl_step = loop.rl_step
-
-    def preempted_step(*a, step, **kw):
-        out = rl_step(*a, step=step, **kw)
-        if step == 0:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return out
-    monkeypatch.setattr(loop, "rl_step", preempted_step)
-    assert main(args(one)) == PREEMPTED_EXIT_CODE
+    with sigterm_in_rl_step(0):
+        assert main(args(one)) == PREEMPTED_EXIT_CODE
     assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
-    monkeypatch.setattr(loop, "rl_step", rl_step)
     assert main(args(one) + ["--resume", "auto"]) == 0
     out = capsys.readouterr().out
     outs = [p.communicate(timeout=900)[0] for p in procs]

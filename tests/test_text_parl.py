@@ -8,13 +8,12 @@ import io
 import json
 import os
 import random
-import signal
 
 import jax
 import numpy as np
 import pytest
 
-from small_job import restored_states
+from small_job import restored_states, sigterm_in_rl_step
 from swarmjax.cli import main
 from swarmjax.config_file import load_config
 from swarmjax.envs.widesearch import WideSearchConfig
@@ -24,7 +23,7 @@ from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 from swarmjax.train.agent import episode_rewards
 from swarmjax.train.text_parl import RelayWarmStartConfig, TextPARLConfig, TextPARLJob, sample_episodes
-from swarmjax.train.text_parl_job import evaluate_text_checkpoint
+from swarmjax.train.jobs import evaluate_checkpoint
 from swarmjax.train.warm_start import load_warm_start
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,7 +104,7 @@ def test_text_parl_job_runs_and_writes_its_summary(tiny_run, tmp_path, capsys):
     # evaluating the last one (`swarmjax eval`) gives the run's own final table (same tasks, greedy)
     with Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1, read_only=True) as ckpt:
         assert ckpt.all_steps() == [1, 2] and ckpt.best_step() in (1, 2)
-    out = evaluate_text_checkpoint(load_config(str(config)), workdir, which="latest")
+    out = evaluate_checkpoint(load_config(str(config)), workdir, which="latest")
     assert out["step"] == 2
     for policy in ("warm_start", "final"):
         for n in (1, 4):
@@ -174,7 +173,7 @@ def test_focus_tasks():
 
 
 @pytest.mark.slow
-def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch, capsys):
+def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, capsys):
     """A PARL stage over the tiny run's warm start, stopped by SIGTERM after its first
     step (exit 143, a checkpoint at step 1) and continued with ``--resume auto``, writes
     what the uninterrupted run wrote: the same PARL and evaluation lines, the same
@@ -185,16 +184,8 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
     cut = tmp_path / "cut"
     args = ["train", "--config", str(config), "--workdir", str(cut), "--no-progress", "--set",
             f"warm_start_from={full}"]
-    from swarmjax.train import loop
-    rl_step = loop.rl_step
-
-    def preempted_step(*args, step, **kw):
-        out = rl_step(*args, step=step, **kw)
-        if step == 0:                            # the notice arrives during PARL step 0
-            os.kill(os.getpid(), signal.SIGTERM)
-        return out
-    monkeypatch.setattr(loop, "rl_step", preempted_step)
-    assert main(args) == PREEMPTED_EXIT_CODE
+    with sigterm_in_rl_step(0):                  # the notice arrives during PARL step 0
+        assert main(args) == PREEMPTED_EXIT_CODE
     assert "checkpoint at PARL step 1 saved" in capsys.readouterr().err
     assert main(args) == 2                       # --resume never: a workdir with checkpoints is refused
     assert "pass --resume auto" in capsys.readouterr().err
@@ -216,6 +207,7 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, monkeypatch
     cfg = job.model.replace(vocab_size=summary(full)["vocab_size"])
     learner = text_parl_job.Learner(cfg, job.parl.update)
     shapes = text_parl_job._state_shapes(cfg, learner)
+    from swarmjax.train import loop
     states = restored_states((full, cut), lambda ckpt, step: loop.restore(ckpt, step, shapes, learner), 2)
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, *states)))
     # a finished run resumed again: nothing recomputed, its lines stay as they are
@@ -242,18 +234,18 @@ def test_async_text_parl_stage(tiny_run, tmp_path):
 def test_summary_says_worse_when_a_run_got_worse():
     """The summary's words follow the figures: more critical steps and a lower item-F1 are
     'worse', the headline says 'more than' (never 'below' for a rise)."""
-    from swarmjax.train.text_parl_job import text_parl_table
+    from swarmjax.train.logs import summary_table
 
     row = lambda f, c: {"item_f1": f, "critical_steps": c, "total_steps": c, "subagents": 0.0,  # noqa: E731
                         "no_spawn_fraction": 1.0}
     summary = {"warm_start": {"1": row(1.0, 2.0), "16": row(0.2, 17.0)},
                "final": {"1": row(1.0, 2.0), "16": row(0.1, 30.0)},
                "headline": {"n": 16, "critical_reduction": 17 / 30, "item_f1": 0.1}}
-    text = text_parl_table(summary)
+    text = summary_table(summary)
     assert "n = 16: item-F1 0.200 -> 0.100 (worse); critical steps 17.00 -> 30.00 (worse)" in text
     assert "n = 1: item-F1 1.000 -> 1.000 (same)" in text
     assert "critical steps 1.76x more than the warm start's" in text
     summary["final"]["16"] = row(0.9, 5.0)
     summary["headline"]["critical_reduction"] = 17 / 5
-    text = text_parl_table(summary)
+    text = summary_table(summary)
     assert "(better); critical steps 17.00 -> 5.00 (better)" in text and "3.40x fewer than" in text

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable
-from typing import NamedTuple
 
 from swarmjax.cli import register
 
@@ -53,38 +51,14 @@ def _start_distributed(args: argparse.Namespace) -> None:
                      process_id=args.process_id, enabled=not args.no_distributed)
 
 
-class _Job(NamedTuple):
-    """What the CLI needs of a job config type: its run, its checkpoint evaluation, the
-    table that prints either's summary, the name of its training stage."""
-
-    run: Callable
-    evaluate: Callable
-    table: Callable[[dict], str]
-    stage: str
-
-
-def _jobs() -> dict[type, _Job]:
-    """Job config type -> its :class:`_Job`: the registry ``swarmjax train`` and
-    ``swarmjax eval`` dispatch on (every job runs the one loop, :mod:`swarmjax.train.loop`)."""
-    from swarmjax.train.job import TrainJob, evaluate_checkpoint, run_job
-    from swarmjax.train.logs import summary_table
-    from swarmjax.train.agent_job import AgentJob, agent_summary_table, evaluate_agent_checkpoint, run_agent_job
-    from swarmjax.train.text_parl import TextPARLJob
-    from swarmjax.train.text_parl_job import evaluate_text_checkpoint, run_text_parl_job, text_parl_table
-
-    return {TrainJob: _Job(run_job, evaluate_checkpoint, summary_table, "PARL"),
-            AgentJob: _Job(run_agent_job, evaluate_agent_checkpoint, agent_summary_table, "RL"),
-            TextPARLJob: _Job(run_text_parl_job, evaluate_text_checkpoint, text_parl_table, "PARL")}
-
-
 def _load(args: argparse.Namespace):
     from swarmjax.config_file import apply_overrides, load_config
+    from swarmjax.train.jobs import RUNS
 
-    types = tuple(_jobs())
     job = load_config(args.config)
-    if not isinstance(job, types):
+    if type(job) not in RUNS:
         raise ValueError(f"config file {args.config!r}: get_config() returned {type(job).__name__}, "
-                         f"expected one of {', '.join(t.__name__ for t in types)}")
+                         f"expected one of {', '.join(t.__name__ for t in RUNS)}")
     job = apply_overrides(job, args.overrides)
     job.validate()
     return job
@@ -106,15 +80,16 @@ def run_train(args: argparse.Namespace) -> int:
 
     from swarmjax.train.preemption import PREEMPTED_EXIT_CODE, Preempted
 
+    from swarmjax.train.jobs import job_table, run_job
+
     _start_distributed(args)
     job = _load(args)
-    entry = _jobs()[type(job)]
     try:
-        summary = entry.run(job, args.workdir, progress=not args.no_progress, resume=args.resume)
+        summary = run_job(job, args.workdir, progress=not args.no_progress, resume=args.resume)
     except Preempted as e:
         print(f"swarmjax train: {e}", file=sys.stderr)
         return PREEMPTED_EXIT_CODE
-    print(entry.table(summary))
+    print(job_table(job)(summary))
     import jax
 
     if jax.process_index() == 0:
@@ -133,9 +108,10 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from swarmjax.train.jobs import evaluate_checkpoint, job_table, run_type
+
     _start_distributed(args)
     job = _load(args)
-    entry = _jobs()[type(job)]
     if args.sizes:
         try:
             sizes = tuple(int(x) for x in args.sizes.split(","))
@@ -145,9 +121,10 @@ def run_eval(args: argparse.Namespace) -> int:
             raise ValueError(f"{type(job).__name__}: its held-out problems have no sizes to pick: drop --sizes")
         job = dataclasses.replace(job, eval_sizes=sizes)
         job.validate()
-    out = entry.evaluate(job, args.workdir, which=args.checkpoint, split=args.split)
-    print(f"checkpoint at {entry.stage} step {out['step']} of {args.workdir} (final = that checkpoint's policy):")
-    print(entry.table(out))
+    out = evaluate_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split)
+    print(f"checkpoint at {run_type(job).title} step {out['step']} of {args.workdir} "
+          "(final = that checkpoint's policy):")
+    print(job_table(job)(out))
     return 0
 
 

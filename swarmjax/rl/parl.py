@@ -24,7 +24,7 @@
     with every entity delegated successfully, but a one-entity task earns
     ``1 / parallel_target`` for delegating it. With lambda1 = 0.3 and a target of 16
     that is 0.019, more than the 2 extra steps delegating costs at c = 0.005 (0.010):
-    for the first ~100 steps of the schedule spawning at n = 1 paid (issue 15).
+    for the first ~100 steps of the schedule spawning at n = 1 paid (measured on the token world).
   - ``"parallel"``: ``min(parallel, parallel_target) / parallel_target`` with
     ``parallel`` the asked-for entities returned by a stage's sub-agents *beyond its
     busiest one* (summed over stages): the work that ran beside the stage's critical

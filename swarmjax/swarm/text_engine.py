@@ -369,8 +369,13 @@ class TextSwarm:
         return self._orch_reply(c.replace(eps=e), over, script)
 
     def _tick(self, params: tuple, scripts: tuple, ropes: tuple, agents: tuple, c: Carry) -> Carry:
-        """One tick (module docstring); ``agents``: the rows' agent keys (orchestrators [B],
-        sub-agent slots [B K]) when ``episode_keys``, else None."""
+        """One tick (module docstring), ``text_swarm_tick`` in a profile; ``agents``: the
+        rows' agent keys (orchestrators [B], sub-agent slots [B K]) when ``episode_keys``,
+        else None."""
+        with jax.named_scope("text_swarm_tick"):
+            return self._tick_body(params, scripts, ropes, agents, c)
+
+    def _tick_body(self, params: tuple, scripts: tuple, ropes: tuple, agents: tuple, c: Carry) -> Carry:
         orch_params, work_params = params
         o_script, w_script = scripts
         o_rope, w_rope = ropes

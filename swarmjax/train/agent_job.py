@@ -63,18 +63,16 @@ from swarmjax.traces.text import text_trace
 from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations,
                                   evaluate, mean_figures, mix_context, subagent_params, warm_start)
 from swarmjax.train.async_rl import logged_update, split_devices
-from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.distributed import barrier, local_replica
 from swarmjax.train.engines import DeviceEngine, HostEngine, JudgedEngine
-from swarmjax.train.frame import run_checkpointed
-from swarmjax.train.loop import JobRun, restore, run_loop
+from swarmjax.train.loop import JobRun, open_checkpoint
 from swarmjax.train.logs import (JobLog, change, curves, log_line, progress_bar, say,
                                  write_summary)
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy, read_tokenizer
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.streams import TaskStream, held_out
 
-__all__ = ["AgentJob", "agent_summary_table", "evaluate_agent_checkpoint", "run_agent_job"]
+__all__ = ["AgentJob", "AgentRun", "agent_summary_table", "evaluate_agent_checkpoint"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,11 +137,13 @@ class AgentJob:
                                                                           self.engine == "host")}
 
     def validate(self) -> None:
+        """One-line errors for a config that cannot run (the policy's paths read, nothing
+        written), before anything is created or compiled."""
         task = resolve_task(self.task)
         if self.judge is not None and self.judge.reference and not callable(getattr(task, "reference", None)):
             raise ValueError(f"judge.reference=True: task {task_name(task)} has no reference(problem) method "
                              "to show the judge")
-        self.policy()
+        self.policy().check()
         if self.role not in ROLES:
             raise ValueError(f"unknown role {self.role!r}; known: {', '.join(ROLES)}")
         if self.subagents not in SUBAGENTS:
@@ -185,24 +185,9 @@ class AgentJob:
                              "subagents='shared' trains: use subagents='frozen' or summarizer='policy'")
 
 
-def run_agent_job(job: AgentJob, workdir: str, *, progress: bool = True, resume: bool | str = False,
-                  handle_sigterm: bool = True) -> dict:
-    """Policy -> warm start -> RL -> summary (module docstring), or the continuation of an
-    unfinished run from its newest finished checkpoint. Returns the summary.
-
-    ``resume``: "never" / False (default: refuses a workdir holding checkpoints or a
-    finished run), "latest" / True (continue; an error without a checkpoint) or "auto"
-    (continue when there is one). Only ``rl.steps``, ``eval_every`` and ``log_every``
-    may change between attempts. ``handle_sigterm``: on SIGTERM stop at the next safe
-    point and raise :class:`~swarmjax.train.preemption.Preempted`."""
-    job.policy().check()                      # before the workdir is touched
-    progress = progress and jax.process_index() == 0
-
-    def run(ckpt, latest, watch):
-        return run_loop(AgentRun(job, workdir, fresh=latest is None, progress=progress), workdir, ckpt, latest,
-                        watch, progress)
-    return run_checkpointed(job, workdir, resume, run, best_metric="accuracy", handle_sigterm=handle_sigterm,
-                            stage="RL")
+def _state_shapes(job: AgentJob, learner: Learner, cfg: ModelConfig) -> Any:
+    """The RL state's shapes: the policy, its optimizer state, the frozen trees (:func:`_frozen`)."""
+    return jax.eval_shape(lambda: learner.init(p := init_params(cfg, jax.random.key(0)), _frozen(job, p)))
 
 
 def _frozen(job: AgentJob, params: Any) -> dict | None:
@@ -283,9 +268,13 @@ class AgentRun(JobRun):
     stage, title, start_label, start_splits = "rl", "RL", "initial", ("validation", "test")
     log_keys = ("reward", "accuracy", "tool_calls", "subagents")
     may_change = "rl.steps, eval_every and log_every"
+    # an evaluation may change the RL settings (e.g. the context strategy), not the policy or the problems
+    checked = ("task", "hf_path", "tokenizer_path", "chat", "tokenizer_vocab", "model", "role", "seed")
+    table = staticmethod(lambda summary: agent_summary_table(summary))
 
-    def __init__(self, job: AgentJob, workdir: str, *, fresh: bool, progress: bool):
-        self.job, self.workdir, self.progress = job, workdir, progress
+    def __init__(self, job: AgentJob, workdir: str, *, fresh: bool = True, progress: bool = True):
+        self.job, self.workdir = job, workdir
+        self.progress = progress = progress and jax.process_index() == 0
         self.primary = jax.process_index() == 0
         self.task = task = resolve_task(job.task)
         corpus = getattr(task, "corpus", None)
@@ -315,8 +304,7 @@ class AgentRun(JobRun):
                   summarizer=job.rl.rollout.context.summarizer)
 
     def state_shapes(self) -> Any:
-        return jax.eval_shape(lambda: self.learner.init(p := init_params(self.cfg, jax.random.key(0)),
-                                                        _frozen(self.job, p)))
+        return _state_shapes(self.job, self.learner, self.cfg)
 
     def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
         """The warm start (``job.sft``) from the policy as loaded, or a random model."""
@@ -360,6 +348,13 @@ class AgentRun(JobRun):
 
     def score(self, evals: dict) -> dict[str, float]:
         return {"accuracy": evals["accuracy"]}
+
+    def report(self, step: int, start: None, final: dict, meta: dict, split: str, seconds: float) -> dict:
+        """The checkpoint's figures (per size on the test split) and, on the run's own test
+        problems, the start's from the run's evaluation of it."""
+        return {**_figures("final", final), **_start_figures(meta, split, len(self.splits[split])),
+                "held_out": {split: len(self.splits[split])}, "rl_steps": step, "wall_clock_s": seconds,
+                "backend": jax.default_backend()}
 
     def postfix(self, m: dict) -> dict[str, str]:
         return {"reward": f"{m['reward']:.3f}", "acc": f"{m['accuracy']:.3f}"}
@@ -438,16 +433,9 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     job.validate()
     cfg, chat = read_policy(workdir)
     task = resolve_task(job.task)
-    with Checkpointer(f"{workdir}/checkpoints", save_every=1, read_only=True) as ckpt:
-        step = ckpt.step_of(which)
-        learner = Learner(cfg, job.rl.update)
-        state, meta = restore(ckpt, step, jax.eval_shape(lambda: learner.init(
-            p := init_params(cfg, jax.random.key(0)), _frozen(job, p))), learner)
-    made, mine = meta.get("job", {}), job.identity()
-    differ = [k for k in ("task", "hf_path", "tokenizer_path", "chat", "tokenizer_vocab", "model", "role", "seed")
-              if made.get(k) != mine[k]]
-    if differ:
-        raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
+    learner = Learner(cfg, job.rl.update)
+    step, state, meta = open_checkpoint(workdir, which, shapes=_state_shapes(job, learner, cfg), learner=learner,
+                                        identity=job.identity(), checked=AgentRun.checked)
     runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
     ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
                      summarize=job.rl.rollout.context.strategy == "summary")
@@ -465,17 +453,30 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     finally:
         runner.close()
         engine.close()
-    out = {"step": step, "final": mean_figures(episodes), "episodes": {k: v.tolist() for k, v in episodes.items()},
+    out = {"step": step, **_figures("final", {**mean_figures(episodes), "sizes": per_size(task, problems, episodes)}),
+           "episodes": {k: v.tolist() for k, v in episodes.items()},
            "held_out": {split if given is None else "given": len(problems)}, "rl_steps": step,
            "wall_clock_s": time.perf_counter() - t0, "backend": jax.default_backend()}
-    if (by := per_size(task, problems, episodes)) is not None:
-        out["final_sizes"] = by
-    if given is None and split == "test" and meta.get("held_out", {}).get("test") == len(problems):
-        initial = meta["evals"]["initial"]
-        out["initial"] = {k: v for k, v in initial.items() if k != "sizes"}
-        if "sizes" in initial:
-            out["initial_sizes"] = initial["sizes"]
+    if given is None:
+        out.update(_start_figures(meta, split, len(problems)))
     return out
+
+
+def _figures(label: str, evals: dict) -> dict:
+    """An evaluation's figures as the table reads them: ``label`` without the per-size
+    rows, ``<label>_sizes`` with them (when the problems have several sizes)."""
+    out = {label: {k: v for k, v in evals.items() if k != "sizes"}}
+    if evals.get("sizes"):
+        out[f"{label}_sizes"] = evals["sizes"]
+    return out
+
+
+def _start_figures(meta: dict, split: str, count: int) -> dict:
+    """The run's own evaluation of its start (``initial``), on the test split when the
+    checkpoint's held-out problems are the ``count`` evaluated ones."""
+    if split != "test" or meta.get("held_out", {}).get("test") != count:
+        return {}
+    return _figures("initial", meta["evals"]["initial"])
 
 
 def per_size(task: Any, problems: list, episodes: dict[str, np.ndarray]) -> dict[str, dict[str, float]] | None:

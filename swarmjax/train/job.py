@@ -58,8 +58,8 @@ from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.async_rl import AsyncRollouts, split_devices
 from swarmjax.train.distributed import allgather, global_rows, global_whole, share
-from swarmjax.train.frame import CheckpointConfig, check_identity, run_checkpointed
-from swarmjax.train.loop import JobRun, restore, run_loop
+from swarmjax.train.frame import CheckpointConfig, check_identity
+from swarmjax.train.loop import JobRun
 from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, summary_table, write_summary
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
@@ -228,24 +228,6 @@ def _prepare(job: TrainJob, workdir: str, progress: bool):
     return sources if jax.process_index() == 0 else prepare(**args)
 
 
-def run_job(job: TrainJob, workdir: str | epath.PathLike, *, progress: bool = True,
-            resume: bool | str = False, handle_sigterm: bool = True) -> dict[str, Any]:
-    """Run the job through the one loop (:func:`~swarmjax.train.loop.run_loop`), or
-    continue it from its newest finished checkpoint (``resume``: "never" / False,
-    "latest" / True or "auto", see the module docstring); returns the summary (also
-    written to ``workdir`` by process 0).
-
-    ``handle_sigterm``: stop at the next safe point on SIGTERM and raise
-    :class:`~swarmjax.train.preemption.Preempted` once its checkpoint is written (the
-    previous SIGTERM handler is restored on return)."""
-    progress = progress and jax.process_index() == 0
-
-    def run(ckpt, latest, watch):
-        return run_loop(TokenRun(job, str(workdir), progress=progress), str(workdir), ckpt, latest, watch, progress)
-    return run_checkpointed(job, str(workdir), resume, run, best_metric="item_f1", handle_sigterm=handle_sigterm,
-                            checkpoint=job.checkpoint)
-
-
 def train_stream(job: TrainJob, sources):
     """PARL's stream of task batches from the task set's train split (every process: the
     whole batch, in the one process's order): a grain iterator of ``tasks_per_step``
@@ -287,8 +269,11 @@ class TokenRun(JobRun):
     stage, title, start_label, start_splits = "parl", "PARL", "warm_start", ("test",)
     log_keys = ("reward", "item_f1", "critical_steps", "subagents")
     may_change = "step counts, evaluation, checkpoint, mesh and data_dir"
+    best_metric = "item_f1"
+    table = staticmethod(summary_table)
+    checkpointing = staticmethod(lambda job: job.checkpoint)
 
-    def __init__(self, job: TrainJob, workdir: str, *, progress: bool):
+    def __init__(self, job: TrainJob, workdir: str, *, fresh: bool = True, progress: bool = True):
         self.job, self.workdir, self.progress = job, epath.Path(workdir), progress
         self.primary = jax.process_index() == 0
         self.key = jax.random.key(job.seed)
@@ -316,10 +301,6 @@ class TokenRun(JobRun):
 
     def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
         return _warm_start(self.job, self.workdir, self.trainer, log, watch, self.key, self.progress)
-
-    def ready(self, state: Any, meta: dict) -> None:
-        if self.primary:
-            (self.workdir / "config.txt").write_text(repr(self.job) + "\n")
 
     def rl_step(self, state: Any, step: int) -> tuple[Any, dict]:
         """One PARL step (:meth:`PARLTrainer.step`) on the stream's next batch; ``tok_s``:
@@ -376,6 +357,15 @@ class TokenRun(JobRun):
                                              limit=self.job.traces_per_eval):
                         log.write("traces.jsonl", tr)
         return {str(n): row for n, row in res.items()}
+
+    def start_state(self, state: Any) -> Any:
+        """The frozen sub-agents: the warm start."""
+        return state.replace(params=state.frozen["subagents"])
+
+    def report(self, step: int, start: dict, final: dict, meta: dict, split: str, seconds: float) -> dict:
+        """The warm start's and the checkpoint's rows per task size."""
+        pick = lambda rows: {n: {k: row[k] for k in EVAL_KEYS} for n, row in rows.items()}   # noqa: E731
+        return {"warm_start": pick(start), "final": pick(final)}
 
     def score(self, evals: dict) -> dict[str, float]:
         """The item-F1's mean over the evaluated sizes."""
@@ -460,38 +450,3 @@ def _warm_start(job: TrainJob, workdir: epath.Path, trainer: PARLTrainer, log: J
     save_warm_start(job, str(workdir), state.frozen["subagents"], sft_accuracy, identity=warm_id)
     return state, {"seed": job.seed, "job": job.identity(), "sft_accuracy": sft_accuracy,
                    "warm_start_s": time.perf_counter() - clock}
-
-
-def evaluate_checkpoint(job: TrainJob, workdir: str, *, which: str = "latest", split: str = "test"
-                        ) -> dict[str, Any]:
-    """Evaluate a checkpoint of ``workdir`` (``which``: "latest", "best" or a PARL step)
-    and its frozen warm start on held-out tasks of ``split`` (the run's own task set),
-    budget lifted, for ``job.eval_sizes``. Opens the checkpoints read-only, so it can run
-    beside the training job. Returns ``{"step": s, "warm_start": {n: row}, "final": {n: row}}``."""
-    from swarmjax.train.checkpoint import Checkpointer
-
-    job.validate()
-    directory = str(epath.Path(workdir) / "checkpoints")
-    if not epath.Path(directory).is_dir():
-        raise ValueError(f"no checkpoints in {workdir}")
-    if split not in ("validation", "test"):
-        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
-    ckpt = Checkpointer(directory, save_every=job.checkpoint.every, read_only=True)
-    try:
-        step = ckpt.step_of(which)
-        mesh, rollout_mesh = _meshes(job)
-        trainer = PARLTrainer(job.model, job.parl, mesh=mesh, rollout_mesh=rollout_mesh)
-        state, meta = restore(ckpt, step, state_shapes(job, trainer), trainer.learner)
-    finally:
-        ckpt.close()
-    job.check_same_run(meta["job"], "swarmjax eval")
-    sources = _prepare(job, workdir, progress=False)
-    tasks = _global(eval_tasks(sources[split], job.eval_sizes, job.eval_episodes, split), mesh, False)
-    engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=mesh)
-    key = jax.random.fold_in(jax.random.key(job.seed), 2)
-    warm = state.frozen["subagents"]
-    out = {"step": step}
-    for label, params in (("warm_start", warm), ("final", state.params)):
-        out[label] = {str(n): {k: row[k] for k in EVAL_KEYS}
-                      for n, row in evaluate(engine, params, warm, tasks, key).items()}
-    return out

@@ -199,7 +199,9 @@ def change(name: str, before: float, after: float, *, higher_is_better: bool, di
 
 def summary_table(summary: dict[str, Any]) -> str:
     """Markdown: per task size, warm start vs final policy, then per size how item-F1 and
-    critical steps moved (:func:`change`)."""
+    critical steps moved (:func:`change`), the wall clock, and the ``headline`` when there
+    is one (at the largest size n: the warm start's critical steps over the final
+    policy's, the final item-F1, the n = 1 no-spawn fraction)."""
     lines = ["| n | policy | item-F1 | critical steps | total steps | sub-agents | no-spawn |",
              "|---|---|---|---|---|---|---|"]
     moved = []
@@ -216,6 +218,12 @@ def summary_table(summary: dict[str, Any]) -> str:
     if "wall_clock_s" in summary:
         lines.append(f"\nwall clock {summary['wall_clock_s']:.0f} s on {summary['device']}, "
                      f"{summary['parl_steps']} PARL steps")
+    if "headline" in summary:
+        h = summary["headline"]
+        x = h["critical_reduction"]                    # warm start's critical steps / the final policy's
+        moved = f"{x:.2f}x fewer than" if x >= 1 else f"{1 / max(x, 1e-9):.2f}x more than"
+        lines.append(f"\nat n = {h['n']}: critical steps {moved} the warm start's, final item-F1 {h['item_f1']:.3f}"
+                     + (f"; n = 1 episodes without a sub-agent: {h['n1_no_spawn']:.2f}" if "n1_no_spawn" in h else ""))
     return "\n".join(lines)
 
 

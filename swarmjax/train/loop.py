@@ -10,7 +10,7 @@ everything in between, the same for every job:
 
 1. **Start** (``latest`` None): :meth:`JobRun.start` (the warm start and the learner's
    state), the start's evaluations (:attr:`JobRun.start_splits`), checkpoint 0 (RL's
-   start survives a crash in RL), a safe point. **Resume**: :func:`restore` of the
+   start survives a crash in RL), a safe point, ``config.txt`` (the config's repr). **Resume**: :func:`restore` of the
    newest finished checkpoint on the learner's mesh, the identity checked, the task
    stream put back where the checkpoint left it, the logs cut back to its step.
 2. **RL**: per step :meth:`JobRun.rl_step` (by default ``rl.tasks_per_step`` problems
@@ -40,21 +40,23 @@ import time
 from typing import Any
 
 import jax
+from etils import epath
 
 from swarmjax.train.agent import learn, rl_step
 from swarmjax.train.agent_async import async_rollouts
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
-from swarmjax.train.frame import check_identity
+from swarmjax.train.frame import CheckpointConfig, check_identity
 from swarmjax.train.logs import SignalWatch, JobLog, log_line, progress_bar
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.subagents import refresh_subagents
 
-__all__ = ["JobRun", "restore", "run_loop"]
+__all__ = ["JobRun", "evaluate_checkpoint", "open_checkpoint", "restore", "run_loop"]
 
 
 class JobRun:
     """What a job plugs into :func:`run_loop` (attributes set by the job's constructor).
 
+    job: the job's config (``workdir/config.txt`` holds its repr).
     learner, engine, stream, rl, steps: the :class:`~swarmjax.rl.update.Learner`, the
       rollout engine (:mod:`swarmjax.train.engines`), the training problems' stream
       (:mod:`swarmjax.train.streams`: ``take``, ``ids``, ``state``, ``restore``), the RL
@@ -71,8 +73,15 @@ class JobRun:
     log_keys: the figures of the log lines.
     checkpoint_every: 0: checkpoints at evaluations and preemptions only; else a save
       is offered after every step (the checkpointer keeps every ``every``-th).
+
+    Class attributes, what the job frame and ``swarmjax eval`` read
+    (:mod:`swarmjax.train.jobs`): ``best_metric`` (the checkpoints' score that picks the
+    best one), ``checked`` (the identity fields an evaluated checkpoint must share with
+    the config: the policy's and the held-out set's; None: all), :meth:`table` (the
+    summary's and a checkpoint evaluation's table).
     """
 
+    job: Any
     learner: Any
     engine: Any
     stream: Any
@@ -91,6 +100,31 @@ class JobRun:
     start_splits: tuple[str, ...] = ("validation", "test")
     log_keys: tuple[str, ...] = ("reward", "accuracy")
     checkpoint_every: int = 0
+    best_metric: str = "accuracy"
+    checked: tuple[str, ...] | None = None
+
+    @staticmethod
+    def checkpointing(job: Any) -> CheckpointConfig:
+        """How often the job checkpoints and how many checkpoints it keeps (by default a
+        checkpoint at every evaluation and preemption, the last two and the best kept)."""
+        return CheckpointConfig(every=1, keep_last=2)
+
+    @staticmethod
+    def table(summary: dict) -> str:
+        """Markdown of a summary (:meth:`summary`) or a checkpoint evaluation (:meth:`report`)."""
+        raise NotImplementedError
+
+    def start_state(self, state: Any) -> Any | None:
+        """The state with the start's policy (the warm start) as its params, when the RL
+        state holds it (frozen sub-agents that are the warm start), else None."""
+        return None
+
+    def report(self, step: int, start: dict | None, final: dict, meta: dict, split: str, seconds: float) -> dict:
+        """A checkpoint evaluation (``swarmjax eval``) as :meth:`table` prints it: its
+        ``final`` figures (:meth:`evaluate` of checkpoint ``step`` on ``split``), the
+        start's (:meth:`evaluate` of :meth:`start_state`, or None), the checkpoint's meta,
+        the evaluations' wall clock."""
+        raise NotImplementedError
 
     def state_shapes(self) -> Any:
         """The learner state's shapes (``jax.eval_shape``), to restore a checkpoint into."""
@@ -152,6 +186,45 @@ def restore(ckpt: Checkpointer, step: int, shapes: Any, learner: Any) -> tuple[A
     shardings = jax.sharding.SingleDeviceSharding(jax.devices()[0]) if learner.mesh is None else \
         learner.state_shardings(shapes)
     return ckpt.restore(step, abstract_state(shapes, shardings))
+
+
+def open_checkpoint(workdir: str, which: str, *, shapes: Any, learner: Any, identity: dict[str, str],
+                    checked: tuple[str, ...] | None) -> tuple[int, Any, dict]:
+    """(step, state, meta) of checkpoint ``which`` ("latest", "best" or a step) of the run
+    in ``workdir``, opened read-only (it may run beside the training job) and restored as
+    ``shapes`` on ``learner``'s mesh (:func:`restore`); ValueError when there is none, or
+    when the run that wrote it differs from ``identity`` (a config's) in a field of
+    ``checked`` (None: any field)."""
+    directory = epath.Path(workdir) / "checkpoints"
+    if not directory.is_dir():
+        raise ValueError(f"no checkpoints in {workdir}")
+    with Checkpointer(str(directory), save_every=1, read_only=True) as ckpt:
+        step = ckpt.step_of(which)
+        state, meta = restore(ckpt, step, shapes, learner)
+    saved = meta.get("job", {})
+    differ = [k for k in (identity if checked is None else checked) if saved.get(k) != identity.get(k)]
+    if differ:
+        raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
+    return step, state, meta
+
+
+def evaluate_checkpoint(run: JobRun, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
+    """Evaluate checkpoint ``which`` of the run in ``workdir`` (:func:`open_checkpoint`:
+    the fields :attr:`JobRun.checked` the same) on the held-out ``split`` of ``run``'s
+    config (greedy, as the run's own evaluations), and the start's policy when the state
+    holds it (:meth:`JobRun.start_state`): what :meth:`JobRun.report` makes of them, with
+    ``step``. Writes nothing."""
+    if split not in ("validation", "test"):
+        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
+    step, state, meta = open_checkpoint(workdir, which, shapes=run.state_shapes(), learner=run.learner,
+                                        identity=run.identity, checked=run.checked)
+    run.ready(state, meta)
+    log = JobLog(workdir, None, False)                  # nothing written
+    clock = time.perf_counter()
+    start = run.start_state(state)
+    first = None if start is None else run.evaluate(step, run.start_label, start, split, log)
+    final = run.evaluate(step, "final", state, split, log)
+    return {"step": step, **run.report(step, first, final, meta, split, time.perf_counter() - clock)}
 
 
 def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
@@ -216,6 +289,8 @@ def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, 
                 raise Preempted(0, workdir, stage=run.title)
         else:
             run.ready(state, meta)
+        if run.primary:
+            (epath.Path(workdir) / "config.txt").write_text(repr(run.job) + "\n")
         start = meta["step"]
         if run.rl.async_rollout.enabled:
             rollouts = run.async_rollouts(state, meta)

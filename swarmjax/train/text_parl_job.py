@@ -37,7 +37,6 @@ One process.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,9 +52,7 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
 from swarmjax.swarm.text_engine import TextSwarm
-from swarmjax.train.checkpoint import Checkpointer
-from swarmjax.train.frame import run_checkpointed
-from swarmjax.train.loop import JobRun, restore, run_loop
+from swarmjax.train.loop import JobRun
 from swarmjax.train.logs import (JobLog, curves, log_line, progress_bar, summary_table,
                                  write_summary)
 from swarmjax.train.policy import load_chat, task_chat
@@ -68,8 +65,7 @@ from swarmjax.train.text_parl import EVAL_STREAMS, TextPARLJob, eval_episodes, s
 from swarmjax.train.streams import ReplayStream
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
 
-__all__ = ["build_task", "evaluate_text_checkpoint", "headline", "make_engine", "run_evaluation",
-           "run_text_parl_job", "text_parl_table"]
+__all__ = ["TextPARLRun", "build_task", "headline", "make_engine", "run_evaluation"]
 
 
 def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTask:
@@ -131,22 +127,6 @@ def _warm_start_stage(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, key: 
     return params
 
 
-def run_text_parl_job(job: TextPARLJob, workdir: str, *, progress: bool = True, resume: bool | str = False,
-                      handle_sigterm: bool = True) -> dict:
-    """Tokenizer -> demonstrations -> warm start -> PARL -> summary, or the continuation
-    of an unfinished run from its newest finished checkpoint (``resume``: "never" / False,
-    "latest" / True or "auto"; module docstring), through the one loop
-    (:func:`~swarmjax.train.loop.run_loop`). Returns the summary (``summary.json``).
-
-    ``handle_sigterm``: stop at the next safe point on SIGTERM and raise
-    :class:`~swarmjax.train.preemption.Preempted` once its checkpoint (if any) is on
-    disk. The workdir must be local (the tokenizer is written with local file APIs)."""
-    def run(ckpt, latest, watch):
-        return run_loop(TextPARLRun(job, workdir, fresh=latest is None, progress=progress), workdir, ckpt, latest,
-                        watch, progress)
-    return run_checkpointed(job, workdir, resume, run, best_metric="item_f1", handle_sigterm=handle_sigterm)
-
-
 def _rows(evals: dict) -> dict[int, dict[str, float]]:
     """Evaluation rows by task size, from a checkpoint's JSON meta (string keys)."""
     return {int(n): row for n, row in evals.items()}
@@ -166,8 +146,12 @@ class TextPARLRun(JobRun):
     stage, title, start_label, start_splits = "parl", "PARL", "warm_start", ("test",)
     log_keys = ("reward", "accuracy", "critical_steps", "subagents")
     may_change = "parl.steps, eval_every and warm_start_from"
+    best_metric = "item_f1"
+    # an evaluation may change the held-out set's size and sizes, not the policy or the task
+    checked = ("env", "chat", "tokenizer_vocab", "max_calls", "max_mentions", "max_pairs", "model", "seed")
+    table = staticmethod(summary_table)
 
-    def __init__(self, job: TextPARLJob, workdir: str, *, fresh: bool, progress: bool):
+    def __init__(self, job: TextPARLJob, workdir: str, *, fresh: bool = True, progress: bool = True):
         self.job, self.workdir, self.progress = job, workdir, progress
         self.task = build_task(job, workdir, train=fresh)
         self.cfg = job.model.replace(vocab_size=self.task.chat.tokenizer.vocab_size)
@@ -209,6 +193,15 @@ class TextPARLRun(JobRun):
             log.write("eval.jsonl", {"step": step, "policy": label, "split": split, "n": n, **r})
         return {str(n): r for n, r in res.items()}
 
+    def start_state(self, state: Any) -> Any:
+        """The frozen sub-agents: the warm start."""
+        return state.replace(params=state.frozen["subagents"])
+
+    def report(self, step: int, start: dict, final: dict, meta: dict, split: str, seconds: float) -> dict:
+        """The warm start's and the checkpoint's rows per task size, the headline."""
+        before, after = _rows(start), _rows(final)
+        return {"warm_start": before, "final": after, "headline": headline(before, after, max(self.job.eval_sizes))}
+
     def score(self, evals: dict) -> dict[str, float]:
         """The item-F1 and critical steps at the largest size."""
         return {k: evals[str(max(self.job.eval_sizes))][k] for k in ("item_f1", "critical_steps")}
@@ -226,39 +219,8 @@ class TextPARLRun(JobRun):
                    "seed": job.seed, "parl_seed": self.parl_seed, "warm_start": before, "final": after,
                    "headline": headline(before, after, big), "wall_clock_s": wall_clock_s,
                    "warm_start_s": meta["warm_start_s"], "device": f"{jax.default_backend()} x{jax.device_count()}"}
-        write_summary(self.workdir, summary, text_parl_table)
+        write_summary(self.workdir, summary, summary_table)
         return summary
-
-
-def evaluate_text_checkpoint(job: TextPARLJob, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
-    """Evaluate a PARL checkpoint of the text run in ``workdir`` (``which``: "latest",
-    "best" by validation item-F1, or a PARL step) and its frozen warm start, greedy with
-    the budget lifted, on ``job.eval_episodes`` held-out tasks per size of
-    ``job.eval_sizes`` from ``split`` (the run's own seed streams: the first
-    ``eval_episodes`` of the run's are the same tasks). Opens the
-    checkpoints read-only. Returns ``{"step", "warm_start": {n: row}, "final": {n: row},
-    "headline"}`` (:func:`text_parl_table` prints it)."""
-    job.validate()
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
-        raise ValueError(f"no checkpoints in {workdir}")
-    task = build_task(job, workdir, train=False)
-    cfg = job.model.replace(vocab_size=task.chat.tokenizer.vocab_size)
-    with Checkpointer(directory, save_every=1, read_only=True) as ckpt:
-        step = ckpt.step_of(which)
-        learner = Learner(cfg, job.parl.update)
-        state, meta = restore(ckpt, step, _state_shapes(cfg, learner), learner)
-    made = meta.get("identity", {})
-    differ = [k for k in ("model", "env", "tokenizer", "seed") if made.get(k) != job.warm_identity()[k]]
-    if differ:
-        raise ValueError(f"the checkpoint in {workdir} was made by a job with another {', '.join(differ)}")
-    engine = make_engine(job, task, cfg)
-    tests, key = eval_episodes(job, split), jax.random.fold_in(jax.random.key(job.seed), 1)
-    warm = state.frozen["subagents"]
-    out = {"step": step, "warm_start": run_evaluation(engine, warm, warm, tests, key),
-           "final": run_evaluation(engine, state.params, warm, tests, key)}
-    out["headline"] = headline(out["warm_start"], out["final"], max(job.eval_sizes))
-    return out
 
 
 def headline(before: dict, after: dict, n: int) -> dict[str, float]:
@@ -270,14 +232,3 @@ def headline(before: dict, after: dict, n: int) -> dict[str, float]:
     if 1 in after:
         out["n1_no_spawn"] = after[1]["no_spawn_fraction"]
     return out
-
-
-def text_parl_table(summary: dict) -> str:
-    """:func:`swarmjax.train.logs.summary_table` plus the headline line."""
-    h = summary["headline"]
-    x = h["critical_reduction"]                    # warm start's critical steps / the final policy's
-    moved = f"{x:.2f}x fewer than" if x >= 1 else f"{1 / max(x, 1e-9):.2f}x more than"
-    line = f"\nat n = {h['n']}: critical steps {moved} the warm start's, final item-F1 {h['item_f1']:.3f}"
-    if "n1_no_spawn" in h:
-        line += f"; n = 1 episodes without a sub-agent: {h['n1_no_spawn']:.2f}"
-    return summary_table(summary) + line
