@@ -114,7 +114,7 @@ def test_single_agent_resumes_exactly_and_exports_to_transformers(checkpoint, on
         (printed, reply, gen)
 
 
-def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path):
+def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path, capsys):
     """The single-agent job (a short warm start, then updates that move the policy) on one
     device and over two processes of 2 devices each (jax.distributed on 127.0.0.1, a 2x1x2
     (data, fsdp, tensor) mesh: each process rolls out one of the two problems' groups and
@@ -140,20 +140,16 @@ def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path):
     assert all(0 < r["reward/judge"] < 1 for r in rl)                       # the judge scored every step
     for name in ("metrics.jsonl", "eval.jsonl"):
         close_lines(_lines(one, name), _lines(two, name), f"{two} {name}")
-    # written by two processes on 4 devices, read by one process with one device (trained on
-    # a pod, looked at on a laptop): exported, evaluated, and resumed for one more step
-    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(1)}
-
-    def one_process(*argv):
-        out = subprocess.run([sys.executable, "-m", "swarmjax.cli", *argv], env=env, capture_output=True,
-                             text=True, timeout=600)
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-        return out.stdout
-    assert "exported RL step" in one_process("export", "--workdir", two, "--checkpoint", "best", "--out",
-                                             str(tmp_path / "hf"))
+    # written by two processes on 4 devices, read back on one device (trained on a pod, looked at
+    # on a laptop; in this process, whose compiled programs the one-device run left): exported,
+    # evaluated, and resumed for one more step
+    capsys.readouterr()
+    assert main(["export", "--workdir", two, "--checkpoint", "best", "--out", str(tmp_path / "hf")]) == 0
+    assert "exported RL step" in capsys.readouterr().out
     assert os.path.isfile(tmp_path / "hf" / "model.safetensors")
     sets = [a for s in (*SMALL, f"hf_path={checkpoint}", short, *judged) for a in ("--set", s)]
-    evaluated = one_process("eval", "--config", CONFIG, "--workdir", two, *sets)
+    assert main(["eval", "--config", CONFIG, "--workdir", two, *sets]) == 0
+    evaluated = capsys.readouterr().out
     assert "checkpoint at RL step 2" in evaluated and "| final |" in evaluated
-    one_process(*_args(two, checkpoint, short, *judged, "mesh=None", "rl.steps=3"), "--resume", "auto")
+    assert main(_args(two, checkpoint, short, *judged, "mesh=None", "rl.steps=3") + ["--resume", "auto"]) == 0
     assert [r["step"] for r in _lines(two, "metrics.jsonl") if r["stage"] == "rl"] == [0, 1, 2]

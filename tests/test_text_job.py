@@ -73,6 +73,7 @@ def test_text_job_runs_and_writes_its_summary(small_run, capsys):
     assert [t["trace_id"] for t in traces] == [f"final-s2-n1-{b}" for b in range(4)]
     for t in traces:
         check(t)
+        assert {e["agent"] for e in t["events"]} == {"environment", "agent"}     # a single agent, by its role
     assert np.mean([t["rewards"]["r_perf"] for t in traces]) == pytest.approx(summary["final"]["accuracy"])
     assert os.path.isfile(os.path.join(workdir, "tokenizer", "tokenizer.json"))
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) >= ["1", "2"]

@@ -74,10 +74,11 @@ def _turn_kind(event: dict[str, Any]) -> str:
 
 def end_reason(trace: dict[str, Any]) -> str:
     """Why the episode ended (``answer``, ``budget``, ``context``): the ``reason`` of the
-    orchestrator's closing ``return`` / ``despawn`` event (``metrics.end_reason`` in traces
-    of the first format)."""
+    main agent's closing ``return`` / ``despawn`` event (id ``end``; the orchestrator's,
+    ``metrics.end_reason`` in traces of the first format)."""
     for ev in reversed(trace["events"]):
-        if ev["agent"] == "orchestrator" and ev["type"] in ("return", "despawn") and "reason" in ev:
+        if (ev.get("id") == "end" or ev["agent"] == "orchestrator") and ev["type"] in ("return", "despawn") \
+                and "reason" in ev:
             return ev["reason"]
     return str(trace.get("metrics", {}).get("end_reason", "?"))
 

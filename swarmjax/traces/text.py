@@ -56,10 +56,13 @@ def _text(decode, agent: str, ids: np.ndarray, a: int, b: int) -> dict[str, str]
 
 
 def text_trace(res: TextRolloutResult, b: int, decode, *, trace_id: str, task_id: str, task_size: int,
-               wall_clock_s: float = 0.0, rewards: dict[str, float] | None = None) -> dict[str, Any]:
+               wall_clock_s: float = 0.0, rewards: dict[str, float] | None = None, agent: str = "orchestrator"
+               ) -> dict[str, Any]:
     """Episode ``b`` of ``res`` as a trace (module docstring). ``decode``: ids -> text
     (the tokenizer's); ``task_size``: the task's size for ``metrics``; ``rewards``: more
-    reward channels (added to the rollout's terms)."""
+    reward channels (added to the rollout's terms); ``agent``: the name and role of the
+    episode's main agent ("orchestrator"; a single agent's job: "agent"), whose
+    decisions are the schema's ``orchestrator_decision`` events."""
     orch: AgentTrace = res.orchestrators[b]
     segments = [*orch.segments, orch.arrays()]
     subs = res.subagents[b]
@@ -75,35 +78,35 @@ def text_trace(res: TextRolloutResult, b: int, decode, *, trace_id: str, task_id
     edges: list[Edge] = []
     last = None
     for s, seg in enumerate(segments):
-        name = "orchestrator" if s == 0 else f"orchestrator_s{s}"
+        name = agent if s == 0 else f"{agent}_s{s}"
         ids, turn = seg["ids"], seg["turn"]
         head, spans = turn_spans(seg["sampled"].tolist())
         first_turn = int(turn[spans[0][0]]) if spans else orch.steps + 1
         if s == 0:
             events.append({"id": "prompt", "t": 0, "type": "message", "agent": "environment", "role": "task",
-                           "to": "orchestrator", **_text(decode, name, ids, 0, head)})
+                           "to": agent, **_text(decode, name, ids, 0, head)})
             last = "prompt"
         else:
             cid = f"compact{s}"
             events.append({"id": cid, "t": times[first_turn], "type": "message", "agent": "environment",
-                           "role": "context_compaction", "to": "orchestrator", **_text(decode, name, ids, 0, head)})
+                           "role": "context_compaction", "to": agent, **_text(decode, name, ids, 0, head)})
             edges.append(_edge(last, cid, "temporal"))
             last = cid
         for a, e, r in spans:
             k = int(turn[a])
             oid = f"o{k}"
-            events.append({"id": oid, "t": times[k], "type": "orchestrator_decision", "agent": "orchestrator",
-                           "role": "orchestrator", **_text(decode, name, ids, a, e)})
+            events.append({"id": oid, "t": times[k], "type": "orchestrator_decision", "agent": agent,
+                           "role": agent, **_text(decode, name, ids, a, e)})
             edges.append(_edge(last, oid, "message" if last == "prompt" else "temporal"))
             last = oid
             for j in started.get(k, ()):
                 sub = subs[j]
                 sid, eid = f"w{j}.spawn", f"w{j}.end"
-                events.append({"id": sid, "t": times[k], "type": "spawn", "agent": "orchestrator",
-                               "from": "orchestrator", "to": sub.name})
+                events.append({"id": sid, "t": times[k], "type": "spawn", "agent": agent,
+                               "from": agent, "to": sub.name})
                 arr = sub.arrays()
                 end = {"id": eid, "t": times[k] + 1 + sub.steps, "type": "return" if sub.ok else "despawn",
-                       "agent": sub.name, "role": "subagent", "to": "orchestrator",
+                       "agent": sub.name, "role": "subagent", "to": agent,
                        **_text(decode, f"w{j}", arr["ids"], 0, len(arr["ids"]))}
                 if not sub.ok:
                     end["reason"] = "step_limit" if sub.reason == "turns" else "context_full"
@@ -112,14 +115,14 @@ def text_trace(res: TextRolloutResult, b: int, decode, *, trace_id: str, task_id
             if r > e:                                           # the reply the agent heard
                 rid = f"o{k}.reply"
                 events.append({"id": rid, "t": times[k + 1], "type": "message", "agent": "environment",
-                               "to": "orchestrator", **_text(decode, name, ids, e, r)})
+                               "to": agent, **_text(decode, name, ids, e, r)})
                 edges.append(_edge(oid, rid, "temporal"))
                 edges += [_edge(f"w{j}.end", rid, "return") for j in started.get(k, ())]
                 last = rid
     reason = END_REASONS[int(res.end_reason[b])]
     events.append({"id": "end", "t": times[orch.steps + 1] if reason != "answer" else times[orch.steps],
-                   "type": "return" if reason == "answer" else "despawn", "agent": "orchestrator",
-                   "role": "orchestrator", "from": "orchestrator", "to": "environment", "reason": reason})
+                   "type": "return" if reason == "answer" else "despawn", "agent": agent,
+                   "role": agent, "from": agent, "to": "environment", "reason": reason})
     edges.append(_edge(last, "end", "temporal"))
     terms = {k: float(v[b]) for k, v in res.rewards.items()}
     all_segments = segments + [t.arrays() for t in subs]

@@ -39,14 +39,13 @@ from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig, parl_reward
 from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
-from swarmjax.sharding.mesh import batch_sharding
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRolloutConfig, TextRolloutResult
 from swarmjax.train.async_rl import AsyncConfig
 from swarmjax.train.demos import Demos, pack_rows
 from swarmjax.train.subagents import SubagentRefresh
-from swarmjax.train.distributed import allgather, global_rows, global_whole, local_replica, share
+from swarmjax.train.distributed import allgather, global_rows, local_replica, share
 from swarmjax.train.engines import Engine
-from swarmjax.train.sft import sft_step
+from swarmjax.train.sft import RoleRows, sft_step, warm_start_loop
 
 SUBAGENTS = ("frozen", "shared")
 OVERLONG = ("error", "skip")           # what the warm start does with a demonstration longer than its context
@@ -247,19 +246,8 @@ def warm_start(params: Any, cfg: ModelConfig, data: Demos, scfg: TextSFTConfig, 
     over the data axes (every process passes the same ``params`` and ``data``, and they
     step together). Returns the params (sharded over ``mesh`` when given)."""
     params, opt_state, step = sft_step(params, cfg, scfg.optim, roles=("agent",), mesh=mesh)
-    lengths = data.token_mask.sum(1)
-    rounded = np.minimum(-(-lengths // scfg.bucket) * scfg.bucket, data.tokens.shape[1])
-    rng = np.random.default_rng(seed)
-    for i in range(scfg.steps):
-        idx = rng.integers(0, len(data.tokens), scfg.batch)
-        L = int(rounded[idx].max())
-        batch = tuple(x[idx, :L] for x in (data.tokens, data.token_mask, data.loss_mask))
-        batch = tuple(jnp.asarray(x) for x in batch) if mesh is None else \
-            global_whole(batch, tuple(batch_sharding(mesh, 2, batch_size=len(idx)) for _ in batch))
-        params, opt_state, metrics = step(params, opt_state, batch)
-        if on_step is not None:
-            on_step(i, {k: float(v) for k, v in metrics.items()})
-    return params
+    return warm_start_loop(params, step, opt_state, (RoleRows(data, scfg.batch, scfg.bucket),), scfg.steps,
+                           np.random.default_rng(seed), on_step, mesh=mesh)
 
 
 # ------------------------------------------------------------------------ RL

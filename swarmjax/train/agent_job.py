@@ -336,7 +336,8 @@ class AgentRun(JobRun):
             for b, p in enumerate(batch if first == 0 else ()):
                 size = problem_size(task, p)
                 log.write("traces.jsonl", text_trace(res, b, self.chat.tokenizer.decode, task_size=size,
-                                                     trace_id=f"{label}-s{step}-n{size}-{b}", task_id=f"test-{b}"))
+                                                     trace_id=f"{label}-s{step}-n{size}-{b}", task_id=f"test-{b}",
+                                                     agent="orchestrator" if self.job.role == "orchestrator" else "agent"))
         episodes = evaluate(self.engine, state.params, subagent_params(state), problems,
                             jax.random.fold_in(self.key, 1), mesh=self.mesh,
                             on_result=traces if (label, split) == ("final", "test") else None)

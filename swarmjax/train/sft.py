@@ -12,7 +12,9 @@ worker trajectories ``[Bw, W]``::
 (per-role means, so the long orchestrator contexts do not drown the short worker
 ones). The optimizer is the same Muon/AdamW split as the RL stage
 (:func:`swarmjax.optim.make_optimizer`), followed by QK-Clip as there.
-:func:`train_sft` is the token world's loop over that step.
+:func:`warm_start_loop` is the one loop over that step, any number of roles, each with
+its batch drawn from its demonstrations (:class:`RoleRows`): :func:`train_sft` (the token
+world), :func:`swarmjax.train.text_parl.warm_start`, :func:`swarmjax.train.agent.warm_start`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import forward, forward_after_head, output_head, param_logical_axes
 from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
 from swarmjax.rl.losses import chunked_token_logprobs, token_logprobs
-from swarmjax.sharding.mesh import rows_sharding, state_shardings_like, tree_shardings
+from swarmjax.sharding.mesh import batch_sharding, rows_sharding, state_shardings_like, tree_shardings
 from swarmjax.train.demos import Demos, make_demos
 from swarmjax.train.distributed import global_whole
 
@@ -219,6 +221,71 @@ def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, roles: Sequen
     return params, opt_state, step
 
 
+@dataclasses.dataclass(frozen=True)
+class RoleRows:
+    """One role's demonstrations in the warm-start loop (:func:`warm_start_loop`) and how a
+    step draws its batch of ``batch`` rows [B, T] from ``demos``:
+
+    - ``bucketed``: the rows grouped by length rounded up to a multiple of ``bucket``
+      (:func:`length_buckets`), a batch from one group (:func:`sample_bucketed`) cut to its
+      length;
+    - else rows drawn uniformly, cut to the batch's longest row rounded up to a multiple of
+      ``bucket`` (a ``bucket`` of at least the padded length: the whole width).
+
+    ``head``: the ids every row opens with that the step runs once (its ``heads``); the
+    batch leaves them out."""
+
+    demos: Demos
+    batch: int
+    bucket: int
+    bucketed: bool = False
+    head: int = 0
+
+    def sampler(self) -> Callable[[np.random.Generator], tuple[np.ndarray, ...]]:
+        """``draw(rng)`` -> the next batch (tokens, token_mask, loss_mask) as host arrays."""
+        d, P = self.demos, self.head
+        if self.bucketed:
+            buckets = length_buckets(d, self.bucket)
+
+            def draw(rng):
+                idx, L = sample_bucketed(buckets, self.batch, rng)
+                return tuple(x[idx, P:L] for x in (d.tokens, d.token_mask, d.loss_mask))
+            return draw
+        rounded = np.minimum(-(-d.token_mask.sum(1) // self.bucket) * self.bucket, d.tokens.shape[1])
+
+        def draw(rng):
+            idx = rng.integers(0, len(d.tokens), self.batch)
+            L = int(rounded[idx].max())
+            return tuple(x[idx, P:L] for x in (d.tokens, d.token_mask, d.loss_mask))
+        return draw
+
+
+def warm_start_loop(params: Any, step: Callable, opt_state: Any, roles: Sequence[RoleRows], steps: int,
+                    rng: np.random.Generator, on_step: Callable[[int, dict[str, float]], None] | None = None, *,
+                    mesh: Any = None, extra: Callable[[int, Any], dict[str, float]] | None = None) -> Any:
+    """The one warm-start loop of every job: ``steps`` calls of ``step`` (:func:`sft_step`'s,
+    over the roles in order), each on one batch per role drawn from ``rng`` in the roles'
+    order (:meth:`RoleRows.sampler`). ``mesh``: each batch's rows placed over the data axes
+    (every process draws the same rows). ``extra(i, params)``: figures added to step
+    ``i``'s metrics (e.g. held-out accuracy). ``on_step(i, metrics)`` after each step.
+    Returns the params."""
+    draws = [r.sampler() for r in roles]
+    for i in range(steps):
+        batches = [d(rng) for d in draws]
+        if mesh is None:
+            batches = [tuple(jnp.asarray(x) for x in b) for b in batches]
+        else:
+            batches = [global_whole(b, tuple(batch_sharding(mesh, 2, batch_size=len(b[0])) for _ in b))
+                       for b in batches]
+        params, opt_state, metrics = step(params, opt_state, *batches)
+        metrics = {k: float(v) for k, v in metrics.items()}
+        if extra is not None:
+            metrics.update(extra(i, params))
+        if on_step is not None:
+            on_step(i, metrics)
+    return params
+
+
 def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTConfig,
               on_step: Callable[[int, dict[str, float]], None] | None = None, *,
               eval_every: int = 0) -> tuple[Any, dict[str, Any]]:
@@ -234,21 +301,22 @@ def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTCon
     eval_o, eval_w = make_demos(env, scfg.eval_demos, scfg.seed + 1_000_003,
                                 spawn_fraction=scfg.spawn_fraction, max_chunk=scfg.max_chunk)
     params, opt_state, step = sft_step(params, cfg, scfg.optim)
-    rng = np.random.default_rng(scfg.seed)
-    buckets = length_buckets(train_o, scfg.bucket)
     report: dict[str, Any] = {"before": evaluate(params, cfg, eval_o, eval_w), "history": [], "evals": []}
-    for i in range(scfg.steps):
-        io, length = sample_bucketed(buckets, scfg.batch, rng)
-        iw = rng.integers(0, len(train_w), scfg.batch)
-        orch = tuple(x[:, :length] for x in _batch(train_o, io))
-        params, opt_state, metrics = step(params, opt_state, orch, _batch(train_w, iw))
-        metrics = {k: float(v) for k, v in metrics.items()}
-        if eval_every > 0 and (i + 1) % eval_every == 0:
-            held = evaluate(params, cfg, eval_o, eval_w)
-            report["evals"].append((i + 1, held))
-            metrics.update({f"heldout_{k}": v for k, v in held.items()})
+
+    def held_out(i, params):
+        if not (eval_every > 0 and (i + 1) % eval_every == 0):
+            return {}
+        held = evaluate(params, cfg, eval_o, eval_w)
+        report["evals"].append((i + 1, held))
+        return {f"heldout_{k}": v for k, v in held.items()}
+
+    def logged(i, metrics):
         report["history"].append(metrics)
         if on_step is not None:
             on_step(i, metrics)
+    T = train_w.tokens.shape[1]
+    roles = (RoleRows(train_o, scfg.batch, scfg.bucket, bucketed=True), RoleRows(train_w, scfg.batch, T))
+    params = warm_start_loop(params, step, opt_state, roles, scfg.steps, np.random.default_rng(scfg.seed), logged,
+                             extra=held_out)
     report["after"] = evaluate(params, cfg, eval_o, eval_w)
     return params, report

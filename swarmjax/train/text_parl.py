@@ -58,7 +58,7 @@ from swarmjax.swarm.text_types import TextRolloutConfig
 from swarmjax.text.chat import CHAT_FORMATS
 from swarmjax.train.agent import TextRLConfig
 from swarmjax.train.demos import Demos
-from swarmjax.train.sft import length_buckets, sample_bucketed, sft_step
+from swarmjax.train.sft import RoleRows, sft_step, warm_start_loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,18 +222,10 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
     ``max_attn_logit``, ``qk_clip_heads`` with QK-Clip)."""
     heads = tuple(jnp.asarray(d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]) for d in (orch, work))
     params, opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads)
-    rng = np.random.default_rng(seed)
-    buckets = length_buckets(orch, scfg.bucket)
-    W = int(work.token_mask.sum(1).max())
-    take = lambda d, idx, P, L: tuple(jnp.asarray(x[idx, P:L]) for x in (d.tokens, d.token_mask, d.loss_mask))
-    for i in range(scfg.steps):
-        io, L = sample_bucketed(buckets, scfg.batch, rng)
-        iw = rng.integers(0, len(work), scfg.batch)
-        params, opt_state, m = step(params, opt_state, take(orch, io, len(heads[0]), L),
-                                    take(work, iw, len(heads[1]), W))
-        if on_step is not None:
-            on_step(i, {k: float(v) for k, v in m.items()})
-    return params
+    W = int(work.token_mask.sum(1).max())              # sub-agent rows: cut to the longest
+    roles = (RoleRows(orch, scfg.batch, scfg.bucket, bucketed=True, head=len(heads[0])),
+             RoleRows(work, scfg.batch, W, head=len(heads[1])))
+    return warm_start_loop(params, step, opt_state, roles, scfg.steps, np.random.default_rng(seed), on_step)
 
 
 # ------------------------------------------------------------------------ evaluation
