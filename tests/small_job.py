@@ -74,7 +74,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def sigterm_in_rl_step(at: int = 0):
     """Within the block, a SIGTERM to this process once the one loop's RL step ``at`` has
-    run (:func:`swarmjax.train.agent.rl_step`, as the loop calls it): a scheduler's
+    run (:func:`swarmjax.train.agent_rl.rl_step`, as the loop calls it): a scheduler's
     preemption notice arriving during that step."""
     from swarmjax.train import loop
 

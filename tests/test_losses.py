@@ -265,7 +265,8 @@ def test_segment_weights_folded_into_the_advantage_weigh_each_row_exactly(cfg):
     weight (NumPy reference: each row's own objective, weighted, over the batch's
     normaliser); "episode" weights sum to 1 per episode, and an episode never compacted
     has weight 1 under both choices (the plain GRPO/GSPO row)."""
-    from swarmjax.train.agent import SEGMENT_WEIGHTS, segment_weights
+    from swarmjax.train.agent import SEGMENT_WEIGHTS
+    from swarmjax.train.agent_rl import segment_weights
 
     logp, old, _, mask, _, _ = _inputs(3)
     mask[0, 0] = mask[1, 1] = 1                       # every row has loss tokens

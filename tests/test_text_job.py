@@ -16,7 +16,8 @@ import pytest
 
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides
-from swarmjax.train.agent import OverlongConfig, TextRLConfig, episode_rewards
+from swarmjax.train.agent import OverlongConfig, TextRLConfig
+from swarmjax.train.agent_rl import episode_rewards
 from swarmjax.train.agent_job import AgentJob
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,7 +133,7 @@ def test_shared_subagent_rows_have_their_own_role_advantages():
     normalised over the sub-agent rows of its group (GRPO per role), padded with empty
     rows (groups of their own) to a multiple of the learner's splits."""
     from swarmjax.swarm.text_types import AgentTrace
-    from swarmjax.train.agent import _subagent_rows
+    from swarmjax.train.agent_rl import _subagent_rows
 
     def trace(n_prompt, n_sampled):
         t = AgentTrace(name="w")

@@ -21,7 +21,7 @@ from swarmjax.models.transformer import init_params
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
-from swarmjax.train.agent import episode_rewards
+from swarmjax.train.agent_rl import episode_rewards
 from swarmjax.train.text_parl import RelayWarmStartConfig, TextPARLConfig, TextPARLJob, sample_episodes
 from swarmjax.train.jobs import evaluate_checkpoint
 from swarmjax.train.warm_start import load_warm_start

@@ -133,7 +133,7 @@ def test_recorded_logprobs_equal_a_teacher_forced_forward(world, scripted_run):
     np.testing.assert_array_equal(res.tokens[b, :n], res.orchestrators[b].arrays()["ids"])
     assert res.loss_mask[b, :n].sum() == res.orchestrators[b].arrays()["sampled"].sum() > 0
     # no context strategy, no compaction, no extra learner rows: the plain GRPO/GSPO batch
-    from swarmjax.train.agent import _segment_rows
+    from swarmjax.train.agent_rl import _segment_rows
     B = len(eps)
     assert res.stats["compactions"] == 0 and not res.segment_rows()
     assert _segment_rows(res, np.zeros(B, np.float32), np.zeros(B, np.float32), np.arange(B), np.ones(B, bool), 4) \
@@ -214,7 +214,7 @@ def test_context_strategies_split_an_episode_into_segments(world):
     advantage."""
     from swarmjax.envs.context_notes import DISCARD_NOTE, KEEP_NOTE
     from swarmjax.swarm.context import ContextConfig
-    from swarmjax.train.agent import _segment_rows
+    from swarmjax.train.agent_rl import _segment_rows
 
     task, model, params = world
     eps = _episodes([8, 8], seed=5)

@@ -52,7 +52,7 @@ from swarmjax.envs.orchestration import ASSIGN, CREATE
 from swarmjax.envs.task import Demo, EnvContext, TaskError
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
 from swarmjax.envs.widesearch_text import ORCH_SYSTEM, WORKER_SYSTEM, TaskNames, WideSearchProblems, text_corpus
-from swarmjax.envs.scoring import item_f1
+from swarmjax.envs.scoring import delegation_counts, item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.byte_tries import token_byte_table
 from swarmjax.text.device.answers import host_answer_pairs
@@ -227,13 +227,9 @@ def verify(ep: Episode, pairs: Sequence[tuple[int, int]], assigned: Sequence[Seq
     relayed back."""
     correct, answered, truth = score(ep, pairs)
     f1 = float(item_f1(correct, answered, truth, True))
-    asked, seen, novel = set(ep.task), set(), 0
-    for ents in assigned:
-        novel += bool((set(ents) & asked) - seen)
-        seen |= set(ents)
-    back = {e for ps in returned for e, _ in ps if e in asked}
+    counts = delegation_counts(ep.task, assigned, (e for ps in returned for e, _ in ps))
     return {"r_perf": f1, "correct": float(correct), "answered": float(answered), "truth": float(truth),
-            "novel": float(novel), "returned": float(len(back))}
+            **{k: float(v) for k, v in counts.items()}}
 
 
 class RelayEnv:

@@ -38,7 +38,7 @@ from swarmjax.envs.orchestration import ASSIGN, CREATE, Orchestration
 from swarmjax.envs.task import Demo, EnvContext, Task
 from swarmjax.envs.tool_env import ToolAgentEnv
 from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
-from swarmjax.envs.scoring import item_f1
+from swarmjax.envs.scoring import delegation_counts, item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.runner import ToolRunner
 from swarmjax.text.tools import Tool
@@ -188,13 +188,9 @@ class WideSearchText(TaskNames):
 
     def verify(self, ep: Episode, answer: str, orch: Orchestration) -> dict[str, float]:
         """:meth:`answer_terms` and the counts PARL's channels need (module docstring)."""
-        asked, seen, novel = set(ep.task), set(), 0
-        for _, prompt in orch.history:
-            ents = set(self.mentioned(prompt))
-            novel += bool((ents & asked) - seen)
-            seen |= ents
-        returned = {e for text in orch.answers for e, _ in self.parse_pairs(text) if e in asked}
-        return {**self.answer_terms(ep, answer), "novel": novel, "returned": len(returned)}
+        counts = delegation_counts(ep.task, (self.mentioned(prompt) for _, prompt in orch.history),
+                                   (e for text in orch.answers for e, _ in self.parse_pairs(text)))
+        return {**self.answer_terms(ep, answer), **counts}
 
     # ---------------------------------------------------------------- scripted policies
 

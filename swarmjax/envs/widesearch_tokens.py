@@ -60,7 +60,7 @@ import numpy as np
 from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.widesearch import (PROTOCOL, Agent, Episode, Outcome, Stage, Vocab, WideSearchConfig, _say,
                                       episode_process, score)
-from swarmjax.envs.scoring import item_f1
+from swarmjax.envs.scoring import delegation_counts, item_f1
 
 STOP_IDS = (PROTOCOL.index("<eos>"),)     # any id will do: every turn is one token long
 
@@ -200,15 +200,12 @@ class WideSearchTokenEnv:
     def _end(self, reply: list[int]) -> Step:
         out, ep = self._p.value, self.ep
         correct, answered, truth = score(ep, out.answer)
-        asked, seen, novel = set(ep.task), set(), 0
-        for toks in out.worker_tokens:
-            block = {t - self.vocab.entity_base for t in toks[2:toks.index(self.vocab["</task>"])]}
-            novel += bool((block & asked) - seen)
-            seen |= block
-        returned = {e for st in out.stages for pairs in st["results"] if pairs for e, _ in pairs if e in asked}
+        counts = delegation_counts(
+            ep.task, ([t - self.vocab.entity_base for t in toks[2:toks.index(self.vocab["</task>"])]]
+                      for toks in out.worker_tokens),
+            (e for st in out.stages for pairs in st["results"] if pairs for e, _ in pairs))
         rewards = {"r_perf": float(item_f1(correct, answered, truth, True)),
-                   "correct": correct, "answered": answered, "truth": truth, "novel": novel,
-                   "returned": len(returned)}
+                   "correct": correct, "answered": answered, "truth": truth, **counts}
         if out.end_reason == "answer":
             return Step(done=True, answer=pairs_text(self.vocab, out.answer), rewards=rewards)
         return Step(reply=reply, rewards=rewards)      # the rollout ends it too (budget or context)

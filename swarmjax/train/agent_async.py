@@ -1,5 +1,5 @@
 """The text jobs' asynchronous RL stage: :class:`~swarmjax.train.async_rl.AsyncRollouts`
-over :func:`swarmjax.train.agent.collect` (the agent job and the text PARL job)."""
+over :func:`swarmjax.train.agent_rl.collect` (the agent job and the text PARL job)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.rl.update import TrainState
-from swarmjax.train.agent import TextRLConfig, collect
+from swarmjax.train.agent import TextRLConfig
+from swarmjax.train.agent_rl import collect
 from swarmjax.train.async_rl import AsyncRollouts, split_devices
 from swarmjax.train.engines import Engine
 

@@ -12,7 +12,7 @@ host-driven text rollouts (single agent, or an orchestrator with sub-agents).
 3. **Warm start** (``sft``, optional): the task's demonstrations played through its
    environments, masked next-token loss on every agent's own ids
    (:func:`swarmjax.train.agent.warm_start`).
-4. **RL** (:func:`swarmjax.train.agent.rl_step`): ``tasks_per_step`` problems of the
+4. **RL** (:func:`swarmjax.train.agent_rl.rl_step`): ``tasks_per_step`` problems of the
    task's train stream x ``group_size`` rollouts per step; sub-agents frozen (a copy of
    the policy RL starts from, in the checkpoints) or shared (co-trained).
 5. **Evaluation** (greedy): on the **validation** split at the start, every
@@ -60,8 +60,9 @@ from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.chat import chat_format, detect_chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.traces.text import text_trace
-from swarmjax.train.agent import (FIGURES, JUDGE_FIGURES, SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations,
-                                  evaluate, mean_figures, mix_context, subagent_params, warm_start)
+from swarmjax.train.agent import SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, mix_context, warm_start
+from swarmjax.train.agent_eval import FIGURES, JUDGE_FIGURES, evaluate, mean_figures
+from swarmjax.train.agent_rl import subagent_params
 from swarmjax.train.async_rl import logged_update, split_devices
 from swarmjax.train.distributed import barrier, local_replica
 from swarmjax.train.engines import DeviceEngine, HostEngine, JudgedEngine
@@ -425,7 +426,7 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     :func:`agent_summary_table` prints (``final``: that checkpoint), with ``step`` and
     ``episodes`` (each figure per problem, in order); ``initial`` is the run's own
     evaluation of its start on the test split. ``on_result(res, problems, first)``: each
-    rollout call's result (:func:`~swarmjax.train.agent.evaluate`), e.g. to collect a
+    rollout call's result (:func:`~swarmjax.train.agent_eval.evaluate`), e.g. to collect a
     judge's training verdicts (:func:`~swarmjax.train.judge_sft.episode_triples`).
     ``sampled``: episodes sampled at the training rollout's temperatures instead of greedy
     (deterministic for the job's seed), e.g. right and wrong answers of one policy.

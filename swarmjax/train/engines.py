@@ -19,7 +19,7 @@ An *engine* turns problems into a :class:`~swarmjax.swarm.text_types.TextRollout
   ``r_perf`` and log the judge beside it.
 
 ``batch``: the episode count an engine's calls are compiled for (None: any). The
-evaluation (:func:`swarmjax.train.agent.evaluate`) runs its episodes in calls of that
+evaluation (:func:`swarmjax.train.agent_eval.evaluate`) runs its episodes in calls of that
 size, the last one filled with repeats, so evaluations reuse the training rollout's
 compiled program.
 """

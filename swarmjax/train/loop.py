@@ -14,7 +14,7 @@ everything in between, the same for every job:
    newest finished checkpoint on the learner's mesh, the identity checked, the task
    stream put back where the checkpoint left it, the logs cut back to its step.
 2. **RL**: per step :meth:`JobRun.rl_step` (by default ``rl.tasks_per_step`` problems
-   of the stream through :func:`~swarmjax.train.agent.rl_step`, sampled with
+   of the stream through :func:`~swarmjax.train.agent_rl.rl_step`, sampled with
    ``fold_in(rl_key, 100 + s)`` at step ``s``) or, with ``rl.async_rollout``, a batch
    rolled out ahead (:meth:`JobRun.async_rollouts`); a metrics line, the no-signal
    watch, a progress bar and log lines; frozen sub-agents refreshed when due.
@@ -42,7 +42,7 @@ from typing import Any
 import jax
 from etils import epath
 
-from swarmjax.train.agent import learn, rl_step
+from swarmjax.train.agent_rl import learn, rl_step
 from swarmjax.train.agent_async import async_rollouts
 from swarmjax.train.checkpoint import Checkpointer, abstract_state
 from swarmjax.train.frame import CheckpointConfig, check_identity
@@ -148,7 +148,7 @@ class JobRun:
         raise NotImplementedError
 
     def rl_step(self, state: Any, step: int) -> tuple[Any, dict]:
-        """RL step ``step`` on the stream's next problems: :func:`~swarmjax.train.agent.rl_step`
+        """RL step ``step`` on the stream's next problems: :func:`~swarmjax.train.agent_rl.rl_step`
         with the key ``fold_in(rl_key, 100 + step)``."""
         return rl_step(self.learner, state, self.engine, self.stream.take(self.rl.tasks_per_step),
                        jax.random.fold_in(self.rl_key, 100 + step), self.rl, step=step, subagents=self.subagents)

@@ -19,14 +19,14 @@ text and the Qwen3 chat format:
    (:class:`~swarmjax.swarm.text_engine.TextSwarm` behind
    :class:`~swarmjax.train.engines.DeviceEngine`: tool calls parsed and answered on the
    device; the orchestrator trained, the sub-agents frozen at the warm start), then the
-   RL step of every text job (:func:`swarmjax.train.agent.rl_step`: the PARL reward
+   RL step of every text job (:func:`swarmjax.train.agent_rl.rl_step`: the PARL reward
    :func:`swarmjax.rl.parl.parl_reward` from the rollout's counts, group advantages, one
    :class:`~swarmjax.rl.update.Learner` update on exactly the rollout's ids, loss mask
    and sampler log-probs).
    The warm start is saved to ``workdir/warm_start/`` (:mod:`swarmjax.train.warm_start`);
    ``warm_start_from=<workdir>`` reuses one made with the same model, SFT config, task,
    tokenizer and seed (PARL ablations skip the demonstrations and the SFT).
-4. **Evaluation** (:func:`swarmjax.train.agent.evaluate`: greedy, both roles, budget
+4. **Evaluation** (:func:`swarmjax.train.agent_eval.evaluate`: greedy, both roles, budget
    lifted, held-out tasks from seed streams of their own), per task size
    (:func:`size_rows`): item-F1, critical / total steps, sub-agents, the no-spawn
    fraction. The **validation** split every ``eval_every`` PARL steps and at the end
@@ -234,7 +234,7 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
 def size_rows(per_episode: dict[str, np.ndarray], sizes: np.ndarray, seconds: float = 0.0
               ) -> dict[int, dict[str, float]]:
     """The evaluation table's rows per task size n from the episodes' figures
-    (:func:`swarmjax.train.agent.evaluate`; ``sizes`` [N] each episode's n): ``item_f1``
+    (:func:`swarmjax.train.agent_eval.evaluate`; ``sizes`` [N] each episode's n): ``item_f1``
     (the verifier's score), ``critical_steps``, ``total_steps``, ``subagents``,
     ``finished_subagents``, ``no_spawn_fraction``, ``answered`` (means over the tasks),
     ``seconds`` (``seconds``, each size its share by episodes)."""

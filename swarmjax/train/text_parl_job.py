@@ -58,7 +58,8 @@ from swarmjax.train.logs import (JobLog, curves, log_line, progress_bar, summary
 from swarmjax.train.policy import load_chat, task_chat
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.relay_demos import make_relay_demos
-from swarmjax.train.agent import evaluate, subagent_params
+from swarmjax.train.agent_eval import evaluate
+from swarmjax.train.agent_rl import subagent_params
 from swarmjax.train.async_rl import logged_update
 from swarmjax.train.engines import DeviceEngine
 from swarmjax.train.text_parl import EVAL_STREAMS, TextPARLJob, eval_episodes, sample_episodes, size_rows, warm_start
@@ -91,7 +92,7 @@ def make_engine(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> DeviceEn
 
 def run_evaluation(engine: DeviceEngine, params: Any, warm: Any, tasks: dict[int, list[Episode]],
                    key: jax.Array) -> dict[int, dict[str, float]]:
-    """:func:`~swarmjax.train.agent.evaluate` (greedy, budget lifted) of every size's
+    """:func:`~swarmjax.train.agent_eval.evaluate` (greedy, budget lifted) of every size's
     held-out tasks together, as rows per size (:func:`size_rows`)."""
     episodes = [ep for eps in tasks.values() for ep in eps]
     t0 = time.perf_counter()

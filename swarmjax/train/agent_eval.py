@@ -1,0 +1,101 @@
+"""The greedy evaluation of every text job: a problem list's episodes on an engine
+(:mod:`swarmjax.train.engines`), split over processes, and their figures
+(:data:`FIGURES`: accuracy, tool calls, turns, sub-agents, critical steps, context
+figures; :data:`JUDGE_FIGURES` with a judge), per episode and as means."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from swarmjax.envs.task import reward_terms
+from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRolloutResult
+from swarmjax.train.distributed import allgather, local_replica
+from swarmjax.train.engines import Engine
+
+
+# the figures of an evaluation and of every RL step
+# with a judge: its score, judge - verifier (> 0: it overrates), and whether its verdict
+# (score > 0.5) is the verifier's (score > 0.5)
+JUDGE_FIGURES = ("judge", "judge_gap", "judge_agreement")
+FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
+           "subagents", "finished_subagents", "critical_steps", "total_steps", "compactions", "context_dropped",
+           "peak_context", "subagent_peak_context")
+
+
+def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, key: jax.Array, *,
+             mesh: Any = None, on_result: Callable[[TextRolloutResult, list, int], None] | None = None
+             ) -> dict[str, np.ndarray]:
+    """Greedy episodes of ``problems``: :func:`episode_figures` of each [N], in order
+    (:func:`mean_figures` averages them). Calls of ``engine.batch`` episodes when it has
+    one (the last filled up with repeats of its first problem, dropped from the figures):
+    the training rollout's compiled program. With several processes each runs a share
+    (episode ``e`` keyed as on one process) and every process gets all the figures
+    (``params`` global arrays over ``mesh``). ``on_result(res, problems, first)``: called
+    with each call's result, its problems (repeats left out) and the index of its first
+    one (e.g. to export traces)."""
+    procs, n = jax.process_count(), len(problems)
+    per = -(-n // procs)
+    start = min(jax.process_index() * per, n)
+    mine = problems[start:start + per]
+    figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
+    if getattr(engine, "judge", None) is not None:          # a judged engine: its score beside the truth
+        figures.update({k: np.full((per,), np.nan, np.float32) for k in JUDGE_FIGURES})
+    orch, workers = _rollout_params(params, worker_params, mesh)
+    size = engine.batch or max(len(mine), 1)
+    for c, at in enumerate(range(0, len(mine), size)):
+        call = mine[at:at + size]
+        res = engine(orch, workers, call + call[:1] * (size - len(call)), jax.random.fold_in(key, c),
+                     episode_ids=range(start + at, start + at + size), greedy=True)
+        for k, v in episode_figures(res).items():
+            if k in figures:
+                figures[k][at:at + len(call)] = v[:len(call)]
+        if on_result is not None:
+            on_result(res, call, start + at)
+    figures = allgather(figures)                                       # [procs, per]
+    return {k: v.reshape(-1)[:n] for k, v in figures.items()}
+
+
+def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
+    """Each episode's figures [B] float32 (:data:`FIGURES`): accuracy (the verifier's
+    score: item-F1 in wide search; ``r_perf``, or ``r_verifier`` where a judge's reward is
+    mixed in, then with :data:`JUDGE_FIGURES`), tool calls and errors, orchestrator turns,
+    whether it answered, whether its answer was cut by the turn limit, whether it ran out
+    of context; sub-agents started and finished (returned before their turn limit),
+    critical and total steps; the orchestrator's compactions (:mod:`swarmjax.swarm.context`),
+    the ids they took out of its conversation, its longest segment (ids), and its
+    sub-agents' longest conversation (0 without any)."""
+    r = reward_terms(res.rewards, len(res.length))
+    out = {"accuracy": r.get("r_verifier", r["r_perf"]), "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
+           "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
+           "context_ended": res.end_reason == END_CONTEXT, "subagents": res.spawned,
+           "finished_subagents": res.finished, "critical_steps": res.critical_steps,
+           "total_steps": res.total_steps, "compactions": [len(t.segments) for t in res.orchestrators],
+           "context_dropped": [t.dropped for t in res.orchestrators],
+           "peak_context": [t.peak for t in res.orchestrators],
+           "subagent_peak_context": [max([len(t) for t in subs], default=0) for subs in res.subagents]}
+    if "judge" in r:                    # a judged engine's episodes: the judge's score and its gap to the truth
+        truth = r.get("r_verifier", r["r_perf"])
+        out.update(judge=r["judge"], judge_gap=r["judge"] - truth, judge_agreement=(r["judge"] > 0.5) == (truth > 0.5))
+    return {k: np.asarray(out[k], np.float32) for k in FIGURES + (JUDGE_FIGURES if "judge" in r else ())}
+
+
+def mean_figures(per_episode: dict[str, np.ndarray]) -> dict[str, float]:
+    """The mean over episodes of each figure."""
+    return {k: float(np.mean(v)) for k, v in per_episode.items()}
+
+
+def rollout_figures(res: TextRolloutResult) -> dict[str, float]:
+    """Means over a rollout's episodes of :func:`episode_figures`."""
+    return mean_figures(episode_figures(res))
+
+
+def _rollout_params(params: Any, worker_params: Any, mesh: Any) -> tuple[Any, Any]:
+    """The local replicas a process's rollout decodes with (:func:`local_replica`); the
+    sub-agents' are the orchestrator's when they decode with the trained params (one
+    gather, not two)."""
+    orch = local_replica(params, mesh)
+    return orch, orch if worker_params is params else local_replica(worker_params, mesh)
