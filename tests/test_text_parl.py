@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from small_job import restored_states, sigterm_in_rl_step
+from small_job import close_lines, restored_states, sigterm_in_rl_step
 from swarmjax.cli import main
 from swarmjax.config_file import load_config
 from swarmjax.envs.widesearch import WideSearchConfig
@@ -22,8 +22,8 @@ from swarmjax.rl.parl import PARLConfig
 from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 from swarmjax.train.agent_rl import episode_rewards
-from swarmjax.train.text_parl import RelayWarmStartConfig, TextPARLConfig, TextPARLJob, sample_episodes
 from swarmjax.train.jobs import evaluate_checkpoint
+from swarmjax.train.text_parl import RelayWarmStartConfig, TextPARLConfig, TextPARLJob, sample_episodes
 from swarmjax.train.warm_start import load_warm_start
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,6 +214,26 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, capsys):
     logs = {name: (cut / name).read_text() for name in ("metrics.jsonl", "eval.jsonl")}
     assert main(args + ["--resume", "auto"]) == 0
     assert {name: (cut / name).read_text() for name in logs} == logs
+
+
+@pytest.mark.slow
+def test_text_parl_job_on_a_mesh_writes_the_one_device_figures(tiny_run, tmp_path, capsys):
+    """The tiny job, warm start included, on a 1x4x2 (data, fsdp, tensor) mesh of this
+    process's 8 simulated devices: the warm start's, the swarm's and the learner's rows
+    and params over it, the same lines as on one device (to float32 rounding); a mesh the
+    batch does not split over is one line."""
+    config, full, _ = tiny_run
+    run = str(tmp_path / "mesh")
+    argv = ["train", "--config", str(config), "--workdir", run, "--no-progress"]
+    assert main(argv + ["--set", "mesh.data=8"]) == 2
+    assert "not divisible by the mesh's data x fsdp = 8" in capsys.readouterr().err and not os.path.exists(run)
+    assert main(argv + ["--set", "mesh.data=1", "--set", "mesh.fsdp=4", "--set", "mesh.tensor=2"]) == 0
+    drop = {"seconds", "rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        rows = [[{k: v for k, v in json.loads(x).items() if k not in drop} for x in open(os.path.join(d, name))]
+                for d in (full, run)]
+        assert len(rows[0]) == len(rows[1]) > 0
+        close_lines(*rows, f"{run} {name}")
 
 
 @pytest.mark.slow

@@ -54,6 +54,7 @@ from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.trajectory import shared_head
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.sharding.mesh import MeshConfig
 from swarmjax.swarm.text_types import TextRolloutConfig
 from swarmjax.text.chat import CHAT_FORMATS
 from swarmjax.train.agent import TextRLConfig
@@ -141,6 +142,8 @@ class TextPARLJob:
                                            # RL stage can share one warm start (tokenizer and held-out tasks: seed)
     warm_start_from: str | None = None     # a workdir whose warm start to reuse (skips demos and SFT)
     warm_start_match: tuple[str, ...] = ("model", "sft", "env", "tokenizer", "seed")
+    mesh: MeshConfig | None = None         # the warm start's, the learner's and the swarm's (data, fsdp, tensor)
+                                           # mesh over this process's devices (None: one device)
 
     def warm_identity(self) -> dict[str, str]:
         """What determines the warm start (:mod:`swarmjax.train.warm_start`): model, SFT
@@ -151,13 +154,13 @@ class TextPARLJob:
 
     def identity(self) -> dict[str, str]:
         """What a run computes, as reprs: a run may be resumed with another PARL step
-        count, evaluation cadence or warm-start source (the same warm start, by its
-        identity check), not with another model, task, tokenizer, warm start, PARL
+        count, evaluation cadence, warm-start source (the same warm start, by its identity
+        check) or mesh, not with another model, task, tokenizer, warm start, PARL
         configuration, seed or held-out set (``log_every`` may change too)."""
         same = dataclasses.replace(self, parl=dataclasses.replace(self.parl, steps=0), eval_every=0, log_every=0,
                                    parl_seed=self.seed if self.parl_seed is None else self.parl_seed,
                                    warm_start_from=None, warm_start_match=())
-        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)}
+        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same) if f.name != "mesh"}
 
     def validate(self) -> None:
         if self.chat not in CHAT_FORMATS:
@@ -176,6 +179,17 @@ class TextPARLJob:
         if self.parl.focus_fraction > 0 and self.parl.focus_min_n > env.max_task_size:
             raise ValueError(f"focus_min_n {self.parl.focus_min_n} is above max_task_size {env.max_task_size}")
         self.parl.async_rollout.check(jax.device_count(), jax.process_count())
+        if jax.process_count() > 1:
+            raise ValueError("the text PARL recipe runs in one process (over a mesh of its devices: mesh=...); "
+                             "over several, train the relay task with the agent job: task='relay', "
+                             "role='orchestrator', engine='device'")
+        if self.mesh is not None:
+            shape = self.mesh.shape(jax.device_count())                       # raises on an impossible mesh
+            rows = shape[0] * shape[1]
+            for name, b in (("parl.tasks_per_step x parl.group_size", self.parl.tasks_per_step * self.parl.group_size),
+                            ("sft.batch", self.sft.batch)):
+                if b % rows:
+                    raise ValueError(f"{name} = {b} is not divisible by the mesh's data x fsdp = {rows}")
 
 
 # ------------------------------------------------------------------------ tasks
@@ -210,7 +224,7 @@ def eval_episodes(job: TextPARLJob, split: str = "test") -> dict[int, list[Episo
 
 
 def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: RelayWarmStartConfig, seed: int,
-               on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
+               on_step: Callable[[int, dict[str, float]], None] | None = None, *, mesh: Any = None) -> Any:
     """Both roles each step: ``batch`` orchestrator rows of one length bucket and
     ``batch`` sub-agent rows (cut to their longest), loss = orchestrator NLL + sub-agent
     NLL (per-role means over the agent's own ids: the one warm-start step,
@@ -218,14 +232,16 @@ def warm_start(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, scfg: Re
     ``optim.qk_clip_tau > 0``). Each role's rows open with the same ids (system turn,
     tool schemas: ~540 of an orchestrator's ~1000): that head runs once per step
     (:func:`~swarmjax.train.sft.prefix_role_stats`, the same loss and gradients).
+    ``mesh``: the params, optimizer state and rows over it (:func:`~swarmjax.train.sft.sft_step`).
     Metrics: loss, ``orch_nll``/``orch_acc``/``worker_nll``/``worker_acc`` (and
     ``max_attn_logit``, ``qk_clip_heads`` with QK-Clip)."""
     heads = tuple(jnp.asarray(d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]) for d in (orch, work))
-    params, opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads)
+    params, opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads, mesh=mesh)
     W = int(work.token_mask.sum(1).max())              # sub-agent rows: cut to the longest
     roles = (RoleRows(orch, scfg.batch, scfg.bucket, bucketed=True, head=len(heads[0])),
              RoleRows(work, scfg.batch, W, head=len(heads[1])))
-    return warm_start_loop(params, step, opt_state, roles, scfg.steps, np.random.default_rng(seed), on_step)
+    return warm_start_loop(params, step, opt_state, roles, scfg.steps, np.random.default_rng(seed), on_step,
+                           mesh=mesh)
 
 
 # ------------------------------------------------------------------------ evaluation

@@ -32,7 +32,10 @@ Preemption (:mod:`swarmjax.train.preemption`): on SIGTERM the job stops at the n
 safe point, the end of a warm-start step (nothing kept: the rerun trains the warm
 start again), the step-0 checkpoint or the end of a PARL step (a checkpoint there),
 and raises :class:`~swarmjax.train.preemption.Preempted` (the CLI exits with 143).
-One process.
+Meshes (``mesh``): the warm start, the learner and the swarm's rows over a ``(data,
+fsdp, tensor)`` mesh of the process's devices, with the figures of one device (to float32
+rounding: tested on 8 simulated devices); one process (the agent job trains the relay task
+with the same engine over several: ``task="relay", engine="device"``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from swarmjax.envs.widesearch_relay_device import RelayDeviceTask
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
+from swarmjax.sharding.mesh import make_mesh
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.train.loop import JobRun
 from swarmjax.train.logs import (JobLog, curves, log_line, progress_bar, summary_table,
@@ -80,28 +84,28 @@ def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTa
                      max_pairs=job.max_pairs)
 
 
-def make_engine(job: TextPARLJob, task: RelayTask, cfg: ModelConfig) -> DeviceEngine:
+def make_engine(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, mesh: Any = None) -> DeviceEngine:
     """The job's swarm behind the engine call: PARL's rollouts, and (greedy, budget
     lifted) its evaluations, both at one batch size (a PARL step's episodes: one
-    compiled program)."""
+    compiled program), its rows over ``mesh``'s batch axes."""
     swarm = TextSwarm(RelayDeviceTask(task), cfg, job.parl.rollout, chunk=job.parl.chunk,
-                      wide_rows=job.parl.wide_rows, buckets=job.parl.buckets,
+                      wide_rows=job.parl.wide_rows, buckets=job.parl.buckets, mesh=mesh,
                       episode_keys=False)        # one key a tick: the sampling of the published runs
     return DeviceEngine(swarm, batch=job.parl.tasks_per_step * job.parl.group_size, size=lambda p: len(p.task))
 
 
 def run_evaluation(engine: DeviceEngine, params: Any, warm: Any, tasks: dict[int, list[Episode]],
-                   key: jax.Array) -> dict[int, dict[str, float]]:
+                   key: jax.Array, *, mesh: Any = None) -> dict[int, dict[str, float]]:
     """:func:`~swarmjax.train.agent_eval.evaluate` (greedy, budget lifted) of every size's
     held-out tasks together, as rows per size (:func:`size_rows`)."""
     episodes = [ep for eps in tasks.values() for ep in eps]
     t0 = time.perf_counter()
-    per = evaluate(engine, params, warm, episodes, key)
+    per = evaluate(engine, params, warm, episodes, key, mesh=mesh)
     return size_rows(per, np.asarray([len(ep.task) for ep in episodes]), time.perf_counter() - t0)
 
 
 def _warm_start_stage(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, key: jax.Array, progress: bool,
-                      log: Callable[[str, dict], None], stop: Callable[[], bool], workdir: str) -> Any:
+                      log: Callable[[str, dict], None], stop: Callable[[], bool], workdir: str, mesh: Any) -> Any:
     """Demonstrations, then :func:`warm_start` from fresh params (progress bars, SFT log
     lines); raises :class:`Preempted` at the end of the SFT step where ``stop()``."""
     pad = task.chat.tokenizer.token_id(task.chat.pad_token)
@@ -123,7 +127,7 @@ def _warm_start_stage(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, key: 
         if stop():
             bar.close()
             raise Preempted(None, workdir)
-    params = warm_start(init_params(cfg, key), cfg, orch, work, job.sft, job.seed, on_sft)
+    params = warm_start(init_params(cfg, key), cfg, orch, work, job.sft, job.seed, on_sft, mesh=mesh)
     bar.close()
     return params
 
@@ -157,7 +161,8 @@ class TextPARLRun(JobRun):
         self.task = build_task(job, workdir, train=fresh)
         self.cfg = job.model.replace(vocab_size=self.task.chat.tokenizer.vocab_size)
         self.key = jax.random.key(job.seed)
-        self.learner = Learner(self.cfg, logged_update(job.parl.update, job.parl.async_rollout))
+        self.mesh = None if job.mesh is None else make_mesh(job.mesh)
+        self.learner = Learner(self.cfg, logged_update(job.parl.update, job.parl.async_rollout), mesh=self.mesh)
         self.parl_seed = job.seed if job.parl_seed is None else job.parl_seed
         self.rl, self.rl_key, self.identity = job.parl, jax.random.key(self.parl_seed), job.identity()
         self.eval_every, self.log_every = job.eval_every, job.log_every
@@ -165,7 +170,7 @@ class TextPARLRun(JobRun):
         self.stream = ReplayStream(lambda rng: sample_episodes(job.env, rng, 1, focus_fraction=job.parl.focus_fraction,
                                                                focus_min_n=job.parl.focus_min_n)[0],
                                    f"parl-{self.parl_seed}")
-        self.engine = make_engine(job, self.task, self.cfg)
+        self.engine = make_engine(job, self.task, self.cfg, self.mesh)
         self.held_out = {s: eval_episodes(job, s) for s in EVAL_STREAMS}
 
     def state_shapes(self) -> Any:
@@ -180,7 +185,7 @@ class TextPARLRun(JobRun):
                                       jax.eval_shape(lambda: init_params(self.cfg, self.key)))
         else:
             warm = _warm_start_stage(job, self.task, self.cfg, self.key, self.progress, log.write, watch.reached,
-                                     self.workdir)
+                                     self.workdir, self.mesh)
             save_warm_start(job, self.workdir, warm, {})
         state = self.learner.init(jax.tree.map(jnp.copy, warm), frozen={"subagents": jax.tree.map(jnp.copy, warm)})
         return state, {"parl_seed": self.parl_seed, "eval_n": max(job.eval_sizes), "identity": job.warm_identity(),
@@ -189,7 +194,7 @@ class TextPARLRun(JobRun):
     def evaluate(self, step: int, label: str, state: Any, split: str, log: JobLog) -> dict:
         """Greedy, budget lifted, every size's held-out tasks of ``split`` together: rows by size."""
         res = run_evaluation(self.engine, state.params, subagent_params(state), self.held_out[split],
-                             jax.random.fold_in(self.key, 1))
+                             jax.random.fold_in(self.key, 1), mesh=self.mesh)
         for n, r in res.items():
             log.write("eval.jsonl", {"step": step, "policy": label, "split": split, "n": n, **r})
         return {str(n): r for n, r in res.items()}
