@@ -48,6 +48,7 @@ def get_config():
         sft=dataclasses.replace(job.sft, steps=3, batch=4, demos=24, bucket=1280,
                                 optim=OptimConfig(learning_rate=3e-3, warmup_steps=1, decay_steps=3)),
         parl=dataclasses.replace(p, steps=2, tasks_per_step=2, group_size=2, focus_min_n=3, buckets=1,
+                                 episode_keys=True,
                                  update=dataclasses.replace(p.update, num_minibatches=2),
                                  rollout=dataclasses.replace(p.rollout, orch_context=1280, worker_context=512,
                                                              max_turn_tokens=96, subagent_turns=3, budget=6)),
@@ -217,23 +218,36 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_text_parl_job_on_a_mesh_writes_the_one_device_figures(tiny_run, tmp_path, capsys):
-    """The tiny job, warm start included, on a 1x4x2 (data, fsdp, tensor) mesh of this
-    process's 8 simulated devices: the warm start's, the swarm's and the learner's rows
-    and params over it, the same lines as on one device (to float32 rounding); a mesh the
-    batch does not split over is one line."""
+def test_text_parl_job_over_two_processes_writes_the_one_device_figures(tiny_run, tmp_path, capsys):
+    """The tiny job, warm start included, over two processes of 2 devices each
+    (jax.distributed on 127.0.0.1, a 2x1x2 (data, fsdp, tensor) mesh: the warm start's and
+    the learner's rows and params over it, each process decoding its share of a step's
+    episodes, process 0 writing): the one-device run's lines (to float32 rounding). A mesh
+    the batch does not split over is one line."""
+    import subprocess
+    import sys
+
+    from small_job import free_port, subprocess_xla_flags
+
     config, full, _ = tiny_run
-    run = str(tmp_path / "mesh")
-    argv = ["train", "--config", str(config), "--workdir", run, "--no-progress"]
+    two = str(tmp_path / "two")
+    argv = ["train", "--config", str(config), "--workdir", two, "--no-progress"]
     assert main(argv + ["--set", "mesh.data=8"]) == 2
-    assert "not divisible by the mesh's data x fsdp = 8" in capsys.readouterr().err and not os.path.exists(run)
-    assert main(argv + ["--set", "mesh.data=1", "--set", "mesh.fsdp=4", "--set", "mesh.tensor=2"]) == 0
+    assert "not divisible by the mesh's data x fsdp = 8" in capsys.readouterr().err and not os.path.exists(two)
+    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "swarmjax.cli", *argv, "--set", "mesh.data=2", "--set", "mesh.tensor=2",
+           "--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", "2"]
+    procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env) for i in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert "| 4 | final |" in outs[0] and f"written to {two}" in outs[0] and f"written to {two}" not in outs[1]
     drop = {"seconds", "rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
     for name in ("metrics.jsonl", "eval.jsonl"):
         rows = [[{k: v for k, v in json.loads(x).items() if k not in drop} for x in open(os.path.join(d, name))]
-                for d in (full, run)]
+                for d in (full, two)]
         assert len(rows[0]) == len(rows[1]) > 0
-        close_lines(*rows, f"{run} {name}")
+        close_lines(*rows, f"{two} {name}")
 
 
 @pytest.mark.slow

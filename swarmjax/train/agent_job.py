@@ -332,13 +332,14 @@ class AgentRun(JobRun):
         if label in ("initial", "final"):
             say(f"evaluating the {'start' if label == 'initial' else 'final policy'} on {len(problems)} "
                 f"{split} problems (greedy)")
+        agent = "orchestrator" if self.job.role == "orchestrator" else "agent"     # a single agent by its role
 
         def traces(res, batch, first):
             for b, p in enumerate(batch if first == 0 else ()):
                 size = problem_size(task, p)
                 log.write("traces.jsonl", text_trace(res, b, self.chat.tokenizer.decode, task_size=size,
                                                      trace_id=f"{label}-s{step}-n{size}-{b}", task_id=f"test-{b}",
-                                                     agent="orchestrator" if self.job.role == "orchestrator" else "agent"))
+                                                     agent=agent))
         episodes = evaluate(self.engine, state.params, subagent_params(state), problems,
                             jax.random.fold_in(self.key, 1), mesh=self.mesh,
                             on_result=traces if (label, split) == ("final", "test") else None)

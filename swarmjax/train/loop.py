@@ -10,9 +10,10 @@ everything in between, the same for every job:
 
 1. **Start** (``latest`` None): :meth:`JobRun.start` (the warm start and the learner's
    state), the start's evaluations (:attr:`JobRun.start_splits`), checkpoint 0 (RL's
-   start survives a crash in RL), a safe point, ``config.txt`` (the config's repr). **Resume**: :func:`restore` of the
+   start survives a crash in RL), a safe point. **Resume**: :func:`restore` of the
    newest finished checkpoint on the learner's mesh, the identity checked, the task
-   stream put back where the checkpoint left it, the logs cut back to its step.
+   stream put back where the checkpoint left it, the logs cut back to its step. Either
+   way ``config.txt`` (the config's repr) is written.
 2. **RL**: per step :meth:`JobRun.rl_step` (by default ``rl.tasks_per_step`` problems
    of the stream through :func:`~swarmjax.train.agent_rl.rl_step`, sampled with
    ``fold_in(rl_key, 100 + s)`` at step ``s``) or, with ``rl.async_rollout``, a batch

@@ -92,6 +92,9 @@ class TextPARLConfig(TextRLConfig):
     chunk, wide_rows, buckets: :class:`TextSwarm`'s prefill width, share of rows per
       tick and row / window sizes each tick's forwards are compiled for (1: every row over
       the whole cache, the fewest compiles).
+    episode_keys: every token keyed by its episode, agent and position (an episode
+      samples the same ids whatever batch, mesh or process runs it: needed over several
+      processes); False (the published runs' sampling): one key a tick for the batch.
     """
 
     steps: int = 100
@@ -106,6 +109,7 @@ class TextPARLConfig(TextRLConfig):
     buckets: int = 3
     bucket: int = 256
     head_multiple: int = 64
+    episode_keys: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -179,10 +183,16 @@ class TextPARLJob:
         if self.parl.focus_fraction > 0 and self.parl.focus_min_n > env.max_task_size:
             raise ValueError(f"focus_min_n {self.parl.focus_min_n} is above max_task_size {env.max_task_size}")
         self.parl.async_rollout.check(jax.device_count(), jax.process_count())
-        if jax.process_count() > 1:
-            raise ValueError("the text PARL recipe runs in one process (over a mesh of its devices: mesh=...); "
-                             "over several, train the relay task with the agent job: task='relay', "
-                             "role='orchestrator', engine='device'")
+        procs = jax.process_count()
+        if procs > 1:
+            why = [what for what, bad in (
+                ("a mesh over them (e.g. --set mesh.data=-1)", self.mesh is None),
+                ("parl.episode_keys=True (each process samples its episodes as one process would)",
+                 not self.parl.episode_keys),
+                (f"parl.tasks_per_step divisible by them (each rolls out whole groups; have "
+                 f"{self.parl.tasks_per_step})", self.parl.tasks_per_step % procs)) if bad]
+            if why:
+                raise ValueError(f"{procs} processes need {why[0]}")
         if self.mesh is not None:
             shape = self.mesh.shape(jax.device_count())                       # raises on an impossible mesh
             rows = shape[0] * shape[1]

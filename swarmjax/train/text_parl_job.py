@@ -65,6 +65,7 @@ from swarmjax.train.relay_demos import make_relay_demos
 from swarmjax.train.agent_eval import evaluate
 from swarmjax.train.agent_rl import subagent_params
 from swarmjax.train.async_rl import logged_update
+from swarmjax.train.distributed import barrier
 from swarmjax.train.engines import DeviceEngine
 from swarmjax.train.text_parl import EVAL_STREAMS, TextPARLJob, eval_episodes, sample_episodes, size_rows, warm_start
 from swarmjax.train.streams import ReplayStream
@@ -87,11 +88,15 @@ def build_task(job: TextPARLJob, workdir: str, *, train: bool = True) -> RelayTa
 def make_engine(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, mesh: Any = None) -> DeviceEngine:
     """The job's swarm behind the engine call: PARL's rollouts, and (greedy, budget
     lifted) its evaluations, both at one batch size (a PARL step's episodes: one
-    compiled program), its rows over ``mesh``'s batch axes."""
+    compiled program), its rows over ``mesh``'s batch axes. With several processes each
+    decodes its share of a step's episodes on its first device (a local copy of the
+    params; ``parl.episode_keys``: the ids of one process)."""
+    procs = jax.process_count()
     swarm = TextSwarm(RelayDeviceTask(task), cfg, job.parl.rollout, chunk=job.parl.chunk,
-                      wide_rows=job.parl.wide_rows, buckets=job.parl.buckets, mesh=mesh,
-                      episode_keys=False)        # one key a tick: the sampling of the published runs
-    return DeviceEngine(swarm, batch=job.parl.tasks_per_step * job.parl.group_size, size=lambda p: len(p.task))
+                      wide_rows=job.parl.wide_rows, buckets=job.parl.buckets, mesh=mesh if procs == 1 else None,
+                      episode_keys=job.parl.episode_keys)     # False: one key a tick, the published runs' sampling
+    return DeviceEngine(swarm, batch=job.parl.tasks_per_step * job.parl.group_size // procs,
+                        size=lambda p: len(p.task))
 
 
 def run_evaluation(engine: DeviceEngine, params: Any, warm: Any, tasks: dict[int, list[Episode]],
@@ -158,7 +163,12 @@ class TextPARLRun(JobRun):
 
     def __init__(self, job: TextPARLJob, workdir: str, *, fresh: bool = True, progress: bool = True):
         self.job, self.workdir, self.progress = job, workdir, progress
-        self.task = build_task(job, workdir, train=fresh)
+        self.primary = jax.process_index() == 0
+        if self.primary:                        # process 0 trains and writes the tokenizer, the others read it
+            self.task = build_task(job, workdir, train=fresh)
+        barrier("swarmjax-text-parl-tokenizer")
+        if not self.primary:
+            self.task = build_task(job, workdir, train=False)
         self.cfg = job.model.replace(vocab_size=self.task.chat.tokenizer.vocab_size)
         self.key = jax.random.key(job.seed)
         self.mesh = None if job.mesh is None else make_mesh(job.mesh)
@@ -217,7 +227,6 @@ class TextPARLRun(JobRun):
 
     def summary(self, meta: dict, wall_clock_s: float) -> dict:
         job, big = self.job, max(self.job.eval_sizes)
-        curves(self.workdir, ("reward", "accuracy", "critical_steps", "subagents"))
         evals = meta["evals"]
         before, after = _rows(evals["warm_start"]), _rows(evals.get("final", evals["warm_start"]))
         summary = {"task": "widesearch_relay", "model_params": self.cfg.num_params(),
@@ -225,7 +234,9 @@ class TextPARLRun(JobRun):
                    "seed": job.seed, "parl_seed": self.parl_seed, "warm_start": before, "final": after,
                    "headline": headline(before, after, big), "wall_clock_s": wall_clock_s,
                    "warm_start_s": meta["warm_start_s"], "device": f"{jax.default_backend()} x{jax.device_count()}"}
-        write_summary(self.workdir, summary, summary_table)
+        if self.primary:
+            curves(self.workdir, ("reward", "accuracy", "critical_steps", "subagents"))
+            write_summary(self.workdir, summary, summary_table)
         return summary
 
 
