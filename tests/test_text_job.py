@@ -7,8 +7,6 @@ import dataclasses
 import io
 import json
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -212,40 +210,32 @@ RELAY = ["task=relay", "role=orchestrator", "engine=device", "tokenizer_vocab=10
 
 
 @pytest.mark.slow
-def test_device_engine_job_on_one_device_and_two_processes(tmp_path, capsys):
+def test_device_engine_job_preempted_resumes_exactly(tmp_path, capsys):
     """The agent job with the device engine, as an orchestrator with frozen sub-agents: the
     relay task's device twin rolls out in the jitted swarm (the warm start plays the host
-    twin's demonstrations). Over two processes of 2 devices each (a data mesh for the
-    learner; each process rolls out its 2 problems' groups, every episode keyed by its
-    index in the step), uninterrupted; and on one device, stopped by SIGTERM in RL step 0
-    and continued with --resume auto: both write the same metrics and evaluations. The
-    sub-agents' weights stay bit for bit what they were while an update moves the policy; per-size table,
-    valid traces; resumed once more, it recomputes nothing. (The swarm over an 8-device
-    mesh equals one device: tests/test_text_engine.py.)"""
+    twin's demonstrations). Stopped by SIGTERM in RL step 0 and continued with --resume
+    auto, it writes the uninterrupted run's metrics and evaluations, bit for bit. The
+    sub-agents' weights stay bit for bit what they were while an update moves the policy;
+    per-size table, valid traces; resumed once more, it recomputes nothing. (The swarm over
+    an 8-device mesh equals one device: tests/test_text_engine.py; the device engine over two
+    processes: tests/test_text_parl.py.)"""
     import jax
-    from small_job import close_lines, free_port, restored_states, sigterm_in_rl_step, subprocess_xla_flags
+    from small_job import restored_states, sigterm_in_rl_step
     from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
-    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    full, one = str(tmp_path / "full"), str(tmp_path / "one")
     args = lambda workdir, *more: ["train", "--config", CONFIG, "--workdir", workdir, "--no-progress"] + [   # noqa: E731
         a for s in RELAY + list(more) for a in ("--set", s)]
-    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "swarmjax.cli", *args(two, "mesh.data=-1"), "--coordinator",
-           f"127.0.0.1:{free_port()}", "--num-processes", "2"]
-    procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=env) for i in range(2)]
-    # meanwhile, in this process: one device, the notice arriving during RL step 0
-    with sigterm_in_rl_step(0):
+    assert main(args(full)) == 0
+    with sigterm_in_rl_step(0):                 # the notice arriving during RL step 0
         assert main(args(one)) == PREEMPTED_EXIT_CODE
     assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
     assert main(args(one) + ["--resume", "auto"]) == 0
     out = capsys.readouterr().out
-    outs = [p.communicate(timeout=900)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     lines = lambda run, name: [{k: v for k, v in json.loads(x).items() if not k.endswith("_s")}   # noqa: E731
                                for x in open(os.path.join(run, name))]
     for name in ("metrics.jsonl", "eval.jsonl"):
-        close_lines(lines(two, name), lines(one, name), f"{one} {name}")
+        assert lines(one, name) == lines(full, name), name
     workdir, args = one, args(one)
     assert "per task size (test split)" in out and "| final |" in out
     rl = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]

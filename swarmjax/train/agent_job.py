@@ -55,7 +55,6 @@ from swarmjax.rl.update import Learner
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.context import check_env
-from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.chat import chat_format, detect_chat_format
 from swarmjax.text.runner import ToolRunner
@@ -251,10 +250,9 @@ def device_engine(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, m
     processes each rolls out its share of a step's episodes (whole groups) on its first
     device with a local copy of the params, every episode keyed by its index in the step
     (the swarm's ``episode_keys``): the metrics are those of one process."""
-    procs = jax.process_count()            # several: each decodes its share on its first device
-    swarm = TextSwarm(device_twin(task, ctx.chat), cfg, job.rl.rollout, mesh=mesh if procs == 1 else None)
-    return DeviceEngine(swarm, batch=job.rl.tasks_per_step * job.rl.group_size // procs,
-                        size=functools.partial(problem_size, task))
+    return DeviceEngine.over(device_twin(task, ctx.chat), cfg, job.rl.rollout,
+                             episodes=job.rl.tasks_per_step * job.rl.group_size,
+                             size=functools.partial(problem_size, task), mesh=mesh)
 
 
 # engine name -> (job, task, env context, model config, mesh) -> the engine its RL steps and evaluations call

@@ -55,7 +55,6 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner
 from swarmjax.sharding.mesh import make_mesh
-from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.train.loop import JobRun
 from swarmjax.train.logs import (JobLog, curves, log_line, progress_bar, summary_table,
                                  write_summary)
@@ -91,12 +90,10 @@ def make_engine(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, mesh: Any =
     compiled program), its rows over ``mesh``'s batch axes. With several processes each
     decodes its share of a step's episodes on its first device (a local copy of the
     params; ``parl.episode_keys``: the ids of one process)."""
-    procs = jax.process_count()
-    swarm = TextSwarm(RelayDeviceTask(task), cfg, job.parl.rollout, chunk=job.parl.chunk,
-                      wide_rows=job.parl.wide_rows, buckets=job.parl.buckets, mesh=mesh if procs == 1 else None,
-                      episode_keys=job.parl.episode_keys)     # False: one key a tick, the published runs' sampling
-    return DeviceEngine(swarm, batch=job.parl.tasks_per_step * job.parl.group_size // procs,
-                        size=lambda p: len(p.task))
+    p = job.parl                                     # episode_keys False: one key a tick (the published runs)
+    return DeviceEngine.over(RelayDeviceTask(task), cfg, p.rollout, episodes=p.tasks_per_step * p.group_size,
+                             size=lambda ep: len(ep.task), mesh=mesh, chunk=p.chunk, wide_rows=p.wide_rows,
+                             buckets=p.buckets, episode_keys=p.episode_keys)
 
 
 def run_evaluation(engine: DeviceEngine, params: Any, warm: Any, tasks: dict[int, list[Episode]],
