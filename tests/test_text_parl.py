@@ -1,6 +1,7 @@
 """`swarmjax train --config configs/parl_widesearch_text_cpu.py`, shrunk: the text PARL job
 end to end (tokenizer, played demonstrations, warm start, PARL on the jitted text swarm,
-evaluations, summary), its preemption and exact resume, its reward, and its bad-input errors."""
+evaluations, summary), over two processes, its preemption and exact resume, its reward, and its
+bad-input errors."""
 
 import contextlib
 import dataclasses

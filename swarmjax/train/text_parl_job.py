@@ -32,10 +32,12 @@ Preemption (:mod:`swarmjax.train.preemption`): on SIGTERM the job stops at the n
 safe point, the end of a warm-start step (nothing kept: the rerun trains the warm
 start again), the step-0 checkpoint or the end of a PARL step (a checkpoint there),
 and raises :class:`~swarmjax.train.preemption.Preempted` (the CLI exits with 143).
-Meshes (``mesh``): the warm start, the learner and the swarm's rows over a ``(data,
-fsdp, tensor)`` mesh of the process's devices, with the figures of one device (to float32
-rounding: tested on 8 simulated devices); one process (the agent job trains the relay task
-with the same engine over several: ``task="relay", engine="device"``).
+Meshes and processes (``mesh``): the warm start, the learner and the swarm's rows over a
+``(data, fsdp, tensor)`` mesh; over several processes (``swarmjax train --coordinator
+...``, ``parl.episode_keys=True``) process 0 writes the tokenizer, the logs and the
+summary, and each process decodes its share of a step's episodes on its first device
+(:meth:`~swarmjax.train.engines.DeviceEngine.over`): the figures of one device to float32
+rounding (tested over two processes).
 """
 
 from __future__ import annotations
