@@ -78,9 +78,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from etils import epath
 
-    from swarmjax.train.preemption import PREEMPTED_EXIT_CODE, Preempted
-
     from swarmjax.train.jobs import job_table, run_job
+    from swarmjax.train.preemption import PREEMPTED_EXIT_CODE, Preempted
 
     _start_distributed(args)
     job = _load(args)

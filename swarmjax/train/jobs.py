@@ -1,7 +1,7 @@
 """The one job: every job config's run in the one frame and loop, and the one checkpoint
 evaluation (what ``swarmjax train`` and ``swarmjax eval`` call).
 
-    from swarmjax.train.jobs import run_job, evaluate_checkpoint
+    from swarmjax.train.jobs import evaluate_checkpoint, job_table, run_job
     summary = run_job(config, "runs/x", resume="auto")
     print(job_table(config)(evaluate_checkpoint(config, "runs/x", which="best")))
 
