@@ -90,3 +90,20 @@ def sigterm_in_rl_step(at: int = 0):
         yield
     finally:
         loop.rl_step = rl_step
+
+
+def two_processes(argv: list[str], *, timeout: int = 600) -> list[str]:
+    """``python -m swarmjax.cli *argv`` as one job over two local processes of 2 devices
+    each (jax.distributed on a free 127.0.0.1 port, the suite's compiler flags); asserts
+    both exit 0 and returns each one's output."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "swarmjax.cli", *argv, "--coordinator", f"127.0.0.1:{free_port()}",
+           "--num-processes", "2"]
+    procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env) for i in range(2)]
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    return outs

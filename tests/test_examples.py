@@ -8,14 +8,13 @@ one device."""
 
 import json
 import os
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
-from small_job import close_lines, free_port, restored_states, sigterm_in_rl_step, subprocess_xla_flags
+from small_job import close_lines, restored_states, sigterm_in_rl_step, two_processes
 from swarmjax.cli import main
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
@@ -126,14 +125,7 @@ def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path, capsys):
     # episodes), asked for 'y' or 'n': single tokens of this tokenizer
     judged = ("judge.mix.verifier=0.5", "judge.judge.yes=y", "judge.judge.no=n")
     assert main(_args(one, checkpoint, short, *judged)) == 0
-    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "swarmjax.cli", *_args(two, checkpoint, short, *judged, "mesh.data=2",
-                                                              "mesh.tensor=2"),
-           "--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", "2"]
-    procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=env) for i in range(2)]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    outs = two_processes(_args(two, checkpoint, short, *judged, "mesh.data=2", "mesh.tensor=2"))
     assert f"written to {two}" in outs[0] and f"written to {two}" not in outs[1]
     rl = [r for r in _lines(one, "metrics.jsonl") if r["stage"] == "rl"]
     assert max(r["learner/grad_norm"] for r in rl) > 0, rl                  # an update moved the policy

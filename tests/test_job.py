@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ import jax
 import numpy as np
 import pytest
 
-from small_job import CONFIG, SMALL_JOB, TIMING, rows, subprocess_xla_flags
+from small_job import CONFIG, SMALL_JOB, TIMING, free_port, rows, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.checkpoint import Checkpointer
@@ -228,12 +227,6 @@ def test_resume_without_checkpoint(tmp_path, capsys):
 # ------------------------------------------------------------------ two processes
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def process_env(cache) -> dict[str, str]:

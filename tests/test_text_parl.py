@@ -225,23 +225,14 @@ def test_text_parl_job_over_two_processes_writes_the_one_device_figures(tiny_run
     the learner's rows and params over it, each process decoding its share of a step's
     episodes, process 0 writing): the one-device run's lines (to float32 rounding). A mesh
     the batch does not split over is one line."""
-    import subprocess
-    import sys
-
-    from small_job import free_port, subprocess_xla_flags
+    from small_job import two_processes
 
     config, full, _ = tiny_run
     two = str(tmp_path / "two")
     argv = ["train", "--config", str(config), "--workdir", two, "--no-progress"]
     assert main(argv + ["--set", "mesh.data=8"]) == 2
     assert "not divisible by the mesh's data x fsdp = 8" in capsys.readouterr().err and not os.path.exists(two)
-    env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "swarmjax.cli", *argv, "--set", "mesh.data=2", "--set", "mesh.tensor=2",
-           "--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", "2"]
-    procs = [subprocess.Popen(cmd + ["--process-id", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=env) for i in range(2)]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    outs = two_processes(argv + ["--set", "mesh.data=2", "--set", "mesh.tensor=2"])
     assert "| 4 | final |" in outs[0] and f"written to {two}" in outs[0] and f"written to {two}" not in outs[1]
     drop = {"seconds", "rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
     for name in ("metrics.jsonl", "eval.jsonl"):

@@ -62,6 +62,16 @@ class MeshConfig:
                              f"but {num_devices} are available")
         return tuple(sizes)
 
+    def check_batches(self, num_devices: int, batches: dict[str, int]) -> None:
+        """Raise ValueError (one line) for a batch (config field name -> rows) that the
+        mesh's batch axes (data x fsdp, :meth:`shape` over ``num_devices``) do not split
+        evenly, or for an impossible mesh."""
+        shape = self.shape(num_devices)
+        rows = shape[0] * shape[1]
+        for name, b in batches.items():
+            if b % rows:
+                raise ValueError(f"{name} = {b} is not divisible by the mesh's data x fsdp = {rows}")
+
 
 def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
     """Build a ``(data, fsdp, tensor)`` mesh over ``devices`` (default: all devices).

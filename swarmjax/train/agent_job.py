@@ -63,7 +63,7 @@ from swarmjax.train.agent import SUBAGENTS, TextRLConfig, TextSFTConfig, demonst
 from swarmjax.train.agent_eval import FIGURES, JUDGE_FIGURES, evaluate, mean_figures
 from swarmjax.train.agent_rl import subagent_params
 from swarmjax.train.async_rl import logged_update, split_devices
-from swarmjax.train.distributed import barrier, local_replica
+from swarmjax.train.distributed import local_replica, primary_first
 from swarmjax.train.engines import DeviceEngine, HostEngine, JudgedEngine
 from swarmjax.train.loop import JobRun, open_checkpoint
 from swarmjax.train.logs import (JobLog, change, curves, log_line, progress_bar, say,
@@ -273,17 +273,16 @@ class AgentRun(JobRun):
 
     def __init__(self, job: AgentJob, workdir: str, *, fresh: bool = True, progress: bool = True):
         self.job, self.workdir = job, workdir
-        self.progress = progress = progress and jax.process_index() == 0
+        self.progress = progress
         self.primary = jax.process_index() == 0
         self.task = task = resolve_task(job.task)
         corpus = getattr(task, "corpus", None)
         if corpus is not None and job.judge is not None and job.judge.hf_path is None:  # the judge's words: tokens
             corpus = functools.partial(lambda own: own() + judge_corpus(job.judge.judge), corpus)
-        if self.primary:                        # process 0 writes the tokenizer and policy.json first
-            cfg, self.params, chat = prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus)
-        barrier("swarmjax-agent-policy")
-        if not self.primary:
-            cfg, self.params, chat = prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus, write=False)
+        # process 0 writes the tokenizer and policy.json first
+        cfg, self.params, chat = primary_first(
+            "swarmjax-agent-policy", lambda: prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus),
+            lambda: prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus, write=False))
         self.cfg, self.chat = cfg, chat
         say(f"policy: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.vocab_size} ids, chat format {chat.name}"
             f"{'' if job.hf_path is None else ', from ' + job.hf_path}; task {type(task).__name__}, role {job.role}")

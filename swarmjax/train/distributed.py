@@ -29,7 +29,8 @@ import dataclasses
 import logging
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 __all__ = ["DistributedSpec", "allgather", "barrier", "detect_cluster", "global_rows", "global_whole", "local_replica",
            "maybe_initialize", "resolve", "share"]
@@ -221,6 +222,18 @@ def barrier(name: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(name)
+
+
+def primary_first(name: str, write: Callable[[], Any], read: Callable[[], Any]) -> Any:
+    """What process 0 makes and every other process reads back: ``write()`` on process 0
+    (e.g. a tokenizer or a data set written to the shared workdir), then every process
+    waits (:func:`barrier` ``name``), then the others return ``read()``. With one
+    process: ``write()``."""
+    import jax
+
+    out = write() if jax.process_index() == 0 else None
+    barrier(name)
+    return out if jax.process_index() == 0 else read()
 
 
 def local_replica(tree, mesh):

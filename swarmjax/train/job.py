@@ -57,7 +57,7 @@ from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.async_rl import AsyncRollouts, split_devices
-from swarmjax.train.distributed import allgather, global_rows, global_whole, share
+from swarmjax.train.distributed import allgather, global_rows, global_whole, primary_first, share
 from swarmjax.train.frame import CheckpointConfig, check_identity
 from swarmjax.train.loop import JobRun
 from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, summary_table, write_summary
@@ -144,12 +144,9 @@ class TrainJob:
         if procs > 1 and (self.mesh is None or self.parl.tasks_per_step % procs):
             raise ValueError(f"{procs} processes need a mesh and parl.tasks_per_step divisible by {procs}")
         if self.mesh is not None:
-            shape = self.mesh.shape(jax.device_count() - acfg.rollout_devices)   # raises on an impossible mesh
-            data = shape[0] * shape[1]
-            for name, b in (("parl.tasks_per_step x parl.group_size", self.parl.batch),
-                            ("eval_episodes", self.eval_episodes)):
-                if b % data:
-                    raise ValueError(f"{name} = {b} is not divisible by the mesh's data x fsdp = {data}")
+            self.mesh.check_batches(jax.device_count() - acfg.rollout_devices,
+                                    {"parl.tasks_per_step x parl.group_size": self.parl.batch,
+                                     "eval_episodes": self.eval_episodes})
         if self.data.focus_fraction > 0 and not env.min_task_size <= self.data.focus_min_n <= env.max_task_size:
             raise ValueError(f"data.focus_min_n {self.data.focus_min_n} is outside the task sizes "
                              f"{env.min_task_size}..{env.max_task_size}")
@@ -205,10 +202,6 @@ def _global(tasks: wsj.Tasks, mesh, local_slice: bool) -> wsj.Tasks:
     return global_whole(tasks, jax.tree.map(lambda x: batch_sharding(mesh, np.ndim(x), batch_size=len(x)), tasks))
 
 
-def _mean_f1(res: dict[int, dict[str, float]]) -> float:
-    return float(np.mean([row["item_f1"] for row in res.values()]))
-
-
 def _prepare(job: TrainJob, workdir: str, progress: bool):
     """The task set's sources; process 0 prepares (or finds) it before the others open it."""
     from swarmjax.data import prepare
@@ -219,13 +212,7 @@ def _prepare(job: TrainJob, workdir: str, progress: bool):
     d = job.data
     args = dict(env=job.parl.rollout.env, data_dir=d.data_dir or str(epath.Path(workdir) / "data"),
                 train_size=d.train_size, validation_size=d.validation_size, test_size=d.test_size, seed=d.seed)
-    if jax.process_count() == 1:
-        return prepare(**args)
-    from jax.experimental import multihost_utils
-    if jax.process_index() == 0:
-        sources = prepare(**args)
-    multihost_utils.sync_global_devices("swarmjax: task set prepared")
-    return sources if jax.process_index() == 0 else prepare(**args)
+    return primary_first("swarmjax: task set prepared", lambda: prepare(**args), lambda: prepare(**args))
 
 
 def train_stream(job: TrainJob, sources):
@@ -269,7 +256,7 @@ class TokenRun(JobRun):
     stage, title, start_label, start_splits = "parl", "PARL", "warm_start", ("test",)
     log_keys = ("reward", "item_f1", "critical_steps", "subagents")
     may_change = "step counts, evaluation, checkpoint, mesh and data_dir"
-    best_metric = "item_f1"
+    best_metric, frozen_start = "item_f1", True
     table = staticmethod(summary_table)
     checkpointing = staticmethod(lambda job: job.checkpoint)
 
@@ -358,14 +345,9 @@ class TokenRun(JobRun):
                         log.write("traces.jsonl", tr)
         return {str(n): row for n, row in res.items()}
 
-    def start_state(self, state: Any) -> Any:
-        """The frozen sub-agents: the warm start."""
-        return state.replace(params=state.frozen["subagents"])
-
     def report(self, step: int, start: dict, final: dict, meta: dict, split: str, seconds: float) -> dict:
         """The warm start's and the checkpoint's rows per task size."""
-        pick = lambda rows: {n: {k: row[k] for k in EVAL_KEYS} for n, row in rows.items()}   # noqa: E731
-        return {"warm_start": pick(start), "final": pick(final)}
+        return {"warm_start": _eval_rows(start), "final": _eval_rows(final)}
 
     def score(self, evals: dict) -> dict[str, float]:
         """The item-F1's mean over the evaluated sizes."""
@@ -377,14 +359,19 @@ class TokenRun(JobRun):
 
     def summary(self, meta: dict, wall_clock_s: float) -> dict:
         evals = meta["evals"]
-        pick = lambda rows: {n: {k: row[k] for k in EVAL_KEYS} for n, row in rows.items()}   # noqa: E731
-        summary = {"warm_start": pick(evals["warm_start"]), "final": pick(evals.get("final", evals["warm_start"])),
+        summary = {"warm_start": _eval_rows(evals["warm_start"]),
+                   "final": _eval_rows(evals.get("final", evals["warm_start"])),
                    "sft_accuracy": meta["sft_accuracy"], "wall_clock_s": wall_clock_s, "parl_steps": meta["step"],
                    "device": jax.devices()[0].device_kind}
         if self.primary:
             write_summary(self.workdir, summary, summary_table)
             curves(self.workdir)
         return summary
+
+
+def _eval_rows(rows: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """An evaluation's rows per task size, the summary's figures (:data:`EVAL_KEYS`) of each."""
+    return {n: {k: row[k] for k in EVAL_KEYS} for n, row in rows.items()}
 
 
 def state_shapes(job: TrainJob, trainer: PARLTrainer) -> Any:

@@ -79,7 +79,7 @@ class JobRun:
     (:mod:`swarmjax.train.jobs`): ``best_metric`` (the checkpoints' score that picks the
     best one), ``checked`` (the identity fields an evaluated checkpoint must share with
     the config: the policy's and the held-out set's; None: all), :meth:`table` (the
-    summary's and a checkpoint evaluation's table).
+    summary's and a checkpoint evaluation's table), ``frozen_start`` (:meth:`start_state`).
     """
 
     job: Any
@@ -103,6 +103,7 @@ class JobRun:
     checkpoint_every: int = 0
     best_metric: str = "accuracy"
     checked: tuple[str, ...] | None = None
+    frozen_start: bool = False
 
     @staticmethod
     def checkpointing(job: Any) -> CheckpointConfig:
@@ -117,8 +118,9 @@ class JobRun:
 
     def start_state(self, state: Any) -> Any | None:
         """The state with the start's policy (the warm start) as its params, when the RL
-        state holds it (frozen sub-agents that are the warm start), else None."""
-        return None
+        state holds it (``frozen_start``: the frozen sub-agents, the warm start unless
+        ``rl.refresh_subagents`` replaced them), else None."""
+        return state.replace(params=state.frozen["subagents"]) if self.frozen_start else None
 
     def report(self, step: int, start: dict | None, final: dict, meta: dict, split: str, seconds: float) -> dict:
         """A checkpoint evaluation (``swarmjax eval``) as :meth:`table` prints it: its

@@ -194,12 +194,9 @@ class TextPARLJob:
             if why:
                 raise ValueError(f"{procs} processes need {why[0]}")
         if self.mesh is not None:
-            shape = self.mesh.shape(jax.device_count())                       # raises on an impossible mesh
-            rows = shape[0] * shape[1]
-            for name, b in (("parl.tasks_per_step x parl.group_size", self.parl.tasks_per_step * self.parl.group_size),
-                            ("sft.batch", self.sft.batch)):
-                if b % rows:
-                    raise ValueError(f"{name} = {b} is not divisible by the mesh's data x fsdp = {rows}")
+            self.mesh.check_batches(jax.device_count(), {
+                "parl.tasks_per_step x parl.group_size": self.parl.tasks_per_step * self.parl.group_size,
+                "sft.batch": self.sft.batch})
 
 
 # ------------------------------------------------------------------------ tasks

@@ -66,7 +66,7 @@ from swarmjax.train.relay_demos import make_relay_demos
 from swarmjax.train.agent_eval import evaluate
 from swarmjax.train.agent_rl import subagent_params
 from swarmjax.train.async_rl import logged_update
-from swarmjax.train.distributed import barrier
+from swarmjax.train.distributed import primary_first
 from swarmjax.train.engines import DeviceEngine
 from swarmjax.train.text_parl import EVAL_STREAMS, TextPARLJob, eval_episodes, sample_episodes, size_rows, warm_start
 from swarmjax.train.streams import ReplayStream
@@ -155,7 +155,7 @@ class TextPARLRun(JobRun):
     stage, title, start_label, start_splits = "parl", "PARL", "warm_start", ("test",)
     log_keys = ("reward", "accuracy", "critical_steps", "subagents")
     may_change = "parl.steps, eval_every and warm_start_from"
-    best_metric = "item_f1"
+    best_metric, frozen_start = "item_f1", True
     # an evaluation may change the held-out set's size and sizes, not the policy or the task
     checked = ("env", "chat", "tokenizer_vocab", "max_calls", "max_mentions", "max_pairs", "model", "seed")
     table = staticmethod(summary_table)
@@ -163,11 +163,9 @@ class TextPARLRun(JobRun):
     def __init__(self, job: TextPARLJob, workdir: str, *, fresh: bool = True, progress: bool = True):
         self.job, self.workdir, self.progress = job, workdir, progress
         self.primary = jax.process_index() == 0
-        if self.primary:                        # process 0 trains and writes the tokenizer, the others read it
-            self.task = build_task(job, workdir, train=fresh)
-        barrier("swarmjax-text-parl-tokenizer")
-        if not self.primary:
-            self.task = build_task(job, workdir, train=False)
+        # process 0 trains and writes the tokenizer, the others read it
+        self.task = primary_first("swarmjax-text-parl-tokenizer", lambda: build_task(job, workdir, train=fresh),
+                                  lambda: build_task(job, workdir, train=False))
         self.cfg = job.model.replace(vocab_size=self.task.chat.tokenizer.vocab_size)
         self.key = jax.random.key(job.seed)
         self.mesh = None if job.mesh is None else make_mesh(job.mesh)
@@ -207,10 +205,6 @@ class TextPARLRun(JobRun):
         for n, r in res.items():
             log.write("eval.jsonl", {"step": step, "policy": label, "split": split, "n": n, **r})
         return {str(n): r for n, r in res.items()}
-
-    def start_state(self, state: Any) -> Any:
-        """The frozen sub-agents: the warm start."""
-        return state.replace(params=state.frozen["subagents"])
 
     def report(self, step: int, start: dict, final: dict, meta: dict, split: str, seconds: float) -> dict:
         """The warm start's and the checkpoint's rows per task size, the headline."""
