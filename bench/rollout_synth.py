@@ -45,7 +45,7 @@ from swarmjax.models.transformer import init_params  # noqa: E402
 from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
 from swarmjax.swarm.text_engine import TextSwarm  # noqa: E402
 from swarmjax.swarm.text_rollout import TextRollout  # noqa: E402
-from swarmjax.swarm.text_types import TextRolloutConfig, TextScripts  # noqa: E402
+from swarmjax.swarm.text_types import SwarmConfig, TextRolloutConfig, TextScripts  # noqa: E402
 from swarmjax.text.device import calls as dc  # noqa: E402
 from swarmjax.text.bpe import train_bpe_tokenizer  # noqa: E402
 from swarmjax.text.chat import Qwen3Format, chat_format  # noqa: E402
@@ -146,7 +146,7 @@ def main(argv=None):
     head = len(dt.head_ids("orchestrator"))
     peak = matmul_peak_flops()
 
-    engine = TextSwarm(dt, mcfg, rcfg, chunk=args.chunk)
+    engine = TextSwarm(dt, mcfg, rcfg, swarm=SwarmConfig(chunk=args.chunk))
     run_jit = lambda: engine(params, params, RECORDS, jax.random.key(0), scripts=scripts)   # noqa: E731
     t0 = time.perf_counter()
     got = run_jit()

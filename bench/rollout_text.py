@@ -52,7 +52,7 @@ from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
 from swarmjax.swarm.engine import RolloutConfig, SwarmRollout  # noqa: E402
 from swarmjax.swarm.text_engine import TextSwarm  # noqa: E402
 from swarmjax.swarm.text_rollout import TextRollout  # noqa: E402
-from swarmjax.swarm.text_types import TextRolloutConfig, TextScripts  # noqa: E402
+from swarmjax.swarm.text_types import SwarmConfig, TextRolloutConfig, TextScripts  # noqa: E402
 from swarmjax.text.bpe import train_bpe_tokenizer  # noqa: E402
 from swarmjax.text.chat import Qwen3Format, chat_format  # noqa: E402
 from swarmjax.text.tokenizer import TextTokenizer  # noqa: E402
@@ -132,7 +132,7 @@ def main(argv=None):
                              budget=None, orch_sampling=greedy, worker_sampling=greedy)
     peak = matmul_peak_flops()
 
-    engine = TextSwarm(RelayDeviceTask(task), mcfg, rcfg, chunk=args.chunk)
+    engine = TextSwarm(RelayDeviceTask(task), mcfg, rcfg, swarm=SwarmConfig(chunk=args.chunk))
     run_jit = lambda: engine(params, params, eps, jax.random.key(0), scripts=scripts)
     t0 = time.perf_counter()
     got = run_jit()
@@ -140,7 +140,8 @@ def main(argv=None):
     jit_s = time_best(run_jit, args.repeats)
     # the same program with one key split per tick for the whole batch (the text PARL
     # recipe's): what keying every token by its episode, agent and position costs
-    batch_keyed = TextSwarm(RelayDeviceTask(task), mcfg, rcfg, chunk=args.chunk, episode_keys=False)
+    batch_keyed = TextSwarm(RelayDeviceTask(task), mcfg, rcfg,
+                            swarm=SwarmConfig(chunk=args.chunk, episode_keys=False))
     run_batch_keyed = lambda: batch_keyed(params, params, eps, jax.random.key(0), scripts=scripts)  # noqa: E731
     run_batch_keyed()
     batch_keyed_s = time_best(run_batch_keyed, args.repeats)

@@ -17,7 +17,7 @@ from swarmjax.models import ModelConfig, init_params
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_rollout import TextRollout
-from swarmjax.swarm.text_types import TextRolloutConfig, TextScripts
+from swarmjax.swarm.text_types import SwarmConfig, TextRolloutConfig, TextScripts
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import Qwen3Format, chat_format
 from swarmjax.text.tokenizer import TextTokenizer
@@ -107,7 +107,7 @@ def test_a_generated_environment_runs_in_the_jitted_engine_as_on_the_host(setup)
     dt, records, model, params, rcfg = setup
     eps, scripts = _scripts(dt, records)
     want = _host(setup, eps, scripts)
-    got = TextSwarm(dt, model, rcfg, chunk=16, buckets=2)(params, params, eps, jax.random.key(0), scripts=scripts)
+    got = TextSwarm(dt, model, rcfg, swarm=SwarmConfig(chunk=16, buckets=2))(params, params, eps, jax.random.key(0), scripts=scripts)
     _assert_same(want, got)
     assert got.rewards["correct"][:4].tolist() == [1.0] * 4                       # the recorded tasks solve
     assert got.rewards["state_f1"][2:4].tolist() == [1.0, 1.0] and len(eps) == 8

@@ -19,7 +19,7 @@ from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.context import ContextConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_rollout import END_ANSWER, END_BUDGET, TextRollout
-from swarmjax.swarm.text_types import TextRolloutConfig, TextScripts
+from swarmjax.swarm.text_types import SwarmConfig, TextRolloutConfig, TextScripts
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.chat import Qwen3Format, chat_format
 from swarmjax.text.tokenizer import TextTokenizer
@@ -62,7 +62,7 @@ def _lookup(task, name):
 def _engine(setup, rcfg, mesh=None):
     key = (rcfg, mesh is not None)
     if key not in _ENGINES:
-        _ENGINES[key] = TextSwarm(RelayDeviceTask(setup[0]), setup[1], rcfg, chunk=16, buckets=2,
+        _ENGINES[key] = TextSwarm(RelayDeviceTask(setup[0]), setup[1], rcfg, swarm=SwarmConfig(chunk=16, buckets=2),
                                   mesh=mesh)   # fewer compiles
     return _ENGINES[key]
 
@@ -205,7 +205,7 @@ def test_bad_input_is_refused(setup, scripted):
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
         TextSwarm(twin, model.replace(vocab_size=64), SCRIPTED)
     with pytest.raises(ValueError, match="buckets must be >= 1"):
-        TextSwarm(twin, model, SCRIPTED, buckets=0)
+        TextSwarm(twin, model, SCRIPTED, swarm=SwarmConfig(buckets=0))
     with pytest.raises(ValueError, match="the device swarm has none"):
         TextSwarm(twin, model, dataclasses.replace(SCRIPTED, context=ContextConfig("discard_all")))
     with pytest.raises(TypeError, match="runs a DeviceTask, got RelayTask"):

@@ -202,9 +202,9 @@ def test_a_runs_checkpoint_gives_verdicts_to_train_a_judge_on(small_run, tmp_pat
 RELAY = ["task=relay", "role=orchestrator", "engine=device", "tokenizer_vocab=1000", "model.num_layers=1",
          "model.hidden_size=32", "model.num_heads=2", "model.num_kv_heads=1", "model.head_dim=16",
          "model.intermediate_size=64", "sft.steps=3", "sft.batch=8", "sft.demos=16", "rl.steps=2",
-         "rl.tasks_per_step=4", "rl.group_size=2", "rl.update.num_minibatches=1", "rl.rollout.orch_context=1536",
+         "rl.tasks_per_step=2", "rl.group_size=2", "rl.update.num_minibatches=1", "rl.rollout.orch_context=1536",
          "rl.rollout.worker_context=384", "rl.rollout.max_turn_tokens=400", "rl.rollout.subagent_turns=4",
-         "rl.rollout.budget=8", "eval_episodes=8", "eval_every=0",
+         "rl.rollout.budget=8", "eval_episodes=4", "eval_every=0", "rl.swarm.buckets=1",
          # rewards that differ within a group (a length penalty), so the updates move the policy
          "rl.overlong.max_length=3200", "rl.overlong.cache_length=3200", "rl.dynamic_sampling=False"]
 
@@ -217,8 +217,8 @@ def test_device_engine_job_preempted_resumes_exactly(tmp_path, capsys):
     auto, it writes the uninterrupted run's metrics and evaluations, bit for bit. The
     sub-agents' weights stay bit for bit what they were while an update moves the policy;
     per-size table, valid traces; resumed once more, it recomputes nothing. (The swarm over
-    an 8-device mesh equals one device: tests/test_text_engine.py; the device engine over two
-    processes: tests/test_text_parl.py.)"""
+    an 8-device mesh equals one device: tests/test_text_engine.py; the device engine over
+    two processes: tests/test_text_parl.py.)"""
     import jax
     from small_job import restored_states, sigterm_in_rl_step
     from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
@@ -236,24 +236,22 @@ def test_device_engine_job_preempted_resumes_exactly(tmp_path, capsys):
                                for x in open(os.path.join(run, name))]
     for name in ("metrics.jsonl", "eval.jsonl"):
         assert lines(one, name) == lines(full, name), name
-    workdir, args = one, args(one)
     assert "per task size (test split)" in out and "| final |" in out
-    rl = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-    rl = [r for r in rl if r["stage"] == "rl"]
+    rl = [r for r in lines(one, "metrics.jsonl") if r["stage"] == "rl"]
     assert len(rl) == 2 and all("signal_groups" in r and "learner/loss" in r for r in rl)
-    summary = json.load(open(os.path.join(workdir, "summary.json")))
-    assert summary["held_out"] == {"validation": 8, "test": 8} and len(summary["final_sizes"]) > 1
+    summary = json.load(open(os.path.join(one, "summary.json")))
+    assert summary["held_out"] == {"validation": 4, "test": 4} and len(summary["final_sizes"]) > 1
     assert summary["role"] == "orchestrator" and summary["subagents"] == "frozen"
     # the sub-agents keep their weights, bit for bit, while an update moves the policy
     equal = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))     # noqa: E731
-    (before,), (after,) = (restored_states((workdir,), lambda ckpt, s: ckpt.read(s), step) for step in (1, 2))
+    (before,), (after,) = (restored_states((one,), lambda ckpt, s: ckpt.read(s), step) for step in (1, 2))
     assert equal(before["frozen"]["subagents"], after["frozen"]["subagents"])
     assert not equal(before["params"], after["params"]) and not equal(after["params"], after["frozen"]["subagents"])
     from test_traces import check
-    traces = [json.loads(line) for line in open(os.path.join(workdir, "traces.jsonl"))]
-    assert len(traces) == 8
+    traces = [json.loads(line) for line in open(os.path.join(one, "traces.jsonl"))]
+    assert len(traces) == 4
     for t in traces:
         check(t)
-    logs = {name: open(os.path.join(workdir, name)).read() for name in ("metrics.jsonl", "eval.jsonl")}
-    assert main(args + ["--resume", "auto"]) == 0
-    assert {name: open(os.path.join(workdir, name)).read() for name in logs} == logs
+    logs = {name: open(os.path.join(one, name)).read() for name in ("metrics.jsonl", "eval.jsonl")}
+    assert main(args(one) + ["--resume", "auto"]) == 0
+    assert {name: open(os.path.join(one, name)).read() for name in logs} == logs

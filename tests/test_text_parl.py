@@ -36,6 +36,7 @@ from swarmjax.config_file import load_config
 from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.swarm.text_types import SwarmConfig
 
 def get_config():
     job = load_config({config!r})
@@ -48,8 +49,8 @@ def get_config():
                                 intermediate_size=64),
         sft=dataclasses.replace(job.sft, steps=3, batch=4, demos=24, bucket=1280,
                                 optim=OptimConfig(learning_rate=3e-3, warmup_steps=1, decay_steps=3)),
-        parl=dataclasses.replace(p, steps=2, tasks_per_step=2, group_size=2, focus_min_n=3, buckets=1,
-                                 episode_keys=True,
+        parl=dataclasses.replace(p, steps=2, tasks_per_step=2, group_size=2, focus_min_n=3,
+                                 swarm=SwarmConfig(buckets=1, episode_keys=True),
                                  update=dataclasses.replace(p.update, num_minibatches=2),
                                  rollout=dataclasses.replace(p.rollout, orch_context=1280, worker_context=512,
                                                              max_turn_tokens=96, subagent_turns=3, budget=6)),

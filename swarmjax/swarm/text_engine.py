@@ -57,7 +57,7 @@ from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
 from swarmjax.swarm.text_device import agent_keys, choose, make_prefix, position_keys
 from swarmjax.swarm.text_engine_feed import RoleModel, feed
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
-from swarmjax.swarm.text_types import AgentTrace, TextRolloutConfig, TextRolloutResult, check_budget
+from swarmjax.swarm.text_types import AgentTrace, SwarmConfig, TextRolloutConfig, TextRolloutResult, check_budget
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
 from swarmjax.text.device import answers as da
 from swarmjax.text.device import calls as dc
@@ -77,47 +77,30 @@ class TextSwarm:
       rcfg: the :class:`TextRolloutConfig` (contexts, turn limit, sub-agent turns,
         budget, sampling; ``worker_lanes`` and the host rollout's bucketing are unused:
         every slot has its own row).
-      chunk: F, the most environment ids a row is fed in one tick.
-      wide_rows: the most rows (a fraction of each model's rows) fed a chunk in one
-        tick; the others with a backlog are fed one id that tick.
-      buckets: how many sizes of rows and of cache windows each forward of a tick is
-        compiled for (``lax.switch`` picks the smallest that holds the rows it feeds and
-        the slots they use, :func:`compact_forward`); 1 runs every row over its whole
-        cache each tick. Without a mesh only: on a mesh the rows stay where they are
-        sharded (buckets = 1).
+      swarm: the :class:`~swarmjax.swarm.text_types.SwarmConfig` (prefill chunk, the
+        share of rows fed a chunk a tick, the row and window sizes each tick's forwards are
+        compiled for, per-episode keys). ``buckets`` applies without a mesh only: on a mesh
+        the rows stay where they are sharded (buckets = 1).
       mesh: optional mesh: episodes (and their sub-agent slots, ``b K + j``) are split
         over its batch axes (``data`` x ``fsdp``), weights follow the logical rules, the
         caches are constrained batch-sharded.
-      episode_keys: each token drawn with its own key, ``fold_in(fold_in(fold_in(key, e),
-        a), t)`` for episode id ``e`` (the call's ``episode_ids``), agent ``a`` (0: the
-        orchestrator, 1 + j: its j-th sub-agent slot) and position ``t`` in the agent's
-        conversation (:func:`~swarmjax.swarm.text_device.row_keys`): an episode samples the
-        same ids whatever batch, mesh or process runs it. False: one key split per tick
-        for the whole batch (the text PARL recipe's published runs).
     """
 
     def __init__(self, task: DeviceTask, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *,
-                 worker_cfg: ModelConfig | None = None, chunk: int = 16, wide_rows: float = 0.25,
-                 buckets: int = 3, mesh: Mesh | None = None, episode_keys: bool = True,
-                 rules=DEFAULT_RULES):
-        if chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk}")
-        if not 0.0 < wide_rows <= 1.0:
-            raise ValueError(f"wide_rows must be in (0, 1], got {wide_rows}")
-        if buckets < 1:
-            raise ValueError(f"buckets must be >= 1, got {buckets}")
+                 worker_cfg: ModelConfig | None = None, swarm: SwarmConfig = SwarmConfig(),
+                 mesh: Mesh | None = None, rules=DEFAULT_RULES):
         if rcfg.context.strategy != "none":
             raise ValueError(f"context strategy {rcfg.context.strategy!r}: the device swarm has none (its "
                              "sub-agents are its context management); use the host rollout (TextRollout)")
         if not isinstance(task, DeviceTask):
             raise TypeError(f"TextSwarm runs a DeviceTask, got {type(task).__name__} (a task plug-in's device twin: "
                             "swarmjax.envs.task.device_twin)")
-        self.buckets = 1 if mesh is not None else buckets
+        self.buckets = 1 if mesh is not None else swarm.buckets
         for name, cfg in (("orchestrator", orch_cfg), ("sub-agent", worker_cfg or orch_cfg)):
             if cfg.vocab_size < task.chat.tokenizer.vocab_size:
                 raise ValueError(f"{name} model vocab_size {cfg.vocab_size} is smaller than the tokenizer's "
                                  f"({task.chat.tokenizer.vocab_size} ids)")
-        self.task, self.rcfg, self.chunk, self.wide_rows = task, rcfg, chunk, wide_rows
+        self.task, self.rcfg, self.chunk, self.wide_rows = task, rcfg, swarm.chunk, swarm.wide_rows
         self.K = task.max_subagents
         self.answers = task.answer_grammar
         self.orch = RoleModel(orch_cfg, task.grammar("orchestrator"), rcfg.orch_context, rcfg.orch_sampling)
@@ -125,7 +108,7 @@ class TextSwarm:
                               rcfg.worker_context, rcfg.worker_sampling)
         self.stop_ids = jnp.asarray(task.chat.stop_ids)
         self.pad_id = task.chat.tokenizer.token_id(task.chat.pad_token)
-        self.mesh, self.rules, self.episode_keys = mesh, rules, episode_keys
+        self.mesh, self.rules, self.episode_keys = mesh, rules, swarm.episode_keys
         self._jitted: dict[int, Any] = {}
         self._heads = {role: np.asarray(task.head_ids(role), np.int32)
                        for role in ("orchestrator",) + (("worker",) if self.K else ())}

@@ -75,6 +75,38 @@ class TextRolloutConfig:
         check_budget(self.budget)
 
 
+@dataclasses.dataclass(frozen=True)
+class SwarmConfig:
+    """The jitted swarm's own settings (:class:`~swarmjax.swarm.text_engine.TextSwarm`;
+    the host rollout has none of them).
+
+    chunk: F, the most environment ids a row is fed in one tick (a chunked prefill).
+    wide_rows: the share of each model's rows fed a chunk in one tick; the others with a
+      backlog are fed one id that tick.
+    buckets: how many row counts and cache windows each forward of a tick is compiled
+      for (``lax.switch`` picks the smallest that holds what it feeds); 1: every row over
+      the whole cache each tick, the fewest compiles (a mesh always runs 1).
+    episode_keys: each token drawn with its own key, ``fold_in(fold_in(fold_in(key, e), a),
+      t)`` for episode id e, agent a (0: the orchestrator, 1 + j: its j-th sub-agent slot)
+      and position t in the agent's conversation: an episode samples the same ids whatever
+      batch, mesh or process runs it (several processes need it). False: one key split per
+      tick for the whole batch (the text PARL recipe's published runs).
+    """
+
+    chunk: int = 16
+    wide_rows: float = 0.25
+    buckets: int = 3
+    episode_keys: bool = True
+
+    def __post_init__(self):
+        if self.chunk < 1:
+            raise ValueError(f"swarm chunk must be >= 1, got {self.chunk}")
+        if not 0.0 < self.wide_rows <= 1.0:
+            raise ValueError(f"swarm wide_rows must be in (0, 1], got {self.wide_rows}")
+        if self.buckets < 1:
+            raise ValueError(f"swarm buckets must be >= 1, got {self.buckets}")
+
+
 def check_budget(budget: int | None) -> None:
     """A critical-step budget (None: lifted) must allow one turn and an answer."""
     if budget is not None and budget < 2:

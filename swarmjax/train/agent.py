@@ -36,6 +36,7 @@ from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.update import UpdateConfig, check_group_batch
 from swarmjax.swarm.text_rollout import TextRolloutConfig
+from swarmjax.swarm.text_types import SwarmConfig
 from swarmjax.train.async_rl import AsyncConfig
 from swarmjax.train.demos import Demos, pack_rows
 from swarmjax.train.subagents import SubagentRefresh
@@ -121,6 +122,8 @@ class TextRLConfig:
       ``r_parallel`` form must be one whose counts the task's verifier reports
       (``"spawned"`` needs none).
     update, rollout: the learner's and the rollout's settings.
+    swarm: the device engine's own settings (:class:`~swarmjax.swarm.text_types.SwarmConfig`;
+      the host engine has none).
     bucket: learner rows are cut to a multiple of this length (one compile each).
     head_multiple: the ids every learner row opens with (system turn, tool schemas) run
       once per forward (``Learner.update(head=)``), cut to a multiple of this; 0: off.
@@ -146,6 +149,7 @@ class TextRLConfig:
                                         optim=OptimConfig(learning_rate=3e-4))
     rollout: TextRolloutConfig = TextRolloutConfig(orch_context=512, worker_context=256, max_turn_tokens=48,
                                                    worker_lanes=8, subagent_turns=3)
+    swarm: SwarmConfig = SwarmConfig()
     bucket: int = 64
     head_multiple: int = 0
     segment_weight: str = "segment"

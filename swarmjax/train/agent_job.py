@@ -63,7 +63,7 @@ from swarmjax.train.agent import SUBAGENTS, TextRLConfig, TextSFTConfig, demonst
 from swarmjax.train.agent_eval import FIGURES, JUDGE_FIGURES, evaluate, mean_figures
 from swarmjax.train.agent_rl import subagent_params
 from swarmjax.train.async_rl import logged_update, split_devices
-from swarmjax.train.distributed import local_replica, primary_first
+from swarmjax.train.distributed import check_processes, local_replica, primary_first
 from swarmjax.train.engines import DeviceEngine, HostEngine, JudgedEngine
 from swarmjax.train.loop import JobRun, open_checkpoint
 from swarmjax.train.logs import (JobLog, change, curves, log_line, progress_bar, say,
@@ -156,14 +156,11 @@ class AgentJob:
         self.rl.async_rollout.check(jax.device_count(), procs)
         if self.mesh is not None and self.rl.async_rollout.rollout_devices:   # the learner's devices: the rest
             self.mesh.shape(jax.device_count() - self.rl.async_rollout.rollout_devices)
-        if procs > 1:
-            if self.mesh is None:
-                raise ValueError(f"{procs} processes: set mesh= (e.g. --set mesh.data=-1) so the learner spans them")
-            if self.rl.tasks_per_step % procs:
-                raise ValueError(f"rl.tasks_per_step={self.rl.tasks_per_step} does not split over {procs} processes")
-            if self.role == "orchestrator" and self.subagents == "shared":
-                raise ValueError("subagents='shared' runs in one process (its sub-agent rows differ in number "
-                                 "between processes); use subagents='frozen' or one process")
+        check_processes(self.mesh, ("rl.tasks_per_step", self.rl.tasks_per_step), [
+            ("subagents='frozen' or one process (subagents='shared': its sub-agent rows differ in number between "
+             "processes)", self.role == "orchestrator" and self.subagents == "shared"),
+            ("rl.swarm.episode_keys=True (each process samples its episodes as one process would)",
+             self.engine == "device" and not self.rl.swarm.episode_keys)])
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; known: {', '.join(ENGINES)}")
         if self.engine == "device":
@@ -176,7 +173,7 @@ class AgentJob:
             if why:
                 raise ValueError(f"engine='device' does not run with {why[0]}; or use engine='host'")
         refresh = self.rl.refresh_subagents
-        if (refresh.every or refresh.at) and (self.role != "orchestrator" or self.subagents != "frozen"):
+        if refresh.enabled and (self.role != "orchestrator" or self.subagents != "frozen"):
             raise ValueError("rl.refresh_subagents replaces frozen sub-agents: it needs role='orchestrator' and "
                              "subagents='frozen'")
         if self.role == "orchestrator" and self.subagents == "shared" and \
@@ -252,7 +249,7 @@ def device_engine(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, m
     (the swarm's ``episode_keys``): the metrics are those of one process."""
     return DeviceEngine.over(device_twin(task, ctx.chat), cfg, job.rl.rollout,
                              episodes=job.rl.tasks_per_step * job.rl.group_size,
-                             size=functools.partial(problem_size, task), mesh=mesh)
+                             size=functools.partial(problem_size, task), mesh=mesh, swarm=job.rl.swarm)
 
 
 # engine name -> (job, task, env context, model config, mesh) -> the engine its RL steps and evaluations call
@@ -361,14 +358,12 @@ class AgentRun(JobRun):
 
     def summary(self, meta: dict, wall_clock_s: float) -> dict:
         job, evals = self.job, meta["evals"]
-        figures = {label: {k: v for k, v in ev.items() if k != "sizes"} for label, ev in evals.items()}
         summary = {"task": task_name(self.task), "role": job.role,
                    "subagents": job.subagents if job.role != "single" else None,
                    "model_params": self.cfg.num_params(), "vocab_size": self.cfg.vocab_size, "chat": self.chat.name,
-                   **{f"{label}_sizes": ev["sizes"] for label, ev in evals.items() if "sizes" in ev},
                    "held_out": meta["held_out"], "rl_steps": meta["step"],
-                   "warm_start_steps": 0 if job.sft is None else job.sft.steps, "initial": figures["initial"],
-                   "final": figures.get("final", figures["initial"]), "wall_clock_s": wall_clock_s,
+                   "warm_start_steps": 0 if job.sft is None else job.sft.steps, **_figures("initial", evals["initial"]),
+                   **_figures("final", evals.get("final", evals["initial"])), "wall_clock_s": wall_clock_s,
                    "warm_start_s": meta["warm_start_s"], "warm_start_data": meta.get("warm_start_data"),
                    "backend": jax.default_backend()}
         if self.primary:

@@ -29,7 +29,7 @@ import dataclasses
 import logging
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["DistributedSpec", "allgather", "barrier", "detect_cluster", "global_rows", "global_whole", "local_replica",
@@ -188,6 +188,24 @@ def maybe_initialize(*, coordinator: str | None = None, num_processes: int | Non
 
 
 # ------------------------------------------------------------------ a job's processes
+
+
+def check_processes(mesh: Any, tasks: tuple[str, int], needs: Sequence[tuple[str, bool]] = ()) -> None:
+    """What a job needs to run over several processes (nothing with one): a mesh over
+    them, its per-step task count ``tasks`` = (its config key, its value) divisible by the
+    process count (each process rolls out whole groups), and every ``(what, missing)`` of
+    ``needs``. ValueError: one line naming the first thing missing."""
+    import jax
+
+    procs = jax.process_count()
+    if procs == 1:
+        return
+    why = [what for what, missing in (
+        ("a mesh over them (e.g. --set mesh.data=-1)", mesh is None),
+        (f"{tasks[0]} divisible by them (each rolls out whole groups; have {tasks[1]})", tasks[1] % procs),
+        *needs) if missing]
+    if why:
+        raise ValueError(f"{procs} processes need {why[0]}")
 
 
 def share(count: int) -> tuple[int, int]:

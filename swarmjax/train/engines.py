@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from swarmjax.swarm.text_types import TextRolloutResult
+from swarmjax.swarm.text_types import SwarmConfig, TextRolloutResult
 
 
 class Engine(Protocol):
@@ -82,17 +82,18 @@ class DeviceEngine:
 
     @classmethod
     def over(cls, twin: Any, cfg: Any, rcfg: Any, *, episodes: int, size: Callable[[Any], int] | None = None,
-             mesh: Any = None, **swarm: Any) -> DeviceEngine:
+             mesh: Any = None, swarm: Any = None) -> DeviceEngine:
         """The jitted swarm (:class:`~swarmjax.swarm.text_engine.TextSwarm`, ``swarm`` its
-        options) over the device twin ``twin`` for calls of ``episodes`` episodes (a training
+        :class:`~swarmjax.swarm.text_types.SwarmConfig`, None: the defaults) over the device twin ``twin`` for calls of ``episodes`` episodes (a training
         step's), its rows over ``mesh``'s batch axes. With several processes each decodes
         its share (``episodes / processes``) on its first device with a local copy of the
         params (the swarm's ``episode_keys``: the ids one process would sample)."""
         from swarmjax.swarm.text_engine import TextSwarm
 
         procs = jax.process_count()
-        return cls(TextSwarm(twin, cfg, rcfg, mesh=mesh if procs == 1 else None, **swarm), batch=episodes // procs,
-                   size=size)
+        swarm = SwarmConfig() if swarm is None else swarm
+        return cls(TextSwarm(twin, cfg, rcfg, swarm=swarm, mesh=mesh if procs == 1 else None),
+                   batch=episodes // procs, size=size)
 
     def __call__(self, orch_params, worker_params, problems, key, *, episode_ids=None, greedy=False):
         res = self.swarm(orch_params, worker_params, list(problems), key, greedy=greedy,

@@ -57,7 +57,7 @@ from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
 from swarmjax.swarm.engine import SwarmRollout
 from swarmjax.traces.rollout import reward_channels, rollout_traces
 from swarmjax.train.async_rl import AsyncRollouts, split_devices
-from swarmjax.train.distributed import allgather, global_rows, global_whole, primary_first, share
+from swarmjax.train.distributed import allgather, check_processes, global_rows, global_whole, primary_first, share
 from swarmjax.train.frame import CheckpointConfig, check_identity
 from swarmjax.train.loop import JobRun
 from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, summary_table, write_summary
@@ -141,8 +141,7 @@ class TrainJob:
         if acfg.rollout_devices and self.parl.batch % acfg.rollout_devices:
             raise ValueError(f"parl.tasks_per_step x parl.group_size = {self.parl.batch} is not divisible by "
                              f"parl.async_rollout.rollout_devices = {acfg.rollout_devices}")
-        if procs > 1 and (self.mesh is None or self.parl.tasks_per_step % procs):
-            raise ValueError(f"{procs} processes need a mesh and parl.tasks_per_step divisible by {procs}")
+        check_processes(self.mesh, ("parl.tasks_per_step", self.parl.tasks_per_step))
         if self.mesh is not None:
             self.mesh.check_batches(jax.device_count() - acfg.rollout_devices,
                                     {"parl.tasks_per_step x parl.group_size": self.parl.batch,

@@ -118,8 +118,8 @@ class JobRun:
 
     def start_state(self, state: Any) -> Any | None:
         """The state with the start's policy (the warm start) as its params, when the RL
-        state holds it (``frozen_start``: the frozen sub-agents, the warm start unless
-        ``rl.refresh_subagents`` replaced them), else None."""
+        state holds it (``frozen_start``: the frozen sub-agents, false for a run whose
+        ``rl.refresh_subagents`` replaces them), else None."""
         return state.replace(params=state.frozen["subagents"]) if self.frozen_start else None
 
     def report(self, step: int, start: dict | None, final: dict, meta: dict, split: str, seconds: float) -> dict:

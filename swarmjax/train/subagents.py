@@ -29,6 +29,11 @@ class SubagentRefresh:
         if self.every < 0 or any(s < 1 for s in self.at):
             raise ValueError(f"refresh_subagents: need every >= 0 and steps in at >= 1, got {self}")
 
+    @property
+    def enabled(self) -> bool:
+        """Whether the frozen sub-agents are ever replaced (then they are not the warm start)."""
+        return bool(self.every or self.at)
+
     def due(self, done: int) -> bool:
         """Whether the sub-agents become the policy after ``done`` training steps."""
         return bool(self.every and done % self.every == 0) or done in self.at

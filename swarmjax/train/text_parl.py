@@ -55,10 +55,11 @@ from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.trajectory import shared_head
 from swarmjax.rl.update import UpdateConfig
 from swarmjax.sharding.mesh import MeshConfig
-from swarmjax.swarm.text_types import TextRolloutConfig
+from swarmjax.swarm.text_types import SwarmConfig, TextRolloutConfig
 from swarmjax.text.chat import CHAT_FORMATS
 from swarmjax.train.agent import TextRLConfig
 from swarmjax.train.demos import Demos
+from swarmjax.train.distributed import check_processes
 from swarmjax.train.sft import RoleRows, sft_step, warm_start_loop
 
 
@@ -89,12 +90,8 @@ class TextPARLConfig(TextRLConfig):
     ``overlong`` terms, the learner's and the rollout's settings) with PARL's defaults, plus:
 
     focus_fraction, focus_min_n: the share of each step's tasks drawn with n >= focus_min_n.
-    chunk, wide_rows, buckets: :class:`TextSwarm`'s prefill width, share of rows per
-      tick and row / window sizes each tick's forwards are compiled for (1: every row over
-      the whole cache, the fewest compiles).
-    episode_keys: every token keyed by its episode, agent and position (an episode
-      samples the same ids whatever batch, mesh or process runs it: needed over several
-      processes); False (the published runs' sampling): one key a tick for the batch.
+    swarm: the jitted swarm's settings; ``episode_keys`` off by default (the published
+      runs' sampling: one key a tick for the batch; several processes need it on).
     """
 
     steps: int = 100
@@ -104,19 +101,16 @@ class TextPARLConfig(TextRLConfig):
                                                    subagent_turns=4, budget=None)
     focus_fraction: float = 0.5
     focus_min_n: int = 12
-    chunk: int = 16
-    wide_rows: float = 0.25
-    buckets: int = 3
+    swarm: SwarmConfig = SwarmConfig(episode_keys=False)
     bucket: int = 256
     head_multiple: int = 64
-    episode_keys: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         if self.parl is None:
             raise ValueError("a text PARL stage needs its PARL reward (parl=PARLConfig(...))")
-        if min(self.tasks_per_step, self.group_size, self.buckets) < 1:
-            raise ValueError("parl tasks_per_step, group_size and buckets must be >= 1")
+        if min(self.tasks_per_step, self.group_size) < 1:
+            raise ValueError("parl tasks_per_step and group_size must be >= 1")
         if not 0.0 <= self.focus_fraction <= 1.0:
             raise ValueError(f"focus_fraction must be in [0, 1], got {self.focus_fraction}")
 
@@ -183,16 +177,9 @@ class TextPARLJob:
         if self.parl.focus_fraction > 0 and self.parl.focus_min_n > env.max_task_size:
             raise ValueError(f"focus_min_n {self.parl.focus_min_n} is above max_task_size {env.max_task_size}")
         self.parl.async_rollout.check(jax.device_count(), jax.process_count())
-        procs = jax.process_count()
-        if procs > 1:
-            why = [what for what, bad in (
-                ("a mesh over them (e.g. --set mesh.data=-1)", self.mesh is None),
-                ("parl.episode_keys=True (each process samples its episodes as one process would)",
-                 not self.parl.episode_keys),
-                (f"parl.tasks_per_step divisible by them (each rolls out whole groups; have "
-                 f"{self.parl.tasks_per_step})", self.parl.tasks_per_step % procs)) if bad]
-            if why:
-                raise ValueError(f"{procs} processes need {why[0]}")
+        check_processes(self.mesh, ("parl.tasks_per_step", self.parl.tasks_per_step), [
+            ("parl.swarm.episode_keys=True (each process samples its episodes as one process would)",
+             not self.parl.swarm.episode_keys)])
         if self.mesh is not None:
             self.mesh.check_batches(jax.device_count(), {
                 "parl.tasks_per_step x parl.group_size": self.parl.tasks_per_step * self.parl.group_size,

@@ -34,7 +34,7 @@ start again), the step-0 checkpoint or the end of a PARL step (a checkpoint ther
 and raises :class:`~swarmjax.train.preemption.Preempted` (the CLI exits with 143).
 Meshes and processes (``mesh``): the warm start, the learner and the swarm's rows over a
 ``(data, fsdp, tensor)`` mesh; over several processes (``swarmjax train --coordinator
-...``, ``parl.episode_keys=True``) process 0 writes the tokenizer, the logs and the
+...``, ``parl.swarm.episode_keys=True``) process 0 writes the tokenizer, the logs and the
 summary, and each process decodes its share of a step's episodes on its first device
 (:meth:`~swarmjax.train.engines.DeviceEngine.over`): the figures of one device to float32
 rounding (tested over two processes).
@@ -91,11 +91,10 @@ def make_engine(job: TextPARLJob, task: RelayTask, cfg: ModelConfig, mesh: Any =
     lifted) its evaluations, both at one batch size (a PARL step's episodes: one
     compiled program), its rows over ``mesh``'s batch axes. With several processes each
     decodes its share of a step's episodes on its first device (a local copy of the
-    params; ``parl.episode_keys``: the ids of one process)."""
-    p = job.parl                                     # episode_keys False: one key a tick (the published runs)
+    params; ``parl.swarm.episode_keys``: the ids of one process)."""
+    p = job.parl                             # swarm.episode_keys False: one key a tick (the published runs)
     return DeviceEngine.over(RelayDeviceTask(task), cfg, p.rollout, episodes=p.tasks_per_step * p.group_size,
-                             size=lambda ep: len(ep.task), mesh=mesh, chunk=p.chunk, wide_rows=p.wide_rows,
-                             buckets=p.buckets, episode_keys=p.episode_keys)
+                             size=lambda ep: len(ep.task), mesh=mesh, swarm=p.swarm)
 
 
 def run_evaluation(engine: DeviceEngine, params: Any, warm: Any, tasks: dict[int, list[Episode]],
@@ -179,6 +178,7 @@ class TextPARLRun(JobRun):
                                    f"parl-{self.parl_seed}")
         self.engine = make_engine(job, self.task, self.cfg, self.mesh)
         self.held_out = {s: eval_episodes(job, s) for s in EVAL_STREAMS}
+        self.frozen_start = not job.parl.refresh_subagents.enabled    # the frozen copy is the warm start
 
     def state_shapes(self) -> Any:
         return _state_shapes(self.cfg, self.learner)
