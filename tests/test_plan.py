@@ -72,6 +72,31 @@ def test_the_plan_agrees_with_the_real_compile_and_arrays(mesh):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), meshed, single)
 
 
+def test_the_warm_start_plan_is_its_step_and_splits_its_rows(mesh):
+    """The planned warm-start step is the job's (XLA's memory analysis of the real
+    ``sft_step`` on placed arrays equals the plan's), and over 8 devices its rows and their
+    [B, T, V] log-probs split: the devices together hold at most 1.5x what one device
+    does (the 8 simulated devices of one process: a 151k-id warm start was killed for
+    memory on them while it fit on one)."""
+    from swarmjax.optim import OptimConfig
+    from swarmjax.sharding.mesh import batch_sharding
+    from swarmjax.train.plan import plan_warm_start, xla_total
+    from swarmjax.train.sft import sft_step
+
+    cfg = CFG.replace(vocab_size=8192)
+    planned, _, _ = plan_warm_start(cfg, mesh, 8, 64)
+    params, opt_state, step = sft_step(init_params(cfg, jax.random.key(0)), cfg, OptimConfig(),
+                                       roles=("r0",), mesh=mesh)
+    rows = batch_sharding(mesh, 2, batch_size=8)
+    batch = tuple(jax.device_put(jnp.ones((8, 64), dt), rows) for dt in (jnp.int32, bool, bool))
+    real = step.lower(params, opt_state, batch).compile()
+    for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes"):
+        assert getattr(real.memory_analysis(), field) == getattr(planned.memory_analysis(), field), field
+    one = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    (alone, alone_temp), (each, each_temp) = (xla_total(plan_warm_start(cfg, m, 8, 64)[0]) for m in (one, mesh))
+    assert 8 * each <= 1.5 * alone and each_temp < alone_temp / 4, (alone, each)
+
+
 def test_remat_keeps_values_and_gradients():
     params = init_params(CFG, jax.random.key(0))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
@@ -125,7 +150,9 @@ def test_plan_command_prints_json_per_device(tmp_path):
     assert sw["sub_params"] == plan["params"] and sw["resident"] == plan["opt_state"] + plan["frozen"]
     assert 0 < sw["tick_temp"] and sw["total"] <= plan["total"]
     # each program's two largest arrays: (bytes, "dtype[shape] op", the JAX op), largest first
-    assert set(plan["largest"]) == {"update", "rollout", "judge"}
+    assert set(plan["largest"]) == {"update", "rollout", "judge", "warm start"}
+    # the warm start's step (one role of --batch rows): its own optimizer state, not donated
+    assert plan["params"] + plan["opt_state"] < plan["warm_start_total"] <= plan["total"]
     (big, array, _), (small, _, _) = plan["largest"]["update"]
     assert big >= small > 0 and "[" in array
     bad = subprocess.run(cmd[:4] + ["--model", "1m", *tail[:-9], "--remat", "blocks"], env=env,

@@ -7,7 +7,7 @@
     swarmjax plan --model qwen3-0.6b,qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --subagents 8,32 \
         --subagent-context 4096 --remat block      # the whole RL step with the swarm rollout, a table
 
-Compiles the learner update and the rollout ahead of time from abstract shapes on
+Compiles the learner update, the rollout and the warm start's step ahead of time from abstract shapes on
 simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
 XLA's per-device memory: params, optimizer state, temporaries, KV cache, and whether
 the total fits v5e / v5p / v6e / H100 (:mod:`swarmjax.train.plan`). With ``--subagents``
@@ -68,6 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sub-agent rows with a cache, shared by the slots (default 0: one per slot)")
     p.add_argument("--subagent-model", help="the sub-agents: a model preset or a Hugging Face checkpoint "
                                             "directory (default: a frozen copy of the policy)")
+    p.add_argument("--warm-batch", type=int, default=-1,
+                   help="plan the warm start's step on this many rows of --seq ids a role (default --batch; 0: none)")
+    p.add_argument("--warm-roles", type=int, default=1,
+                   help="roles the warm start trains in one step (2: an orchestrator's and a sub-agent's batch)")
     p.add_argument("--chunk", type=int, default=16, help="ids a swarm row is fed in one tick (the engine's chunk)")
     p.add_argument("--buffers", type=int, default=0,
                    help="also list each program's N largest arrays (what the temporaries are made of)")
@@ -133,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
                            rollout_batch=args.rollout_batch, prompt=args.prompt,
                            judge_batch=args.judge_batch, judge_prompt=args.judge_prompt if args.judge_batch else 0,
-                           judge_model=judge, largest=args.buffers)
+                           judge_model=judge, warm_batch=args.batch if args.warm_batch < 0 else args.warm_batch,
+                           warm_roles=args.warm_roles, warm_optim=update.optim, largest=args.buffers)
         for k in args.subagents or (None,):
             if k is not None:
                 swarm = plan_swarm(cfg, mesh, episodes=args.batch, subagents=k, context=args.seq,

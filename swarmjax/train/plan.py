@@ -8,7 +8,9 @@ planned before booking the machines.
   the state donated) on a batch of ``batch`` trajectories of ``seq`` tokens;
 * the rollout: the sampler (:class:`~swarmjax.sampling.sampler.Sampler`) decoding
   ``rollout_batch`` rows of a ``prompt``-token prompt to ``seq`` tokens (its KV cache
-  holds ``seq`` slots per row).
+  holds ``seq`` slots per row);
+* the warm start's step (:func:`~swarmjax.train.sft.sft_program`, what every job's warm
+  start runs) on ``warm_batch`` rows of ``seq`` ids for each of ``warm_roles`` roles.
 
 Sizes per device:
 
@@ -19,7 +21,9 @@ Sizes per device:
 * ``kv_cache`` and ``rollout_temp``: the rollout's cache and temporaries;
 * ``update_total``: XLA's arguments + outputs - donated aliases + temporaries of the update;
   ``rollout_total`` likewise for the rollout, plus the optimizer state and frozen trees,
-  which stay resident while it runs; ``total``: the larger of the two.
+  which stay resident while it runs; ``warm_start_temp`` / ``warm_start_total`` the warm
+  start's step (its own optimizer state; its [B, T, V] log-probs a ``logits_chunk`` of
+  positions at a time, as the job runs it); ``total``: the largest.
 
 The compile runs on simulated CPU devices (``swarmjax plan`` asks JAX for as many as
 the mesh has), so the numbers are XLA:CPU's view of the SPMD program: a TPU or GPU
@@ -42,6 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import abstract_params, init_cache
+from swarmjax.optim import OptimConfig
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig
 from swarmjax.sampling.processors import SamplingConfig
@@ -71,12 +76,14 @@ class MemoryPlan:
     mesh: tuple[int, int, int]
     judge_temp: int = 0
     judge_total: int = 0
+    warm_start_temp: int = 0
+    warm_start_total: int = 0
     swarm: Any = None                 # a plan_swarm.SwarmPlan of the swarm rollout, or None
     largest: Any = None               # {program: largest_arrays(...)} when asked for
 
     @property
     def total(self) -> int:
-        return max(self.update_total, self.rollout_total, self.judge_total,
+        return max(self.update_total, self.rollout_total, self.judge_total, self.warm_start_total,
                    0 if self.swarm is None else self.swarm.total)
 
     def fits(self, device: str, *, headroom: float = 0.9) -> bool:
@@ -201,9 +208,29 @@ def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
     return fn.lower(params, tokens, mask).compile(), params
 
 
+def plan_warm_start(cfg: ModelConfig, mesh: Mesh, batch: int, seq: int, *, roles: int = 1,
+                    optim: OptimConfig = OptimConfig(), logits_chunk: int = 1024):
+    """The warm start's step (:func:`~swarmjax.train.sft.sft_program`: the program every
+    job's warm start runs) compiled ahead of time for ``roles`` batches of ``batch`` rows
+    of ``seq`` ids [B, T], its params and optimizer state sharded as the job shards them,
+    the rows over the mesh's batch axes: (compiled, abstract params, abstract optimizer state)."""
+    from swarmjax.train.sft import sft_program
+
+    params = abstract_params(cfg)
+    opt, shardings, opt_shardings, step = sft_program(cfg, optim, params, roles=tuple(f"r{i}" for i in range(roles)),
+                                                      mesh=mesh, logits_chunk=logits_chunk)
+    params = with_shardings(params, shardings)
+    opt_state = with_shardings(jax.eval_shape(opt.init, params), opt_shardings)
+    rows = batch_sharding(mesh, 2, batch_size=batch)
+    batches = [tuple(jax.ShapeDtypeStruct((batch, seq), dt, sharding=rows) for dt in (jnp.int32, bool, bool))
+               for _ in range(roles)]
+    return step.lower(params, opt_state, *batches).compile(), params, opt_state
+
+
 def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: UpdateConfig = UpdateConfig(),
                 rollout_batch: int | None = None, prompt: int | None = None,
                 judge_batch: int = 0, judge_prompt: int = 0, judge_model: ModelConfig | None = None,
+                warm_batch: int = 0, warm_roles: int = 1, warm_optim: OptimConfig = OptimConfig(),
                 largest: int = 0) -> MemoryPlan:
     """Per-device memory of the update and the rollout of ``cfg`` on ``mesh``.
 
@@ -220,6 +247,8 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
         (resident throughout), its run is ``judge_total``.
       judge_model: the judge's model (another checkpoint's shape; None: a frozen copy
         of the policy).
+      warm_batch, warm_roles, warm_optim: the warm start's step (:func:`plan_warm_start`)
+        on ``warm_roles`` batches of ``warm_batch`` rows of ``seq`` ids (0: not planned).
       largest: also list each program's that many largest arrays (:func:`largest_arrays`).
     """
     if seq < 2 or batch < 1:
@@ -242,12 +271,17 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
         judge_total, judge_temp = xla_total(judged)
         judge_params = per_device_bytes(judge_tree)
         judge_total += per_device_bytes(state.params) + per_device_bytes(state.opt_state) + frozen  # resident
+    warm_total = warm_temp = 0
+    if warm_batch:
+        programs["warm start"], _, _ = warm = plan_warm_start(cfg, mesh, warm_batch, seq, roles=warm_roles,
+                                                              optim=warm_optim, logits_chunk=update.logits_chunk)
+        warm_total, warm_temp = xla_total(warm[0])
     return MemoryPlan(params=per_device_bytes(state.params), opt_state=per_device_bytes(state.opt_state),
                       frozen=frozen + judge_params, temp=temp,
                       update_total=update_total + judge_params, kv_cache=per_device_bytes(cache),
                       rollout_temp=rollout_temp, rollout_total=rollout_total + resident + judge_params,
                       devices=mesh.devices.size, mesh=tuple(mesh.devices.shape), judge_temp=judge_temp,
-                      judge_total=judge_total,
+                      judge_total=judge_total, warm_start_temp=warm_temp, warm_start_total=warm_total,
                       largest={k: largest_arrays(c, largest) for k, c in programs.items()} if largest else None)
 
 
@@ -259,6 +293,8 @@ def format_plan(plan: MemoryPlan, *, title: str = "") -> str:
             ("rollout temp", plan.rollout_temp), ("rollout total", plan.rollout_total)]
     if plan.judge_total:
         rows += [("judge temp", plan.judge_temp), ("judge total", plan.judge_total)]
+    if plan.warm_start_total:
+        rows += [("warm temp", plan.warm_start_temp), ("warm total", plan.warm_start_total)]
     if plan.swarm is not None:
         sw = plan.swarm
         rows += [(f"swarm: {sw.episodes} orchestrator rows, {sw.sub_rows} sub-agent rows", None),

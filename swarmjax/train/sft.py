@@ -178,6 +178,39 @@ def evaluate(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, batch: int
     return out
 
 
+def sft_program(cfg: ModelConfig, optim: OptimConfig, params: Any, *, roles: Sequence[str] = ROLES,
+                heads: Sequence[Array | None] | None = None, mesh: Any = None, logits_chunk: int = 1024
+                ) -> tuple[Any, Any, Any, Callable]:
+    """The warm-start step as a program, from the params' shapes alone (``params``: arrays
+    or ``jax.ShapeDtypeStruct``): (the optimizer, the params' shardings, the optimizer
+    state's shardings, the jitted ``step(params, opt_state, *batches) -> (params, opt_state,
+    metrics)``); the shardings are None without a mesh. What :func:`sft_step` runs and
+    :func:`swarmjax.train.plan.plan_warm_start` compiles ahead of time (arguments:
+    :func:`sft_step`'s)."""
+    opt = make_optimizer(optim, mesh=mesh)
+    tau = optim.qk_clip_tau
+    shardings = opt_shardings = None
+    jit_kw: dict[str, Any] = {}
+    if mesh is not None:
+        shardings = tree_shardings(param_logical_axes(cfg), params, mesh)
+        opt_shardings = state_shardings_like(jax.eval_shape(opt.init, params), params, shardings, mesh)
+        jit_kw["out_shardings"] = (shardings, opt_shardings, None)
+
+    @partial(jax.jit, **jit_kw)
+    def step(params, opt_state, *batches):
+        grad_fn = jax.value_and_grad(partial(sft_loss, roles=roles, want_max=tau > 0, heads=heads, mesh=mesh,
+                                             logits_chunk=logits_chunk), has_aux=True)
+        (loss, (metrics, max_logits)), grads = grad_fn(params, cfg, batches)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {"loss": loss, **metrics}
+        if tau > 0:
+            params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=optim.qk_clip_alpha)
+            metrics.update(max_attn_logit=clip["max_attn_logit"], qk_clip_heads=clip["qk_clip_heads"])
+        return params, opt_state, metrics
+    return opt, shardings, opt_shardings, step
+
+
 def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, roles: Sequence[str] = ROLES,
              heads: Sequence[Array | None] | None = None, mesh: Any = None, logits_chunk: int = 1024
              ) -> tuple[Any, Any, Callable]:
@@ -194,31 +227,12 @@ def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, roles: Sequen
     places each batch's rows over the data axes. ``logits_chunk``: rows longer than this
     many positions get their log-probs a chunk at a time (as the learner's
     ``UpdateConfig.logits_chunk``; 0: the whole [B, T, V] logits)."""
-    opt = make_optimizer(optim, mesh=mesh)
-    tau = optim.qk_clip_tau
-    jit_kw: dict[str, Any] = {}
+    opt, shardings, opt_shardings, step = sft_program(cfg, optim, params, roles=roles, heads=heads, mesh=mesh,
+                                                      logits_chunk=logits_chunk)
     if mesh is None:
-        opt_state = opt.init(params)
-    else:
-        shardings = tree_shardings(param_logical_axes(cfg), params, mesh)
-        params = global_whole(params, shardings)
-        opt_shardings = state_shardings_like(jax.eval_shape(opt.init, params), params, shardings, mesh)
-        opt_state = jax.jit(opt.init, out_shardings=opt_shardings)(params)
-        jit_kw["out_shardings"] = (shardings, opt_shardings, None)
-
-    @partial(jax.jit, **jit_kw)
-    def step(params, opt_state, *batches):
-        grad_fn = jax.value_and_grad(partial(sft_loss, roles=roles, want_max=tau > 0, heads=heads, mesh=mesh,
-                                             logits_chunk=logits_chunk), has_aux=True)
-        (loss, (metrics, max_logits)), grads = grad_fn(params, cfg, batches)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        metrics = {"loss": loss, **metrics}
-        if tau > 0:
-            params, clip = qk_clip(params, max_logits, cfg, tau=tau, alpha=optim.qk_clip_alpha)
-            metrics.update(max_attn_logit=clip["max_attn_logit"], qk_clip_heads=clip["qk_clip_heads"])
-        return params, opt_state, metrics
-    return params, opt_state, step
+        return params, opt.init(params), step
+    params = global_whole(params, shardings)
+    return params, jax.jit(opt.init, out_shardings=opt_shardings)(params), step
 
 
 @dataclasses.dataclass(frozen=True)
