@@ -107,7 +107,8 @@ def test_a_generated_environment_runs_in_the_jitted_engine_as_on_the_host(setup)
     dt, records, model, params, rcfg = setup
     eps, scripts = _scripts(dt, records)
     want = _host(setup, eps, scripts)
-    got = TextSwarm(dt, model, rcfg, swarm=SwarmConfig(chunk=16, buckets=2))(params, params, eps, jax.random.key(0), scripts=scripts)
+    swarm = TextSwarm(dt, model, rcfg, swarm=SwarmConfig(chunk=16, buckets=2))
+    got = swarm(params, params, eps, jax.random.key(0), scripts=scripts)
     _assert_same(want, got)
     assert got.rewards["correct"][:4].tolist() == [1.0] * 4                       # the recorded tasks solve
     assert got.rewards["state_f1"][2:4].tolist() == [1.0, 1.0] and len(eps) == 8

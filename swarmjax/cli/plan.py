@@ -7,8 +7,8 @@
     swarmjax plan --model qwen3-0.6b,qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --subagents 8,32 \
         --subagent-context 4096 --remat block      # the whole RL step with the swarm rollout, a table
 
-Compiles the learner update, the rollout and the warm start's step ahead of time from abstract shapes on
-simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
+Compiles the learner update, the rollout and the warm start's step ahead of time from
+abstract shapes on simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
 XLA's per-device memory: params, optimizer state, temporaries, KV cache, and whether
 the total fits v5e / v5p / v6e / H100 (:mod:`swarmjax.train.plan`). With ``--subagents``
 the swarm rollout too: B orchestrator rows and B x K sub-agent rows (or a pool of

@@ -96,7 +96,7 @@ def _t(x, c):  # Linear weight [out, in] <-> [in, out]
 
 
 def _heads_in(n: Callable[[ModelConfig], int]):
-    """[n*hd, D] -> [D, n, hd] and back."""
+    """[n H, D] -> [D, n, H] and back (n: the N query or K kv heads, H the head dim)."""
     return (lambda x, c: x.T.reshape(c.hidden_size, n(c), c.head_dim),
             lambda x, c: x.reshape(c.hidden_size, -1).T)
 

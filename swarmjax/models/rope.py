@@ -15,10 +15,10 @@ Array = jax.Array
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """Inverse frequencies [hd/2]: theta^(-2i/hd), with Llama-3.1 wavelength scaling
+    """Inverse frequencies [H/2]: theta^(-2i/H), with Llama-3.1 wavelength scaling
     when ``rope_type == "llama3"`` and YaRN's when ``"yarn"``."""
-    hd = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    H = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, H, 2, dtype=np.float64) / H))
     if cfg.rope_type == "llama3":
         factor, low, high, old_ctx = cfg.rope_scaling
         low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
@@ -35,16 +35,16 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
         y = cfg.rope_scaling
 
         def dim_of(rotations):  # the dimension that turns ``rotations`` times in the old context
-            return hd * math.log(y.original_max_position_embeddings / (rotations * 2 * math.pi)) / \
+            return H * math.log(y.original_max_position_embeddings / (rotations * 2 * math.pi)) / \
                 (2 * math.log(cfg.rope_theta))
 
         low, high = dim_of(y.beta_fast), dim_of(y.beta_slow)
         if y.truncate:
             low, high = math.floor(low), math.ceil(high)
-        low, high = max(low, 0), min(high, hd - 1)
+        low, high = max(low, 0), min(high, H - 1)
         if low == high:
             high += 0.001  # as transformers: no division by zero
-        ramp = np.clip((np.arange(hd // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        ramp = np.clip((np.arange(H // 2, dtype=np.float64) - low) / (high - low), 0, 1)
         keep = 1 - ramp                       # 1: extrapolate (unchanged), 0: interpolate
         inv = inv / y.factor * (1 - keep) + inv * keep
     return inv.astype(np.float32)
@@ -69,9 +69,9 @@ def rope_attention_factor(cfg: ModelConfig) -> float:
 
 
 def rope_tables(positions: Array, cfg: ModelConfig) -> tuple[Array, Array]:
-    """cos, sin [B, T, hd] for integer positions [B, T] (half-rotation layout, as HF),
+    """cos, sin [B, T, H] for integer positions [B, T] (half-rotation layout, as HF),
     times :func:`rope_attention_factor` (YaRN)."""
-    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(cfg))  # [B, T, hd/2]
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(cfg))  # [B, T, H/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     scale = rope_attention_factor(cfg)
     if scale == 1.0:
@@ -80,14 +80,14 @@ def rope_tables(positions: Array, cfg: ModelConfig) -> tuple[Array, Array]:
 
 
 def rope_table(cfg: ModelConfig, length: int) -> tuple[Array, Array]:
-    """cos, sin [length, hd] of positions 0 .. length - 1, for :func:`forward`'s
+    """cos, sin [length, H] of positions 0 .. length - 1, for :func:`forward`'s
     ``rope_table`` (a lookup instead of evaluating cos/sin at every call)."""
     cos, sin = rope_tables(jnp.arange(length)[None], cfg)
     return cos[0], sin[0]
 
 
 def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
-    """x [B, T, N, hd] rotated by position: x*cos + rotate_half(x)*sin (in float32)."""
+    """x [B, T, N, H] rotated by position: x*cos + rotate_half(x)*sin (in float32)."""
     xf = x.astype(jnp.float32)
     x1, x2 = jnp.split(xf, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)

@@ -7,6 +7,13 @@ Llama is the same with ``qk_norm=False``; Qwen2 is Llama with biases on the q, k
 projections (``attention_bias=True, o_bias=False``). RoPE (default, Llama-3.1, YaRN)
 is in :mod:`swarmjax.models.rope`.
 
+Shapes, one upper-case letter a dimension in shape comments and einsums (Gemma's
+``gm/nn`` convention): B rows, T positions fed in this call, S positions attended (cache
+slots; T without a cache), P shared-prefix positions, D model width, N query heads, K kv
+heads, G query heads a kv head (N = K G), H head dim, F MLP width, V vocabulary, L layers,
+M the B G T queries of one kv head flattened (cascade attention). The mixture of experts
+(:mod:`swarmjax.models.moe`) names its own: tokens, experts and assignments.
+
 Layer weights are stacked on a leading ``layers`` axis (plain ``[L, ...]`` arrays
 that Muon orthogonalises per matrix). Without a KV cache the stack runs under
 ``lax.scan`` (one compiled layer body whatever the depth); with a cache (decoding)
@@ -17,7 +24,7 @@ Functional entry points (all take and return plain pytrees):
 
 * :func:`init_params` / :func:`abstract_params` / :func:`param_logical_axes`
 * :func:`forward` -> :class:`ForwardOutput` (logits, updated KV cache, and on
-  request the per-layer per-head max pre-softmax attention logit ``[L, H]``
+  request the per-layer per-head max pre-softmax attention logit ``[L, N]``
   that QK-Clip needs; when not requested it is not computed at all).
 * :func:`init_cache` -> :class:`KVCache`.
 
@@ -51,14 +58,14 @@ _INIT = nn.initializers.normal(stddev=0.02)
 class KVCache:
     """Fixed-size key/value cache.
 
-    k:     L-tuple of [B, Hkv, hd, S]  keys per layer and kv head, slot axis last;
-    v:     L-tuple of [B, Hkv, S, hd]  values per layer and kv head, slot axis second to last;
+    k:     L-tuple of [B, K, H, S]  keys per layer and kv head, slot axis last;
+    v:     L-tuple of [B, K, S, H]  values per layer and kv head, slot axis second to last;
     valid: [B, S] bool                 slot holds a real (non-pad) token.
 
     Both layouts put the axis that attention contracts first in memory
-    (``q.k`` over hd, ``p.v`` over S), the layout XLA:CPU's dot runs without
-    re-packing the cache: keys stored [S, hd] made the ``q.k`` dot 3.4x slower
-    (measured at B 32, S 192, hd 64; it was a third of a 30m decode step).
+    (``q.k`` over H, ``p.v`` over S), the layout XLA:CPU's dot runs without
+    re-packing the cache: keys stored [S, H] made the ``q.k`` dot 3.4x slower
+    (measured at B 32, S 192, H 64; it was a third of a 30m decode step).
     """
 
     k: Array
@@ -73,7 +80,7 @@ class KVCache:
 @flax.struct.dataclass
 class ForwardOutput:
     """logits [B, T, V] float32 (None with ``return_hidden``); cache (or None);
-    max_logits [L, H] float32 (or None); hidden [B, T, D]: the final-normed hidden
+    max_logits [L, N] float32 (or None); hidden [B, T, D]: the final-normed hidden
     state, only with ``forward(return_hidden=True)``."""
 
     logits: Array | None
@@ -106,11 +113,11 @@ class Attention(nn.Module):
     """Grouped-query attention with optional q/k RMSNorm, RoPE and a KV cache.
 
     Without a cache the chunk attends over itself (``mask [B, T, T]``) and its
-    keys, values ``[B, K, T, hd]`` are returned. With a layer's cache buffers
-    (keys ``[B, K, hd, S]``, values ``[B, K, S, hd]``, see :class:`KVCache`) the
+    keys, values ``[B, K, T, H]`` are returned. With a layer's cache buffers
+    (keys ``[B, K, H, S]``, values ``[B, K, S, H]``, see :class:`KVCache`) the
     chunk's k, v are written at slot ``cache_index`` first, the chunk attends over
     the whole buffer (``mask [B, T, S]``) and the updated buffers are returned.
-    With a shared prefix (``prefix_k [K, hd, P]``, ``prefix_v [K, P, hd]``, one copy
+    With a shared prefix (``prefix_k [K, H, P]``, ``prefix_v [K, P, H]``, one copy
     for the whole batch, ``prefix_mask [B, T, P]``) the queries also attend over it,
     in one softmax with the rest: cascade attention, so B rows that open with the
     same P ids read those keys once per step instead of B times.
@@ -125,47 +132,49 @@ class Attention(nn.Module):
         cfg = self.cfg
         dt = cfg.jnp_dtype
         B, T, D = x.shape
-        H, K, G, hd = cfg.num_heads, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
-        wq = _param(self, "q_proj", (D, H, hd), ("embed", "heads", "head_dim"))
-        wk = _param(self, "k_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
-        wv = _param(self, "v_proj", (D, K, hd), ("embed", "kv_heads", "head_dim"))
-        wo = _param(self, "o_proj", (H, hd, D), ("heads", "head_dim", "embed"))
-        q = jnp.einsum("btd,dhk->bthk", x, wq.astype(dt))   # [B, T, H, hd]
-        k = jnp.einsum("btd,dhk->bthk", x, wk.astype(dt))   # [B, T, K, hd]
-        v = jnp.einsum("btd,dhk->bthk", x, wv.astype(dt))   # [B, T, K, hd]
+        N, K, G, H = cfg.num_heads, cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
+        wq = _param(self, "q_proj", (D, N, H), ("embed", "heads", "head_dim"))
+        wk = _param(self, "k_proj", (D, K, H), ("embed", "kv_heads", "head_dim"))
+        wv = _param(self, "v_proj", (D, K, H), ("embed", "kv_heads", "head_dim"))
+        wo = _param(self, "o_proj", (N, H, D), ("heads", "head_dim", "embed"))
+        q = jnp.einsum("BTD,DNH->BTNH", x, wq.astype(dt))   # [B, T, N, H]
+        k = jnp.einsum("BTD,DKH->BTKH", x, wk.astype(dt))   # [B, T, K, H]
+        v = jnp.einsum("BTD,DKH->BTKH", x, wv.astype(dt))   # [B, T, K, H]
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
-            q = q + _param(self, "q_bias", (H, hd), ("heads", "head_dim"), zeros).astype(dt)
-            k = k + _param(self, "k_bias", (K, hd), ("kv_heads", "head_dim"), zeros).astype(dt)
-            v = v + _param(self, "v_bias", (K, hd), ("kv_heads", "head_dim"), zeros).astype(dt)
+            q = q + _param(self, "q_bias", (N, H), ("heads", "head_dim"), zeros).astype(dt)
+            k = k + _param(self, "k_bias", (K, H), ("kv_heads", "head_dim"), zeros).astype(dt)
+            v = v + _param(self, "v_bias", (K, H), ("kv_heads", "head_dim"), zeros).astype(dt)
         if cfg.qk_norm:
             q = RMSNorm(cfg, "head_dim", name="q_norm")(q)
             k = RMSNorm(cfg, "head_dim", name="k_norm")(k)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
 
-        # Head-major layouts ([B, K, G, T, .], cache [B, K, S, hd]) let XLA's CPU dot
+        # Head-major layouts ([B, K, G, T, .], cache [B, K, S, H]) let XLA's CPU dot
         # run without transposing the cache (b-t-k einsum outputs were ~7x slower).
-        qg = (q.reshape(B, T, K, G, hd) * jnp.asarray(hd ** -0.5, dt)).transpose(0, 2, 3, 1, 4)
-        keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)                 # [B, K, T, hd]
+        qg = (q.reshape(B, T, K, G, H) * jnp.asarray(H ** -0.5, dt)).transpose(0, 2, 3, 1, 4)
+        keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)                 # [B, K, T, H]
         if cache_k is None:
-            logits = jnp.einsum("bkgth,bksh->bkgts", qg, keys.astype(dt),
+            logits = jnp.einsum("BKGTH,BKSH->BKGTS", qg, keys.astype(dt),
                                 preferred_element_type=jnp.float32)      # [B, K, G, T, T]
         else:   # write first (in place in a decode loop), then read all
             keys = write_slots(cache_k, keys.swapaxes(2, 3).astype(cache_k.dtype), cache_index,
-                               axis=-1)                                  # [B, K, hd, S]
-            values = write_slots(cache_v, values.astype(cache_v.dtype), cache_index)  # [B, K, S, hd]
-            logits = jnp.einsum("bkgth,bkhs->bkgts", qg, keys.astype(dt),
+                               axis=-1)                                  # [B, K, H, S]
+            values = write_slots(cache_v, values.astype(cache_v.dtype), cache_index)  # [B, K, S, H]
+            logits = jnp.einsum("BKGTH,BKHS->BKGTS", qg, keys.astype(dt),
                                 preferred_element_type=jnp.float32)      # [B, K, G, T, S]
         logits = jnp.where(mask[:, None, None], logits, _NEG)
         if prefix_k is None:
-            max_logit = logits.max(axis=(0, 3, 4)).reshape(H) if self.want_max else None  # [H]
+            max_logit = logits.max(axis=(0, 3, 4)).reshape(N) if self.want_max else None  # [N]
             probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-            out = jnp.einsum("bkgts,bksh->bkgth", probs, values.astype(dt))  # [B, K, G, T, hd]
+            out = jnp.einsum("BKGTS,BKSH->BKGTH", probs, values.astype(dt))  # [B, K, G, T, H]
         else:
             out, max_logit = _cascade(qg, logits, values, prefix_k, prefix_v, prefix_mask, dt, self.want_max)
-        out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
-        y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt))
+        out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
+        # "BTNH,NHD->BTD", contracting N then H as they are laid out (jnp.einsum orders
+        # contracted letters alphabetically, H before N: XLA then transposes both operands)
+        y = lax.dot_general(out, wo.astype(dt), (((2, 3), (0, 1)), ((), ())))          # [B, T, D]
         if cfg.has_o_bias:
             y = y + _param(self, "o_bias", (D,), ("embed",), nn.initializers.zeros).astype(dt)
         return y, keys, values, max_logit
@@ -175,24 +184,24 @@ def _cascade(qg, logits, values, prefix_k, prefix_v, prefix_mask, dt, want_max):
     """Attention over a shared prefix and the rows' own keys in one softmax, merged by
     log-sum-exp instead of concatenating the logits (which cost 2.5x in a prefill).
 
-    qg [B, K, G, T, hd] (scaled queries), logits [B, K, G, T, S] (own keys, masked),
-    values [B, K, S, hd], prefix_k [K, hd, P], prefix_v [K, P, hd], prefix_mask [B, T, P].
-    The prefix part runs kv-head-major ([K, B*G*T, hd] x [K, hd, P]): one matmul per kv
-    head for the whole batch, the prefix read once. Returns out [B, K, G, T, hd] and the
-    max logit per head [H] (or None)."""
-    B, K, G, T, hd = qg.shape
+    qg [B, K, G, T, H] (scaled queries), logits [B, K, G, T, S] (own keys, masked),
+    values [B, K, S, H], prefix_k [K, H, P], prefix_v [K, P, H], prefix_mask [B, T, P].
+    The prefix part runs kv-head-major ([K, B*G*T, H] x [K, H, P]): one matmul per kv
+    head for the whole batch, the prefix read once. Returns out [B, K, G, T, H] and the
+    max logit per head [N] (or None)."""
+    B, K, G, T, H = qg.shape
     P = prefix_k.shape[-1]
-    q = qg.transpose(1, 0, 2, 3, 4).reshape(K, B * G * T, hd)
-    shared = jnp.einsum("knh,khs->kns", q, prefix_k.astype(dt),
+    q = qg.transpose(1, 0, 2, 3, 4).reshape(K, B * G * T, H)
+    shared = jnp.einsum("KMH,KHP->KMP", q, prefix_k.astype(dt),
                         preferred_element_type=jnp.float32).reshape(K, B, G, T, P)
     shared = jnp.where(prefix_mask[None, :, None], shared, _NEG)                      # [K, B, G, T, P]
     m = jnp.maximum(shared.max(-1).transpose(1, 0, 2, 3), logits.max(-1))              # [B, K, G, T]
     e_own = jnp.exp(logits - m[..., None])
     e_shared = jnp.exp(shared - m.transpose(1, 0, 2, 3)[..., None])
     denom = e_own.sum(-1) + e_shared.sum(-1).transpose(1, 0, 2, 3)                     # [B, K, G, T]
-    out_shared = jnp.einsum("kns,ksh->knh", e_shared.reshape(K, B * G * T, P).astype(dt), prefix_v.astype(dt))
-    out = jnp.einsum("bkgts,bksh->bkgth", e_own.astype(dt), values.astype(dt)) + \
-        out_shared.reshape(K, B, G, T, hd).transpose(1, 0, 2, 3, 4)
+    out_shared = jnp.einsum("KMP,KPH->KMH", e_shared.reshape(K, B * G * T, P).astype(dt), prefix_v.astype(dt))
+    out = jnp.einsum("BKGTS,BKSH->BKGTH", e_own.astype(dt), values.astype(dt)) + \
+        out_shared.reshape(K, B, G, T, H).transpose(1, 0, 2, 3, 4)
     max_logit = m.max(axis=(0, 3)).reshape(K * G) if want_max else None
     return out / denom[..., None].astype(dt), max_logit
 
@@ -200,8 +209,8 @@ def _cascade(qg, logits, values, prefix_k, prefix_v, prefix_mask, dt, want_max):
 def write_slots(buf: Array, new: Array, index: Array, axis: int = -2) -> Array:
     """Write a chunk into a cache buffer along its slot axis (``axis``, negative).
 
-    buf [B, ..., S, hd], new [B, ..., T, hd] (``axis=-2``; or [B, ..., hd, S] and
-    [B, ..., hd, T] with ``axis=-1``); index: a scalar slot for every row, or [B]
+    buf [B, ..., S, H], new [B, ..., T, H] (``axis=-2``; or [B, ..., H, S] and
+    [B, ..., H, T] with ``axis=-1``); index: a scalar slot for every row, or [B]
     per-row slots (rows of a swarm rollout advance at different rates).
     """
     def start(ndim, i):
@@ -234,7 +243,7 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """One pre-norm decoder layer. Returns the new hidden state, k and v (the updated
-    cache buffers, see :class:`KVCache`, when given, else this chunk's ``[B, K, T, hd]``)
+    cache buffers, see :class:`KVCache`, when given, else this chunk's ``[B, K, T, H]``)
     and the max logit per head (or None). The MLP is a SwiGLU, or a mixture of experts
     (:class:`swarmjax.models.moe.MoE`, run expert parallel over ``sharding``'s mesh)."""
 
@@ -337,12 +346,12 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    """Empty cache: L keys [B, Hkv, hd, S] and values [B, Hkv, S, hd] of zeros in
+    """Empty cache: L keys [B, K, H, S] and values [B, K, S, H] of zeros in
     ``dtype`` (default: compute dtype), valid all False [B, S]."""
     dtype = cfg.jnp_dtype if dtype is None else dtype
-    B, K, hd = batch, cfg.num_kv_heads, cfg.head_dim
+    B, K, H = batch, cfg.num_kv_heads, cfg.head_dim
     zeros = lambda shape: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-    return KVCache(k=zeros((B, K, hd, max_len)), v=zeros((B, K, max_len, hd)),
+    return KVCache(k=zeros((B, K, H, max_len)), v=zeros((B, K, max_len, H)),
                    valid=jnp.zeros((batch, max_len), bool))
 
 
@@ -426,14 +435,14 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
       cache_index: slot of ``tokens[:, 0]`` in the cache: a scalar, or [B] per-row slots.
         The Python int 0 means the cache holds nothing before this chunk (a prefill):
         the cached part of attention is skipped at trace time.
-      return_max_logits: also return ``max_logits [L, H]``, the largest masked
-        pre-softmax logit ``q.k / sqrt(hd)`` per layer and query head (over batch,
+      return_max_logits: also return ``max_logits [L, N]``, the largest masked
+        pre-softmax logit ``q.k / sqrt(H)`` per layer and query head (over batch,
         queries and keys). Static: when False nothing extra is computed.
       logits_to_keep: static; n > 0 computes logits for the last n positions only
         (a sampler's prefill needs just the last: the [B, T, V] head is skipped).
       logits_at: optional [B] int, the one position of each row whose logits are
         computed (a right-padded chunk's last real token): logits [B, 1, V].
-      rope_table: optional cos, sin [S, hd] from :func:`rope_table`, looked up at
+      rope_table: optional cos, sin [S, H] from :func:`rope_table`, looked up at
         ``positions`` (which must be < S; larger ones give NaN) instead of evaluated.
         Decode loops build one outside the loop: XLA:CPU evaluates cos/sin element
         by element inside every fusion that reads them (measured: 60 us of a 30m
@@ -468,7 +477,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
         (lambda a: lax.with_sharding_constraint(a, activation_sharding))
     x = pin(jnp.take(params["embed"], tokens, axis=0).astype(dt))          # [B, T, D]
     if rope_table is None:
-        cos, sin = rope_tables(positions, cfg)                             # [B, T, hd]
+        cos, sin = rope_tables(positions, cfg)                             # [B, T, H]
     else:
         cos, sin = (jnp.take(t, positions, axis=0, mode="fill") for t in rope_table)
     mask_new = token_mask[:, None, :] & jnp.tril(jnp.ones((T, T), bool))[None]   # [B, T, T]
@@ -483,7 +492,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             return pin(x), max_logit
         if remat != "none":
             body = jax.checkpoint(body, policy=remat_policy(remat), prevent_cse=False)   # inside scan: no CSE guard
-        x, max_logits = lax.scan(body, x, params["layers"])                # max_logits [L, H]
+        x, max_logits = lax.scan(body, x, params["layers"])                # max_logits [L, N]
         new_cache = None
     else:
         empty = isinstance(cache_index, int) and cache_index == 0
@@ -507,7 +516,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             def body(x, layer_params):
                 x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask, None, None, index)
                 return pin(x), (k, v, max_logit)
-            x, (ks, vs, stacked_max) = lax.scan(body, x, layers)          # ks, vs [L, B, Hkv, T, hd]
+            x, (ks, vs, stacked_max) = lax.scan(body, x, layers)          # ks, vs [L, B, K, T, H]
             layers, maxes = (), [] if stacked_max is None else list(stacked_max)
             new_k = [lax.dynamic_update_slice(c, k.swapaxes(2, 3).astype(c.dtype), (0, 0, 0, 0))
                      for c, k in zip(cache.k, ks)]
@@ -534,7 +543,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
     x = RMSNorm(cfg).apply({"params": params["final_norm"]}, x)
     if return_hidden:
         return ForwardOutput(logits=None, cache=new_cache, max_logits=max_logits, hidden=x)
-    logits = jnp.einsum("btd,dv->btv", x, output_head(params).astype(dt), preferred_element_type=jnp.float32)
+    logits = jnp.einsum("BTD,DV->BTV", x, output_head(params).astype(dt), preferred_element_type=jnp.float32)
     return ForwardOutput(logits=logits.astype(jnp.float32), cache=new_cache, max_logits=max_logits)
 
 
@@ -547,7 +556,7 @@ def forward_after_head(params: dict[str, Any], cfg: ModelConfig, head: Array, to
     positions continuing after P. P + B T positions run instead of B (P + T); the
     outputs (logits or ``return_hidden`` hidden states [B, T, ...]) equal those of
     ``forward`` over the rows ``[head, tokens_b]`` at the rows' positions, gradients
-    included; ``max_logits`` [L, H] covers both passes. ``kwargs``: more of
+    included; ``max_logits`` [L, N] covers both passes. ``kwargs``: more of
     :func:`forward`'s keywords for the rows' pass (``activation_sharding``,
     ``return_hidden``); ``remat`` does not apply to this cached form."""
     P, (B, T) = head.shape[0], tokens.shape

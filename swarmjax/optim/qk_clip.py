@@ -1,7 +1,7 @@
 """QK-Clip (MuonClip, Kimi K2 report, arXiv 2507.20534), applied after the optimizer step.
 
 With ``S_h`` the largest pre-softmax logit of query head ``h`` in the step's forward
-pass (``forward(..., return_max_logits=True).max_logits [L, H]``) and
+pass (``forward(..., return_max_logits=True).max_logits [L, N]``) and
 ``gamma_h = min(1, tau / S_h)``, Kimi rescales ``W_q^h <- gamma_h^alpha W_q^h`` and
 ``W_k^h <- gamma_h^(1-alpha) W_k^h``, so head h's max logit becomes ``<= tau`` and
 heads under tau are untouched.
@@ -39,7 +39,7 @@ Array = jax.Array
 
 
 def clip_factors(max_logits: Array, tau: float) -> Array:
-    """``gamma = min(1, tau / S)`` per layer and head, [L, H] (1 where S <= tau)."""
+    """``gamma = min(1, tau / S)`` per layer and head, [L, N] (1 where S <= tau)."""
     S = max_logits.astype(jnp.float32)
     return jnp.where(S > tau, tau / jnp.maximum(S, 1e-30), 1.0)
 
@@ -50,14 +50,14 @@ def qk_clip(params: dict[str, Any], max_logits: Array, cfg: ModelConfig, *, tau:
 
     Args:
       params: transformer params (stacked layers).
-      max_logits: [L, H] per-layer per-head max pre-softmax logit of the step.
+      max_logits: [L, N] per-layer per-head max pre-softmax logit of the step.
       cfg: the model config (head grouping, qk-norm).
     Returns:
       (new params, metrics: ``qk_clip_heads`` number of heads over tau,
       ``max_attn_logit`` the largest logit seen).
     """
     L, K, G = cfg.num_layers, cfg.num_kv_heads, cfg.num_groups
-    gamma = clip_factors(max_logits, tau)                              # [L, H]
+    gamma = clip_factors(max_logits, tau)                              # [L, N]
     attn = dict(params["layers"]["attn"])
     dt = lambda x: x.dtype
 
@@ -68,8 +68,8 @@ def qk_clip(params: dict[str, Any], max_logits: Array, cfg: ModelConfig, *, tau:
         attn["k_norm"] = {"scale": (attn["k_norm"]["scale"] * k_scale[:, None]).astype(dt(attn["k_norm"]["scale"]))}
     else:
         kappa = jnp.min(gamma.reshape(L, K, G), axis=2) ** (1.0 - alpha)   # [L, K]
-        q_scale = gamma / jnp.repeat(kappa, G, axis=1)                     # [L, H]
-        # q_proj [L, D, H, hd], k_proj [L, D, K, hd]; biases [L, H, hd], [L, K, hd]
+        q_scale = gamma / jnp.repeat(kappa, G, axis=1)                     # [L, N]
+        # q_proj [L, D, N, H], k_proj [L, D, K, H]; biases [L, N, H], [L, K, H]
         attn["q_proj"] = (attn["q_proj"] * q_scale[:, None, :, None]).astype(dt(attn["q_proj"]))
         attn["k_proj"] = (attn["k_proj"] * kappa[:, None, :, None]).astype(dt(attn["k_proj"]))
         if cfg.attention_bias:

@@ -155,8 +155,8 @@ def chunked_token_logprobs(hidden: Array, head: Array, tokens: Array, *, chunk: 
 
     @jax.checkpoint
     def one(args):
-        hc, tc = args                                                        # [B, chunk, D], [B, chunk]
-        logits = jnp.einsum("bcd,dv->bcv", hc, head.astype(hc.dtype), preferred_element_type=jnp.float32)
+        hc, tc = args                                                        # [B, C, D], [B, C]: C = chunk
+        logits = jnp.einsum("BCD,DV->BCV", hc, head.astype(hc.dtype), preferred_element_type=jnp.float32)
         picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
         hits = jnp.argmax(logits, axis=-1) == tc if return_hits else None
         return picked - jax.nn.logsumexp(logits, axis=-1), hits              # [B, chunk] each

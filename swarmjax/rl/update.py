@@ -113,7 +113,7 @@ class _MicroCarry(NamedTuple):
     """Carry of the microbatch scan inside one minibatch."""
 
     grads: Any           # pytree like params: sum of microbatch gradients
-    max_logits: Array    # [L, H] f32: running max of attention logits (QK-Clip)
+    max_logits: Array    # [L, N] f32: running max of attention logits (QK-Clip)
 
 
 class _StepReport(NamedTuple):
@@ -207,7 +207,7 @@ class Learner:
         return lax.with_sharding_constraint(x, rows_sharding(self.mesh, x.shape, rules=self.rules))
 
     def _logprobs(self, params, tokens, token_mask, want_max=False, head=None):
-        """log p of every row id [B, T] (0 at column 0) and the attention max logits [L, H]
+        """log p of every row id [B, T] (0 at column 0) and the attention max logits [L, N]
         (None unless ``want_max``). With a shared ``head`` [P] the rows continue it: the
         head runs once as a batch of one and every row attends over its keys and values
         (:func:`~swarmjax.models.transformer.forward_after_head`): P + B T positions instead
@@ -230,7 +230,7 @@ class Learner:
         return self._rows(logp), out.max_logits
 
     def _loss(self, params, mb: TrajectoryBatch, old_logp, ref_logp, totals, head=None):
-        """One microbatch: (loss with the minibatch's ``totals``, (metric sums, max logits [L, H]))."""
+        """One microbatch: (loss with the minibatch's ``totals``, (metric sums, max logits [L, N]))."""
         want_max = self.cfg.optim.qk_clip_tau > 0
         logp, max_logits = self._logprobs(params, mb.tokens, mb.token_mask, want_max, head)
         loss, sums = policy_loss_sums(logp, old_logp, mb.advantages, mb.loss_mask, self.cfg.loss,

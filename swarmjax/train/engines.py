@@ -82,10 +82,11 @@ class DeviceEngine:
 
     @classmethod
     def over(cls, twin: Any, cfg: Any, rcfg: Any, *, episodes: int, size: Callable[[Any], int] | None = None,
-             mesh: Any = None, swarm: Any = None) -> DeviceEngine:
+             mesh: Any = None, swarm: SwarmConfig | None = None) -> DeviceEngine:
         """The jitted swarm (:class:`~swarmjax.swarm.text_engine.TextSwarm`, ``swarm`` its
-        :class:`~swarmjax.swarm.text_types.SwarmConfig`, None: the defaults) over the device twin ``twin`` for calls of ``episodes`` episodes (a training
-        step's), its rows over ``mesh``'s batch axes. With several processes each decodes
+        :class:`~swarmjax.swarm.text_types.SwarmConfig`, None: the defaults) over the device
+        twin ``twin`` for calls of ``episodes`` episodes (a training step's), its rows over
+        ``mesh``'s batch axes. With several processes each decodes
         its share (``episodes / processes``) on its first device with a local copy of the
         params (the swarm's ``episode_keys``: the ids one process would sample)."""
         from swarmjax.swarm.text_engine import TextSwarm

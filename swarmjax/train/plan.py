@@ -274,7 +274,7 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
     warm_total = warm_temp = 0
     if warm_batch:
         programs["warm start"], _, _ = warm = plan_warm_start(cfg, mesh, warm_batch, seq, roles=warm_roles,
-                                                              optim=warm_optim, logits_chunk=update.logits_chunk)
+                                                              optim=warm_optim)
         warm_total, warm_temp = xla_total(warm[0])
     return MemoryPlan(params=per_device_bytes(state.params), opt_state=per_device_bytes(state.opt_state),
                       frozen=frozen + judge_params, temp=temp,

@@ -98,7 +98,7 @@ def _role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
                 want_max: bool, head: Array | None = None, mesh: Any = None, logits_chunk: int = 0
                 ) -> tuple[tuple[Array, Array, Array], Array | None]:
     """:func:`role_stats` (:func:`prefix_role_stats` after ``head`` [P] when given) and, when
-    ``want_max``, the forward's attention max logits [L, H] (both passes with a head).
+    ``want_max``, the forward's attention max logits [L, N] (both passes with a head).
     ``mesh``: the hidden states' rows [B, T, D] pinned over its data axes, as the learner
     pins them (``rows_sharding``: else XLA may keep the [B, T, V] logits whole on every
     device of an fsdp or tensor axis). ``logits_chunk`` positions at a time when the rows
@@ -120,7 +120,7 @@ def sft_loss(params: Any, cfg: ModelConfig, batches: Sequence[tuple[Array, Array
              mesh: Any = None, logits_chunk: int = 0) -> tuple[Array, tuple[dict[str, Array], Array | None]]:
     """The sum over roles of each role's mean masked NLL (the module's loss; one role: its
     mean), and (per-role metrics ``<role>_nll``, ``<role>_acc``; with ``want_max`` the
-    attention max logits [L, H] over all batches, else None). ``batches``: one
+    attention max logits [L, N] over all batches, else None). ``batches``: one
     (tokens, token_mask, loss_mask) [B_r, T_r] per role of ``roles``. ``heads``: per role
     the head [P_r] its rows all open with and that its batch leaves out, or None
     (:func:`prefix_role_stats`: the same loss and gradients). ``mesh``, ``logits_chunk``:
@@ -219,7 +219,7 @@ def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, roles: Sequen
     :func:`sft_loss` over ``roles`` (one batch per role, ``heads`` passed on). Metrics:
     ``loss`` and the per-role ``<role>_nll`` / ``<role>_acc``. With ``optim.qk_clip_tau > 0``
     QK-Clip (:func:`swarmjax.optim.qk_clip`) follows every optimizer step, as in the RL
-    stage: the step's attention max logits [L, H] (all roles' batches) are logged as
+    stage: the step's attention max logits [L, N] (all roles' batches) are logged as
     ``max_attn_logit`` and heads over tau are rescaled to tau (``qk_clip_heads`` counts them).
 
     ``mesh``: params and optimizer state sharded as the learner shards them (the params
