@@ -74,3 +74,21 @@ def test_cli_flags(capsys):
         assert main([cmd, "--config", CONFIG, "--workdir", "unused", *flags]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"swarmjax {cmd}: error:") and message in err and len(err.splitlines()) == 1
+
+
+def test_what_several_processes_need_is_one_line(monkeypatch):
+    """Every job's check before it runs over several processes (train.distributed.check_processes):
+    the first thing missing, in one line; nothing asked of one process."""
+    import jax
+
+    from swarmjax.train.distributed import check_processes
+
+    check_processes(None, ("rl.tasks_per_step", 3), [("anything", True)])           # one process: no check
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"^2 processes need a mesh over them \(e.g. --set mesh.data=-1\)$"):
+        check_processes(None, ("rl.tasks_per_step", 3))
+    with pytest.raises(ValueError, match=r"need rl.tasks_per_step divisible by them \(.*have 3\)$"):
+        check_processes(object(), ("rl.tasks_per_step", 3))
+    with pytest.raises(ValueError, match=r"need rl.swarm.episode_keys=True$"):
+        check_processes(object(), ("rl.tasks_per_step", 4), [("rl.swarm.episode_keys=True", True)])
+    check_processes(object(), ("rl.tasks_per_step", 4), [("rl.swarm.episode_keys=True", False)])
