@@ -130,7 +130,7 @@ def test_plan_command_prints_json_per_device(tmp_path):
     env = {**os.environ, "XLA_FLAGS": subprocess_xla_flags()}     # the suite's compiler flags, no device count
     (tmp_path / "config.json").write_text(json.dumps(config_to_hf(PRESETS["1m"])))
     tail = ["--mesh", "1,4,1", "--batch", "8", "--seq", "64", "--remat", "block", "--judge-batch", "8",
-            "--judge-prompt", "48", "--judge-model", "tiny", "--json"]
+            "--judge-prompt", "48", "--judge-model", "tiny", "--warm-batch", "8", "--json"]
     cmd = [sys.executable, "-m", "swarmjax.cli", "plan", "--hf", str(tmp_path), *tail]
     swarm = ["--subagents", "2", "--subagent-context", "32", "--buffers", "2"]
     out = subprocess.run(cmd + swarm, env=env, capture_output=True, text=True, timeout=300)
@@ -151,7 +151,7 @@ def test_plan_command_prints_json_per_device(tmp_path):
     assert 0 < sw["tick_temp"] and sw["total"] <= plan["total"]
     # each program's two largest arrays: (bytes, "dtype[shape] op", the JAX op), largest first
     assert set(plan["largest"]) == {"update", "rollout", "judge", "warm start"}
-    # the warm start's step (one role of --batch rows): its own optimizer state, not donated
+    # the warm start's step (one role of 8 rows): its own optimizer state, not donated
     assert plan["params"] + plan["opt_state"] < plan["warm_start_total"] <= plan["total"]
     (big, array, _), (small, _, _) = plan["largest"]["update"]
     assert big >= small > 0 and "[" in array

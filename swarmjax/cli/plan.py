@@ -4,10 +4,11 @@
     swarmjax plan --model qwen3-1.7b --mesh 1,8,1 --batch 32 --seq 2048 --json
     swarmjax plan --hf ~/ckpt/Qwen3-0.6B --mesh 1,4,1 --batch 16 --seq 2048   # its config.json
     swarmjax plan --model qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --judge-batch 64 --judge-model qwen3-1.7b
+    swarmjax plan --hf ~/ckpt/Qwen3-0.6B --mesh 8,1,1 --batch 16 --seq 1024 --warm-batch 16   # and the warm start
     swarmjax plan --model qwen3-0.6b,qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --subagents 8,32 \
         --subagent-context 4096 --remat block      # the whole RL step with the swarm rollout, a table
 
-Compiles the learner update, the rollout and the warm start's step ahead of time from
+Compiles the learner update, the rollout (and with --warm-batch the warm start's step) ahead of time from
 abstract shapes on simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
 XLA's per-device memory: params, optimizer state, temporaries, KV cache, and whether
 the total fits v5e / v5p / v6e / H100 (:mod:`swarmjax.train.plan`). With ``--subagents``
@@ -68,8 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sub-agent rows with a cache, shared by the slots (default 0: one per slot)")
     p.add_argument("--subagent-model", help="the sub-agents: a model preset or a Hugging Face checkpoint "
                                             "directory (default: a frozen copy of the policy)")
-    p.add_argument("--warm-batch", type=int, default=-1,
-                   help="plan the warm start's step on this many rows of --seq ids a role (default --batch; 0: none)")
+    p.add_argument("--warm-batch", type=int, default=0,
+                   help="also plan the warm start's step on this many rows of --seq ids a role (default 0: not)")
     p.add_argument("--warm-roles", type=int, default=1,
                    help="roles the warm start trains in one step (2: an orchestrator's and a sub-agent's batch)")
     p.add_argument("--chunk", type=int, default=16, help="ids a swarm row is fed in one tick (the engine's chunk)")
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
                            rollout_batch=args.rollout_batch, prompt=args.prompt,
                            judge_batch=args.judge_batch, judge_prompt=args.judge_prompt if args.judge_batch else 0,
-                           judge_model=judge, warm_batch=args.batch if args.warm_batch < 0 else args.warm_batch,
+                           judge_model=judge, warm_batch=args.warm_batch,
                            warm_roles=args.warm_roles, warm_optim=update.optim, largest=args.buffers)
         for k in args.subagents or (None,):
             if k is not None:
