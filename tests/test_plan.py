@@ -84,7 +84,7 @@ def test_the_warm_start_plan_is_its_step_and_splits_its_rows(mesh):
     from swarmjax.train.sft import sft_step
 
     cfg = CFG.replace(vocab_size=8192)
-    planned, _, _ = plan_warm_start(cfg, mesh, 8, 64)
+    planned = plan_warm_start(cfg, mesh, 8, 64)
     params, opt_state, step = sft_step(init_params(cfg, jax.random.key(0)), cfg, OptimConfig(),
                                        roles=("r0",), mesh=mesh)
     rows = batch_sharding(mesh, 2, batch_size=8)
@@ -93,7 +93,7 @@ def test_the_warm_start_plan_is_its_step_and_splits_its_rows(mesh):
     for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes"):
         assert getattr(real.memory_analysis(), field) == getattr(planned.memory_analysis(), field), field
     one = make_mesh(MeshConfig(), devices=jax.devices()[:1])
-    (alone, alone_temp), (each, each_temp) = (xla_total(plan_warm_start(cfg, m, 8, 64)[0]) for m in (one, mesh))
+    (alone, alone_temp), (each, each_temp) = (xla_total(plan_warm_start(cfg, m, 8, 64)) for m in (one, mesh))
     assert 8 * each <= 1.5 * alone and each_temp < alone_temp / 4, (alone, each)
 
 

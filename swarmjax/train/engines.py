@@ -82,9 +82,9 @@ class DeviceEngine:
 
     @classmethod
     def over(cls, twin: Any, cfg: Any, rcfg: Any, *, episodes: int, size: Callable[[Any], int] | None = None,
-             mesh: Any = None, swarm: SwarmConfig | None = None) -> DeviceEngine:
+             mesh: Any = None, swarm: SwarmConfig = SwarmConfig()) -> DeviceEngine:
         """The jitted swarm (:class:`~swarmjax.swarm.text_engine.TextSwarm`, ``swarm`` its
-        :class:`~swarmjax.swarm.text_types.SwarmConfig`, None: the defaults) over the device
+        :class:`~swarmjax.swarm.text_types.SwarmConfig`) over the device
         twin ``twin`` for calls of ``episodes`` episodes (a training step's), its rows over
         ``mesh``'s batch axes. With several processes each decodes
         its share (``episodes / processes``) on its first device with a local copy of the
@@ -92,7 +92,6 @@ class DeviceEngine:
         from swarmjax.swarm.text_engine import TextSwarm
 
         procs = jax.process_count()
-        swarm = SwarmConfig() if swarm is None else swarm
         return cls(TextSwarm(twin, cfg, rcfg, swarm=swarm, mesh=mesh if procs == 1 else None),
                    batch=episodes // procs, size=size)
 

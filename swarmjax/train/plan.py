@@ -209,22 +209,22 @@ def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
 
 
 def plan_warm_start(cfg: ModelConfig, mesh: Mesh, batch: int, seq: int, *, roles: int = 1,
-                    optim: OptimConfig = OptimConfig(), logits_chunk: int = 1024):
+                    optim: OptimConfig = OptimConfig()):
     """The warm start's step (:func:`~swarmjax.train.sft.sft_program`: the program every
-    job's warm start runs) compiled ahead of time for ``roles`` batches of ``batch`` rows
-    of ``seq`` ids [B, T], its params and optimizer state sharded as the job shards them,
-    the rows over the mesh's batch axes: (compiled, abstract params, abstract optimizer state)."""
+    job's warm start runs, its logits chunk included) compiled ahead of time for ``roles``
+    batches of ``batch`` rows of ``seq`` ids [B, T], its params and optimizer state sharded
+    as the job shards them, the rows over the mesh's batch axes."""
     from swarmjax.train.sft import sft_program
 
     params = abstract_params(cfg)
     opt, shardings, opt_shardings, step = sft_program(cfg, optim, params, roles=tuple(f"r{i}" for i in range(roles)),
-                                                      mesh=mesh, logits_chunk=logits_chunk)
+                                                      mesh=mesh)
     params = with_shardings(params, shardings)
     opt_state = with_shardings(jax.eval_shape(opt.init, params), opt_shardings)
     rows = batch_sharding(mesh, 2, batch_size=batch)
     batches = [tuple(jax.ShapeDtypeStruct((batch, seq), dt, sharding=rows) for dt in (jnp.int32, bool, bool))
                for _ in range(roles)]
-    return step.lower(params, opt_state, *batches).compile(), params, opt_state
+    return step.lower(params, opt_state, *batches).compile()
 
 
 def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: UpdateConfig = UpdateConfig(),
@@ -273,9 +273,8 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
         judge_total += per_device_bytes(state.params) + per_device_bytes(state.opt_state) + frozen  # resident
     warm_total = warm_temp = 0
     if warm_batch:
-        programs["warm start"], _, _ = warm = plan_warm_start(cfg, mesh, warm_batch, seq, roles=warm_roles,
-                                                              optim=warm_optim)
-        warm_total, warm_temp = xla_total(warm[0])
+        programs["warm start"] = plan_warm_start(cfg, mesh, warm_batch, seq, roles=warm_roles, optim=warm_optim)
+        warm_total, warm_temp = xla_total(programs["warm start"])
     return MemoryPlan(params=per_device_bytes(state.params), opt_state=per_device_bytes(state.opt_state),
                       frozen=frozen + judge_params, temp=temp,
                       update_total=update_total + judge_params, kv_cache=per_device_bytes(cache),
