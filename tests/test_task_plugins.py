@@ -12,7 +12,7 @@ import pytest
 
 from swarmjax.cli import main
 from swarmjax.envs.arith import ArithTask
-from swarmjax.envs.task import TaskError, check_task, jsonl_records, resolve_task, reward_terms
+from swarmjax.envs.task import ReplayStream, TaskError, check_task, jsonl_records, resolve_task, reward_terms
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.hf import to_hf
 from swarmjax.models.transformer import init_params
@@ -20,7 +20,7 @@ from swarmjax.rl.update import Learner, UpdateConfig
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.tokenizer import TextTokenizer
 from swarmjax.train.policy import PolicySource, prepare_policy
-from swarmjax.train.streams import ReplayStream, TaskStream, held_out
+from swarmjax.train.streams import TaskStream, held_out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,8 +83,8 @@ def test_streams_resume_where_they_stopped(tmp_path):
         again = TaskStream(task, "train", seed=3)
         again.restore(json.loads(json.dumps(cut.state())))
         assert again.take(7) == rest
-    # a recipe's own draw (the text PARL recipe's): its state is the count drawn, replayed
-    replay = lambda: ReplayStream(lambda rng: rng.randint(0, 10 ** 9), "parl-3")     # noqa: E731
+    # a task's own stream (the text PARL recipe's): its state is the count drawn, replayed
+    replay = lambda: ReplayStream(lambda rng, i: (i, rng.randint(0, 10 ** 9)), "parl-3")     # noqa: E731
     whole, cut = replay(), replay()
     first, rest = whole.take(4), whole.take(7)
     assert cut.take(4) == first and cut.ids(2) == ["train/4", "train/5"]

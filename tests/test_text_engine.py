@@ -213,13 +213,16 @@ def test_bad_input_is_refused(setup, scripted):
 
 
 def test_played_demonstrations_match_the_rollouts(setup, scripted):
-    """The warm start's demonstrations (swarmjax.train.relay_demos, played on the host
-    without a model) are the conversations a rollout that samples those turns builds."""
-    from swarmjax.train.relay_demos import play_episode
+    """The warm start's demonstrations (played on the host without a model,
+    swarmjax.envs.api.play, as the agent job plays every task's) are the conversations a
+    rollout that samples those turns builds."""
+    from swarmjax.envs.api import play
     task = setup[0]
     eps, scripts, want = scripted
     for b in (0, 1, 2):
-        (ids, mask), rows, rewards = play_episode(task, eps[b], scripts.orch[b], scripts.workers[b])
+        played = play(task.orchestrator(eps[b]), eps[b].task, scripts.orch[b], workers=scripts.workers[b])
+        ids, mask, rows = played.ids, played.mask, [(s.ids, s.mask) for s in played.subagents]
+        rewards = dict(played.last.rewards)
         L = int(want.length[b])
         np.testing.assert_array_equal(ids, want.tokens[b, :L])
         np.testing.assert_array_equal(mask, want.loss_mask[b, :L])

@@ -27,7 +27,7 @@ from swarmjax.cli import register
 
 def _job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True,
-                   help="Python file whose get_config() returns an AgentJob, a TrainJob or a TextPARLJob")
+                   help="Python file whose get_config() returns an AgentJob or a TrainJob")
     p.add_argument("--workdir", required=True, help="where metrics, traces, checkpoints and the summary go")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. parl.group_size=4 (repeatable)")

@@ -5,6 +5,7 @@ benchmarks; feed them to :func:`~swarmjax.envs.widesearch.scripted` or the engin
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig
@@ -47,3 +48,18 @@ def split(cfg: WideSearchConfig, ep: Episode, parts: int) -> tuple[list[int], li
     """:func:`delegate` over ``parts`` round-robin chunks of the task, answering the whole
     task; with n = 16 and 8 parts: 1 + 3 + 1 = 5 critical steps."""
     return delegate(cfg, ep, [ep.task[i::parts] for i in range(parts)])
+
+
+def random_chunks(ep: Episode, max_chunk: int, max_parts: int, rng: random.Random) -> list[list[int]]:
+    """Consecutive chunks of the task list with random sizes in ``1..max_chunk`` that
+    cover the whole task in at most ``max_parts`` chunks: each size is drawn uniformly
+    from the sizes that still let the remaining chunks cover the rest. (When even
+    ``max_chunk``-sized chunks cannot cover the task, the last entities are left out.)"""
+    chunks, i, n = [], 0, len(ep.task)
+    while i < n and len(chunks) < max_parts:
+        rest, slots = n - i, max_parts - len(chunks)
+        low = min(max(1, rest - max_chunk * (slots - 1)), max_chunk)
+        size = rng.randint(low, min(max_chunk, rest))
+        chunks.append(list(ep.task[i:i + size]))
+        i += size
+    return chunks

@@ -40,6 +40,13 @@ Optional:
   or ``"orchestrator"`` (sub-agents' scripts in :attr:`Demo.workers`); with the
   ``"summary"`` context strategy it is called with ``summarize=True`` as well, and its
   turns may call the ``summarize`` tool (the conversation restarts from the summary);
+* ``demonstration_set(count, seed, chat) -> list[(problem, Demo)]``: a task that draws
+  its demonstrations' problems and scripts together (from one seeded generator) gives
+  ``count`` of them here, in place of ``demonstration`` over the train stream's problems;
+* ``stream(split, seed)``: a task that draws its problems its own way (e.g. a share of
+  large tasks, held-out tasks per size) gives each split's stream here, an object with
+  ``take(count)``, ``ids(count)``, ``state()`` and ``restore(state)`` (e.g.
+  :class:`ReplayStream`), in place of ``sample``'s;
 * ``corpus() -> list[str]``: text to train a local tokenizer on (jobs with no
   tokenizer of their own);
 * ``subagent_messages(system_prompt, prompt) -> list[dict]``: a sub-agent's first turns
@@ -68,6 +75,7 @@ import importlib
 import inspect
 import json
 import os
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -233,8 +241,8 @@ def has_generator(task: Any) -> bool:
 
 
 def has_stream(obj: Any) -> bool:
-    """Whether ``obj`` has a stream of problems: ``sample`` or ``records``."""
-    return has_generator(obj) or callable(getattr(obj, "records", None))
+    """Whether ``obj`` has a stream of problems: ``sample``, ``records`` or its own ``stream``."""
+    return has_generator(obj) or callable(getattr(obj, "records", None)) or callable(getattr(obj, "stream", None))
 
 
 def make_env(task: Any, problem: Any, ctx: EnvContext) -> HostEnv:
@@ -295,6 +303,35 @@ def demonstration(task: Any, problem: Any, chat: ChatFormat, rng: np.random.Gene
     if demo is None or isinstance(demo, Demo):
         return demo
     return Demo(turns=demo)
+
+
+class ReplayStream:
+    """A stream of problems drawn one at a time by ``draw(rng, index)`` (``index``: the
+    problem's place in the stream) from one ``random.Random(seed_text)``, with the job's
+    stream interface (``take``, ``ids``, ``state``, ``restore``): what a task's own
+    ``stream(split, seed)`` may return. Its state is the count drawn; :meth:`restore`
+    replays the draws up to it, so a resumed job draws what an uninterrupted one does."""
+
+    def __init__(self, draw: Callable[[random.Random, int], Any], seed_text: str, split: str = "train"):
+        self.draw, self.seed_text, self.split = draw, seed_text, split
+        self.rng, self.drawn = random.Random(seed_text), 0
+
+    def take(self, count: int) -> list[Any]:
+        """The next ``count`` problems."""
+        start, self.drawn = self.drawn, self.drawn + count
+        return [self.draw(self.rng, start + i) for i in range(count)]
+
+    def ids(self, count: int) -> list[str]:
+        """The ids of the next ``count`` problems (``"<split>/<index in the stream>"``)."""
+        return [f"{self.split}/{self.drawn + i}" for i in range(count)]
+
+    def state(self) -> dict[str, Any]:
+        return {"drawn": self.drawn}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Replay the draws to ``state``'s count from the seed."""
+        self.rng, self.drawn = random.Random(self.seed_text), 0
+        self.take(int(state["drawn"]))
 
 
 # ------------------------------------------------------------------------ datasets

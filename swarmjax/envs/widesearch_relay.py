@@ -330,8 +330,9 @@ class RelayEnv:
 
 
 @functools.lru_cache(maxsize=8)
-def _relay(cfg: WideSearchConfig, chat: ChatFormat, seed: int) -> RelayTask:
-    return RelayTask(cfg, chat, seed=seed)     # one per chat format: its byte table is built once
+def _relay(cfg: WideSearchConfig, chat: ChatFormat, seed: int, limits: tuple[int, int, int]) -> RelayTask:
+    calls, mentions, pairs = limits             # one per chat format: its byte table is built once
+    return RelayTask(cfg, chat, seed=seed, max_calls=calls, max_mentions=mentions, max_pairs=pairs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,13 +346,23 @@ class RelayWideSearchTask(WideSearchProblems):
 
     Demonstrations: the serial script, or (:meth:`WideSearchProblems.split_parts`) one
     turn creating sub-agents and assigning each a round-robin chunk
-    (:meth:`RelayTask.split_script`).
+    (:meth:`RelayTask.split_script`). ``max_calls``, ``max_mentions``, ``max_pairs``:
+    :class:`RelayTask`'s limits.
     """
+
+    max_calls: int = 8
+    max_mentions: int = 16
+    max_pairs: int = 32
+
+    def __post_init__(self):
+        super().__post_init__()
+        if min(self.max_calls, self.max_mentions, self.max_pairs) < 1:
+            raise ValueError("max_calls, max_mentions and max_pairs must be >= 1")
 
     def relay(self, chat: ChatFormat) -> RelayTask:
         """The canonical task over ``chat``: names, tools and sentences, for the host twin
         and the device engine alike."""
-        return _relay(self.cfg, chat, self.names_seed)
+        return _relay(self.cfg, chat, self.names_seed, (self.max_calls, self.max_mentions, self.max_pairs))
 
     def device_task(self, chat: ChatFormat):
         """The device twin (:class:`~swarmjax.envs.widesearch_relay_device.RelayDeviceTask`)

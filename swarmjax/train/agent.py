@@ -3,9 +3,8 @@ configs and the warm start on played demonstrations (here), the reward and the R
 (:mod:`swarmjax.train.agent_rl`), the greedy evaluation (:mod:`swarmjax.train.agent_eval`),
 on either rollout engine (:mod:`swarmjax.train.engines`: the host-driven
 ``TextRollout`` that runs any task's Python tools, or the jitted ``TextSwarm``). The
-jobs that run them with checkpoints and resume: :mod:`swarmjax.train.agent_job` (any
-task, host engine) and :mod:`swarmjax.train.text_parl_job` (the relay task's device
-twin, device engine).
+job that runs them with checkpoints and resume: :mod:`swarmjax.train.agent_job` (any
+task, on the host engine or, for a task with a device twin, the device engine).
 
 Roles: a single agent, or an orchestrator whose sub-agents are **frozen** (a copy of
 the params taken when RL starts, carried in ``TrainState.frozen["subagents"]`` and never
@@ -26,14 +25,16 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.envs.api import Played, play
-from swarmjax.envs.task import ROLES, EnvContext, demonstration, make_env
+from swarmjax.envs.task import ROLES, Demo, EnvContext, demonstration, make_env
 from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
+from swarmjax.rl.trajectory import shared_head
 from swarmjax.rl.update import UpdateConfig, check_group_batch
 from swarmjax.swarm.text_rollout import TextRolloutConfig
 from swarmjax.swarm.text_types import SwarmConfig
@@ -56,6 +57,10 @@ class TextSFTConfig:
       own (:func:`demonstrations`), each ``"single"`` or ``"orchestrator"``, with
       ``"+summary"`` for the ``summarize`` tool (e.g. ``("single+summary",
       "orchestrator")``): one policy for several roles and context strategies.
+    per_role: the orchestrator's rows and its sub-agents' as two roles of the one step
+      (:func:`warm_start`): every step ``batch`` rows of each, so an orchestrator whose
+      sub-agents hold many short conversations sees its own as often as theirs (False:
+      every conversation a row of one role).
     overlong: a demonstration with a conversation longer than its context: ``"error"``,
       or ``"skip"`` (left out; the agent job prints the count and keeps it in its summary,
       ``warm_start_data``).
@@ -68,6 +73,7 @@ class TextSFTConfig:
     optim: OptimConfig = OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=600)
     mix: tuple[str, ...] = ()
     overlong: str = "error"
+    per_role: bool = False
 
     def __post_init__(self):
         if min(self.steps, self.batch, self.demos, self.bucket) < 1:
@@ -173,7 +179,8 @@ class TextRLConfig:
 
 def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Generator,
                    limits: TextRolloutConfig | None = None, *, mix: Sequence[EnvContext] = (),
-                   overlong: str = "error") -> Demos | None:
+                   overlong: str = "error", scripts: Sequence[tuple[Any, Demo]] | None = None,
+                   per_role: bool = False) -> Demos | tuple[Demos, Demos] | None:
     """Every agent's conversation of the task's demonstrations of ``problems`` in
     ``ctx.role`` (with the ``summarize`` tool when ``ctx.summarize``: each segment of a
     conversation a summary restarted is a row of its own), played through fresh
@@ -181,7 +188,10 @@ def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Ge
     turns builds), as rows [N, T] right-padded with the pad id; None when the task has no
     demonstrations for the role. ``mix``: more contexts (another role, the ``summarize``
     tool) whose demonstrations of the same problems join the rows: one policy warm-started
-    for several ways of working.
+    for several ways of working. ``scripts``: (problem, :class:`Demo`) pairs that replace
+    ``ctx``'s demonstrations (a task's ``demonstration_set``; ``problems`` are then the
+    mix's). ``per_role``: (the top agents' rows [N, T], their sub-agents' rows [M, W]),
+    each padded to its own longest, the sub-agents' in spawn order.
 
     With ``limits`` (the RL rollout's config) a turn longer than ``max_turn_tokens`` is an
     error (the rollout could never produce it), and so is a conversation longer than its
@@ -190,34 +200,48 @@ def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Ge
     if overlong not in OVERLONG:
         raise ValueError(f"unknown overlong {overlong!r}; known: {', '.join(OVERLONG)}")
     rows, skipped = [], 0
-    for c in (ctx, *mix):
-        for p in problems:
-            demo = demonstration(task, p, c.chat, rng, c.role, summarize=c.summarize)
-            if demo is None:
-                continue
-            if limits is not None:
-                longest = max(len(t) for t in [*demo.turns, *(t for w in demo.workers for t in w)])
-                if longest > limits.max_turn_tokens:
-                    raise ValueError(f"a demonstration turn holds {longest} ids, more than rl.rollout."
-                                     f"max_turn_tokens={limits.max_turn_tokens}: the rollout would cut it; raise it")
-            mine, over = _played_rows(play(make_env(task, p, c), p, demo.turns, workers=demo.workers), limits,
-                                      role=c.role)
-            if over is not None and overlong == "error":
-                raise ValueError(f"a demonstration's {over}: raise it, or summarise sooner, or set sft.overlong="
-                                 "'skip' (nothing is cut)")
-            skipped += over is not None
-            rows += mine if over is None else []
+    played = [(ctx, p, demonstration(task, p, ctx.chat, rng, ctx.role, summarize=ctx.summarize))
+              for p in problems] if scripts is None else [(ctx, p, demo) for p, demo in scripts]
+    for c in mix:
+        played += [(c, p, demonstration(task, p, c.chat, rng, c.role, summarize=c.summarize)) for p in problems]
+    for c, p, demo in played:
+        if demo is None:
+            continue
+        if limits is not None:
+            longest = max(len(t) for t in [*demo.turns, *(t for w in demo.workers for t in w)])
+            if longest > limits.max_turn_tokens:
+                raise ValueError(f"a demonstration turn holds {longest} ids, more than rl.rollout."
+                                 f"max_turn_tokens={limits.max_turn_tokens}: the rollout would cut it; raise it")
+        mine, over = _played_rows(play(make_env(task, p, c), p, demo.turns, workers=demo.workers), limits,
+                                  role=c.role)
+        if over is not None and overlong == "error":
+            raise ValueError(f"a demonstration's {over}: raise it, or summarise sooner, or set sft.overlong="
+                             "'skip' (nothing is cut)")
+        skipped += over is not None
+        if over is None:
+            rows.append(mine)
     if not rows:
         return None
     pad = int(ctx.chat.ids[ctx.chat.pad_token][0])
-    return pack_rows(rows, max(len(ids) for ids, _ in rows), pad=pad, skipped=skipped)
+
+    def pack(rs, skipped=0):
+        return pack_rows(rs, max(len(ids) for ids, _ in rs), pad=pad, skipped=skipped)
+    if not per_role:
+        return pack([(ids, mask) for mine in rows for ids, mask, _ in mine], skipped)
+    top = [(ids, mask) for mine in rows for ids, mask, first in mine if first]
+    subs = [(ids, mask) for mine in rows for ids, mask, first in mine[::-1] if not first]
+    if not subs:
+        raise ValueError("sft.per_role: no demonstration starts a sub-agent (the second role has no rows); raise "
+                         "the task's share of delegating demonstrations, or set sft.per_role=False")
+    return pack(top, skipped), pack(subs)
 
 
 def _played_rows(played: Played, limits: TextRolloutConfig | None, *, role: str = "orchestrator"
                  ) -> tuple[list, str | None]:
-    """The (ids, own-ids mask) rows of a played demonstration (every agent, every segment)
-    and, when one exceeds its role's context in ``limits``, what (else None; the top
-    agent named by its ``role``: "single" or "orchestrator")."""
+    """The (ids, own-ids mask, top agent?) rows of a played demonstration (every agent,
+    every segment; the top agent's first, then its sub-agents' from the last started) and,
+    when one exceeds its role's context in ``limits``, what (else None; the top agent named
+    by its ``role``: "single" or "orchestrator")."""
     rows, over, stack = [], None, [(played, True)]
     while stack:
         agent, orch = stack.pop()
@@ -227,22 +251,39 @@ def _played_rows(played: Played, limits: TextRolloutConfig | None, *, role: str 
                 who = ("single agent's" if role == "single" else "orchestrator") if orch else "sub-agent"
                 over = (f"{who} conversation holds {len(ids)} ids, more than "
                         f"its context ({context}, rl.rollout.{'orch' if orch else 'worker'}_context)")
-            rows.append((ids, mask))
+            rows.append((ids, mask, orch))
         stack.extend((sub, False) for sub in agent.subagents)
     return rows, over
 
 
-def warm_start(params: Any, cfg: ModelConfig, data: Demos, scfg: TextSFTConfig, seed: int,
+def warm_start(params: Any, cfg: ModelConfig, data: Demos | tuple[Demos, Demos], scfg: TextSFTConfig, seed: int,
                on_step: Callable[[int, dict], None] | None = None, *, mesh: Any = None) -> Any:
-    """Masked next-token training on ``data`` (the agent's own ids) with the one
-    warm-start step (:func:`swarmjax.train.sft.sft_step`, one role ``"agent"``: metrics
-    ``loss``, ``agent_acc``; QK-Clip after every step with ``optim.qk_clip_tau > 0``):
-    batches of ``batch`` rows drawn uniformly, cut to the longest row's length bucket (a
-    multiple of ``bucket``).
+    """Masked next-token training on ``data`` (the agents' own ids) with the one
+    warm-start step (:func:`swarmjax.train.sft.sft_step`; QK-Clip after every step with
+    ``optim.qk_clip_tau > 0``), batches drawn with ``np.random.default_rng(seed)``:
+
+    - one role ``"agent"`` (``data`` one :class:`Demos`): ``batch`` rows drawn uniformly,
+      cut to the longest row's length bucket (a multiple of ``bucket``); metrics ``loss``,
+      ``agent_acc``;
+    - ``scfg.per_role`` (``data``: the orchestrators' rows and the sub-agents'): each step
+      ``batch`` orchestrator rows of one length bucket and ``batch`` sub-agent rows (cut
+      to their longest), loss = orchestrator NLL + sub-agent NLL (per-role means over the
+      agent's own ids); the ids every row of a role opens with (system turn, tool
+      schemas) run once per step (:func:`~swarmjax.train.sft.prefix_role_stats`: the same
+      loss and gradients); metrics ``orch_nll``/``orch_acc``/``worker_nll``/``worker_acc``.
 
     ``mesh``: params and optimizer state sharded as the learner shards them, batch rows
     over the data axes (every process passes the same ``params`` and ``data``, and they
     step together). Returns the params (sharded over ``mesh`` when given)."""
-    params, opt_state, step = sft_step(params, cfg, scfg.optim, roles=("agent",), mesh=mesh)
-    return warm_start_loop(params, step, opt_state, (RoleRows(data, scfg.batch, scfg.bucket),), scfg.steps,
-                           np.random.default_rng(seed), on_step, mesh=mesh)
+    rng = np.random.default_rng(seed)
+    if not scfg.per_role:
+        params, opt_state, step = sft_step(params, cfg, scfg.optim, roles=("agent",), mesh=mesh)
+        return warm_start_loop(params, step, opt_state, (RoleRows(data, scfg.batch, scfg.bucket),), scfg.steps,
+                               rng, on_step, mesh=mesh)
+    orch, work = data
+    heads = tuple(jnp.asarray(d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]) for d in (orch, work))
+    params, opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads, mesh=mesh)
+    W = int(work.token_mask.sum(1).max())              # sub-agent rows: cut to the longest
+    roles = (RoleRows(orch, scfg.batch, scfg.bucket, bucketed=True, head=len(heads[0])),
+             RoleRows(work, scfg.batch, W, head=len(heads[1])))
+    return warm_start_loop(params, step, opt_state, roles, scfg.steps, rng, on_step, mesh=mesh)

@@ -70,7 +70,8 @@ from swarmjax.train.logs import (JobLog, change, curves, log_line, progress_bar,
                                  write_summary)
 from swarmjax.train.policy import PolicySource, prepare_policy, read_policy, read_tokenizer
 from swarmjax.train.preemption import Preempted, PreemptionWatch
-from swarmjax.train.streams import TaskStream, held_out
+from swarmjax.train.warm_start import check_warm_start, load_warm_start, save_warm_start
+from swarmjax.train.streams import held_out, task_stream
 
 __all__ = ["AgentJob", "AgentRun", "agent_summary_table", "evaluate_agent_checkpoint"]
 
@@ -99,6 +100,12 @@ class AgentJob:
       rollout, any task's Python tools) or "device" (the jitted swarm over the task's
       device twin, ``device_task(chat)``: orchestrator and sub-agents decode in one XLA
       program, the episodes' rows over the mesh's batch axes).
+    seed: the tokenizer's, the model's, the warm start's and the held-out problems'.
+    rl_seed: the RL stage's problems and sampling (None: ``seed``): RL seeds over one warm
+      start (with ``warm_start_from``).
+    warm_start_from: a workdir whose warm start (``<workdir>/warm_start``, which every
+      run with ``sft`` writes) this run starts RL from instead of its own; it must have
+      been made with the same :meth:`warm_identity`.
     """
 
     task: Any = "arith"
@@ -120,6 +127,8 @@ class AgentJob:
     judge: JudgeReward | None = None
     engine: str = "host"
     seed: int = 0
+    rl_seed: int | None = None
+    warm_start_from: str | None = None
 
     def policy(self) -> PolicySource:
         return PolicySource(hf_path=self.hf_path, tokenizer_path=self.tokenizer_path, chat=self.chat,
@@ -127,14 +136,21 @@ class AgentJob:
 
     def identity(self) -> dict[str, str]:
         """What a run computes, as reprs: a run may be resumed with another RL step count,
-        evaluation or log cadence or mesh, not with another task, policy, warm start, RL
-        configuration, seed or held-out set."""
+        evaluation or log cadence, mesh or warm-start source (the same warm start, by its
+        identity check), not with another task, policy, warm start, RL configuration, seed
+        or held-out set."""
         same = dataclasses.replace(self, rl=dataclasses.replace(self.rl, steps=0), eval_every=0, log_every=0,
-                                   task=task_name(resolve_task(self.task)), mesh=None)
-        # no judge, the host engine: left out, so runs saved before those fields resume as they were
-        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same)
-                if not (f.name == "judge" and self.judge is None) and not (f.name == "engine" and
-                                                                          self.engine == "host")}
+                                   task=task_name(resolve_task(self.task)), mesh=None, warm_start_from=None)
+        # no judge, the host engine, no RL seed of its own: left out, so runs saved before those fields resume
+        unset = {"judge": self.judge is None, "engine": self.engine == "host", "rl_seed": self.rl_seed is None,
+                 "warm_start_from": True}
+        return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same) if not unset.get(f.name)}
+
+    def warm_identity(self) -> dict[str, str]:
+        """What determines the warm start (:mod:`swarmjax.train.warm_start`), as reprs: the
+        task, the policy, the role and the SFT config, the seed."""
+        return {"task": repr(self.task), "policy": repr(self.policy()), "role": repr(self.role),
+                "sft": repr(self.sft), "seed": repr(self.seed)}
 
     def validate(self) -> None:
         """One-line errors for a config that cannot run (the policy's paths read, nothing
@@ -168,10 +184,14 @@ class AgentJob:
             why = [what for what, bad in (
                 (f"rl.rollout.context.strategy={self.rl.rollout.context.strategy!r} (the device swarm's sub-agents "
                  "are its context management: 'none')", self.rl.rollout.context.strategy != "none"),
-                ("subagents='shared' (use 'frozen')", self.role == "orchestrator" and self.subagents == "shared"),
-                ("rl.async_rollout (set rl.async_rollout.depth=0)", self.rl.async_rollout.enabled)) if bad]
+                ("subagents='shared' (use 'frozen')", self.role == "orchestrator" and self.subagents == "shared"))
+                if bad]
             if why:
                 raise ValueError(f"engine='device' does not run with {why[0]}; or use engine='host'")
+        if self.warm_start_from is not None:
+            if self.sft is None:
+                raise ValueError("warm_start_from reuses a warm start made with this job's sft config: set sft too")
+            check_warm_start(self, self.warm_start_from)
         refresh = self.rl.refresh_subagents
         if refresh.enabled and (self.role != "orchestrator" or self.subagents != "frozen"):
             raise ValueError("rl.refresh_subagents replaces frozen sub-agents: it needs role='orchestrator' and "
@@ -283,13 +303,15 @@ class AgentRun(JobRun):
         self.cfg, self.chat = cfg, chat
         say(f"policy: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.vocab_size} ids, chat format {chat.name}"
             f"{'' if job.hf_path is None else ', from ' + job.hf_path}; task {type(task).__name__}, role {job.role}")
-        self.key = self.rl_key = jax.random.key(job.seed)
+        self.key = jax.random.key(job.seed)
+        self.rl_seed = job.seed if job.rl_seed is None else job.rl_seed
+        self.rl_key = jax.random.key(self.rl_seed)
         self.mesh = None if job.mesh is None else make_mesh(job.mesh, split_devices(job.rl.async_rollout)[0])
         self.learner = Learner(cfg, logged_update(job.rl.update, job.rl.async_rollout), mesh=self.mesh)
         self.rl, self.subagents, self.identity = job.rl, job.subagents, job.identity()
         self.eval_every, self.log_every = job.eval_every, job.log_every
         self.steps = self.rl.steps
-        self.stream = TaskStream(task, "train", job.seed)
+        self.stream = task_stream(task, "train", self.rl_seed)
         self.runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
         self.ctx = EnvContext(chat, self.runner, role=job.role, max_subagents=job.max_subagents,
                               summarize=job.rl.rollout.context.strategy == "summary")
@@ -304,13 +326,23 @@ class AgentRun(JobRun):
     def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
         """The warm start (``job.sft``) from the policy as loaded, or a random model."""
         job, clock = self.job, time.perf_counter()
-        params = init_params(self.cfg, self.key) if self.params is None else self.params
-        meta = {"job": self.identity, "warm_start_s": 0.0,
+        meta = {"job": self.identity, "warm_start_s": 0.0, "rl_seed": self.rl_seed,
                 "held_out": {s: len(p) for s, p in self.splits.items()}}
-        if job.sft is not None:
+        if job.warm_start_from is not None:
+            say(f"warm start: reusing the one in {job.warm_start_from}")
+            params, warm = load_warm_start(job, job.warm_start_from,
+                                           jax.eval_shape(lambda: init_params(self.cfg, self.key)))
+            meta["warm_start_data"] = warm.get("sft_accuracy") or None
+        else:
+            params = init_params(self.cfg, self.key) if self.params is None else self.params
+        if job.sft is not None and job.warm_start_from is None:
+            # the demonstrations' problems: the train stream's first ones (RL continues it), or with an RL seed
+            # of its own the seed's stream
+            demos = self.stream if job.rl_seed is None else task_stream(self.task, "train", job.seed)
             params, meta["warm_start_data"] = _warm_start_stage(job, self.task, self.ctx, self.cfg, params,
-                                                                self.stream, log, watch, self.workdir,
+                                                                demos, log, watch, self.workdir,
                                                                 self.progress, self.mesh)
+            save_warm_start(job, self.workdir, params, meta["warm_start_data"])
             meta["warm_start_s"] = time.perf_counter() - clock
         return self.learner.init(params, _frozen(job, params)), meta
 
@@ -358,7 +390,7 @@ class AgentRun(JobRun):
 
     def summary(self, meta: dict, wall_clock_s: float) -> dict:
         job, evals = self.job, meta["evals"]
-        summary = {"task": task_name(self.task), "role": job.role,
+        summary = {"task": task_name(self.task), "role": job.role, "seed": job.seed, "rl_seed": self.rl_seed,
                    "subagents": job.subagents if job.role != "single" else None,
                    "model_params": self.cfg.num_params(), "vocab_size": self.cfg.vocab_size, "chat": self.chat.name,
                    "held_out": meta["held_out"], "rl_steps": meta["step"],
@@ -376,35 +408,42 @@ class AgentRun(JobRun):
         self.engine.close()
 
 
-def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, params: Any, stream: TaskStream,
+def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, params: Any, stream: Any,
                       log: JobLog, watch: PreemptionWatch, workdir: str, progress: bool, mesh: Any
                       ) -> tuple[Any, dict[str, int]]:
-    """The task's demonstrations for the job's role and ``sft.mix`` (drawn from the train
-    stream), then :func:`warm_start`: (params, the demonstrations' ``rows`` and
+    """The task's demonstrations for the job's role and ``sft.mix`` (the task's
+    ``demonstration_set`` when it has one, else its demonstrations of the train stream's
+    problems), then :func:`warm_start`: (params, the demonstrations' ``rows`` and
     ``skipped_demos``); raises :class:`Preempted` at the end of the SFT step where a
     SIGTERM arrived."""
-    rng = np.random.default_rng(job.seed)
-    say(f"warm start: playing {job.sft.demos} demonstrations of {type(task).__name__} through its environments")
-    data = demonstrations(task, stream.take(job.sft.demos), ctx, rng, job.rl.rollout,
-                          mix=[mix_context(w, ctx) for w in job.sft.mix], overlong=job.sft.overlong)
+    rng, scfg = np.random.default_rng(job.seed), job.sft
+    say(f"warm start: playing {scfg.demos} demonstrations of {type(task).__name__} through its environments")
+    own = getattr(task, "demonstration_set", None)
+    scripts = own(scfg.demos, job.seed, ctx.chat) if callable(own) else None
+    problems = stream.take(scfg.demos) if scripts is None else [p for p, _ in scripts] if scfg.mix else []
+    data = demonstrations(task, problems, ctx, rng, job.rl.rollout, mix=[mix_context(w, ctx) for w in scfg.mix],
+                          overlong=scfg.overlong, scripts=scripts, per_role=scfg.per_role)
     if data is None:
         raise ValueError(f"the warm start needs demonstrations: task {task_name(task)} gives none for role "
                          f"{job.role!r}; set sft=None to start RL from the policy as loaded")
-    counts = {"rows": len(data), "skipped_demos": data.skipped}
-    if data.skipped:
-        say(f"warm start: {data.skipped} demonstrations longer than their context left out (sft.overlong='skip'); "
-            f"{len(data)} rows")
-    bar = progress_bar(job.sft.steps, "warm start", progress)
+    first = data[0] if scfg.per_role else data
+    counts = {"rows": len(first) + (len(data[1]) if scfg.per_role else 0), "skipped_demos": first.skipped}
+    if first.skipped:
+        say(f"warm start: {first.skipped} demonstrations longer than their context left out "
+            f"(sft.overlong='skip'); {counts['rows']} rows")
+    bar = progress_bar(scfg.steps, "warm start", progress)
+    acc = "orch_acc" if scfg.per_role else "agent_acc"           # teacher-forced tokens
 
     def on_sft(i, m):
         log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
         bar.update(1)
-        bar.set_postfix(loss=f"{m['loss']:.3f}", tok_acc=f"{m['agent_acc']:.3f}")     # teacher-forced tokens
-        log_line(progress, job.log_every * 10, i, job.sft.steps, "warm start", m, ("loss", "agent_acc"))
+        bar.set_postfix(loss=f"{m['loss']:.3f}", tok_acc=f"{m[acc]:.3f}")
+        log_line(progress, job.log_every * 10, i, scfg.steps, "warm start", m,
+                 ("loss", "orch_acc", "worker_acc") if scfg.per_role else ("loss", "agent_acc"))
         if watch.reached():
             bar.close()
             raise Preempted(None, workdir)
-    params = warm_start(params, cfg, data, job.sft, job.seed, on_sft, mesh=mesh)
+    params = warm_start(params, cfg, data, scfg, job.seed, on_sft, mesh=mesh)
     bar.close()
     return params, counts
 

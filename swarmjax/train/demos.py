@@ -41,21 +41,6 @@ class Demos:
         return self.tokens.shape[0]
 
 
-def random_chunks(ep: Episode, max_chunk: int, max_parts: int, rng: random.Random) -> list[list[int]]:
-    """Consecutive chunks of the task list with random sizes in ``1..max_chunk`` that
-    cover the whole task in at most ``max_parts`` chunks: each size is drawn uniformly
-    from the sizes that still let the remaining chunks cover the rest. (When even
-    ``max_chunk``-sized chunks cannot cover the task, the last entities are left out.)"""
-    chunks, i, n = [], 0, len(ep.task)
-    while i < n and len(chunks) < max_parts:
-        rest, slots = n - i, max_parts - len(chunks)
-        low = min(max(1, rest - max_chunk * (slots - 1)), max_chunk)
-        size = rng.randint(low, min(max_chunk, rest))
-        chunks.append(list(ep.task[i:i + size]))
-        i += size
-    return chunks
-
-
 def episode_demo(cfg: WideSearchConfig, ep: Episode, rng: random.Random, spawn_fraction: float,
                  max_chunk: int = 3):
     """Simulate one demonstration episode: serial, or random chunks over sub-agents
@@ -64,7 +49,7 @@ def episode_demo(cfg: WideSearchConfig, ep: Episode, rng: random.Random, spawn_f
     would teach truncation."""
     n = len(ep.task)
     if n > 1 and rng.random() < spawn_fraction:
-        chunks = random_chunks(ep, max_chunk, cfg.max_subagents, rng)
+        chunks = scripts.random_chunks(ep, max_chunk, cfg.max_subagents, rng)
         # the orchestrator answers exactly the pairs its sub-agents returned, in the order
         # they came back (no made-up values; a worker cut short by its context returns
         # the pairs it said): first run to see the results, then with that answer

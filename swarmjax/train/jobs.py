@@ -6,8 +6,7 @@ evaluation (what ``swarmjax train`` and ``swarmjax eval`` call).
     print(job_table(config)(evaluate_checkpoint(config, "runs/x", which="best")))
 
 A job config (:data:`RUNS`: :class:`~swarmjax.train.agent_job.AgentJob`, any text task
-on the host or device engine; :class:`~swarmjax.train.text_parl.TextPARLJob`, the text
-PARL recipe; :class:`~swarmjax.train.job.TrainJob`, the token world) names its
+on the host or device engine; :class:`~swarmjax.train.job.TrainJob`, the token world) names its
 :class:`~swarmjax.train.loop.JobRun`: the pieces it plugs into the loop. Everything else is
 shared: the resume mode, the workdir and checkpoint checks before anything is created
 (:func:`~swarmjax.train.frame.run_checkpointed`), the loop
@@ -26,13 +25,11 @@ from swarmjax.train.agent_job import AgentJob, AgentRun
 from swarmjax.train.frame import finished_step, run_checkpointed
 from swarmjax.train.job import TokenRun, TrainJob
 from swarmjax.train.loop import JobRun, evaluate_checkpoint as evaluate_run, run_loop
-from swarmjax.train.text_parl import TextPARLJob
-from swarmjax.train.text_parl_job import TextPARLRun
 
 __all__ = ["RUNS", "evaluate_checkpoint", "job_table", "run_job", "run_type"]
 
 # job config type -> the run that plugs it into the loop
-RUNS: dict[type, type[JobRun]] = {AgentJob: AgentRun, TextPARLJob: TextPARLRun, TrainJob: TokenRun}
+RUNS: dict[type, type[JobRun]] = {AgentJob: AgentRun, TrainJob: TokenRun}
 
 
 def run_type(job: Any) -> type[JobRun]:

@@ -2,8 +2,7 @@
 checkpoints, preemption, summary.
 
 A job plugs its pieces into :func:`run_loop` as a :class:`JobRun`: the agent job's
-(:mod:`swarmjax.train.agent_job`: any text task, host or device engine), the text PARL
-recipe's (:mod:`swarmjax.train.text_parl_job`), the token world's
+(:mod:`swarmjax.train.agent_job`: any text task, host or device engine) and the token world's
 (:mod:`swarmjax.train.job`: its own jitted trainer). A run brings its learner, engine,
 task stream, RL config, how it warm-starts, evaluates and sums up; the loop owns
 everything in between, the same for every job:

@@ -14,7 +14,7 @@ ones). The optimizer is the same Muon/AdamW split as the RL stage
 (:func:`swarmjax.optim.make_optimizer`), followed by QK-Clip as there.
 :func:`warm_start_loop` is the one loop over that step, any number of roles, each with
 its batch drawn from its demonstrations (:class:`RoleRows`): :func:`train_sft` (the token
-world), :func:`swarmjax.train.text_parl.warm_start`, :func:`swarmjax.train.agent.warm_start`.
+world), :func:`swarmjax.train.agent.warm_start` (one role, or two with ``per_role``).
 """
 
 from __future__ import annotations

@@ -5,15 +5,14 @@ a dataset task (``records``) is read in a seeded shuffled order, epoch after epo
 (every record once per epoch). Either way :meth:`TaskStream.state` is a JSON-able dict
 a checkpoint keeps and :meth:`TaskStream.restore` continues from: a resumed job draws
 exactly the problems an uninterrupted one does, with nothing skipped or repeated.
-A recipe that draws its problems its own way (:class:`ReplayStream`) keeps the same
-interface: its state is the count drawn.
+A task that draws its problems its own way gives its streams itself (``stream(split,
+seed)``, e.g. a :class:`~swarmjax.envs.task.ReplayStream`: its state is the count drawn),
+with the same interface: :func:`task_stream` picks.
 """
 
 from __future__ import annotations
 
 import json
-import random
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -82,40 +81,18 @@ class TaskStream:
         self.drawn = int(state.get("drawn", 0))
 
 
+def task_stream(task: Any, split: str, seed: int) -> Any:
+    """The stream of ``split``'s problems from ``seed``: the task's own
+    (``task.stream(split, seed)``) when it has one, else a :class:`TaskStream`."""
+    own = getattr(task, "stream", None)
+    return own(split, seed) if callable(own) else TaskStream(task, split, seed)
+
+
 def held_out(task: Any, split: str, seed: int, count: int) -> list[Any]:
-    """The first ``count`` problems of ``split``: a generator task's :class:`TaskStream`,
-    a dataset's records in order, not shuffled (all of them when it has fewer; the
-    caller reports the count it got)."""
-    records = records_of(task, split)
+    """The first ``count`` problems of ``split``: a generator task's stream
+    (:func:`task_stream`), a dataset's records in order, not shuffled (all of them when it
+    has fewer; the caller reports the count it got)."""
+    records = None if callable(getattr(task, "stream", None)) else records_of(task, split)
     if records is None:
-        return TaskStream(task, split, seed).take(count)
+        return task_stream(task, split, seed).take(count)
     return [records[i] for i in range(min(count, len(records)))]
-
-
-class ReplayStream:
-    """A stream of problems drawn one at a time by ``draw(rng)`` from a
-    ``random.Random(seed_text)`` (a recipe with its own draw: e.g. a share of the tasks
-    at the largest sizes), with :class:`TaskStream`'s interface. Its state is the count
-    drawn; :meth:`restore` replays the draws up to it, so a resumed job draws what an
-    uninterrupted one does."""
-
-    def __init__(self, draw: Callable[[random.Random], Any], seed_text: str, split: str = "train"):
-        self.draw, self.seed_text, self.split = draw, seed_text, split
-        self.rng, self.drawn = random.Random(seed_text), 0
-
-    def take(self, count: int) -> list[Any]:
-        """The next ``count`` problems."""
-        self.drawn += count
-        return [self.draw(self.rng) for _ in range(count)]
-
-    def ids(self, count: int) -> list[str]:
-        """The ids of the next ``count`` problems (``"<split>/<index in the stream>"``)."""
-        return [f"{self.split}/{self.drawn + i}" for i in range(count)]
-
-    def state(self) -> dict[str, Any]:
-        return {"drawn": self.drawn}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Replay the draws to ``state``'s count from the seed."""
-        self.rng, self.drawn = random.Random(self.seed_text), 0
-        self.take(int(state["drawn"]))

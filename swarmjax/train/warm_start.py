@@ -30,7 +30,7 @@ from typing import Any
 import jax
 from etils import epath
 
-__all__ = ["warm_identity", "save_warm_start", "load_warm_start"]
+__all__ = ["check_warm_start", "load_warm_start", "save_warm_start", "warm_identity"]
 
 _PARAMS, _META = "params", "meta.json"
 
@@ -39,7 +39,7 @@ def warm_identity(job) -> dict[str, str]:
     """The fields of a :class:`~swarmjax.train.job.TrainJob` that determine its warm
     start, as reprs: the model, the SFT config, the task (budget lifted: the SFT runs
     without it) and the job seed (the params' initialisation). Another job type says
-    its own with a ``warm_identity()`` method (:class:`~swarmjax.train.text_parl.TextPARLJob`)."""
+    its own with a ``warm_identity()`` method (:class:`~swarmjax.train.agent_job.AgentJob`)."""
     if hasattr(job, "warm_identity"):
         return job.warm_identity()
     env = dataclasses.replace(job.parl.rollout.env, budget=None)
@@ -67,25 +67,32 @@ def save_warm_start(job, workdir: str, params: Any, sft_accuracy: dict[str, floa
                                               "sft_accuracy": sft_accuracy}, indent=2))
 
 
-def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[str, Any]]:
-    """The warm start written by the run in ``workdir``, for ``job``: (params laid out
-    as ``abstract_params``, its meta: ``identity`` and the ``sft_accuracy`` it reported).
-    Raises ``ValueError`` (one line) when there is none or it was made for another value
-    of one of ``job.warm_start_match`` (default all: model, sft, env, seed)."""
-    import orbax.checkpoint as ocp
-
-    path = _dir(workdir)
-    meta_file = path / _META
+def check_warm_start(job, workdir: str) -> dict[str, Any]:
+    """The meta of the warm start the run in ``workdir`` wrote, checked for ``job``
+    (reads only: a job's ``validate`` calls it before anything is created). Raises
+    ``ValueError`` (one line) when there is none or it was made for another value of one
+    of ``job.warm_start_match`` (default: every field of :func:`warm_identity`)."""
+    meta_file = _dir(workdir) / _META
     if not meta_file.exists():
         raise ValueError(f"warm_start_from: {workdir} holds no warm start ({meta_file} is missing; "
                          "runs write it once their SFT stage ends)")
     meta = json.loads(meta_file.read_text())
     mine, saved = warm_identity(job), meta.get("identity", {})
-    diff = sorted(k for k in job.warm_start_match if mine.get(k) != saved.get(k))
+    match = getattr(job, "warm_start_match", tuple(mine))
+    diff = sorted(k for k in match if mine.get(k) != saved.get(k))
     if diff:
         raise ValueError(f"warm_start_from: the warm start in {workdir} was made with another "
-                         f"{', '.join(diff)} (it must match the job's {', '.join(job.warm_start_match)}; "
-                         "see TrainJob.warm_start_match)")
+                         f"{', '.join(diff)} (it must match the job's {', '.join(match)})")
+    return meta
+
+
+def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[str, Any]]:
+    """The warm start written by the run in ``workdir``, for ``job``: (params laid out
+    as ``abstract_params``, its meta: ``identity`` and the ``sft_accuracy`` it reported),
+    checked first (:func:`check_warm_start`)."""
+    import orbax.checkpoint as ocp
+
+    meta = check_warm_start(job, workdir)
     with ocp.StandardCheckpointer() as ckpt:
-        params = ckpt.restore(path / _PARAMS, abstract_params)
+        params = ckpt.restore(_dir(workdir) / _PARAMS, abstract_params)
     return params, meta
