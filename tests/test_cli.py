@@ -118,7 +118,7 @@ def test_train_config_errors_are_one_line_and_leave_the_workdir_untouched(tmp_pa
     (orbax's threads included: the processes run to their end), and nothing is created in
     the workdir: a config file's own errors, a missing hf_path, a task that does not
     import, an unknown --set key or engine, the device engine for a task without a device
-    twin, --resume latest with nothing to resume. Run as a user runs it: `swarmjax`
+    twin, a warm start to reuse that is not there, --resume latest with nothing to resume. Run as a user runs it: `swarmjax`
     processes, all at once."""
     job = "from swarmjax.train.agent_job import AgentJob\ndef get_config():\n    return AgentJob({})\n"
     (tmp_path / "syntax.py").write_text("def get_config(:\n    pass\n")
@@ -135,6 +135,7 @@ def test_train_config_errors_are_one_line_and_leave_the_workdir_untouched(tmp_pa
         "set": (["ok.py", "--set", "no_such_field=1"], "has no field 'no_such_field'"),
         "engine": (["ok.py", "--set", "engine=gpu"], "unknown engine 'gpu'; known: host, device"),
         "twin": (["ok.py", "--set", "engine=device"], "has no device twin"),
+        "warm": (["ok.py", "--set", "warm_start_from=empty"], "empty holds no warm start"),
         "resume": (["ok.py", "--resume", "latest"], "no finished checkpoint"),
         "resume_empty": (["ok.py", "--resume", "latest", "--workdir", "empty"], "no finished checkpoint"),
     }

@@ -118,7 +118,7 @@ def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path, capsys):
     device and over two processes of 2 devices each (jax.distributed on 127.0.0.1, a 2x1x2
     (data, fsdp, tensor) mesh: each process rolls out one of the two problems' groups and
     runs its tools; process 0 writes the logs): both write the same metrics and evaluations.
-    (The frozen sub-agents of an orchestrator: tests/test_text_job.py's device-engine job.)"""
+    (The frozen sub-agents of an orchestrator: the device engine's job, tests/test_text_parl.py.)"""
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     short = "sft.steps=4"                       # the sharded warm start's steps compared, not its result
     # a third of the reward from a judge (its rows on the mesh, or each process judging its own

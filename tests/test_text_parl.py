@@ -275,22 +275,23 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_text_parl_job_over_two_processes_writes_the_one_device_figures(tiny_run, tmp_path, capsys):
-    """The tiny job, warm start included, on 8 devices (a data = 8 mesh: the warm start's,
-    the learner's and the swarm's rows over it) and over two processes of 2 devices each
-    (jax.distributed on 127.0.0.1, a 2x1x2 (data, fsdp, tensor) mesh, each process
-    decoding its share of a step's episodes, process 0 writing): the one-device run's
-    lines (to float32 rounding)."""
+    """The tiny job over two processes of 2 devices each, warm start included
+    (jax.distributed on 127.0.0.1, a 2x1x2 (data, fsdp, tensor) mesh: the two-role warm
+    start's and the learner's rows and params over it, each process decoding its share of a
+    step's episodes, process 0 writing), and its RL stage on 8 devices (a data = 8 mesh:
+    the learner's and the swarm's rows over it, more devices than episodes): the one-device
+    run's lines (to float32 rounding)."""
     from small_job import two_processes
 
     config, full, _ = tiny_run
     eight, two = str(tmp_path / "eight"), str(tmp_path / "two")
     argv = lambda run: ["train", "--config", str(config), "--workdir", run, "--no-progress"]   # noqa: E731
-    assert main(argv(eight) + ["--set", "mesh.data=8"]) == 0
+    assert main(argv(eight) + ["--set", "mesh.data=8", "--set", f"warm_start_from={full}"]) == 0
     outs = two_processes(argv(two) + ["--set", "mesh.data=2", "--set", "mesh.tensor=2"])
     assert "| final |" in outs[0] and f"written to {two}" in outs[0] and f"written to {two}" not in outs[1]
-    for run in (eight, two):
+    for run, stage in ((two, None), (eight, "rl")):
         for name in ("metrics.jsonl", "eval.jsonl"):
-            rows = [lines(d, name) for d in (full, run)]
+            rows = [lines(d, name, stage=stage if name == "metrics.jsonl" else None) for d in (full, run)]
             assert len(rows[0]) == len(rows[1]) > 0
             close_lines(*rows, f"{run} {name}")
 

@@ -184,7 +184,9 @@ class AgentJob:
             why = [what for what, bad in (
                 (f"rl.rollout.context.strategy={self.rl.rollout.context.strategy!r} (the device swarm's sub-agents "
                  "are its context management: 'none')", self.rl.rollout.context.strategy != "none"),
-                ("subagents='shared' (use 'frozen')", self.role == "orchestrator" and self.subagents == "shared"))
+                ("subagents='shared' (use 'frozen')", self.role == "orchestrator" and self.subagents == "shared"),
+                ("rl.async_rollout.rollout_devices=1 (the swarm decodes over the job's mesh; rollouts ahead of the "
+                 "learner share its devices: 0)", self.rl.async_rollout.rollout_devices > 0))
                 if bad]
             if why:
                 raise ValueError(f"engine='device' does not run with {why[0]}; or use engine='host'")
