@@ -1,5 +1,5 @@
 """The text jobs' asynchronous RL stage: :class:`~swarmjax.train.async_rl.AsyncRollouts`
-over :func:`swarmjax.train.agent_rl.collect` (the agent job and the text PARL job)."""
+over :func:`swarmjax.train.agent_rl.collect` (the agent job, on either engine)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The job frame every ``swarmjax train`` job runs in (the token-world PARL job, the
-agent job, the text PARL job): the resume mode, the workdir, the checkpoints, the
+agent job): the resume mode, the workdir, the checkpoints, the
 SIGTERM watch, and the end of a training step (evaluation cadence, checkpoint,
 preemption).
 

@@ -1,7 +1,7 @@
 """The warm start: supervised fine-tuning on scripted demonstrations, one step for every job.
 
 :func:`sft_step` is the warm-start step of every job (the token world's two roles, the
-text PARL job's two roles with their shared heads, the agent job's one role, on a mesh or
+agent job's one role, or two with their shared heads (``sft.per_role``), on a mesh or
 not): a masked next-token loss where only the tokens the acting agent said count, never
 the prompt or the environment's tokens, summed over the roles' token means. For the
 token world's two roles, a batch of orchestrator trajectories ``[Bo, C]`` and one of
