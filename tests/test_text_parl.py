@@ -74,7 +74,7 @@ def test_shipped_config_is_valid():
 def tiny_run(tmp_path_factory):
     """The shrunk job, run once for the module: (config path, workdir, its stdout)."""
     base = tmp_path_factory.mktemp("text_parl")
-    config = TINY_CONFIG(base)
+    config = tiny_config(base)
     workdir = str(base / "run")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -170,7 +170,7 @@ def test_two_role_demonstrations(tmp_path):
     from swarmjax.text.tokenizer import TextTokenizer
     from swarmjax.train.agent import demonstrations
 
-    task = load_config(TINY_CONFIG(tmp_path)).task
+    task = load_config(tiny_config(tmp_path)).task
     chat = chat_format("qwen3", TextTokenizer.from_dir(train_bpe_tokenizer(relay_corpus(task.cfg), tmp_path / "tok",
                                                                            vocab_size=600)))
     ctx = EnvContext(chat, ToolRunner([]), role="orchestrator")
@@ -188,7 +188,7 @@ def test_two_role_demonstrations(tmp_path):
                        per_role=True)
 
 
-def TINY_CONFIG(tmp_path):
+def tiny_config(tmp_path):
     """The shrunk config's file (what :func:`tiny_run` trains)."""
     path = tmp_path / "tiny.py"
     path.write_text(TINY.format(config=CONFIG))

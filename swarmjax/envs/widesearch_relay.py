@@ -358,6 +358,9 @@ class RelayWideSearchTask(WideSearchProblems):
         super().__post_init__()
         if min(self.max_calls, self.max_mentions, self.max_pairs) < 1:
             raise ValueError("max_calls, max_mentions and max_pairs must be >= 1")
+        if self.cfg.max_task_size > min(self.max_pairs, self.max_mentions):
+            raise ValueError(f"max_task_size {self.cfg.max_task_size} is above max_pairs {self.max_pairs} or "
+                             f"max_mentions {self.max_mentions}: answers would be cut")
 
     def relay(self, chat: ChatFormat) -> RelayTask:
         """The canonical task over ``chat``: names, tools and sentences, for the host twin

@@ -79,9 +79,6 @@ class RelayPARLTask(RelayWideSearchTask):
         bad = [n for n in self.eval_sizes if not cfg.min_task_size <= n <= cfg.max_task_size]
         if bad:
             raise ValueError(f"eval_sizes {self.eval_sizes}: need sizes in {cfg.min_task_size}..{cfg.max_task_size}")
-        if cfg.max_task_size > min(self.max_pairs, self.max_mentions):
-            raise ValueError(f"max_task_size {cfg.max_task_size} is above max_pairs {self.max_pairs} or "
-                             f"max_mentions {self.max_mentions}: answers would be cut")
 
     def stream(self, split: str, seed: int) -> ReplayStream:
         """``split``'s tasks (module docstring): the focus draw for "train", the held-out

@@ -337,15 +337,15 @@ class AgentRun(JobRun):
             meta["warm_start_data"] = warm.get("sft_accuracy") or None
         else:
             params = init_params(self.cfg, self.key) if self.params is None else self.params
-        if job.sft is not None and job.warm_start_from is None:
-            # the demonstrations' problems: the train stream's first ones (RL continues it), or with an RL seed
-            # of its own the seed's stream
-            demos = self.stream if job.rl_seed is None else task_stream(self.task, "train", job.seed)
-            params, meta["warm_start_data"] = _warm_start_stage(job, self.task, self.ctx, self.cfg, params,
-                                                                demos, log, watch, self.workdir,
-                                                                self.progress, self.mesh)
-            save_warm_start(job, self.workdir, params, meta["warm_start_data"])
-            meta["warm_start_s"] = time.perf_counter() - clock
+            if job.sft is not None:
+                # the demonstrations' problems: the train stream's first ones (RL continues it), or with an RL
+                # seed of its own the seed's stream
+                demos = self.stream if job.rl_seed is None else task_stream(self.task, "train", job.seed)
+                params, meta["warm_start_data"] = _warm_start_stage(job, self.task, self.ctx, self.cfg, params,
+                                                                    demos, log, watch, self.workdir,
+                                                                    self.progress, self.mesh)
+                save_warm_start(job, self.workdir, params, meta["warm_start_data"])
+                meta["warm_start_s"] = time.perf_counter() - clock
         return self.learner.init(params, _frozen(job, params)), meta
 
     def ready(self, state: Any, meta: dict) -> None:
