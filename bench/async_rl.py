@@ -37,6 +37,7 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import functools  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -49,6 +50,7 @@ from swarmjax.config_file import load_config  # noqa: E402
 from swarmjax.envs import widesearch_jax as wsj  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
 from swarmjax.sharding.mesh import MeshConfig, make_mesh  # noqa: E402
+from swarmjax.train.agent_rl import collect, learn  # noqa: E402
 from swarmjax.train.async_rl import AsyncConfig, AsyncRollouts  # noqa: E402
 from swarmjax.train.job import TrainJob  # noqa: E402
 from swarmjax.train.parl import PARLTrainer  # noqa: E402
@@ -81,7 +83,8 @@ def run_mode(mode: str, job: TrainJob, params, steps: int) -> dict:
     copy = lambda tree: jax.tree.map(jax.numpy.copy, tree)     # noqa: E731
     state = trainer.init(copy(params), worker_params=copy(params))
     key = jax.random.key(7)
-    tasks_of = lambda j: wsj.reset(jax.random.fold_in(key, j), job.parl.rollout.env, job.parl.tasks_per_step)  # noqa: E731
+    tasks_of = lambda j: wsj.problems(wsj.reset(jax.random.fold_in(key, j), job.parl.rollout.env,  # noqa: E731
+                                                job.parl.tasks_per_step))
     rows, t0 = [], time.perf_counter()
     if mode == "sync":
         for j in range(steps):
@@ -96,15 +99,16 @@ def run_mode(mode: str, job: TrainJob, params, steps: int) -> dict:
         drawn["j"] += 1
         return tasks_of(j), [str(j)]
 
-    def collect(j, tasks, p, workers):
-        return trainer.collect(p, workers, tasks, jax.random.split(jax.random.fold_in(key, 10_000 + j))[1], j)
+    def collect_step(j, tasks, p, workers):
+        return collect(trainer.engine, p, workers, tasks, jax.random.split(jax.random.fold_in(key, 10_000 + j))[1],
+                       parl, step=j)
 
-    rollouts = AsyncRollouts(AsyncConfig(depth=1), draw=draw, stream_state=lambda: drawn["j"], collect=collect,
+    rollouts = AsyncRollouts(AsyncConfig(depth=1), draw=draw, stream_state=lambda: drawn["j"], collect=collect_step,
                              loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=trainer.publish)
     rollouts.begin(state.params, step=0, steps=steps, frozen=state.frozen["subagents"])
     try:
         for _ in range(steps):
-            state, m = rollouts.step(state, trainer.learn, untrained=lambda c: {})
+            state, m = rollouts.step(state, functools.partial(learn, trainer.learner), untrained=lambda c: {})
             rows.append((time.perf_counter() - t0, m))
     finally:
         rollouts.close()

@@ -63,7 +63,8 @@ from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import PROTOCOL, Episode, Outcome, Vocab, WideSearchConfig, score, scripted, simulate
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.swarm.engine import INDEX_CHECKS, SAMPLE, RolloutConfig, RolloutResult, Scripts, SwarmRollout
-from swarmjax.swarm.outcome import episodes, novel_subagents, parallel_entities, returned_entities, to_outcomes
+from swarmjax.swarm.outcome import (episodes, novel_subagents, parallel_entities, returned_entities, text_result,
+                                    to_outcomes)
 
 EOS, PAD = PROTOCOL.index("<eos>"), PROTOCOL.index("<pad>")
 EXTRA_IDS = 4          # model vocabulary beyond the task's: ids no protocol rule knows
@@ -387,7 +388,7 @@ def check_batch(target: Target, eps: list[Episode], script: Scripts | None, resu
     oob = array_errors(env, vocab_size, result)
     loop = np.asarray(result.index_errors)                                       # [B, checks]
     running = np.asarray(result.end_reason) == wsj.RUNNING
-    outs = to_outcomes(env, result)
+    outs = to_outcomes(env, text_result(env, result))
     if int(result.cut_by_max_ticks) != int(np.sum(running)):
         report.note("difference:cut_by_max_ticks_count", where)
         report.differences += 1

@@ -48,7 +48,7 @@ from swarmjax.envs.widesearch import (Agent, Episode, Stage, Vocab, WideSearchCo
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.transformer import forward, init_cache, init_params, unstack_layers  # noqa: E402
 from swarmjax.swarm.engine import RolloutConfig, Scripts, SwarmRollout  # noqa: E402
-from swarmjax.swarm.outcome import to_outcomes  # noqa: E402
+from swarmjax.swarm.outcome import text_result, to_outcomes  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- workload
@@ -233,7 +233,7 @@ def main(argv=None):
     host_first = time.perf_counter() - t0
     host_s = time_best(lambda: host(params, params, eps, orch, workers), args.repeats)
 
-    jit_out = to_outcomes(cfg, result)
+    jit_out = to_outcomes(cfg, text_result(cfg, result))
     same = all(a == b for a, b in zip(jit_out, host_out))
     if not same:
         raise SystemExit("the jitted engine and the host baseline disagree on an episode")

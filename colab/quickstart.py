@@ -222,17 +222,17 @@ train(STEPS)
 # %% [markdown]
 # ## 4. The summary table
 #
-# Warm start against the final policy on the test split, per task size `n`: item-F1 (the
-# answer's accuracy), critical steps (the episode's length when parallel sub-agents count
-# once), total steps (all agents' work), sub-agents spawned, and the fraction of episodes
-# without any. The greedy warm start is serial; PARL should cut the critical steps of large
+# Warm start ("initial") against the final policy on the test split, every job's figures,
+# then per task size `n`: accuracy (the answer's item-F1), answered, sub-agents spawned, the
+# fraction of episodes without any (`no_spawn`), critical steps (the episode's length when
+# parallel sub-agents count once) and total steps (all agents' work). The greedy warm start is serial; PARL should cut the critical steps of large
 # tasks by delegating, and leave `n = 1` alone. (The smoke job's tiny model learns nothing:
 # its table only shows the format.)
 
 # %%
 summary = json.loads(open(f"{WORKDIR}/summary.json").read())
 display(Markdown(open(f"{WORKDIR}/summary.md").read()))
-print(f"{summary['parl_steps']} PARL steps, {summary['wall_clock_s']:.0f} s on {summary['device']}")
+print(f"{summary['rl_steps']} PARL steps, {summary['wall_clock_s']:.0f} s on {summary['device']}")
 print("written:", ", ".join(sorted(os.listdir(WORKDIR))))
 
 # %% [markdown]
@@ -246,7 +246,7 @@ print("written:", ", ".join(sorted(os.listdir(WORKDIR))))
 display(Image(filename=f"{WORKDIR}/curves.png"))
 parl = [r for r in map(json.loads, open(f"{WORKDIR}/metrics.jsonl")) if r["stage"] == "parl"]
 for r in parl[-3:]:
-    print(f"PARL step {r['step']}: reward {r['reward']:.3f}, item-F1 {r['item_f1']:.2f}, "
+    print(f"PARL step {r['step']}: reward {r['reward']:.3f}, item-F1 {r['accuracy']:.2f}, "
           f"critical steps {r['critical_steps']:.1f}, sub-agents {r['subagents']:.2f}")
 
 # %% [markdown]
@@ -294,7 +294,7 @@ display(Image(filename=save_gantt(load_traces(f"{WORKDIR}/demo.jsonl")[1], f"{WO
 before = json.loads(open(f"{WORKDIR}/summary.json").read())
 train(STEPS)
 after = json.loads(open(f"{WORKDIR}/summary.json").read())
-assert after["final"] == before["final"] and after["parl_steps"] == STEPS
+assert after["final"] == before["final"] and after["rl_steps"] == STEPS
 print(f"same summary, still {STEPS} PARL steps: nothing was recomputed")
 
 # %% [markdown]

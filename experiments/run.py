@@ -55,7 +55,7 @@ EXPERIMENTS = {
         source="Kimi K2.5 technical report, arXiv 2602.02276, section on PARL (r_parallel "
                "against serial collapse)",
         arms={"default": (), "no_r_parallel": ("parl.parl.lambda1=0.0",)},
-        curves=("subagents", "critical_steps", "item_f1", "reward")),
+        curves=("subagents", "critical_steps", "accuracy", "reward")),
     "budget": Experiment(
         claim="Training under a critical-step budget below the serial cost is what makes "
               "parallel plans necessary; without it the step costs alone must carry that "
@@ -65,7 +65,7 @@ EXPERIMENTS = {
         arms={"default": (), "no_budget": ("parl.rollout.env.budget=None",),
               # the serial-collapse claim where K2.5 makes it: no budget and no r_parallel
               "no_budget_no_r_parallel": ("parl.rollout.env.budget=None", "parl.parl.lambda1=0.0")},
-        curves=("subagents", "critical_steps", "item_f1", "reward")),
+        curves=("subagents", "critical_steps", "accuracy", "reward")),
     "gspo_vs_grpo": Experiment(
         claim="GSPO (one clipped, length-normalised sequence ratio, clip 3e-4 / 4e-4) trains "
               "at least as well as token-level GRPO (clip 0.2) for the same number of steps, "
@@ -74,7 +74,7 @@ EXPERIMENTS = {
                "two orders of magnitude above GRPO's)",
         arms={"default": (), "grpo": ("parl.update.loss.name='grpo'", "parl.update.loss.eps_low=0.2",
                                        "parl.update.loss.eps_high=0.2")},
-        curves=("reward", "item_f1", "learner/clip_fraction", "critical_steps"),
+        curves=("reward", "accuracy", "learner/clip_fraction", "critical_steps"),
         train_means=("learner/clip_fraction", "learner/approx_kl", "reward")),
     "spurious_parallelism": Experiment(
         claim="Without the r_finish channel (lambda2 = 0) the orchestrator learns to spawn "
@@ -87,8 +87,8 @@ EXPERIMENTS = {
               # only for entities finished sub-agents returned: without r_finish, with theirs
               "no_r_finish_spawned": ("parl.parl.lambda2=0.0", "parl.parl.parallel='spawned'",
                                       "parl.parl.parallel_target=8")},
-        curves=("subagents", "finished_subagents", "critical_steps", "item_f1"),
-        train_means=("subagents", "finished_subagents", "item_f1"),
+        curves=("subagents", "finished_subagents", "critical_steps", "accuracy"),
+        train_means=("subagents", "finished_subagents", "accuracy"),
         # sub-agents that can fail: a worker has 2 steps, so it finishes one lookup and its
         # return; a chunk of 2 entities (half the warm start's delegations) is stopped.
         # Budget 12 = the fewest critical steps at n = 16 then (8 x 1 delegated, 8 serial)
@@ -104,7 +104,7 @@ EXPERIMENTS = {
         arms={"sync": ("parl_steps=100", "eval_every=25"),
               "stale1": ("parl_steps=100", "eval_every=25", "parl.async_rollout.depth=1"),
               "stale2": ("parl_steps=100", "eval_every=25", "parl.async_rollout.depth=2")},
-        curves=("reward", "item_f1", "critical_steps", "subagents"),
+        curves=("reward", "accuracy", "critical_steps", "subagents"),
         train_means=("async/staleness", "learner/mismatch_kl", "learner/clip_fraction", "reward")),
 }
 
@@ -152,23 +152,14 @@ def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str,
 
 def _final(d: str) -> dict:
     s = json.load(open(os.path.join(d, "summary.json")))
-    f16, f1 = s["final"]["16"], s["final"]["1"]
-    return {"f1_16": f16["item_f1"], "crit_16": f16["critical_steps"], "subagents_16": f16["subagents"],
-            "finished_16": f16.get("finished_subagents", _final_test_row(d).get("finished_subagents", float("nan"))),
-            "total_16": f16["total_steps"], "nospawn_1": f1["no_spawn_fraction"],
-            "warm_crit_16": s["warm_start"]["16"]["critical_steps"]}
+    f16, f1 = s["final_sizes"]["16"], s["final_sizes"]["1"]
+    return {"f1_16": f16["accuracy"], "crit_16": f16["critical_steps"], "subagents_16": f16["subagents"],
+            "finished_16": f16["finished_subagents"], "total_16": f16["total_steps"], "nospawn_1": f1["no_spawn"],
+            "warm_crit_16": s["initial_sizes"]["16"]["critical_steps"]}
 
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / max(len(xs), 1)
-
-
-def _final_test_row(d: str) -> dict:
-    """The last n = 16 test-split evaluation of the trained policy in ``eval.jsonl`` (runs
-    whose summary.json predates a figure still logged it there)."""
-    rows = [json.loads(line) for line in open(os.path.join(d, "eval.jsonl"))]
-    rows = [r for r in rows if r["policy"] == "final" and r["split"] == "test" and r["n"] == 16]
-    return rows[-1] if rows else {}
 
 
 def _curve(d: str, key: str) -> tuple[list[int], list[float]]:
@@ -228,7 +219,7 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
         for arm in dirs:
             rs = [v[st] for v in vals[arm]]
             m = lambda k: sum(r[k] for r in rs) / len(rs)
-            cells.append(f"{m('item_f1'):.3f} / {m('critical_steps'):.2f} / {m('subagents'):.2f}")
+            cells.append(f"{m('accuracy'):.3f} / {m('critical_steps'):.2f} / {m('subagents'):.2f}")
         lines.append(f"| {st} | " + " | ".join(cells) + " |")
     lines += ["", f"![{name}]({name}.png)", ""]
     md = "\n".join(lines)

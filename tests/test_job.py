@@ -29,6 +29,7 @@ import pytest
 from small_job import CONFIG, SMALL_JOB, TIMING, free_port, rows, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
+from swarmjax.train.agent_eval import FIGURES
 from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.job import TrainJob, state_shapes
 from swarmjax.train.loop import restore
@@ -87,16 +88,15 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
                  "curves.png"):
         assert os.path.getsize(full / name) > 0, name
     summary = json.loads((full / "summary.json").read_text())
-    assert set(summary["warm_start"]) == set(summary["final"]) == {"1", "16"}
-    assert set(summary["final"]["16"]) == {"item_f1", "critical_steps", "total_steps", "subagents",
-                                           "finished_subagents", "no_spawn_fraction"}
+    assert set(summary["initial_sizes"]) == set(summary["final_sizes"]) == {"1", "16"}
+    assert set(summary["final_sizes"]["16"]) == set(FIGURES)            # every job's figures, per task size
     assert [r["step"] for r in rows(full / "metrics.jsonl")] == [0, 1, 2, 3]
     assert len(rows(full / "metrics.jsonl", "sft")) == 6
-    assert "| 16 | final |" in printed
+    assert "per task size (test split)" in printed and "\n| 16 | " in printed
     # every trace validates, with all reward channels and a measured wall clock; `trace show` draws each
     from test_traces import _check_rollout_trace
     traces = [json.loads(line) for line in open(full / "traces.jsonl")]
-    assert {"warm_start-s0-n1-0", "warm_start-s0-n16-0"} <= {t["trace_id"] for t in traces}
+    assert {"initial-s0-n1-0", "initial-s0-n16-0"} <= {t["trace_id"] for t in traces}
     for i, trace in enumerate(traces):
         _check_rollout_trace(trace)
         assert trace["costs"]["wall_clock_s"] > 0 and trace["costs"]["batch_episodes"] == 4
@@ -124,7 +124,7 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
     assert rows(split / "metrics.jsonl") == rows(full / "metrics.jsonl") and evals(split) == evals(full)
     # TensorBoard, as it reads the runs (resumes purge the PARL events from their step on)
     tb_full, tb_split = tb_scalars(full / "tb" / "parl"), tb_scalars(split / "tb" / "parl")
-    assert [s for s, _ in tb_full["parl/item_f1"]] == [1, 2, 3, 4]           # PARL steps done
+    assert [s for s, _ in tb_full["parl/accuracy"]] == [1, 2, 3, 4]          # PARL steps done
     assert set(tb_split) == set(tb_full)
     for tag, series in tb_full.items():
         assert [s for s, _ in tb_split[tag]] == [s for s, _ in series], tag
@@ -137,9 +137,10 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
     capsys.readouterr()
     assert main(base + ["--sizes", "16"]) == 0
     out = capsys.readouterr().out
-    assert "PARL step 4" in out and "| 16 | final |" in out and "| 1 |" not in out
-    final = json.loads((full / "summary.json").read_text())["final"]["16"]["item_f1"]
-    assert f"| 16 | final | {final:.3f} |" in out                      # same tasks, same greedy policy
+    assert "PARL step 4" in out and "\n| 16 | " in out and "\n| 1 | " not in out
+    summary = json.loads((full / "summary.json").read_text())
+    start, final = summary["initial_sizes"]["16"]["accuracy"], summary["final_sizes"]["16"]["accuracy"]
+    assert f"| 16 | {start:.3f} | {final:.3f} |" in out                # same tasks, same greedy policies
     assert main(base + ["--checkpoint", "best"]) == 0
     assert main(base + ["--checkpoint", "7"]) == 2
     assert "no finalised checkpoint for step 7" in capsys.readouterr().err
@@ -153,8 +154,8 @@ def test_warm_start_from_another_run(tmp_path, small, two_steps, capsys):
     assert train(arm, small, "parl_steps=2", "parl.parl.lambda1=0.0", f"warm_start_from='{base}'") == 0
     assert rows(arm / "metrics.jsonl", "sft") == [] and len(rows(arm / "metrics.jsonl")) == 2
     summary = lambda d: json.loads((d / "summary.json").read_text())
-    assert summary(arm)["warm_start"] == summary(base)["warm_start"]
-    assert summary(arm)["sft_accuracy"] == summary(base)["sft_accuracy"]
+    assert summary(arm)["initial_sizes"] == summary(base)["initial_sizes"]
+    assert summary(arm)["warm_start_data"] == summary(base)["warm_start_data"]
     assert os.path.exists(arm / "warm_start" / "meta.json")          # a source for the next ablation
     a, _ = final_state(base, small, 2)
     b, _ = final_state(arm, small, 2)
@@ -324,9 +325,9 @@ def test_two_processes_preempt_resume_and_match_one_process(tmp_path, small, fou
     assert all(procs_ok) and table(outs[0]) and table(outs[0]) == table(outs[1]), outs[0][-3000:] + outs[1][-3000:]
     parl = rows(cut / "metrics.jsonl")
     assert [r["step"] for r in parl] == [0, 1, 2, 3]                    # each once, written by process 0
-    assert summary(cut)["parl_steps"] == 4 and set(summary(cut)["final"]) == {"1", "16"}
+    assert summary(cut)["rl_steps"] == 4 and set(summary(cut)["final_sizes"]) == {"1", "16"}
     assert len((cut / "traces.jsonl").read_text().splitlines()) == 4   # warm + final, 2 sizes, 1 each
     # every process reads the one process's batches: the figures of one device
     assert close(parl, rows(one / "metrics.jsonl")), (parl, rows(one / "metrics.jsonl"))
-    for stage in ("warm_start", "final"):
+    for stage in ("initial", "final", "initial_sizes", "final_sizes"):
         assert close(summary(cut)[stage], summary(one)[stage]), stage

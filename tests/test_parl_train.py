@@ -1,9 +1,9 @@
-"""The PARL training step: rollout -> PARL reward -> group advantages -> GSPO update."""
+"""The token world's PARL step (every job's RL step on the token engine): rollout -> the one
+result type -> PARL reward -> group advantages -> GSPO update; its evaluation per task size."""
 
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,8 +12,10 @@ from swarmjax.models import ModelConfig, init_params
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.update import UpdateConfig
-from swarmjax.swarm.engine import RolloutConfig, SwarmRollout
-from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy, sample_eval_tasks
+from swarmjax.swarm.engine import RolloutConfig
+from swarmjax.train.agent_eval import by_size, evaluate
+from swarmjax.train.agent_rl import collect
+from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, sample_eval_tasks
 
 ENV = WideSearchConfig(num_entities=8, num_values=6, max_task_size=4, max_subagents=3,
                        subagent_steps=3, budget=6, orch_context=48, worker_context=20)
@@ -35,10 +37,10 @@ def test_parl_step_updates_the_orchestrator_only(trainer):
     before = jax.tree.map(np.asarray, state.params)
     workers = jax.tree.map(np.asarray, state.frozen["subagents"])
     state, m = trainer.step(state, jax.random.key(1), step=0)
-    for k in ("reward", "r_perf", "r_parallel", "r_finish", "cost", "lambda1", "lambda2", "item_f1",
-              "critical_steps", "subagents", "learner/loss"):
+    for k in ("reward", "reward/r_parallel", "reward/r_finish", "reward/cost", "reward/lambda1", "reward/lambda2",
+              "accuracy", "critical_steps", "subagents", "sampled_tokens", "learner/loss"):
         assert k in m and np.isfinite(m[k]), k
-    assert m["lambda1"] == pytest.approx(trainer.cfg.parl.lambda1)        # step 0: not annealed yet
+    assert m["reward/lambda1"] == pytest.approx(trainer.cfg.parl.lambda1)        # step 0: not annealed yet
     assert 1 <= m["critical_steps"] <= ENV.budget
     changed = jax.tree.map(lambda a, b: not np.allclose(a, np.asarray(b)), before, state.params)
     assert any(jax.tree.leaves(changed))
@@ -46,21 +48,20 @@ def test_parl_step_updates_the_orchestrator_only(trainer):
     assert all(jax.tree.leaves(same))                                  # sub-agents stay frozen
     state, m2 = trainer.step(state, jax.random.key(2), step=1)
     assert int(state.step) == 2 * trainer.cfg.update.num_minibatches
-    assert m2["lambda1"] < m["lambda1"]                                # annealing follows the step
+    assert m2["reward/lambda1"] < m["reward/lambda1"]                  # annealing follows the step
 
 
 def test_dynamic_sampling_masks_uniform_groups(trainer):
     """A batch whose groups all have equal rewards has no loss token left."""
-    cfg = dataclasses.replace(trainer.cfg, dynamic_sampling=True)
-    t = PARLTrainer(CFG, cfg)
     import swarmjax.envs.widesearch_jax as wsj
-    tasks, groups = wsj.repeat_groups(wsj.reset(jax.random.key(0), ENV, 4), 4)
+
+    cfg = dataclasses.replace(trainer.cfg, dynamic_sampling=True)
+    problems = wsj.problems(wsj.reset(jax.random.key(0), ENV, 4))
     params = init_params(CFG, jax.random.key(0))
-    g = SwarmRollout(greedy(cfg.rollout, ENV.budget), CFG)         # greedy: every group is uniform
-    result = g(params, params, tasks, jax.random.key(0))
-    batch, metrics = t._rewards(result, groups, jnp.int32(0))
-    assert float(metrics["kept_groups"]) == 0.0 and int(jnp.sum(batch.loss_mask)) == 0
-    assert int(jnp.sum(result.loss_mask)) > 0
+    greedy = dataclasses.replace(trainer.engine, rollout=trainer.engine.greedy_rollout)   # every group uniform
+    got = collect(greedy, params, params, problems, jax.random.key(0), cfg)
+    assert got.metrics["kept_groups"] == 0.0 and int(np.sum(got.batch.loss_mask)) == 0
+    assert got.metrics["orch_sampled_tokens"] > 0
 
 
 def test_kl_to_the_warm_start(trainer):
@@ -79,16 +80,19 @@ def test_kl_to_the_warm_start(trainer):
     assert all(jax.tree.leaves(same))
 
 
-def test_evaluate_per_task_size():
+def test_evaluate_per_task_size(trainer):
+    """The token engine through every job's evaluation: greedy, the budget lifted, calls of
+    one size each; per-size figures in range."""
     params = init_params(CFG, jax.random.key(0))
-    engine = SwarmRollout(greedy(RolloutConfig(env=ENV)), CFG)
-    out = evaluate(engine, params, params, sample_eval_tasks(jax.random.key(1), ENV, [1, 4], 8), jax.random.key(0))
-    assert set(out) == {1, 4}
+    problems = sample_eval_tasks(jax.random.key(1), ENV, [1, 4], 8)
+    engine = dataclasses.replace(trainer.engine, batch=8)
+    episodes = evaluate(engine, params, params, problems, jax.random.key(0))
+    out = by_size(np.asarray([int(p["n"]) for p in problems]), episodes)
+    assert set(out) == {"1", "4"}
     for row in out.values():
-        assert set(row) == {"item_f1", "critical_steps", "total_steps", "subagents", "finished_subagents",
-                            "no_spawn_fraction", "answered"}
         assert 0.0 <= row["finished_subagents"] <= row["subagents"]
-        assert 0.0 <= row["item_f1"] <= 1.0 and 0.0 <= row["no_spawn_fraction"] <= 1.0
+        assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["answered"] <= 1.0
+        assert row["critical_steps"] >= 1
 
 
 def test_bad_parl_config():

@@ -27,7 +27,8 @@ from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm import lanes
 from swarmjax.swarm.engine import INDEX_CHECKS, SAMPLE, RolloutConfig, Scripts, SwarmRollout, index_errors
-from swarmjax.swarm.outcome import episode_rewards, episodes, parallel_entities, returned_entities, to_outcomes
+from swarmjax.swarm.outcome import episodes, parallel_entities, returned_entities, text_result, to_outcomes
+from swarmjax.train.agent_rl import collect, episode_rewards
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer
 from test_widesearch import serial_script, split_scripts
 
@@ -80,9 +81,10 @@ def tasks_from(cfg, eps):
 def assert_same(cfg, eps, result, refs):
     """Every field of every episode agrees, and the engine's verifier and rewards
     equal the reference's."""
-    outs = to_outcomes(cfg, result)
+    res = text_result(cfg, result)                    # the one result type, what every job trains on
+    outs = to_outcomes(cfg, res)
     pcfg = PARLConfig()
-    reward, ch = episode_rewards(result, pcfg, 0)
+    reward, ch = episode_rewards(res, PARLTrainConfig(rollout=RolloutConfig(env=cfg), parl=pcfg), 0)
     for b, (ep, got, want) in enumerate(zip(eps, outs, refs)):
         for f in dataclasses.fields(want):
             assert getattr(got, f.name) == getattr(want, f.name), (b, f.name, Vocab(cfg).decode(want.orch_tokens))
@@ -302,13 +304,14 @@ def test_cut_episodes_are_counted_and_reported(engines):
     cfg, engine, params = engines["small"]
     trainer = PARLTrainer(engine.orch_cfg, PARLTrainConfig(rollout=ShortLoop(env=cfg), tasks_per_step=4,
                                                            group_size=4))
-    tasks, groups = wsj.repeat_groups(wsj.reset(jax.random.key(0), cfg, 4), 4)
-    result = trainer.engine(params, params, tasks, jax.random.key(1))
+    problems = wsj.problems(wsj.reset(jax.random.key(0), cfg, 4))
+    tasks, _ = wsj.repeat_groups(wsj.stack(problems), 4)
+    result = trainer.engine.rollout(params, params, tasks, jax.random.key(1))
     cut = np.asarray(result.end_reason) == wsj.RUNNING
     assert int(result.ticks) == 12 and 0 < cut.sum() == int(result.cut_by_max_ticks)
-    assert [o.end_reason == "running" for o in to_outcomes(cfg, result)] == list(cut)
-    _, metrics = trainer._rewards(result, groups, jnp.int32(0))
-    assert float(metrics["cut_by_max_ticks"]) == cut.sum()
+    assert [o.end_reason == "running" for o in to_outcomes(cfg, text_result(cfg, result))] == list(cut)
+    got = collect(trainer.engine, params, params, problems, jax.random.key(1), trainer.cfg)
+    assert got.metrics["cut_by_max_ticks"] == cut.sum()
     full = engine(params, params, tasks, jax.random.key(1))
     assert int(full.cut_by_max_ticks) == 0 and full.index_errors is None
 

@@ -312,20 +312,19 @@ def test_async_text_parl_stage(tiny_run, tmp_path):
 
 
 def test_summary_says_worse_when_a_run_got_worse():
-    """The summary's words follow the figures: more critical steps and a lower item-F1 are
-    'worse', the headline says 'more than' (never 'below' for a rise)."""
-    from swarmjax.train.logs import summary_table
+    """The summary's words follow the figures, per task size too: more critical steps and
+    a lower accuracy are 'worse'."""
+    from swarmjax.train.agent_job import agent_summary_table
 
-    row = lambda f, c: {"item_f1": f, "critical_steps": c, "total_steps": c, "subagents": 0.0,  # noqa: E731
-                        "no_spawn_fraction": 1.0}
-    summary = {"warm_start": {"1": row(1.0, 2.0), "16": row(0.2, 17.0)},
-               "final": {"1": row(1.0, 2.0), "16": row(0.1, 30.0)},
-               "headline": {"n": 16, "critical_reduction": 17 / 30, "item_f1": 0.1}}
-    text = summary_table(summary)
-    assert "n = 16: item-F1 0.200 -> 0.100 (worse); critical steps 17.00 -> 30.00 (worse)" in text
-    assert "n = 1: item-F1 1.000 -> 1.000 (same)" in text
-    assert "critical steps 1.76x more than the warm start's" in text
-    summary["final"]["16"] = row(0.9, 5.0)
-    summary["headline"]["critical_reduction"] = 17 / 5
-    text = summary_table(summary)
-    assert "(better); critical steps 17.00 -> 5.00 (better)" in text and "3.40x fewer than" in text
+    row = lambda f, c: {"accuracy": f, "critical_steps": c, "total_steps": c, "subagents": 0.0,  # noqa: E731
+                        "answered": 1.0, "no_spawn": 1.0}
+    summary = {"initial": row(0.6, 9.5), "final": row(0.55, 16.0),
+               "initial_sizes": {"1": row(1.0, 2.0), "16": row(0.2, 17.0)},
+               "final_sizes": {"1": row(1.0, 2.0), "16": row(0.1, 30.0)},
+               "held_out": {"test": 8}, "rl_steps": 3, "wall_clock_s": 1.0, "backend": "cpu"}
+    text = agent_summary_table(summary)
+    assert "accuracy 0.600 -> 0.550 (worse)" in text
+    assert "n = 16: accuracy 0.200 -> 0.100 (worse); critical steps 17.00 -> 30.00 (worse)" in text
+    assert "n = 1: accuracy 1.000 -> 1.000 (same)" in text
+    summary["final_sizes"]["16"] = row(0.9, 5.0)
+    assert "(better); critical steps 17.00 -> 5.00 (better)" in agent_summary_table(summary)

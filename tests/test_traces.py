@@ -278,20 +278,25 @@ def test_engine_rollout_traces_validate():
     failed lookups, sub-agents stopped at the step limit or a full context, every end)."""
     import jax
 
+    from swarmjax.envs import widesearch_jax as wsj
     from swarmjax.models import init_params
-    from swarmjax.rl.parl import PARLConfig
     from swarmjax.swarm.engine import RolloutConfig, SwarmRollout
+    from swarmjax.swarm.outcome import text_result
     from swarmjax.traces.render import segments, timeline
-    from swarmjax.traces.rollout import reward_channels, rollout_traces
+    from swarmjax.traces.rollout import rollout_traces
+    from swarmjax.train.agent_rl import episode_rewards
+    from swarmjax.train.parl import PARLTrainConfig
     from test_swarm import SMALL, model_for, pad_scripts, random_batch, tasks_from
 
     mcfg = model_for(SMALL)
     params = init_params(mcfg, jax.random.key(1))
     eps, orch, workers = random_batch(SMALL, 1, 48)
     tasks = tasks_from(SMALL, eps)
-    result = SwarmRollout(RolloutConfig(env=SMALL), mcfg)(params, params, tasks, jax.random.key(0),
-                                                          scripts=pad_scripts(orch, workers, SMALL.max_subagents))
-    traces = rollout_traces(SMALL, tasks, result, rewards=reward_channels(result, PARLConfig(), 0),
+    rcfg = PARLTrainConfig(rollout=RolloutConfig(env=SMALL))
+    result = text_result(SMALL, SwarmRollout(rcfg.rollout, mcfg)(
+        params, params, tasks, jax.random.key(0), scripts=pad_scripts(orch, workers, SMALL.max_subagents)))
+    reward, channels = episode_rewards(result, rcfg, 0)               # every job's reward, PARL's channels
+    traces = rollout_traces(SMALL, wsj.problems(tasks), result, rewards={"reward": reward, **channels},
                             wall_clock_s=4.8, prefix="rand")
     reasons = {(e["type"], e.get("reason")) for t in traces for e in t["events"] if "reason" in e}
     assert reasons == {("message", "malformed_turn"), ("despawn", "step_limit"), ("despawn", "context_full"),

@@ -53,6 +53,22 @@ class Tasks:
     n: Array
 
 
+def problems(tasks: Tasks) -> list[dict]:
+    """``tasks`` [B] as a problem list (what engines take, :mod:`swarmjax.train.engines`):
+    one ``{"table" [E], "entities" [N_max], "n" []}`` record of host int32 arrays each."""
+    import numpy as np
+
+    table, entities, n = (np.asarray(x, np.int32) for x in jax.device_get((tasks.table, tasks.entities, tasks.n)))
+    return [{"table": table[b], "entities": entities[b], "n": n[b]} for b in range(len(n))]
+
+
+def stack(problems: list[dict]) -> Tasks:
+    """A problem list (:func:`problems`) as host task arrays [B]."""
+    import numpy as np
+
+    return Tasks(*(np.stack([np.asarray(p[k], np.int32) for p in problems]) for k in ("table", "entities", "n")))
+
+
 def reset(key: Array, cfg: WideSearchConfig, batch: int, n: Array | int | None = None) -> Tasks:
     """Sample ``batch`` fresh tasks: a random table and ``n`` distinct entities each
     (``n`` uniform in [min_task_size, max_task_size] unless given, scalar or [B])."""

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.envs.task import reward_terms
@@ -22,8 +23,8 @@ from swarmjax.train.engines import Engine
 # (score > 0.5) is the verifier's (score > 0.5)
 JUDGE_FIGURES = ("judge", "judge_gap", "judge_agreement")
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
-           "subagents", "finished_subagents", "critical_steps", "total_steps", "compactions", "context_dropped",
-           "peak_context", "subagent_peak_context")
+           "subagents", "finished_subagents", "no_spawn", "critical_steps", "total_steps", "compactions",
+           "context_dropped", "peak_context", "subagent_peak_context")
 
 
 def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, key: jax.Array, *,
@@ -37,25 +38,27 @@ def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, ke
     (``params`` global arrays over ``mesh``). ``on_result(res, problems, first)``: called
     with each call's result, its problems (repeats left out) and the index of its first
     one (e.g. to export traces)."""
-    procs, n = jax.process_count(), len(problems)
+    whole = getattr(engine, "whole_batch", False)     # every process runs every call and gets every row
+    procs, n = 1 if whole else jax.process_count(), len(problems)
     per = -(-n // procs)
-    start = min(jax.process_index() * per, n)
+    start = 0 if whole else min(jax.process_index() * per, n)
     mine = problems[start:start + per]
     figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
     if getattr(engine, "judge", None) is not None:          # a judged engine: its score beside the truth
         figures.update({k: np.full((per,), np.nan, np.float32) for k in JUDGE_FIGURES})
-    orch, workers = _rollout_params(params, worker_params, mesh)
+    orch, workers = (params, worker_params) if whole else _rollout_params(params, worker_params, mesh)
     size = engine.batch or max(len(mine), 1)
     for c, at in enumerate(range(0, len(mine), size)):
         call = mine[at:at + size]
         res = engine(orch, workers, call + call[:1] * (size - len(call)), jax.random.fold_in(key, c),
-                     episode_ids=range(start + at, start + at + size), greedy=True)
+                     episode_ids=range(size) if whole else range(start + at, start + at + size), greedy=True)
         for k, v in episode_figures(res).items():
             if k in figures:
                 figures[k][at:at + len(call)] = v[:len(call)]
         if on_result is not None:
             on_result(res, call, start + at)
-    figures = allgather(figures)                                       # [procs, per]
+    if not whole:
+        figures = allgather(figures)                                   # [procs, per]
     return {k: v.reshape(-1)[:n] for k, v in figures.items()}
 
 
@@ -65,14 +68,14 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
     mixed in, then with :data:`JUDGE_FIGURES`), tool calls and errors, orchestrator turns,
     whether it answered, whether its answer was cut by the turn limit, whether it ran out
     of context; sub-agents started and finished (returned before their turn limit),
-    critical and total steps; the orchestrator's compactions (:mod:`swarmjax.swarm.context`),
+    whether it started none (``no_spawn``), critical and total steps; the orchestrator's compactions (:mod:`swarmjax.swarm.context`),
     the ids they took out of its conversation, its longest segment (ids), and its
     sub-agents' longest conversation (0 without any)."""
     r = reward_terms(res.rewards, len(res.length))
     out = {"accuracy": r.get("r_verifier", r["r_perf"]), "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
            "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
            "context_ended": res.end_reason == END_CONTEXT, "subagents": res.spawned,
-           "finished_subagents": res.finished, "critical_steps": res.critical_steps,
+           "finished_subagents": res.finished, "no_spawn": res.spawned == 0, "critical_steps": res.critical_steps,
            "total_steps": res.total_steps, "compactions": [len(t.segments) for t in res.orchestrators],
            "context_dropped": [t.dropped for t in res.orchestrators],
            "peak_context": [t.peak for t in res.orchestrators],
@@ -83,9 +86,17 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
     return {k: np.asarray(out[k], np.float32) for k in FIGURES + (JUDGE_FIGURES if "judge" in r else ())}
 
 
+def by_size(sizes: np.ndarray, per_episode: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Each figure's mean over the episodes of each problem size ``sizes`` [N]
+    (``{str(n): {figure: mean}}``, sizes in increasing order)."""
+    sizes = np.asarray(sizes)
+    return {str(n): mean_figures({k: v[sizes == n] for k, v in per_episode.items()}) for n in np.unique(sizes)}
+
+
 def mean_figures(per_episode: dict[str, np.ndarray]) -> dict[str, float]:
-    """The mean over episodes of each figure."""
-    return {k: float(np.mean(v)) for k, v in per_episode.items()}
+    """The mean over episodes of each figure (float32, reduced by XLA as an on-device
+    mean is: the token engine's figures are those it reported on the device)."""
+    return {k: float(jnp.mean(jnp.asarray(v, jnp.float32))) for k, v in per_episode.items()}
 
 
 def rollout_figures(res: TextRolloutResult) -> dict[str, float]:

@@ -60,7 +60,7 @@ from swarmjax.text.chat import chat_format, detect_chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.traces.text import text_trace
 from swarmjax.train.agent import SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, mix_context, warm_start
-from swarmjax.train.agent_eval import FIGURES, JUDGE_FIGURES, evaluate, mean_figures
+from swarmjax.train.agent_eval import FIGURES, JUDGE_FIGURES, by_size, evaluate, mean_figures
 from swarmjax.train.agent_rl import subagent_params
 from swarmjax.train.async_rl import logged_update, split_devices
 from swarmjax.train.distributed import check_processes, local_replica, primary_first
@@ -73,7 +73,7 @@ from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.warm_start import check_warm_start, load_warm_start, save_warm_start
 from swarmjax.train.streams import held_out, task_stream
 
-__all__ = ["AgentJob", "AgentRun", "agent_summary_table", "evaluate_agent_checkpoint"]
+__all__ = ["AgentJob", "AgentRun", "agent_summary_table", "evaluate_agent_checkpoint", "labelled_figures"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,7 +383,7 @@ class AgentRun(JobRun):
     def report(self, step: int, start: None, final: dict, meta: dict, split: str, seconds: float) -> dict:
         """The checkpoint's figures (per size on the test split) and, on the run's own test
         problems, the start's from the run's evaluation of it."""
-        return {**_figures("final", final), **_start_figures(meta, split, len(self.splits[split])),
+        return {**labelled_figures("final", final), **_start_figures(meta, split, len(self.splits[split])),
                 "held_out": {split: len(self.splits[split])}, "rl_steps": step, "wall_clock_s": seconds,
                 "backend": jax.default_backend()}
 
@@ -396,8 +396,8 @@ class AgentRun(JobRun):
                    "subagents": job.subagents if job.role != "single" else None,
                    "model_params": self.cfg.num_params(), "vocab_size": self.cfg.vocab_size, "chat": self.chat.name,
                    "held_out": meta["held_out"], "rl_steps": meta["step"],
-                   "warm_start_steps": 0 if job.sft is None else job.sft.steps, **_figures("initial", evals["initial"]),
-                   **_figures("final", evals.get("final", evals["initial"])), "wall_clock_s": wall_clock_s,
+                   "warm_start_steps": 0 if job.sft is None else job.sft.steps, **labelled_figures("initial", evals["initial"]),
+                   **labelled_figures("final", evals.get("final", evals["initial"])), "wall_clock_s": wall_clock_s,
                    "warm_start_s": meta["warm_start_s"], "warm_start_data": meta.get("warm_start_data"),
                    "backend": jax.default_backend()}
         if self.primary:
@@ -489,7 +489,7 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     finally:
         runner.close()
         engine.close()
-    out = {"step": step, **_figures("final", {**mean_figures(episodes), "sizes": per_size(task, problems, episodes)}),
+    out = {"step": step, **labelled_figures("final", {**mean_figures(episodes), "sizes": per_size(task, problems, episodes)}),
            "episodes": {k: v.tolist() for k, v in episodes.items()},
            "held_out": {split if given is None else "given": len(problems)}, "rl_steps": step,
            "wall_clock_s": time.perf_counter() - t0, "backend": jax.default_backend()}
@@ -498,7 +498,7 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     return out
 
 
-def _figures(label: str, evals: dict) -> dict:
+def labelled_figures(label: str, evals: dict) -> dict:
     """An evaluation's figures as the table reads them: ``label`` without the per-size
     rows, ``<label>_sizes`` with them (when the problems have several sizes)."""
     out = {label: {k: v for k, v in evals.items() if k != "sizes"}}
@@ -512,20 +512,18 @@ def _start_figures(meta: dict, split: str, count: int) -> dict:
     checkpoint's held-out problems are the ``count`` evaluated ones."""
     if split != "test" or meta.get("held_out", {}).get("test") != count:
         return {}
-    return _figures("initial", meta["evals"]["initial"])
+    return labelled_figures("initial", meta["evals"]["initial"])
 
 
 def per_size(task: Any, problems: list, episodes: dict[str, np.ndarray]) -> dict[str, dict[str, float]] | None:
     """Each figure's mean over the episodes of each problem size (``task.size(problem)``:
     ``{str(n): {figure: mean}}``), or None when every problem has one size."""
     sizes = np.asarray([problem_size(task, p) for p in problems])
-    if len(set(sizes.tolist())) < 2:
-        return None
-    return {str(n): mean_figures({k: v[sizes == n] for k, v in episodes.items()}) for n in np.unique(sizes)}
+    return None if len(set(sizes.tolist())) < 2 else by_size(sizes, episodes)
 
 
 # the per-size table's columns: what a size changes
-SIZE_FIGURES = ("accuracy", "answered", "subagents", "critical_steps", "total_steps")
+SIZE_FIGURES = ("accuracy", "answered", "subagents", "no_spawn", "critical_steps", "total_steps")
 
 _HIGHER_IS_BETTER = {"accuracy": True, "answered": True, "tool_errors": False, "truncated": False,
                      "context_ended": False}
@@ -550,6 +548,14 @@ def agent_summary_table(summary: dict) -> str:
         for size in sizes:
             cells = [summary[f"{n}_sizes"].get(str(size), {}).get(k) for k in SIZE_FIGURES for n in sized]
             rows.append(f"| {size} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
+        if len(sized) == 2:                     # how each size moved, in words
+            a, b = summary["initial_sizes"], summary["final_sizes"]
+            rows.append("\n" + "\n".join(
+                f"n = {size}: " + change("accuracy", a[str(size)]["accuracy"], b[str(size)]["accuracy"],
+                                         higher_is_better=True) + "; "
+                + change("critical steps", a[str(size)]["critical_steps"], b[str(size)]["critical_steps"],
+                         higher_is_better=False, digits=2)
+                for size in sizes if str(size) in a and str(size) in b))
     held = ", ".join(f"{n} {s}" for s, n in summary.get("held_out", {}).items())
     rows.append(f"\nheld-out problems: {held}; greedy; {summary['rl_steps']} RL steps; "
                 f"wall clock {summary['wall_clock_s']:.0f} s on {summary['backend']}")

@@ -9,6 +9,7 @@ problems) then :func:`learn` (every process's rows, one update)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, NamedTuple
 
@@ -39,6 +40,17 @@ def episode_rewards(res: TextRolloutResult, rcfg: TextRLConfig, step: int = 0
                     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Reward [B] of each episode of ``res`` and its channels [B] (module docstring).
     ``L`` of the overlong penalty is ``res.loss_mask.sum(1)``, the ids the policy sampled."""
+    reward, channels, _, _ = shaped_rewards(res, rcfg, step, np.zeros(len(res.length), np.int32))
+    return reward, channels
+
+
+def shaped_rewards(res: TextRolloutResult, rcfg: TextRLConfig, step: int, groups: np.ndarray
+                   ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """(reward [B], its channels [B], group advantages [B], whether the episode's group
+    ``groups`` [B] carries a signal [B]: its rewards differ) of ``res``'s episodes at RL
+    step ``step``. The PARL reward and the advantages each run as one XLA program (as a
+    jitted rollout's own reward would: the token engine's figures are those it computed
+    on the device)."""
     B = len(res.length)
     terms = reward_terms(res.rewards, B)
     channels: dict[str, np.ndarray] = {"r_perf": terms["r_perf"],
@@ -46,16 +58,29 @@ def episode_rewards(res: TextRolloutResult, rcfg: TextRLConfig, step: int = 0
     base = terms["r_perf"]
     if rcfg.parl is not None:
         counts = {k: terms[k] for k in ("novel", "returned", "parallel", "n") if k in terms}
-        base, parl = parl_reward(jnp.asarray(terms["r_perf"]), jnp.asarray(res.spawned), jnp.asarray(res.finished),
-                                 jnp.asarray(res.total_steps), jnp.asarray(step, jnp.int32), rcfg.parl, counts,
-                                 critical_steps=jnp.asarray(res.critical_steps))
+        base, parl = jax.device_get(_parl_reward(terms["r_perf"], res.spawned, res.finished, res.total_steps,
+                                                 res.critical_steps, counts, jnp.asarray(step, jnp.int32),
+                                                 pcfg=rcfg.parl))
         base = np.asarray(base)
         channels.update({k: np.asarray(v) for k, v in parl.items() if k != "r_perf"})
     reward = base - rcfg.turn_cost * res.orch_steps
     if rcfg.overlong is not None:
         sampled = np.asarray(res.loss_mask).sum(axis=1)
         reward = reward + np.asarray(overlong_penalty(sampled, rcfg.overlong.max_length, rcfg.overlong.cache_length))
-    return np.asarray(reward), channels
+    adv, signal = jax.device_get(_advantages(jnp.asarray(reward), jnp.asarray(groups), advantage=rcfg.advantage))
+    return np.asarray(reward), channels, np.asarray(adv), np.asarray(signal)
+
+
+@functools.partial(jax.jit, static_argnames=("pcfg",))
+def _parl_reward(r_perf, spawned, finished, total_steps, critical_steps, counts, step, *, pcfg):
+    """:func:`~swarmjax.rl.parl.parl_reward` [B] and its channels, one program."""
+    return parl_reward(r_perf, spawned, finished, total_steps, step, pcfg, counts, critical_steps=critical_steps)
+
+
+@functools.partial(jax.jit, static_argnames=("advantage",))
+def _advantages(reward, groups, *, advantage):
+    """Group advantages [B] and whether each episode's group carries a signal [B]."""
+    return compute_advantages(advantage, reward, groups), ~uniform_groups(reward, groups)
 
 
 def _trace_rows(traces: list[tuple[int, dict[str, np.ndarray]]], count: int, reward: np.ndarray,
@@ -148,7 +173,9 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
     learner updates on the global batch. Episode ``e`` of the step draws the same tokens
     whichever process runs it (host engine), so the metrics are those of one process
     (the ``segments`` count aside: each process decodes its own)."""
-    orch, workers = _rollout_params(state.params, subagent_params(state), learner.mesh)
+    orch, workers = state.params, subagent_params(state)
+    if not getattr(engine, "whole_batch", False):        # each process decodes its share with a local copy
+        orch, workers = _rollout_params(orch, workers, learner.mesh)
     return learn(learner, state, collect(engine, orch, workers, problems, key, rcfg, step=step,
                                          subagents=subagents, mesh=learner.mesh))
 
@@ -176,14 +203,14 @@ def collect(engine: Engine, params: Any, worker_params: Any, problems: list, key
     mine = problems[start:stop]
     episodes = [p for p in mine for _ in range(G)]
     t0 = time.perf_counter()
+    if getattr(engine, "whole_batch", False):       # the whole step's episodes on every process, its rows kept
+        episodes = [p for p in problems for _ in range(G)]
     res = engine(params, worker_params, episodes, key, episode_ids=range(start * G, stop * G))
     t1 = time.perf_counter()
-    reward, channels = episode_rewards(res, rcfg, step)
-    local = np.repeat(np.arange(len(mine)), G)
+    local = np.repeat(np.arange(len(mine)), G)             # this process's episodes, whole groups
     groups = local + start
-    adv = np.asarray(compute_advantages(rcfg.advantage, jnp.asarray(reward), jnp.asarray(local)))
+    reward, channels, adv, signal = shaped_rewards(res, rcfg, step, local)
     adv = adv * segment_weights([len(t.segments) for t in res.orchestrators], rcfg.segment_weight)
-    signal = ~np.asarray(uniform_groups(jnp.asarray(reward), jnp.asarray(local)))   # rewards differ in the group
     keep = signal if rcfg.dynamic_sampling else np.ones(len(episodes), bool)
     L = int(allgather(res.length.max(initial=1)[None]).max())           # one width on every process
     rows = {"tokens": res.tokens[:, :L], "token_mask": np.arange(L)[None] < res.length[:, None],

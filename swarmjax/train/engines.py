@@ -14,6 +14,11 @@ An *engine* turns problems into a :class:`~swarmjax.swarm.text_types.TextRollout
   result's ``rewards["n"]`` holds each problem's size (``size(problem)``: the count of
   the PARL reward's ``r_parallel="coverage"``).
 
+* :class:`TokenEngine`: the token world's jitted swarm
+  (:class:`~swarmjax.swarm.engine.SwarmRollout`: its own fast program, every episode's
+  rows over the mesh as one global batch), its result adapted onto the one type
+  (:func:`~swarmjax.swarm.outcome.text_result`); greedy calls lift the budget.
+
 * :class:`JudgedEngine`: either of them with an LLM judge's reward (:mod:`swarmjax.rl.judge`)
   mixed into ``r_perf`` on training calls; greedy calls (evaluations) keep the verifier's
   ``r_perf`` and log the judge beside it.
@@ -104,6 +109,49 @@ class DeviceEngine:
 
     def close(self) -> None:
         pass
+
+
+@dataclasses.dataclass
+class TokenEngine:
+    """The token world's :class:`~swarmjax.swarm.engine.SwarmRollout` on problems of
+    :func:`~swarmjax.envs.widesearch_jax.problems`: ``rollout`` samples, ``greedy_rollout`` runs the greedy calls
+    (the budget lifted). ``whole_batch``: every process passes the whole call's problems
+    (its tasks go on the rollout's ``mesh`` as one global batch, sampled from one key, as
+    one process would) and ``episode_ids`` names the episodes whose rows it keeps, counted
+    from the call's first. ``stats["seconds"]``: the rollout's wall time until its
+    results were ready, compilation excluded (:func:`~swarmjax.traces.timing.stopwatch`)."""
+
+    rollout: Any
+    greedy_rollout: Any
+    batch: int | None = None
+    whole_batch = True
+
+    def __call__(self, orch_params, worker_params, problems, key, *, episode_ids, greedy=False):
+        from swarmjax.envs import widesearch_jax as wsj
+        from swarmjax.swarm.outcome import text_result
+        from swarmjax.traces.timing import stopwatch
+
+        run = self.greedy_rollout if greedy else self.rollout
+        with stopwatch() as clock:
+            result = jax.block_until_ready(run(orch_params, worker_params, _on_mesh(wsj.stack(list(problems)),
+                                                                                    run.mesh), key))
+        res = text_result(run.rcfg.env, result, slice(episode_ids.start, episode_ids.stop))
+        res.stats["seconds"] = clock["seconds"]
+        return res
+
+    def close(self) -> None:
+        pass
+
+
+def _on_mesh(tasks: Any, mesh: Any) -> Any:
+    """Host task arrays every process holds whole as one global batch over ``mesh``'s
+    batch axes (one process, or no mesh: a plain device put)."""
+    if jax.process_count() == 1 or mesh is None:
+        return jax.tree.map(jax.numpy.asarray, tasks)
+    from swarmjax.sharding.mesh import batch_sharding
+    from swarmjax.train.distributed import global_whole
+
+    return global_whole(tasks, jax.tree.map(lambda x: batch_sharding(mesh, np.ndim(x), batch_size=len(x)), tasks))
 
 
 @dataclasses.dataclass

@@ -1,24 +1,30 @@
-"""``swarmjax train``: warm start (SFT), then PARL, with evaluations, checkpoints and a report.
+"""``swarmjax train`` for the token world: warm start (SFT), then PARL, with evaluations,
+checkpoints and a report, through the one loop (:func:`~swarmjax.train.loop.run_loop`),
+every job's RL step (:func:`~swarmjax.train.agent_rl.rl_step`), evaluation
+(:func:`~swarmjax.train.agent_eval.evaluate`) and summary table, on the token engine
+(:class:`~swarmjax.train.engines.TokenEngine`: the jitted swarm's own program, its result
+adapted onto the one result type).
 
 Writes into ``workdir``: ``config.txt`` (the resolved job), ``metrics.jsonl`` (one
-line per SFT / PARL step), ``eval.jsonl`` (per task size, per evaluation),
-``traces.jsonl`` (a few test-split evaluation episodes as orchestration traces,
-:mod:`swarmjax.traces.rollout`: every agent's turns and tool calls, each PARL reward
-channel, the evaluation batch's measured wall time split over its episodes),
-``checkpoints/`` (orbax: train state, data-iterator state, counters),
-``summary.json`` / ``summary.md`` (warm-start vs final policy per task size on the
-test split, wall clock), ``curves.png`` (learning curves) and, when ``tensorboardX``
-is installed, TensorBoard event files under ``tb/``; on stderr, a line every
-``log_every`` PARL steps when progress bars are off. Tasks come from the TFDS task set
-prepared under ``data_dir``: the train split feeds PARL, the validation split the
+line per SFT / PARL step: every job's figures, ``accuracy`` the item-F1), ``eval.jsonl``
+(per task size, per evaluation), ``traces.jsonl`` (a few test-split evaluation episodes
+as orchestration traces, :mod:`swarmjax.traces.rollout`: every agent's turns and tool
+calls, each PARL reward channel, the evaluation batch's measured wall time split over its
+episodes), ``checkpoints/`` (orbax: train state, data-iterator state, counters),
+``summary.json`` / ``summary.md`` (the warm start, "initial", vs the final policy on the
+test split, overall and per task size; wall clock), ``curves.png`` (learning curves) and,
+when ``tensorboardX`` is installed, TensorBoard event files under ``tb/``; on stderr, a
+line every ``log_every`` PARL steps when progress bars are off. Tasks come from the TFDS
+task set prepared under ``data_dir``: the train split feeds PARL, the validation split the
 periodic evaluations (and so the choice of the best checkpoint), the test split only
 the warm-start / final comparison of the summary.
 
 Multi-host: every process runs this function; process 0 prepares the data first and
 alone writes files; every process reads the same batches of the train split (the one
-process's order) and puts its contiguous share of each (``tasks_per_step /
-process_count`` tasks) into the global batch over the mesh (a mesh is required with
-several processes), so the run draws the tasks one process would.
+process's order) and passes the whole batch to the token engine, which rolls it out as
+one global batch over the mesh (a mesh is required with several processes) and hands each
+process its contiguous share of the episodes (whole groups) for the learner's global
+batch: the run samples what one process would.
 
 Resume (``resume=``, ``swarmjax train --resume MODE``): "latest" continues from the
 newest finished checkpoint (an error if there is none), "auto" does that when there is
@@ -42,6 +48,7 @@ read and write object stores themselves).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -53,21 +60,20 @@ from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import Vocab
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
-from swarmjax.sharding.mesh import MeshConfig, batch_sharding, make_mesh
-from swarmjax.swarm.engine import SwarmRollout
-from swarmjax.traces.rollout import reward_channels, rollout_traces
+from swarmjax.sharding.mesh import MeshConfig, make_mesh
+from swarmjax.traces.rollout import rollout_traces
+from swarmjax.train.agent_eval import by_size, evaluate, mean_figures
+from swarmjax.train.agent_job import agent_summary_table, labelled_figures
+from swarmjax.train.agent_rl import collect, episode_rewards, learn
 from swarmjax.train.async_rl import AsyncRollouts, split_devices
-from swarmjax.train.distributed import allgather, check_processes, global_rows, global_whole, primary_first, share
+from swarmjax.train.distributed import check_processes, primary_first
 from swarmjax.train.frame import CheckpointConfig, check_identity
 from swarmjax.train.loop import JobRun
-from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, summary_table, write_summary
-from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, evaluate, greedy
+from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, write_summary
+from swarmjax.train.parl import PARLTrainConfig, PARLTrainer
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.sft import SFTConfig, train_sft
 from swarmjax.train.warm_start import load_warm_start, save_warm_start
-
-EVAL_KEYS = ("item_f1", "critical_steps", "total_steps", "subagents", "finished_subagents", "no_spawn_fraction")
-
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -169,9 +175,10 @@ class TrainJob:
         check_identity(self.identity(), saved, what, "step counts, evaluation, checkpoint, mesh and data_dir")
 
 
-def eval_tasks(source, sizes: tuple[int, ...], episodes: int, split: str = "test") -> dict[int, wsj.Tasks]:
+def eval_tasks(source, sizes: tuple[int, ...], episodes: int, split: str = "test") -> list[dict[str, np.ndarray]]:
     """The first ``episodes`` tasks of each size n in ``sizes`` from a data source of task
-    records (a held-out split), as host arrays. Raises ValueError if a size is short."""
+    records (a held-out split), size by size: a problem list
+    (:func:`~swarmjax.envs.widesearch_jax.problems`). Raises ValueError if a size is short."""
     picked: dict[int, list[dict]] = {n: [] for n in sizes}
     for i in range(len(source)):
         rec = source[i]
@@ -180,25 +187,13 @@ def eval_tasks(source, sizes: tuple[int, ...], episodes: int, split: str = "test
             picked[n].append(rec)
             if all(len(v) == episodes for v in picked.values()):
                 break
-    out = {}
+    out = []
     for n, recs in picked.items():
         if len(recs) < episodes:
             raise ValueError(f"the {split} split has {len(recs)} tasks of size {n}, eval_episodes is {episodes}: "
                              f"raise data.{split}_size")
-        out[n] = wsj.Tasks(*(np.stack([np.asarray(r[k], np.int32) for r in recs])
-                             for k in ("table", "entities", "n")))
+        out += [{k: np.asarray(r[k], np.int32) for k in ("table", "entities", "n")} for r in recs]
     return out
-
-
-def _global(tasks: wsj.Tasks, mesh, local_slice: bool) -> wsj.Tasks:
-    """Host task arrays as global jax Arrays batch-sharded over ``mesh``: each process's
-    own slice of the batch (``local_slice``, from its data shard) or a batch every
-    process holds whole. With one process (or no mesh) a plain device put."""
-    if jax.process_count() == 1 or mesh is None:
-        return jax.tree.map(jax.numpy.asarray, tasks)
-    if local_slice:
-        return global_rows(tasks, mesh)
-    return global_whole(tasks, jax.tree.map(lambda x: batch_sharding(mesh, np.ndim(x), batch_size=len(x)), tasks))
 
 
 def _prepare(job: TrainJob, workdir: str, progress: bool):
@@ -227,17 +222,25 @@ def train_stream(job: TrainJob, sources):
 
 class TaskBatches:
     """The train split's grain iterator as a task stream (:mod:`swarmjax.train.streams`):
-    :meth:`take` returns the next batch of ``tasks_per_step`` tasks, this process's
-    share of its rows put on the mesh; the state is the iterator's."""
+    :meth:`take` returns the next batch of ``tasks_per_step`` problems (every process
+    the whole batch: the token engine rolls it out as one global batch); the state is the
+    iterator's."""
 
-    def __init__(self, iterator, mesh):
-        self.iterator, self.mesh = iterator, mesh
+    def __init__(self, iterator):
+        self.iterator = iterator
 
-    def take(self, count: int) -> wsj.Tasks:
+    def take(self, count: int) -> list[dict[str, np.ndarray]]:
+        return self.draw(count)[0]
+
+    def draw(self, count: int) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+        """The next batch's problems and their task ids."""
         from swarmjax.data import to_tasks
 
-        own = slice(*share(count))
-        return _global(jax.tree.map(lambda x: x[own], to_tasks(next(self.iterator))), self.mesh, True)
+        rec = next(self.iterator)
+        problems = wsj.problems(to_tasks(rec))
+        if len(problems) != count:
+            raise ValueError(f"got {len(problems)} tasks, tasks_per_step is {count}")
+        return problems, [bytes(t).decode() for t in np.asarray(rec["task_id"])]
 
     def state(self) -> dict:
         return self.iterator.get_state()
@@ -249,14 +252,16 @@ class TaskBatches:
 class TokenRun(JobRun):
     """The token world's pieces for the one loop (:func:`~swarmjax.train.loop.run_loop`):
     the TFDS task set (process 0 prepares it first), the jitted token swarm
-    (:class:`~swarmjax.train.parl.PARLTrainer`: its own rollout, reward and update
-    programs), the grain stream of training tasks, the held-out tasks per size."""
+    (:class:`~swarmjax.train.engines.TokenEngine`: its own rollout program, every
+    episode's rows over the mesh as one global batch), the grain stream of training
+    tasks, the held-out tasks per size. Its RL step, evaluation, result type and summary
+    table are every job's (:mod:`swarmjax.train.agent_rl`, :mod:`swarmjax.train.agent_eval`)."""
 
-    stage, title, start_label, start_splits = "parl", "PARL", "warm_start", ("test",)
-    log_keys = ("reward", "item_f1", "critical_steps", "subagents")
+    stage, title, start_label, start_splits = "parl", "PARL", "initial", ("test",)
+    log_keys = ("reward", "accuracy", "critical_steps", "subagents")
     may_change = "step counts, evaluation, checkpoint, mesh and data_dir"
-    best_metric, frozen_start = "item_f1", True
-    table = staticmethod(summary_table)
+    frozen_start = True
+    table = staticmethod(lambda summary: agent_summary_table(summary))
     checkpointing = staticmethod(lambda job: job.checkpoint)
 
     def __init__(self, job: TrainJob, workdir: str, *, fresh: bool = True, progress: bool = True):
@@ -272,13 +277,13 @@ class TokenRun(JobRun):
                                  f"{shards} batch shards (data x fsdp) on {jax.process_count()} processes: make "
                                  f"it a multiple of {shards}")
         sources = _prepare(job, workdir, progress)
-        self.held_out = {split: _global(eval_tasks(sources[split], job.eval_sizes, job.eval_episodes, split),
-                                        self.mesh, False) for split in ("test", "validation")}
-        self.stream = TaskBatches(train_stream(job, sources), self.mesh)
-        self.trainer = PARLTrainer(job.model, job.parl, mesh=self.mesh, rollout_mesh=rollout_mesh)
+        self.splits = {split: eval_tasks(sources[split], job.eval_sizes, job.eval_episodes, split)
+                       for split in ("test", "validation")}
+        self.stream = TaskBatches(train_stream(job, sources))
+        self.trainer = PARLTrainer(job.model, job.parl, mesh=self.mesh, rollout_mesh=rollout_mesh,
+                                   eval_batch=job.eval_episodes)
         self.learner, self.engine, self.rl, self.steps = self.trainer.learner, self.trainer.engine, job.parl, \
             job.parl_steps
-        self.eval_engine = SwarmRollout(greedy(job.parl.rollout), job.model, mesh=self.mesh)
         self.identity, self.eval_every, self.log_every = job.identity(), job.eval_every, job.log_every
         self.checkpoint_every = job.checkpoint.every
 
@@ -298,20 +303,15 @@ class TokenRun(JobRun):
     def async_rollouts(self, state: Any, meta: dict) -> AsyncRollouts:
         """The rollout side of an asynchronous PARL stage (:mod:`swarmjax.train.async_rl`),
         begun at ``meta``'s step (the stream already at the oldest batch its checkpoint
-        had not trained on)."""
-        from swarmjax.data import to_tasks
+        had not trained on); batch j is rolled out with the synchronous step's key."""
+        trainer = self.trainer
 
-        trainer, iterator = self.trainer, self.stream.iterator
+        def collect_step(step, problems, params, workers):         # the synchronous step's key
+            k_roll = jax.random.split(jax.random.fold_in(self.rl_key, step))[1]
+            return collect(trainer.engine, params, workers, problems, k_roll, self.rl, step=step)
 
-        def draw():
-            rec = next(iterator)
-            return to_tasks(rec), [bytes(t).decode() for t in np.asarray(rec["task_id"])]
-
-        def collect(step, tasks, params, workers):
-            k_roll = jax.random.split(jax.random.fold_in(self.rl_key, step))[1]     # the synchronous step's key
-            return trainer.collect(params, workers, tasks, k_roll, step)
-
-        rollouts = AsyncRollouts(self.rl.async_rollout, draw=draw, stream_state=iterator.get_state, collect=collect,
+        rollouts = AsyncRollouts(self.rl.async_rollout, draw=lambda: self.stream.draw(self.rl.tasks_per_step),
+                                 stream_state=self.stream.state, collect=collect_step,
                                  loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=trainer.publish)
         saved = meta.get("async", {})
         rollouts.begin(state.params, step=meta["step"], steps=self.steps, frozen=state.frozen["subagents"],
@@ -320,57 +320,58 @@ class TokenRun(JobRun):
         return rollouts
 
     def async_step(self, rollouts: AsyncRollouts, state: Any) -> tuple[Any, dict]:
-        state, m = rollouts.step(state, self.trainer.learn, untrained=lambda c: {
-            **{k: float(v) for k, v in jax.device_get(c.metrics).items()}, "rollout_s": c.seconds, "update_s": 0.0})
+        state, m = rollouts.step(state, functools.partial(learn, self.learner), lambda c: dict(c.metrics))
         return state, _tok_s(m)
 
     def evaluate(self, step: int, label: str, state: Any, split: str, log: JobLog) -> dict:
-        """Greedy, budget lifted, per task size; the test split's first episodes of each
-        size as traces (every process joins their gather)."""
-        kept: dict = {}
-        res = evaluate(self.eval_engine, state.params, state.frozen["subagents"], self.held_out[split],
-                       jax.random.fold_in(self.key, 2), keep=kept)
-        for n, row in res.items():
-            log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": n, **row})
-            if split == "test":
-                tasks, result, seconds = kept[n]
-                tasks, result = allgather((tasks, result))
-                if self.primary:
-                    # the reward channels as PARL step `step` would weigh them (budget lifted)
-                    for tr in rollout_traces(self.eval_engine.rcfg.env, tasks, result,
-                                             rewards=reward_channels(result, self.job.parl.parl, step),
-                                             wall_clock_s=seconds, prefix=f"{label}-s{step}-n{n}",
-                                             limit=self.job.traces_per_eval):
-                        log.write("traces.jsonl", tr)
-        return {str(n): row for n, row in res.items()}
+        """Greedy, budget lifted, calls of ``eval_episodes`` (one size each): the figures
+        per task size (a line each in ``eval.jsonl``); the test split's first episodes of
+        each size as traces."""
+        problems = self.splits[split]
+
+        def traces(res, batch, first):
+            # the reward channels as PARL step `step` would weigh them (budget lifted)
+            reward, channels = episode_rewards(res, self.rl, step)
+            n = int(batch[0]["n"])
+            for tr in rollout_traces(self.rl.rollout.env, batch, res, rewards={"reward": reward, **channels},
+                                     wall_clock_s=res.stats["seconds"], prefix=f"{label}-s{step}-n{n}",
+                                     limit=self.job.traces_per_eval):
+                log.write("traces.jsonl", tr)
+        episodes = evaluate(self.engine, state.params, state.frozen["subagents"], problems,
+                            jax.random.fold_in(self.key, 2), mesh=self.mesh,
+                            on_result=traces if split == "test" and self.primary else None)
+        rows = by_size(np.asarray([int(p["n"]) for p in problems]), episodes)
+        for n, row in rows.items():
+            log.write("eval.jsonl", {"policy": label, "split": split, "step": step, "n": int(n), **row})
+        return {**mean_figures(episodes), "sizes": rows}
 
     def report(self, step: int, start: dict, final: dict, meta: dict, split: str, seconds: float) -> dict:
-        """The warm start's and the checkpoint's rows per task size."""
-        return {"warm_start": _eval_rows(start), "final": _eval_rows(final)}
+        """The warm start's and the checkpoint's figures, per task size."""
+        return {**labelled_figures("initial", start), **labelled_figures("final", final),
+                "held_out": {split: len(self.splits[split])}, "rl_steps": step, "wall_clock_s": seconds,
+                "backend": jax.default_backend()}
 
     def score(self, evals: dict) -> dict[str, float]:
-        """The item-F1's mean over the evaluated sizes."""
-        return {"item_f1": float(np.mean([row["item_f1"] for row in evals.values()]))}
+        """The accuracy (item-F1) over the evaluated sizes."""
+        return {"accuracy": evals["accuracy"]}
 
     def postfix(self, m: dict) -> dict[str, str]:
-        return {"reward": f"{m['reward']:.3f}", "f1": f"{m['item_f1']:.2f}", "crit": f"{m['critical_steps']:.1f}",
+        return {"reward": f"{m['reward']:.3f}", "f1": f"{m['accuracy']:.2f}", "crit": f"{m['critical_steps']:.1f}",
                 "subagents": f"{m['subagents']:.2f}", "tok_s": f"{m['tok_s']:.0f}"}
 
     def summary(self, meta: dict, wall_clock_s: float) -> dict:
-        evals = meta["evals"]
-        summary = {"warm_start": _eval_rows(evals["warm_start"]),
-                   "final": _eval_rows(evals.get("final", evals["warm_start"])),
-                   "sft_accuracy": meta["sft_accuracy"], "wall_clock_s": wall_clock_s, "parl_steps": meta["step"],
-                   "device": jax.devices()[0].device_kind}
+        job, evals = self.job, meta["evals"]
+        summary = {"task": "widesearch-tokens", "role": "orchestrator", "seed": job.seed,
+                   "model_params": job.model.num_params(), "vocab_size": job.model.vocab_size,
+                   "held_out": {"test": len(self.splits["test"])}, "rl_steps": meta["step"],
+                   "warm_start_steps": job.sft.steps, **labelled_figures("initial", evals["initial"]),
+                   **labelled_figures("final", evals.get("final", evals["initial"])), "wall_clock_s": wall_clock_s,
+                   "warm_start_s": meta["warm_start_s"], "warm_start_data": meta["sft_accuracy"],
+                   "backend": jax.default_backend(), "device": jax.devices()[0].device_kind}
         if self.primary:
-            write_summary(self.workdir, summary, summary_table)
-            curves(self.workdir)
+            write_summary(self.workdir, summary, agent_summary_table)
+            curves(self.workdir, ("reward", "accuracy", "critical_steps", "subagents"))
         return summary
-
-
-def _eval_rows(rows: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """An evaluation's rows per task size, the summary's figures (:data:`EVAL_KEYS`) of each."""
-    return {n: {k: row[k] for k in EVAL_KEYS} for n, row in rows.items()}
 
 
 def state_shapes(job: TrainJob, trainer: PARLTrainer) -> Any:

@@ -197,36 +197,6 @@ def change(name: str, before: float, after: float, *, higher_is_better: bool, di
     return f"{name} {before:.{digits}f} -> {after:.{digits}f} ({word})"
 
 
-def summary_table(summary: dict[str, Any]) -> str:
-    """Markdown: per task size, warm start vs final policy, then per size how item-F1 and
-    critical steps moved (:func:`change`), the wall clock, and the ``headline`` when there
-    is one (at the largest size n: the warm start's critical steps over the final
-    policy's, the final item-F1, the n = 1 no-spawn fraction)."""
-    lines = ["| n | policy | item-F1 | critical steps | total steps | sub-agents | no-spawn |",
-             "|---|---|---|---|---|---|---|"]
-    moved = []
-    for n in summary["warm_start"]:
-        for label in ("warm_start", "final"):
-            r = summary[label][n]
-            lines.append(f"| {n} | {label.replace('_', ' ')} | {r['item_f1']:.3f} | {r['critical_steps']:.2f} | "
-                         f"{r['total_steps']:.2f} | {r['subagents']:.2f} | {r['no_spawn_fraction']:.2f} |")
-        a, b = summary["warm_start"][n], summary["final"][n]
-        moved.append(f"n = {n}: " + change("item-F1", a["item_f1"], b["item_f1"], higher_is_better=True) + "; "
-                     + change("critical steps", a["critical_steps"], b["critical_steps"], higher_is_better=False,
-                              digits=2))
-    lines += ["", *moved]
-    if "wall_clock_s" in summary:
-        lines.append(f"\nwall clock {summary['wall_clock_s']:.0f} s on {summary['device']}, "
-                     f"{summary['parl_steps']} PARL steps")
-    if "headline" in summary:
-        h = summary["headline"]
-        x = h["critical_reduction"]                    # warm start's critical steps / the final policy's
-        moved = f"{x:.2f}x fewer than" if x >= 1 else f"{1 / max(x, 1e-9):.2f}x more than"
-        lines.append(f"\nat n = {h['n']}: critical steps {moved} the warm start's, final item-F1 {h['item_f1']:.3f}"
-                     + (f"; n = 1 episodes without a sub-agent: {h['n1_no_spawn']:.2f}" if "n1_no_spawn" in h else ""))
-    return "\n".join(lines)
-
-
 def curves(workdir: PathLike, keys: tuple[str, ...] = ("reward", "item_f1", "critical_steps", "subagents")
            ) -> None:
     """curves.png: the warm start's loss; the RL steps' ``keys`` (batch means of the
