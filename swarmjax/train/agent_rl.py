@@ -235,7 +235,10 @@ def collect(engine: Engine, params: Any, worker_params: Any, problems: list, key
                              "orch_sampled_tokens": res.loss_mask.sum(axis=1).astype(np.float32),
                              **episode_figures(res), **{f"reward/{k}": np.asarray(v, np.float32)
                                                         for k, v in channels.items()
-                                                        if k != "r_perf" or "r_verifier" in channels}})
+                                                        if k != "r_perf" or "r_verifier" in channels},
+                             # what PARL's r_parallel counts, as the verifier reported it
+                             **{f"parl/{k}": np.asarray(res.rewards[k], np.float32)
+                                for k in PARL_COUNTS if rcfg.parl is not None and k in res.rewards}})
     metrics = {**mean_figures(per_episode), **_rollout_counts(res), "rollout_s": t1 - t0, "update_s": 0.0,
                "subagent_rows": 0 if subs is None else int((subs["group"] < stop).sum())}
     if rcfg.parl is not None:                       # how the episodes that delegated did against the rest
@@ -258,6 +261,10 @@ def learn(learner: Learner, state: TrainState, collected: TextCollected) -> tupl
     metrics.update({f"learner/{k}": float(np.mean(v)) for k, v in learn_m.items()})
     return state, metrics
 
+
+# the verifier's PARL counts logged per step (parl/<count>): sub-agents given an asked-for entity no
+# earlier one had, distinct asked-for entities returned, those returned beside each stage's busiest
+PARL_COUNTS = ("novel", "returned", "parallel")
 
 # a rollout's counts (TextRolloutResult.stats) in the step's metrics: how they combine over processes
 COUNTS = {"segments": np.max, "sampled_tokens": np.sum, "cut_by_max_ticks": np.sum, "ticks": np.max,
