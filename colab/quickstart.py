@@ -225,8 +225,9 @@ train(STEPS)
 # Warm start ("initial") against the final policy on the test split, every job's figures,
 # then per task size `n`: accuracy (the answer's item-F1), answered, sub-agents spawned, the
 # fraction of episodes without any (`no_spawn`), critical steps (the episode's length when
-# parallel sub-agents count once) and total steps (all agents' work). The greedy warm start is serial; PARL should cut the critical steps of large
-# tasks by delegating, and leave `n = 1` alone. (The smoke job's tiny model learns nothing:
+# parallel sub-agents count once) and total steps (all agents' work). The greedy warm start
+# is serial; PARL should cut the critical steps of large tasks by delegating, and leave
+# `n = 1` alone. (The smoke job's tiny model learns nothing:
 # its table only shows the format.)
 
 # %%

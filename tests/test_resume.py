@@ -105,7 +105,8 @@ def finished_steps(workdir):
 
 def strip_timing(x):
     if isinstance(x, dict):
-        return {k: strip_timing(v) for k, v in x.items() if k not in TIMING and not k.endswith(("wall_clock_s", "warm_start_s"))}
+        return {k: strip_timing(v) for k, v in x.items()
+                if k not in TIMING and not k.endswith(("wall_clock_s", "warm_start_s"))}
     if isinstance(x, list):
         return [strip_timing(v) for v in x]
     return x

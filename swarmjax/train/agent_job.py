@@ -396,7 +396,8 @@ class AgentRun(JobRun):
                    "subagents": job.subagents if job.role != "single" else None,
                    "model_params": self.cfg.num_params(), "vocab_size": self.cfg.vocab_size, "chat": self.chat.name,
                    "held_out": meta["held_out"], "rl_steps": meta["step"],
-                   "warm_start_steps": 0 if job.sft is None else job.sft.steps, **labelled_figures("initial", evals["initial"]),
+                   "warm_start_steps": 0 if job.sft is None else job.sft.steps,
+                   **labelled_figures("initial", evals["initial"]),
                    **labelled_figures("final", evals.get("final", evals["initial"])), "wall_clock_s": wall_clock_s,
                    "warm_start_s": meta["warm_start_s"], "warm_start_data": meta.get("warm_start_data"),
                    "backend": jax.default_backend()}
@@ -489,7 +490,8 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     finally:
         runner.close()
         engine.close()
-    out = {"step": step, **labelled_figures("final", {**mean_figures(episodes), "sizes": per_size(task, problems, episodes)}),
+    sizes = per_size(task, problems, episodes)
+    out = {"step": step, **labelled_figures("final", {**mean_figures(episodes), "sizes": sizes}),
            "episodes": {k: v.tolist() for k, v in episodes.items()},
            "held_out": {split if given is None else "given": len(problems)}, "rl_steps": step,
            "wall_clock_s": time.perf_counter() - t0, "backend": jax.default_backend()}
