@@ -132,13 +132,13 @@ def test_quickstart_runs_on_cpu(tmp_path, monkeypatch):
     nb, seconds, text = run_notebook("quickstart", work, tmp_path, monkeypatch)
     assert "nothing to install" in text                               # the checkout's swarmjax
     assert "backend 'cpu' (CPU), 1 device(s)" in text
-    assert "| n | policy | item-F1 | critical steps |" in text          # the summary table
-    assert "| 4 | final |" in text
+    assert "| policy | accuracy |" in text and "| final |" in text     # the summary table
+    assert "per task size (test split)" in text and "\n| 4 | " in text
     assert "Gantt chart written to runs/quickstart/gantt.png" in text
     assert "nothing was recomputed" in text
     assert "PARL steps logged once each: 0..3" in text                 # 2 steps, then resumed to 4
     run = work / "runs" / "quickstart"
-    assert json.loads((run / "summary.json").read_text())["parl_steps"] == 4
+    assert json.loads((run / "summary.json").read_text())["rl_steps"] == 4
     for png in (run / "curves.png", run / "gantt.png", run / "demo_gantt.png"):
         assert is_png(png), png
     assert png_outputs(nb) >= 4                                       # curves, Gantt x 2, curves again
