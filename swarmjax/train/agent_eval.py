@@ -68,9 +68,9 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
     mixed in, then with :data:`JUDGE_FIGURES`), tool calls and errors, orchestrator turns,
     whether it answered, whether its answer was cut by the turn limit, whether it ran out
     of context; sub-agents started and finished (returned before their turn limit),
-    whether it started none (``no_spawn``), critical and total steps; the orchestrator's compactions (:mod:`swarmjax.swarm.context`),
-    the ids they took out of its conversation, its longest segment (ids), and its
-    sub-agents' longest conversation (0 without any)."""
+    whether it started none (``no_spawn``), critical and total steps; the orchestrator's
+    compactions (:mod:`swarmjax.swarm.context`), the ids they took out of its conversation,
+    its longest segment (ids), and its sub-agents' longest conversation (0 without any)."""
     r = reward_terms(res.rewards, len(res.length))
     out = {"accuracy": r.get("r_verifier", r["r_perf"]), "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
            "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
