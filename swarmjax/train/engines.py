@@ -115,10 +115,10 @@ class DeviceEngine:
 class TokenEngine:
     """The token world's :class:`~swarmjax.swarm.engine.SwarmRollout` on problems of
     :func:`~swarmjax.envs.widesearch_jax.problems`: ``rollout`` samples,
-    ``greedy_rollout`` runs the greedy calls (the budget lifted). ``whole_batch``: every process passes the whole call's problems
-    (its tasks go on the rollout's ``mesh`` as one global batch, sampled from one key, as
-    one process would) and ``episode_ids`` names the episodes whose rows it keeps, counted
-    from the call's first. ``stats["seconds"]``: the rollout's wall time until its
+    ``greedy_rollout`` runs the greedy calls (the budget lifted). ``whole_batch``: every
+    process passes the whole call's problems (its tasks go on the rollout's ``mesh`` as one
+    global batch, sampled from one key, as one process would) and ``episode_ids`` names the
+    episodes whose rows it keeps, counted from the call's first. ``stats["seconds"]``: the rollout's wall time until its
     results were ready, compilation excluded (:func:`~swarmjax.traces.timing.stopwatch`)."""
 
     rollout: Any
