@@ -52,14 +52,14 @@ from swarmjax.models.transformer import init_params  # noqa: E402
 from swarmjax.sharding.mesh import MeshConfig, make_mesh  # noqa: E402
 from swarmjax.train.agent_rl import collect, learn  # noqa: E402
 from swarmjax.train.async_rl import AsyncConfig, AsyncRollouts  # noqa: E402
-from swarmjax.train.job import TrainJob  # noqa: E402
+from swarmjax.train.agent_job import AgentJob  # noqa: E402
 from swarmjax.train.parl import PARLTrainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("sync", "async", "async_split")
 
 
-def warm_params(job: TrainJob, warm: str | None):
+def warm_params(job: AgentJob, warm: str | None):
     """The warm start of the run in ``warm`` (its ``warm_start/``), or a random init."""
     init = lambda: init_params(job.model, jax.random.key(job.seed))   # noqa: E731
     if warm is None:
@@ -71,20 +71,21 @@ def warm_params(job: TrainJob, warm: str | None):
     return load_warm_start(job, warm, abstract)[0]
 
 
-def run_mode(mode: str, job: TrainJob, params, steps: int) -> dict:
+def run_mode(mode: str, job: AgentJob, params, steps: int) -> dict:
     """``steps`` PARL steps in ``mode``; per step (seconds since the start, metrics)."""
     devices = jax.devices()
     half = len(devices) // 2
     split = mode == "async_split"
     mesh = make_mesh(MeshConfig(data=-1), devices[:half] if split else devices)
     rollout_mesh = make_mesh(MeshConfig(data=-1), devices[half:]) if split else None
-    parl = job.parl if mode == "sync" else dataclasses.replace(job.parl, async_rollout=AsyncConfig(depth=1))
+    rl = job.rl.bound(job.task)
+    parl = rl if mode == "sync" else dataclasses.replace(rl, async_rollout=AsyncConfig(depth=1))
     trainer = PARLTrainer(job.model, parl, mesh=mesh, rollout_mesh=rollout_mesh)   # async: mismatch logged
     copy = lambda tree: jax.tree.map(jax.numpy.copy, tree)     # noqa: E731
     state = trainer.init(copy(params), worker_params=copy(params))
     key = jax.random.key(7)
-    tasks_of = lambda j: wsj.problems(wsj.reset(jax.random.fold_in(key, j), job.parl.rollout.env,  # noqa: E731
-                                                job.parl.tasks_per_step))
+    tasks_of = lambda j: wsj.problems(wsj.reset(jax.random.fold_in(key, j), job.task.cfg,  # noqa: E731
+                                                rl.tasks_per_step))
     rows, t0 = [], time.perf_counter()
     if mode == "sync":
         for j in range(steps):
@@ -159,7 +160,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.steps < 4:
         p.error("--steps must be >= 4 (the first two compile)")
-    job = load_config(os.path.join(ROOT, "configs", "parl_widesearch_cpu.py"), TrainJob)
+    job = load_config(os.path.join(ROOT, "configs", "parl_widesearch_cpu.py"), AgentJob)
     params = warm_params(job, args.warm)
     peak = matmul_peak_flops()
     results = {mode: run_mode(mode, job, params, args.steps) for mode in args.modes}
@@ -175,7 +176,7 @@ def main(argv=None) -> None:
                           "matmul_peak_flops": peak, "steps": args.steps, "modes": table}))
         return
     print(f"{jax.device_count()} x {jax.devices()[0].device_kind}, matmul peak {peak / 1e9:.1f} GFLOP/s, "
-          f"{args.steps} PARL steps per mode ({job.parl.batch} episodes a step)")
+          f"{args.steps} PARL steps per mode ({job.rl.batch} episodes a step)")
     print("| mode | s / step | vs sync | rollout s | update s | learner wait s | staleness | mismatch KL "
           "| reward (last half) |")
     print("|---|---|---|---|---|---|---|---|---|")

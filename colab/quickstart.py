@@ -185,14 +185,14 @@ SMOKE = os.environ.get("SWARMJAX_SMOKE") == "1"
 FULL = False
 
 if SMOKE:       # a 4-entity task, 2 sub-agents, a 1-layer model: seconds of work, mostly compilation
-    JOB = ["parl.rollout.env.num_entities=16", "parl.rollout.env.num_values=16",
-           "parl.rollout.env.max_task_size=4", "parl.rollout.env.max_subagents=2",
-           "parl.rollout.env.orch_context=48", "parl.parl.parallel_target=4", "data.focus_min_n=3",
+    JOB = ["task.cfg.num_entities=16", "task.cfg.num_values=16",
+           "task.cfg.max_task_size=4", "task.cfg.max_subagents=2",
+           "task.cfg.orch_context=48", "rl.parl.parallel_target=4", "task.data.focus_min_n=3",
            "model.hidden_size=32", "model.head_dim=8", "model.intermediate_size=64", "model.num_layers=1",
            "sft.steps=40", "sft.bucket=48", "sft.demos=32", "sft.eval_demos=8",
-           "parl.tasks_per_step=2", "parl.group_size=4", "parl.update.num_minibatches=2",
-           "data.train_size=64", "data.validation_size=64", "data.test_size=64",
-           "eval_sizes=(1, 4)", "eval_episodes=4", "eval_every=2", "traces_per_eval=1", "checkpoint.every=2"]
+           "rl.tasks_per_step=2", "rl.group_size=4", "rl.update.num_minibatches=2",
+           "task.data.train_size=64", "task.data.validation_size=64", "task.data.test_size=64",
+           "task.eval_sizes=(1, 4)", "eval_episodes=8", "eval_every=2", "checkpoint.every=2"]
     STEPS, MORE = 2, 2
 elif FULL:
     JOB, STEPS, MORE = [], 300, 50
@@ -211,8 +211,8 @@ def swarmjax(*args):
     print(f"[{time.perf_counter() - t0:.0f} s]")
 
 
-def train(parl_steps):
-    sets = [a for s in JOB + [f"parl_steps={parl_steps}"] for a in ("--set", s)]
+def train(rl_steps):
+    sets = [a for s in JOB + [f"rl.steps={rl_steps}"] for a in ("--set", s)]
     swarmjax("train", "--config", CONFIG, "--workdir", WORKDIR, "--resume", "auto", *sets,
              *(["--no-progress"] if SMOKE else []))
 
@@ -245,7 +245,7 @@ print("written:", ", ".join(sorted(os.listdir(WORKDIR))))
 
 # %%
 display(Image(filename=f"{WORKDIR}/curves.png"))
-parl = [r for r in map(json.loads, open(f"{WORKDIR}/metrics.jsonl")) if r["stage"] == "parl"]
+parl = [r for r in map(json.loads, open(f"{WORKDIR}/metrics.jsonl")) if r["stage"] == "rl"]
 for r in parl[-3:]:
     print(f"PARL step {r['step']}: reward {r['reward']:.3f}, item-F1 {r['accuracy']:.2f}, "
           f"critical steps {r['critical_steps']:.1f}, sub-agents {r['subagents']:.2f}")
@@ -305,7 +305,7 @@ print(f"same summary, still {STEPS} PARL steps: nothing was recomputed")
 
 # %%
 train(STEPS + MORE)
-steps = [r["step"] for r in map(json.loads, open(f"{WORKDIR}/metrics.jsonl")) if r["stage"] == "parl"]
+steps = [r["step"] for r in map(json.loads, open(f"{WORKDIR}/metrics.jsonl")) if r["stage"] == "rl"]
 assert steps == list(range(STEPS + MORE)), steps
 print(f"PARL steps logged once each: {steps[0]}..{steps[-1]}")
 display(Markdown(open(f"{WORKDIR}/summary.md").read()))

@@ -33,13 +33,14 @@ pair. With chunks of 1-2 every delegated entity comes back; at n = 16 the only c
 """
 
 from swarmjax.envs.widesearch import Vocab, WideSearchConfig
+from swarmjax.envs.widesearch_token_task import TaskSetConfig, WideSearchTokens
 from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.update import UpdateConfig
-from swarmjax.swarm.engine import RolloutConfig
-from swarmjax.train.job import CheckpointConfig, DataConfig, TrainJob
+from swarmjax.train.agent_job import AgentJob
+from swarmjax.train.frame import CheckpointConfig
 from swarmjax.train.parl import PARLTrainConfig
 from swarmjax.train.sft import SFTConfig
 
@@ -47,14 +48,18 @@ ENV = WideSearchConfig(num_entities=32, num_values=32, min_task_size=1, max_task
                        subagent_steps=4, budget=8, orch_context=160, worker_context=24)
 
 
-def get_config() -> TrainJob:
-    return TrainJob(
+def get_config() -> AgentJob:
+    return AgentJob(
+        task=WideSearchTokens(cfg=ENV, data=TaskSetConfig(train_size=20000, test_size=2048, focus_fraction=0.5,
+                                                          focus_min_n=12),
+                              eval_sizes=(1, 4, 8, 16)),
+        engine="token", role="orchestrator",
         model=ModelConfig(vocab_size=Vocab(ENV).size, hidden_size=128, num_layers=3, num_heads=4,
                           num_kv_heads=2, head_dim=32, intermediate_size=384),
         sft=SFTConfig(steps=2000, batch=32, demos=32768, spawn_fraction=0.3, max_chunk=2,
                       optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=2000)),
-        parl=PARLTrainConfig(
-            rollout=RolloutConfig(env=ENV),
+        rl=PARLTrainConfig(
+            steps=300,
             parl=PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=200, parallel="parallel", parallel_target=16,
                             step_cost=0.005, critical_cost=0.004),
             tasks_per_step=8, group_size=8, dynamic_sampling=True,
@@ -63,6 +68,5 @@ def get_config() -> TrainJob:
                                 # 3e-4 the n = 16 validation F1 kept swinging by up to 0.1
                                 # between evaluations after step 100 (the final one is a draw)
                                 optim=OptimConfig(learning_rate=3e-4, decay_steps=1200))),
-        data=DataConfig(train_size=20000, test_size=2048, focus_fraction=0.5, focus_min_n=12),
         checkpoint=CheckpointConfig(every=50, keep_last=2),
-        parl_steps=300, eval_sizes=(1, 4, 8, 16), eval_episodes=32, eval_every=50, seed=0)
+        eval_episodes=128, eval_every=50, seed=0)

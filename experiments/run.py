@@ -9,7 +9,7 @@ Each experiment compares arms of ``configs/parl_widesearch_cpu.py`` that differ 
 their PARL stage (the ``--set`` overrides below), over several seeds. Every arm of a
 seed starts from the same warm start: the ``default`` arm is the default job itself
 (``--base``, a workdir pattern with ``{seed}``; run there if it does not exist yet), and
-the other arms reuse its warm start (``TrainJob.warm_start_from``), so an experiment
+the other arms reuse its warm start (``AgentJob.warm_start_from``), so an experiment
 costs one PARL stage per extra arm and seed (~6 minutes alone on the 2-core dev machine).
 
 Outputs, in ``--out`` (default ``docs/experiments``): ``<name>.md`` (the claim, its
@@ -41,7 +41,7 @@ class Experiment:
     curves: tuple[str, ...]                   # metrics.jsonl keys plotted per PARL step
     # overrides of every arm: a variant of the task. Then the "default" arm is a run of
     # the variant too, and every arm starts from the base job's warm start, transferred
-    # (warm_start_match = ("model",): the SFT demonstrations were the base task's)
+    # (warm_start_match = ("policy",): the SFT demonstrations were the base task's)
     variant: tuple[str, ...] = ()
     # metrics.jsonl keys whose mean over all PARL steps goes into the table
     train_means: tuple[str, ...] = ()
@@ -54,7 +54,7 @@ EXPERIMENTS = {
               "(\"serial collapse\").",
         source="Kimi K2.5 technical report, arXiv 2602.02276, section on PARL (r_parallel "
                "against serial collapse)",
-        arms={"default": (), "no_r_parallel": ("parl.parl.lambda1=0.0",)},
+        arms={"default": (), "no_r_parallel": ("rl.parl.lambda1=0.0",)},
         curves=("subagents", "critical_steps", "accuracy", "reward")),
     "budget": Experiment(
         claim="Training under a critical-step budget below the serial cost is what makes "
@@ -62,9 +62,9 @@ EXPERIMENTS = {
               "pressure (our budget rule, in the spirit of K2.5's critical-steps metric).",
         source="Kimi K2.5 technical report, arXiv 2602.02276 (critical steps as the cost); "
                "the budget rule is ours (docs/design.md section 4)",
-        arms={"default": (), "no_budget": ("parl.rollout.env.budget=None",),
+        arms={"default": (), "no_budget": ("task.cfg.budget=None",),
               # the serial-collapse claim where K2.5 makes it: no budget and no r_parallel
-              "no_budget_no_r_parallel": ("parl.rollout.env.budget=None", "parl.parl.lambda1=0.0")},
+              "no_budget_no_r_parallel": ("task.cfg.budget=None", "rl.parl.lambda1=0.0")},
         curves=("subagents", "critical_steps", "accuracy", "reward")),
     "gspo_vs_grpo": Experiment(
         claim="GSPO (one clipped, length-normalised sequence ratio, clip 3e-4 / 4e-4) trains "
@@ -72,8 +72,8 @@ EXPERIMENTS = {
               "with far more tokens clipped.",
         source="GSPO, arXiv 2507.18071 (sequence-level ratio and clipping; clip fractions "
                "two orders of magnitude above GRPO's)",
-        arms={"default": (), "grpo": ("parl.update.loss.name='grpo'", "parl.update.loss.eps_low=0.2",
-                                       "parl.update.loss.eps_high=0.2")},
+        arms={"default": (), "grpo": ("rl.update.loss.name='grpo'", "rl.update.loss.eps_low=0.2",
+                                       "rl.update.loss.eps_high=0.2")},
         curves=("reward", "accuracy", "learner/clip_fraction", "critical_steps"),
         train_means=("learner/clip_fraction", "learner/approx_kl", "reward")),
     "spurious_parallelism": Experiment(
@@ -82,17 +82,17 @@ EXPERIMENTS = {
               "spawning, r_finish for sub-agents that return.",
         source="Kimi K2.5 technical report, arXiv 2602.02276, section on PARL (r_finish against "
                "spurious parallelism)",
-        arms={"default": (), "no_r_finish": ("parl.parl.lambda2=0.0",),
+        arms={"default": (), "no_r_finish": ("rl.parl.lambda2=0.0",),
               # K2.5's r_parallel pays for instantiating sub-agents; ours (default "parallel")
               # only for entities finished sub-agents returned: without r_finish, with theirs
-              "no_r_finish_spawned": ("parl.parl.lambda2=0.0", "parl.parl.parallel='spawned'",
-                                      "parl.parl.parallel_target=8")},
+              "no_r_finish_spawned": ("rl.parl.lambda2=0.0", "rl.parl.parallel='spawned'",
+                                      "rl.parl.parallel_target=8")},
         curves=("subagents", "finished_subagents", "critical_steps", "accuracy"),
         train_means=("subagents", "finished_subagents", "accuracy"),
         # sub-agents that can fail: a worker has 2 steps, so it finishes one lookup and its
         # return; a chunk of 2 entities (half the warm start's delegations) is stopped.
         # Budget 12 = the fewest critical steps at n = 16 then (8 x 1 delegated, 8 serial)
-        variant=("parl.rollout.env.subagent_steps=2", "parl.rollout.env.budget=12")),
+        variant=("task.cfg.subagent_steps=2", "task.cfg.budget=12")),
     "staleness": Experiment(
         claim="Rollouts that run ahead of the learner (asynchronous RL, the batch decoded with the "
               "policy 1 or 2 updates old) learn about as well per step as synchronous ones at this "
@@ -101,9 +101,9 @@ EXPERIMENTS = {
                "off-policy and fully-async modes; AReaL (arXiv 2505.24298) for staleness-bounded training",
         # the first 100 PARL steps (the default job's F1 at n = 16 is ~0.99 by then), every
         # arm from the default job's warm start
-        arms={"sync": ("parl_steps=100", "eval_every=25"),
-              "stale1": ("parl_steps=100", "eval_every=25", "parl.async_rollout.depth=1"),
-              "stale2": ("parl_steps=100", "eval_every=25", "parl.async_rollout.depth=2")},
+        arms={"sync": ("rl.steps=100", "eval_every=25"),
+              "stale1": ("rl.steps=100", "eval_every=25", "rl.async_rollout.depth=1"),
+              "stale2": ("rl.steps=100", "eval_every=25", "rl.async_rollout.depth=2")},
         curves=("reward", "accuracy", "critical_steps", "subagents"),
         train_means=("async/staleness", "learner/mismatch_kl", "learner/clip_fraction", "reward")),
 }
@@ -135,7 +135,7 @@ def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str,
             print(f"[{name}] default job, seed {s} -> {d}", flush=True)
             _train(d, s, (), d.rstrip("/") + ".log")
     todo = [(arm, s) for arm in exp.arms if own(arm) for s in seeds if not done(dirs[arm][s])]
-    transfer = exp.variant + (("warm_start_match=('model',)",) if exp.variant else ())
+    transfer = exp.variant + (("warm_start_match=('policy',)",) if exp.variant else ())
 
     def one(item):
         arm, s = item
@@ -164,7 +164,7 @@ def _mean(xs: list[float]) -> float:
 
 def _curve(d: str, key: str) -> tuple[list[int], list[float]]:
     rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
-    rows = [r for r in rows if r.get("stage") == "parl"]
+    rows = [r for r in rows if r.get("stage") == "rl"]
     return [r["step"] + 1 for r in rows], [float(r.get(key, 0.0 if key.startswith("async/") else "nan"))
                                            for r in rows]             # a synchronous run: staleness 0
 
@@ -173,8 +173,8 @@ def _validation(d: str) -> dict[int, dict]:
     out = {}
     for line in open(os.path.join(d, "eval.jsonl")):
         r = json.loads(line)
-        if r["policy"] in ("parl", "final") and r["split"] == "validation" and r["n"] == 16:
-            out[r["step"]] = r
+        if r["policy"] in ("rl", "final") and r["split"] == "validation" and "16" in r.get("sizes", {}):
+            out[r["step"]] = r["sizes"]["16"]
     return out
 
 

@@ -65,8 +65,8 @@ EXPERIMENTS = {
 def _job():
     sys.path.insert(0, ROOT)
     from swarmjax.config_file import load_config
-    from swarmjax.train.job import TrainJob
-    return load_config(CONFIG, TrainJob)
+    from swarmjax.train.agent_job import AgentJob
+    return load_config(CONFIG, AgentJob)
 
 
 def run_one(exp: SFTExperiment, arm: str, lr: float, seed: int, path: str) -> dict:
@@ -84,7 +84,7 @@ def run_one(exp: SFTExperiment, arm: str, lr: float, seed: int, path: str) -> di
     model = dataclasses.replace(job.model, **exp.model)
     optim = dataclasses.replace(job.sft.optim, learning_rate=lr, decay_steps=exp.steps, **exp.arms[arm])
     sft = dataclasses.replace(job.sft, steps=exp.steps, optim=optim)
-    env = dataclasses.replace(job.parl.rollout.env, budget=None)
+    env = dataclasses.replace(job.task.cfg, budget=None)
     params = init_params(model, jax.random.fold_in(jax.random.key(seed), 0))
     t0 = time.time()
     bar = lambda i, m: print(f"  step {i + 1}/{exp.steps} loss {m['loss']:.3f}", flush=True) \

@@ -13,7 +13,7 @@ set -euo pipefail
 REMOTE_DIR=@@REMOTE_DIR@@              # where worker_setup.sh put venv/ and src/; relative = under $HOME
 CONFIG=@@CONFIG@@                      # relative = relative to $REMOTE_DIR/src
 WORKDIR=@@WORKDIR@@                    # gs://bucket/path (a pod: every worker must see it) or a path
-TRAIN_ARGS=(@@TRAIN_ARGS@@)            # more `swarmjax train` arguments, e.g. --set parl_steps=50
+TRAIN_ARGS=(@@TRAIN_ARGS@@)            # more `swarmjax train` arguments, e.g. --set rl.steps=50
 DISTRIBUTED=@@DISTRIBUTED@@            # flags: pass --coordinator/--num-processes/--process-id; auto: don't
 COORDINATOR_PORT=@@COORDINATOR_PORT@@
 SYNC_SECONDS=@@SYNC_SECONDS@@

@@ -12,14 +12,14 @@ CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
                       "parl_widesearch_cpu.py")
 
 SMALL_JOB = ["model.hidden_size=32", "model.head_dim=8", "model.intermediate_size=64", "model.num_layers=1",
-             "sft.demos=32", "sft.eval_demos=8", "parl.update.num_minibatches=2", "eval_sizes=(1, 16)",
-             "eval_episodes=4", "eval_every=2", "traces_per_eval=1", "checkpoint.every=2",
-             "data.train_size=64", "data.validation_size=160", "data.test_size=160"]
+             "sft.demos=32", "sft.eval_demos=8", "rl.update.num_minibatches=2", "task.eval_sizes=(1, 16)",
+             "eval_episodes=8", "eval_every=2", "checkpoint.every=2",
+             "task.data.train_size=64", "task.data.validation_size=160", "task.data.test_size=160"]
 
 TIMING = {"rollout_s", "update_s", "tok_s"}     # wall-clock fields: differ between equal runs
 
 
-def rows(path, stage="parl"):
+def rows(path, stage="rl"):
     """The ``stage`` rows of a metrics.jsonl without their timing fields."""
     out = [json.loads(line) for line in open(path)]
     return [{k: v for k, v in r.items() if k not in TIMING} for r in out if r.get("stage", stage) == stage]

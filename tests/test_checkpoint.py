@@ -236,7 +236,7 @@ def test_retention_min_mode_and_no_metrics(tmp_path):
 
 
 def test_saves_without_eval_metrics_log_no_orbax_warning(tmp_path, caplog):
-    """The job's pattern (train/job.py): a forced save of the warm start, periodic saves
+    """The job's pattern (train/loop.py): a forced save of the warm start, periodic saves
     between evaluations (no metrics), a save with the eval metrics. Orbax used to log
     "Requested `tracked_metric`; did not provide metrics." on every save without them."""
     ckpt = Checkpointer(tmp_path, save_every=2, keep_last=1, best_metric="item_f1")

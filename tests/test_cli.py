@@ -101,9 +101,9 @@ def test_config_overrides_are_typed():
     # overlapping overrides apply in order: an optional section set, then a field of it; and back
     from swarmjax.models import ModelConfig
     from swarmjax.sharding.mesh import MeshConfig
-    from swarmjax.train.job import TrainJob
+    from swarmjax.train.agent_job import AgentJob
 
-    job = TrainJob(model=ModelConfig(), mesh=MeshConfig(data=2))
+    job = AgentJob(model=ModelConfig(), mesh=MeshConfig(data=2))
     assert apply_overrides(job, ["mesh=None", "mesh.fsdp=4"]).mesh == MeshConfig(fsdp=4)    # data: the default
     assert apply_overrides(job, ["mesh.fsdp=4", "mesh=None"]).mesh is None
     for bad, msg in [("group_size=2.5", "is not a int"), ("dynamic_sampling=1", "is not a bool"),

@@ -233,3 +233,44 @@ def test_pipeline_imports_without_tfds():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr
+
+
+def test_token_task_streams_and_held_out(sources, data_dir):
+    """The token world as a task (envs/widesearch_token_task.py): its train stream draws the
+    records of a batched grain iterator in the same order, ids first (async rollouts) then the
+    problems, and resumes from its state; held-out problems are the first of each size in
+    the split, size by size; its host form resets on a problem record."""
+    from swarmjax.envs.task import EnvContext, make_env, resolve_task
+    from swarmjax.envs.widesearch_token_task import TaskSetConfig, WideSearchTokens
+    from swarmjax.train.streams import held_out, task_stream
+
+    counts = np.bincount([int(r["n"]) for r in records(sources["test"])])
+    sizes = tuple(int(n) for n in np.argsort(-counts, kind="stable")[:2])        # two sizes with >= 2 tasks
+    task = WideSearchTokens(cfg=ENV, data=TaskSetConfig(data_dir=data_dir, focus_fraction=0.5,
+                                                        focus_min_n=ENV.max_task_size, **SIZES),
+                            eval_sizes=sizes)
+    assert resolve_task(task) is task and resolve_task("widesearch-tokens").cfg == WideSearchConfig()
+    stream = task_stream(task, "train", 3)
+    batches = task_iterator(sources["train"], 4, seed=3, focus_min_n=ENV.max_task_size, focus_fraction=0.5)
+    for _ in range(3):
+        want = next(batches)
+        ids = stream.ids(4)
+        assert ids == [bytes(t).decode() for t in want["task_id"]]
+        got = stream.take(4)
+        np.testing.assert_array_equal(np.stack([p["table"] for p in got]), want["table"])
+        np.testing.assert_array_equal([int(p["n"]) for p in got], want["n"])
+    saved = json.loads(json.dumps(stream.state()))
+    after = stream.ids(4)
+    again = task_stream(task, "train", 3)
+    again.restore(saved)
+    assert again.ids(4) == after
+
+    problems = held_out(task, "test", 0, 4)
+    assert [int(p["n"]) for p in problems] == [sizes[0]] * 2 + [sizes[1]] * 2
+    firsts = [r for r in records(sources["test"]) if int(r["n"]) == sizes[0]][:2]
+    for p, r in zip(problems, firsts):
+        np.testing.assert_array_equal(p["entities"], r["entities"])
+    with pytest.raises(ValueError, match="multiple of the 2"):
+        held_out(task, "test", 0, 5)
+    env = make_env(task, problems[0], EnvContext(None, None))
+    assert len(env.reset(problems[0])) == sizes[0] + 3            # <orch> <task> e.. </task>

@@ -31,17 +31,17 @@ from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.agent_eval import FIGURES
 from swarmjax.train.checkpoint import Checkpointer
-from swarmjax.train.job import TrainJob, state_shapes
+from swarmjax.rl.update import Learner
+from swarmjax.train.agent_job import AgentJob, _state_shapes
 from swarmjax.train.loop import restore
-from swarmjax.train.parl import PARLTrainer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("tasks"))
-    return SMALL_JOB + ["sft.steps=6", "sft.bucket=160", "parl.tasks_per_step=4", "parl.group_size=2",
-                        "checkpoint.async_save=True", f"data.data_dir='{data_dir}'", "mesh=None"]
+    return SMALL_JOB + ["sft.steps=6", "sft.bucket=160", "rl.tasks_per_step=4", "rl.group_size=2",
+                        "checkpoint.async_save=True", f"task.data.data_dir='{data_dir}'", "mesh=None"]
 
 
 def train(workdir, small, *extra, resume=False):
@@ -51,12 +51,12 @@ def train(workdir, small, *extra, resume=False):
 
 
 def final_state(workdir, small, steps):
-    job = apply_overrides(load_config(CONFIG, TrainJob), small + [f"parl_steps={steps}"])
+    job = apply_overrides(load_config(CONFIG, AgentJob), small + [f"rl.steps={steps}"])
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), save_every=2)
     try:
         assert ckpt.latest_step() == steps
-        trainer = PARLTrainer(job.model, job.parl)
-        state, meta = restore(ckpt, steps, state_shapes(job, trainer), trainer.learner)
+        learner = Learner(job.model, job.rl.update)
+        state, meta = restore(ckpt, steps, _state_shapes(job, learner, job.model), learner)
     finally:
         ckpt.close()
     return state, meta
@@ -66,7 +66,7 @@ def final_state(workdir, small, steps):
 def two_steps(tmp_path_factory, small):
     """The job run to PARL step 2 (read only: a test that resumes it copies it first)."""
     run = tmp_path_factory.mktemp("two") / "run"
-    assert train(run, small, "parl_steps=2") == 0
+    assert train(run, small, "rl.steps=2") == 0
     return run
 
 
@@ -77,7 +77,7 @@ def four_steps(tmp_path_factory, small):
     run = tmp_path_factory.mktemp("four") / "full"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert train(run, small, "parl_steps=4") == 0
+        assert train(run, small, "rl.steps=4") == 0
     return run, out.getvalue()
 
 
@@ -104,9 +104,9 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
 
     # 2 steps, stop, resume to 4: the same steps, metrics and parameters as 4 in one go
     shutil.copytree(two_steps, split)
-    assert train(split, small, "parl_steps=2") == 2                     # would overwrite: refused
+    assert train(split, small, "rl.steps=2") == 2                     # would overwrite: refused
     assert "--resume" in capsys.readouterr().err
-    assert train(split, small, "parl_steps=4", resume=True) == 0
+    assert train(split, small, "rl.steps=4", resume=True) == 0
     assert rows(split / "metrics.jsonl") == rows(full / "metrics.jsonl")
     assert rows(split / "metrics.jsonl", "sft") == rows(full / "metrics.jsonl", "sft")
     evals = lambda d: [json.loads(line) for line in open(d / "eval.jsonl")]
@@ -120,11 +120,11 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
     # as if the run had died after logging steps 2 and 3 but before checkpoint 4 was finished:
     # resume from 2 drops those lines and computes them again, identically
     shutil.rmtree(split / "checkpoints" / "4")
-    assert train(split, small, "parl_steps=4", resume=True) == 0
+    assert train(split, small, "rl.steps=4", resume=True) == 0
     assert rows(split / "metrics.jsonl") == rows(full / "metrics.jsonl") and evals(split) == evals(full)
     # TensorBoard, as it reads the runs (resumes purge the PARL events from their step on)
-    tb_full, tb_split = tb_scalars(full / "tb" / "parl"), tb_scalars(split / "tb" / "parl")
-    assert [s for s, _ in tb_full["parl/accuracy"]] == [1, 2, 3, 4]          # PARL steps done
+    tb_full, tb_split = tb_scalars(full / "tb" / "rl"), tb_scalars(split / "tb" / "rl")
+    assert [s for s, _ in tb_full["rl/accuracy"]] == [1, 2, 3, 4]          # RL steps done
     assert set(tb_split) == set(tb_full)
     for tag, series in tb_full.items():
         assert [s for s, _ in tb_split[tag]] == [s for s, _ in series], tag
@@ -137,7 +137,7 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
     capsys.readouterr()
     assert main(base + ["--sizes", "16"]) == 0
     out = capsys.readouterr().out
-    assert "PARL step 4" in out and "\n| 16 | " in out and "\n| 1 | " not in out
+    assert "RL step 4" in out and "\n| 16 | " in out and "\n| 1 | " not in out
     summary = json.loads((full / "summary.json").read_text())
     start, final = summary["initial_sizes"]["16"]["accuracy"], summary["final_sizes"]["16"]["accuracy"]
     assert f"| 16 | {start:.3f} | {final:.3f} |" in out                # same tasks, same greedy policies
@@ -150,8 +150,8 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
 def test_warm_start_from_another_run(tmp_path, small, two_steps, capsys):
     base, arm = two_steps, tmp_path / "arm"
     assert os.path.exists(base / "warm_start" / "meta.json")
-    # a PARL ablation from the same warm start: no SFT stage, the same frozen sub-agents
-    assert train(arm, small, "parl_steps=2", "parl.parl.lambda1=0.0", f"warm_start_from='{base}'") == 0
+    # an RL ablation from the same warm start: no SFT stage, the same frozen sub-agents
+    assert train(arm, small, "rl.steps=2", "rl.parl.lambda1=0.0", f"warm_start_from='{base}'") == 0
     assert rows(arm / "metrics.jsonl", "sft") == [] and len(rows(arm / "metrics.jsonl")) == 2
     summary = lambda d: json.loads((d / "summary.json").read_text())
     assert summary(arm)["initial_sizes"] == summary(base)["initial_sizes"]
@@ -171,10 +171,10 @@ def test_warm_start_from_another_run(tmp_path, small, two_steps, capsys):
     assert "holds no warm start" in capsys.readouterr().err
     # a variant of the task: refused by default, transferred when only the model must match,
     # and the copy keeps the identity it was made with (not the variant's)
-    variant = (f"warm_start_from='{base}'", "parl.rollout.env.subagent_steps=3", "parl_steps=1")
+    variant = (f"warm_start_from='{base}'", "task.cfg.subagent_steps=3", "rl.steps=1")
     assert train(tmp_path / "variant", small, *variant) == 2
-    assert "another env" in capsys.readouterr().err
-    assert train(tmp_path / "variant", small, *variant, "warm_start_match=('model',)") == 0
+    assert "another task" in capsys.readouterr().err
+    assert train(tmp_path / "variant", small, *variant, "warm_start_match=('policy',)") == 0
     meta = lambda d: json.loads((d / "warm_start" / "meta.json").read_text())
     assert meta(tmp_path / "variant") == meta(base)
 
@@ -202,17 +202,21 @@ def tb_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
 
 
 @pytest.mark.parametrize("override, message", [
-    ("parl.update.optim.lr=1", "has no field 'lr'"),
-    ("eval_sizes=(1, 40)", "within the task sizes 1..16"),
-    ("parl_steps='many'", "is not a int"),
-    ("parl.rollout.env.budget=4", "below 5, the fewest critical steps"),
+    ("rl.update.optim.lr=1", "has no field 'lr'"),
+    ("task.eval_sizes=(1, 40)", "within the task sizes 1..16"),
+    ("rl.steps='many'", "is not a int"),
+    ("task.cfg.budget=4", "below 5, the fewest critical steps"),
     ("mesh.data=3", "needs 3 devices"),
     ("mesh.tensor=2", "not divisible by the mesh's data x fsdp = 4"),
-    ("data.focus_min_n=20", "data.focus_min_n 20 is outside the task sizes 1..16"),
-    ("data.focus_fraction=1.0", "data.focus_fraction must be in [0, 1)"),
+    ("task.data.focus_min_n=20", "task.data.focus_min_n 20 is outside the task sizes 1..16"),
+    ("task.data.focus_fraction=1.0", "task.data.focus_fraction must be in [0, 1)"),
+    ("eval_episodes=30", "must be a multiple of the 4"),
+    ("engine='host'", "engine='host' takes rl=TextRLConfig"),
+    ("task='arith'", "engine='token' runs the token world's task"),
+    ("role='single'", "trains an orchestrator with frozen sub-agents"),
 ])
 def test_bad_config_is_one_line(tmp_path, override, message, capsys):
-    args = ["train", "--config", CONFIG, "--workdir", str(tmp_path / "x"), "--set", "eval_episodes=6",
+    args = ["train", "--config", CONFIG, "--workdir", str(tmp_path / "x"), "--set", "eval_episodes=24",
             "--set", override]
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -301,15 +305,15 @@ def test_two_processes_preempt_resume_and_match_one_process(tmp_path, small, fou
     one-device run's metrics (four_steps)."""
     one, _ = four_steps
     cache = tmp_path / "jax_cache"
-    # eval_every=0: evaluations only before and after PARL (the figures compared)
-    sets = [a for s in small + ["mesh.data=-1", "parl_steps=4", "eval_every=0"] for a in ("--set", s)]
+    # eval_every=0: evaluations only before and after RL (the figures compared)
+    sets = [a for s in small + ["mesh.data=-1", "rl.steps=4", "eval_every=0"] for a in ("--set", s)]
 
     # two processes (the CLI's own flags); SIGTERM to process 1 alone (not the one writing
     # the logs) once PARL has begun: both stop after the same step, with its checkpoint, exit 143
     cut = tmp_path / "cut"
     procs = launch(cut, cache, sets, "--resume", "auto")
     t = time.monotonic()
-    while not (cut / "metrics.jsonl").exists() or '"stage": "parl"' not in (cut / "metrics.jsonl").read_text():
+    while not (cut / "metrics.jsonl").exists() or '"stage": "rl"' not in (cut / "metrics.jsonl").read_text():
         assert procs[1].poll() is None and time.monotonic() - t < 600, open(f"{cut}.1.out").read()[-3000:]
         time.sleep(0.02)
     procs[1].send_signal(signal.SIGTERM)
@@ -317,7 +321,7 @@ def test_two_processes_preempt_resume_and_match_one_process(tmp_path, small, fou
     assert [p.returncode for p in procs] == [PREEMPTED_EXIT_CODE] * 2, outs[0][-3000:] + outs[1][-3000:]
     stopped = len(rows(cut / "metrics.jsonl"))
     assert 1 <= stopped < 4
-    assert all(f"checkpoint at PARL step {stopped} saved" in out for out in outs)
+    assert all(f"checkpoint at RL step {stopped} saved" in out for out in outs)
 
     # --resume auto through launch/local.py (the JAX_* environment a pod gives its workers)
     outs = launch_local(cut, cache, sets, "--resume", "auto")
@@ -326,7 +330,7 @@ def test_two_processes_preempt_resume_and_match_one_process(tmp_path, small, fou
     parl = rows(cut / "metrics.jsonl")
     assert [r["step"] for r in parl] == [0, 1, 2, 3]                    # each once, written by process 0
     assert summary(cut)["rl_steps"] == 4 and set(summary(cut)["final_sizes"]) == {"1", "16"}
-    assert len((cut / "traces.jsonl").read_text().splitlines()) == 4   # warm + final, 2 sizes, 1 each
+    assert len((cut / "traces.jsonl").read_text().splitlines()) == 8   # initial + final, 2 sizes, 2 each
     # every process reads the one process's batches: the figures of one device
     assert close(parl, rows(one / "metrics.jsonl")), (parl, rows(one / "metrics.jsonl"))
     for stage in ("initial", "final", "initial_sizes", "final_sizes"):

@@ -111,7 +111,7 @@ def test_bad_configurations_are_one_clear_error(judge_parts):
 def test_a_judge_from_a_hugging_face_checkpoint(tmp_path):
     """A job's judge may be a checkpoint with its own tokenizer and chat format; one whose
     vocabulary is smaller than its tokenizer's is refused."""
-    from swarmjax.train.agent_job import build_judge
+    from swarmjax.train.job_engines import build_judge
     from test_task_plugins import _checkpoint
     jc = JudgeConfig(rubrics=(Rubric("right", "Is the answer right?", mode="score"),), max_new_tokens=4, batch=2,
                      bucket=16, unparseable=0.5)

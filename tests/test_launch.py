@@ -38,7 +38,7 @@ PY = sys.executable
 ZONE = ["--zone", "us-central2-b"]
 VM = ta.TpuConfig(name="swarm-a", zone="us-central2-b", accelerator_type="v4-32", version="tpu-ubuntu2204-base")
 JOB = ta.JobConfig(config="configs/parl_widesearch_cpu.py", workdir="gs://my-bucket/run1",
-                   source="git+https://github.com/o/swarmjax.git@v1", train_args=("--set", "parl_steps=50"))
+                   source="git+https://github.com/o/swarmjax.git@v1", train_args=("--set", "rl.steps=50"))
 
 
 # ----------------------------------------------------------------------------- pure argument lists
@@ -182,7 +182,7 @@ def test_dry_run_setup_run_status_delete(capsys, tmp_path):
          "bash swarmjax/worker_setup.sh"]]
     with tarfile.open(out / "src.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["swarmjax-src/configs/c.py", "swarmjax-src/pyproject.toml"]
-    job = ["--config", "configs/c.py", "--workdir", "gs://my-bucket/r", "--set", "parl_steps=5"]
+    job = ["--config", "configs/c.py", "--workdir", "gs://my-bucket/r", "--set", "rl.steps=5"]
     ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "swarm-a", *ZONE]
     scp_run = ["gcloud", "compute", "tpus", "tpu-vm", "scp", str(out / "worker_run.sh"), "swarm-a:swarmjax/", *ZONE,
                "--worker=all"]
@@ -193,7 +193,7 @@ def test_dry_run_setup_run_status_delete(capsys, tmp_path):
     assert dry(capsys, "run", *common, *job, "--detach") == [
         scp_run, [*ssh, "--worker=all", "--command",
                   "nohup bash swarmjax/worker_run.sh > swarmjax/logs/nohup.out 2>&1 < /dev/null &"]]
-    assert "TRAIN_ARGS=(--set parl_steps=5)" in (out / "worker_run.sh").read_text()
+    assert "TRAIN_ARGS=(--set rl.steps=5)" in (out / "worker_run.sh").read_text()
     assert dry(capsys, "status", *TPU, "--queued") == [
         ["gcloud", "compute", "tpus", "queued-resources", "describe", "swarm-a-qr", *ZONE],
         ["gcloud", "compute", "tpus", "tpu-vm", "describe", "swarm-a", *ZONE]]
@@ -411,13 +411,13 @@ def test_worker_run_script_with_fakes(tmp_path):
         """))
     bindir = fake_bin(tmp_path, "gcloud", f'#!/bin/sh\necho "gcloud $*" >> {calls}\n')
     job = ta.JobConfig(config="configs/c.py", workdir="gs://my-bucket/run1", remote_dir=str(remote),
-                       train_args=("--set", "parl_steps=5"))
+                       train_args=("--set", "rl.steps=5"))
     script = tr.write_script(tmp_path / "worker_run.sh", tr.render_run(job))
     env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "FAKE_RC": "3"}
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 3, proc.stderr
     assert ("ARGV train --config configs/c.py --workdir gs://my-bucket/run1 --resume auto --no-progress "
-            "--coordinator 10.0.0.2:8476 --num-processes 2 --process-id 1 --set parl_steps=5") in proc.stdout
+            "--coordinator 10.0.0.2:8476 --num-processes 2 --process-id 1 --set rl.steps=5") in proc.stdout
     assert f"PWD {remote / 'src'}" in proc.stdout and "ENV 10.0.0.2:8476 2 1" in proc.stdout
     log = (remote / "logs" / "worker-1.log").read_text()
     assert "ARGV train" in log and "swarmjax exited with status 3" in log

@@ -32,7 +32,7 @@ def _default_config():
     spec = importlib.util.spec_from_file_location("parl_widesearch_cpu", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.ENV, mod.get_config().parl.parl
+    return mod.ENV, mod.get_config().rl.parl
 
 
 ENV, PCFG = _default_config()

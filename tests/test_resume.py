@@ -25,10 +25,10 @@ from small_job import CONFIG, SMALL_JOB, TIMING, rows, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.checkpoint import Checkpointer
-from swarmjax.train.job import TrainJob, _prepare, state_shapes, train_stream
+from swarmjax.rl.update import Learner
+from swarmjax.train.agent_job import AgentJob, _state_shapes
 from swarmjax.train.loop import restore
 from swarmjax.train.logs import JobLog, truncate
-from swarmjax.train.parl import PARLTrainer
 from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
 
 pytestmark = pytest.mark.slow     # the whole file: end-to-end runs (the README's whole suite)
@@ -37,8 +37,8 @@ SEED = 14
 STEPS = 6
 # the smallest job with a warm start of many short steps (one compiled SFT step:
 # sft.bucket = the context) and PARL with checkpoints every 2 steps, evaluations every 3
-OVERRIDES = SMALL_JOB + ["sft.steps=80", "sft.bucket=160", "parl.tasks_per_step=2", "parl.group_size=4",
-                         "eval_sizes=(16,)", "eval_every=3", "mesh=None", f"parl_steps={STEPS}"]
+OVERRIDES = SMALL_JOB + ["sft.steps=80", "sft.bucket=160", "rl.tasks_per_step=2", "rl.group_size=4",
+                         "task.eval_sizes=(16,)", "eval_episodes=4", "eval_every=3", "mesh=None", f"rl.steps={STEPS}"]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def env(tmp_path_factory):
     e.update(XLA_FLAGS=subprocess_xla_flags(), JAX_COMPILATION_CACHE_DIR=str(base / "jax_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
              PYTHONUNBUFFERED="1")
-    return e, OVERRIDES + [f"data.data_dir='{base / 'tasks'}'"]
+    return e, OVERRIDES + [f"task.data.data_dir='{base / 'tasks'}'"]
 
 
 def argv(workdir, overrides, *extra):
@@ -117,11 +117,11 @@ def jsonl(path):
 
 
 def final_params(workdir, overrides):
-    job = apply_overrides(load_config(CONFIG, TrainJob), overrides)
+    job = apply_overrides(load_config(CONFIG, AgentJob), overrides)
     ckpt = Checkpointer(workdir / "checkpoints", save_every=2, read_only=True)
     try:
-        trainer = PARLTrainer(job.model, job.parl)
-        state, meta = restore(ckpt, STEPS, state_shapes(job, trainer), trainer.learner)
+        learner = Learner(job.model, job.rl.update)
+        state, meta = restore(ckpt, STEPS, _state_shapes(job, learner, job.model), learner)
     finally:
         ckpt.close()
     return jax.device_get(state), meta
@@ -168,12 +168,12 @@ def test_kill_and_preempt_then_resume_auto_is_exact(tmp_path, env, full):
     # 3. SIGTERM between PARL checkpoints: the current step ends, then a checkpoint, then exit 143
     p = start(cut, env, "--resume", "auto")
     j = rng.randint(1, 3)
-    wait_until(p, cut, lambda: len(lines(cut, "parl")) >= j + 1, f"PARL step {j}")
+    wait_until(p, cut, lambda: len(lines(cut, "rl")) >= j + 1, f"PARL step {j}")
     p.send_signal(signal.SIGTERM)
     assert finish(p, cut) == PREEMPTED_EXIT_CODE
     stopped = max(finished_steps(cut))
     assert len(rows(cut / "metrics.jsonl")) == stopped >= j + 1   # stopped at the end of a step
-    assert f"checkpoint at PARL step {stopped} saved" in output(cut)
+    assert f"checkpoint at RL step {stopped} saved" in output(cut)
 
     # 4. kill -9 right after a checkpoint is finalised (on POSIX orbax renames
     # <step>.orbax-checkpoint-tmp to <step> when it is; the final one: before the summary)
@@ -207,32 +207,32 @@ def test_async_kill_and_preempt_trains_every_task_once(tmp_path, env, full):
     trained on once, in order, and nothing else is."""
     rng = random.Random(SEED + 1)
     e, overrides = env
-    overrides = overrides + ["parl.async_rollout.depth=2", "parl.refresh_subagents.every=3",
+    overrides = overrides + ["rl.async_rollout.depth=2", "rl.refresh_subagents.every=3",
                              f"warm_start_from='{full}'"]
     run = tmp_path / "async"
     p = start(run, (e, overrides))
     k = rng.randint(1, 2)
-    wait_until(p, run, lambda: len(lines(run, "parl")) >= k, f"PARL step {k}")
+    wait_until(p, run, lambda: len(lines(run, "rl")) >= k, f"PARL step {k}")
     p.kill()
     p.wait()
-    reached = len(lines(run, "parl"))
+    reached = len(lines(run, "rl"))
     assert reached <= 3 and 0 in finished_steps(run)       # killed before the run could end
 
     p = start(run, (e, overrides), "--resume", "auto")
-    wait_until(p, run, lambda: len(lines(run, "parl")) >= reached + 1, "a step past the killed run's")
+    wait_until(p, run, lambda: len(lines(run, "rl")) >= reached + 1, "a step past the killed run's")
     p.send_signal(signal.SIGTERM)
     assert finish(p, run) == PREEMPTED_EXIT_CODE
     assert finish(start(run, (e, overrides), "--resume", "auto"), run) == 0
 
-    job = apply_overrides(load_config(CONFIG, TrainJob), overrides)
-    stream = train_stream(job, _prepare(job, run, progress=False))
-    expected = [[bytes(t).decode() for t in np.asarray(next(stream)["task_id"])] for _ in range(STEPS)]
-    done = lines(run, "parl")
+    job = apply_overrides(load_config(CONFIG, AgentJob), overrides)
+    stream = job.task.prepare(str(run)).stream("train", job.seed)
+    expected = [(stream.ids(2), stream.take(2))[0] for _ in range(STEPS)]
+    done = lines(run, "rl")
     assert [r["step"] for r in done] == list(range(STEPS))
     assert [r["tasks"] for r in done] == expected
     assert all(r["async/trained"] == 1 and r["async/staleness"] <= 2 for r in done)
     assert max(r["async/staleness"] for r in done) >= 1 and done[-1]["async/version"] == STEPS - 1
-    assert "checkpoint at PARL step" in output(run)
+    assert "checkpoint at RL step" in output(run)
     state, _ = final_params(run, overrides)         # refreshed after step 6: the sub-agents are the policy
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state.params, state.frozen["subagents"])))
 

@@ -314,7 +314,7 @@ def test_async_text_parl_stage(tiny_run, tmp_path):
 def test_summary_says_worse_when_a_run_got_worse():
     """The summary's words follow the figures, per task size too: more critical steps and
     a lower accuracy are 'worse'."""
-    from swarmjax.train.agent_job import agent_summary_table
+    from swarmjax.train.agent_eval import agent_summary_table
 
     row = lambda f, c: {"accuracy": f, "critical_steps": c, "total_steps": c, "subagents": 0.0,  # noqa: E731
                         "answered": 1.0, "no_spawn": 1.0}

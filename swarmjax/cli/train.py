@@ -1,8 +1,8 @@
 """``swarmjax train`` / ``swarmjax eval``: warm start then PARL, and evaluating its
-checkpoints (see :mod:`swarmjax.train.job`).
+checkpoints (see :mod:`swarmjax.train.agent_job`).
 
     swarmjax train --config configs/parl_widesearch_cpu.py --workdir runs/cpu
-    swarmjax train --config ... --workdir ... --set parl.update.optim.learning_rate=3e-4 --set parl_steps=50
+    swarmjax train --config ... --workdir ... --set rl.update.optim.learning_rate=3e-4 --set rl.steps=50
     swarmjax train --config ... --workdir runs/cpu --resume auto     # continue if there is a checkpoint
     swarmjax train --config ... --workdir gs://bucket/runs/cpu        # workdirs may be in an object store
     swarmjax train ... --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0   # multi-host
@@ -27,7 +27,7 @@ from swarmjax.cli import register
 
 def _job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True,
-                   help="Python file whose get_config() returns an AgentJob or a TrainJob")
+                   help="Python file whose get_config() returns an AgentJob")
     p.add_argument("--workdir", required=True, help="where metrics, traces, checkpoints and the summary go")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. parl.group_size=4 (repeatable)")
@@ -101,9 +101,21 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     _job_arguments(p)
     p.add_argument("--checkpoint", default="latest",
                    help="'latest', 'best' (by validation item-F1; agent jobs: accuracy) or a training step")
-    p.add_argument("--sizes", help="task sizes to evaluate, e.g. 1,8,16 (default: the config's eval_sizes)")
+    p.add_argument("--sizes", help="task sizes to evaluate, e.g. 1,8,16 (default: the task's eval_sizes)")
     p.add_argument("--split", default="test", choices=("test", "validation"), help="held-out split (default test)")
     _distributed_arguments(p)
+
+
+def with_sizes(job, sizes: tuple[int, ...]):
+    """``job`` evaluating held-out problems of ``sizes`` (its task's ``eval_sizes``), as
+    many of each as before."""
+    from swarmjax.envs.task import resolve_task
+
+    task = resolve_task(job.task)
+    if not dataclasses.is_dataclass(task) or not hasattr(task, "eval_sizes") or not task.eval_sizes:
+        raise ValueError(f"task {type(task).__name__}: its held-out problems have no sizes to pick: drop --sizes")
+    per = job.eval_episodes // len(task.eval_sizes)
+    return dataclasses.replace(job, task=dataclasses.replace(task, eval_sizes=sizes), eval_episodes=per * len(sizes))
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -116,9 +128,7 @@ def run_eval(args: argparse.Namespace) -> int:
             sizes = tuple(int(x) for x in args.sizes.split(","))
         except ValueError:
             raise ValueError(f"--sizes takes comma-separated integers, got {args.sizes!r}") from None
-        if not hasattr(job, "eval_sizes"):
-            raise ValueError(f"{type(job).__name__}: its held-out problems have no sizes to pick: drop --sizes")
-        job = dataclasses.replace(job, eval_sizes=sizes)
+        job = with_sizes(job, sizes)
         job.validate()
     out = evaluate_checkpoint(job, args.workdir, which=args.checkpoint, split=args.split)
     print(f"checkpoint at {run_type(job).title} step {out['step']} of {args.workdir} "

@@ -6,7 +6,8 @@ A *task* is one object. ``swarmjax train`` reaches it through a config field
 * the object itself (``task=UnitsTask(max_value=50)`` in the config file),
 * an import path ``"package.module:Name"`` (``Name`` is a class or a factory taking no
   arguments, or an instance), or
-* the name of a built-in task (:data:`TASKS`: ``"arith"``, ``"widesearch"``, ``"relay"``).
+* the name of a built-in task (:data:`TASKS`: ``"arith"``, ``"widesearch"``, ``"relay"``,
+  ``"widesearch-tokens"``: the token world, whose engine is ``"token"``).
 
 Adding a task edits no file of swarmjax. The task object provides (duck-typed; the
 :class:`Task` base class only supplies the defaults of the optional methods):
@@ -47,6 +48,12 @@ Optional:
   large tasks, held-out tasks per size) gives each split's stream here, an object with
   ``take(count)``, ``ids(count)``, ``state()`` and ``restore(state)`` (e.g.
   :class:`ReplayStream`), in place of ``sample``'s;
+* ``held_out(split, seed, count) -> list[problem]``: a task that picks its held-out
+  problems its own way (e.g. the first of each size of a dataset) gives them here, in
+  place of the first ``count`` of ``split``'s stream;
+* ``prepare(workdir, *, progress) -> task``: a task whose problems live in a dataset it
+  builds once (the token world's TFDS task set) builds it here, under the workdir, and
+  returns itself bound to it (the job calls it on one process first);
 * ``corpus() -> list[str]``: text to train a local tokenizer on (jobs with no
   tokenizer of their own);
 * ``subagent_messages(system_prompt, prompt) -> list[dict]``: a sub-agent's first turns
@@ -94,7 +101,8 @@ Messages = list[dict[str, Any]]
 # built-in tasks: name -> import path (imported when asked for, so this module stays light)
 TASKS: dict[str, str] = {"arith": "swarmjax.envs.arith:ArithTask",
                          "widesearch": "swarmjax.envs.widesearch_text:WideSearchTask",
-                         "relay": "swarmjax.envs.widesearch_relay:RelayWideSearchTask"}
+                         "relay": "swarmjax.envs.widesearch_relay:RelayWideSearchTask",
+                         "widesearch-tokens": "swarmjax.envs.widesearch_token_task:WideSearchTokens"}
 
 ORCHESTRATOR_NOTE = ("You may create sub-agents with create_subagent and give each a self-contained task "
                      "with assign_task; the assign_task calls of one turn run in parallel and their "

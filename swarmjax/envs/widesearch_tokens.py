@@ -168,8 +168,12 @@ class WideSearchTokenEnv:
     def outcome(self) -> Outcome | None:
         return self._p.value if self._p is not None else None
 
-    def reset(self, task: Episode) -> np.ndarray:
-        """The prompt ``<orch> <task> e.. </task>`` [n + 3] of episode ``task``."""
+    def reset(self, task: Episode | dict) -> np.ndarray:
+        """The prompt ``<orch> <task> e.. </task>`` [n + 3] of episode ``task`` (or of a
+        task record, :func:`~swarmjax.envs.widesearch_token_task.episode`)."""
+        if isinstance(task, dict):
+            from swarmjax.envs.widesearch_token_task import episode
+            task = episode(task)
         self.ep, self._p = task, _Process(episode_process(self.cfg, task))
         self._p.send(None)
         return np.asarray(self._p.agent.ctx, np.int32)

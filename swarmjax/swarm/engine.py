@@ -74,7 +74,7 @@ class RolloutConfig:
     """Static rollout settings: the task sizes and how each role samples.
     (``max_new_tokens`` of the sampling configs is unused: contexts bound the decode.)"""
 
-    env: WideSearchConfig = WideSearchConfig()
+    env: WideSearchConfig | None = None    # the rules (a job's token engine: its task's, task.cfg)
     orch_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
     worker_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
     worker_lanes: float = 0.5     # KV-cache lanes for sub-agents, as a fraction of B x K slots
@@ -445,7 +445,7 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
 class SwarmRollout:
     """:func:`rollout` jitted once per batch shape, optionally over a mesh.
 
-    >>> engine = SwarmRollout(RolloutConfig(), model_cfg)
+    >>> engine = SwarmRollout(RolloutConfig(env=WideSearchConfig()), model_cfg)
     >>> result = engine(orch_params, worker_params, wsj.reset(key, env_cfg, 64), key)
 
     With ``mesh``, episodes (and their K sub-agent slots) are split over the mesh's
@@ -457,6 +457,8 @@ class SwarmRollout:
 
     def __init__(self, rcfg: RolloutConfig, orch_cfg: ModelConfig, *, worker_cfg: ModelConfig | None = None,
                  mesh: Mesh | None = None, rules=DEFAULT_RULES):
+        if rcfg.env is None:
+            raise ValueError("RolloutConfig.env is None: give the rules (a WideSearchConfig)")
         self.rcfg, self.orch_cfg = rcfg, orch_cfg
         self.worker_cfg = worker_cfg or orch_cfg
         self.mesh, self.rules = mesh, rules

@@ -173,6 +173,10 @@ class TextRLConfig:
         if self.async_rollout.rollout_devices > 1:
             raise ValueError("a text rollout decodes on one device: async_rollout.rollout_devices must be 0 or 1")
 
+    def bound(self, task: Any) -> "TextRLConfig":
+        """This config for ``task`` (a text task's rules live in the task: itself)."""
+        return self
+
 
 # ------------------------------------------------------------------------ warm start
 

@@ -22,23 +22,24 @@ def async_rollouts(rcfg: TextRLConfig, engine: Engine, state: TrainState, *, dra
                    subagents: str = "frozen") -> AsyncRollouts:
     """The rollout side of an asynchronous text RL stage (:mod:`swarmjax.train.async_rl`)
     begun at training ``step`` of ``rcfg.steps`` (``saved``: a resumed run's
-    ``AsyncRollouts.checkpoint()``); batch j is rolled out with key ``fold_in(key, 100 + j)``
-    as :func:`rl_step` is. The rollout decodes with copies of the params on the last
-    device when ``rcfg.async_rollout.rollout_devices`` is 1, on the params' own devices
-    otherwise; frozen sub-agents are copied there once."""
+    ``AsyncRollouts.checkpoint()``); batch j is rolled out with the synchronous step's key
+    (``engine.step_key(key, j)``). The rollout decodes with the engine's ``publish`` of the
+    params when it has one, else with copies on the last device when
+    ``rcfg.async_rollout.rollout_devices`` is 1, on the params' own devices otherwise;
+    frozen sub-agents are copied there once."""
     _, devices = split_devices(rcfg.async_rollout)
 
-    def publish(params):          # the learner donates its state: a copy
+    def copy(params):             # the learner donates its state: a copy
         if devices is None:
             return jax.tree.map(jnp.copy, params)
         return jax.device_put(params, jax.sharding.SingleDeviceSharding(devices[0]))
 
     def collect_step(j, problems, params, frozen):        # frozen None: the sub-agents decode with the policy
-        return collect(engine, params, params if frozen is None else frozen, problems, jax.random.fold_in(key, 100 + j),
+        return collect(engine, params, params if frozen is None else frozen, problems, engine.step_key(key, j),
                        rcfg, step=j, subagents=subagents)
 
     rollouts = AsyncRollouts(rcfg.async_rollout, draw=draw, stream_state=stream_state, collect=collect_step,
-                             loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=publish)
+                             loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=engine.publish or copy)
     saved = saved or {}
     has_frozen = bool(state.frozen) and "subagents" in state.frozen
     rollouts.begin(state.params, step=step, steps=rcfg.steps, version=saved.get("version", 0),

@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swarmjax.envs.task import reward_terms
+from swarmjax.envs.task import problem_size, reward_terms
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRolloutResult
 from swarmjax.train.distributed import allgather, local_replica
 from swarmjax.train.engines import Engine
+from swarmjax.train.logs import change
 
 
 # the figures of an evaluation and of every RL step
@@ -38,7 +39,7 @@ def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, ke
     (``params`` global arrays over ``mesh``). ``on_result(res, problems, first)``: called
     with each call's result, its problems (repeats left out) and the index of its first
     one (e.g. to export traces)."""
-    whole = getattr(engine, "whole_batch", False)     # every process runs every call and gets every row
+    whole = engine.whole_batch     # every process runs every call and gets every row
     procs, n = 1 if whole else jax.process_count(), len(problems)
     per = -(-n // procs)
     start = 0 if whole else min(jax.process_index() * per, n)
@@ -111,3 +112,67 @@ def _rollout_params(params: Any, worker_params: Any, mesh: Any) -> tuple[Any, An
     gather, not two)."""
     orch = local_replica(params, mesh)
     return orch, orch if worker_params is params else local_replica(worker_params, mesh)
+
+
+def labelled_figures(label: str, evals: dict) -> dict:
+    """An evaluation's figures as the table reads them: ``label`` without the per-size
+    rows, ``<label>_sizes`` with them (when the problems have several sizes)."""
+    out = {label: {k: v for k, v in evals.items() if k != "sizes"}}
+    if evals.get("sizes"):
+        out[f"{label}_sizes"] = evals["sizes"]
+    return out
+
+
+def start_figures(meta: dict, split: str, count: int) -> dict:
+    """The run's own evaluation of its start (``initial``), on the test split when the
+    checkpoint's held-out problems are the ``count`` evaluated ones."""
+    if split != "test" or meta.get("held_out", {}).get("test") != count:
+        return {}
+    return labelled_figures("initial", meta["evals"]["initial"])
+
+
+def per_size(task: Any, problems: list, episodes: dict[str, np.ndarray]) -> dict[str, dict[str, float]] | None:
+    """Each figure's mean over the episodes of each problem size (``task.size(problem)``:
+    ``{str(n): {figure: mean}}``), or None when every problem has one size."""
+    sizes = np.asarray([problem_size(task, p) for p in problems])
+    return None if len(set(sizes.tolist())) < 2 else by_size(sizes, episodes)
+
+
+# the per-size table's columns: what a size changes
+SIZE_FIGURES = ("accuracy", "answered", "subagents", "no_spawn", "critical_steps", "total_steps")
+
+_HIGHER_IS_BETTER = {"accuracy": True, "answered": True, "tool_errors": False, "truncated": False,
+                     "context_ended": False}
+
+
+def agent_summary_table(summary: dict) -> str:
+    """The start/end table of an agent job's summary (markdown; the rows it has), with a
+    verdict per figure that has a better direction ("better", "worse", "same")."""
+    names = [n for n in ("initial", "final") if n in summary]
+    keys = FIGURES + tuple(k for k in JUDGE_FIGURES if any(k in summary[n] for n in names))
+    rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for name in names:
+        rows.append(f"| {name} | " + " | ".join(f"{summary[name].get(k, 0.0):.3f}" for k in keys) + " |")
+    if len(names) == 2:
+        rows.append("\n" + "; ".join(change(k, summary["initial"].get(k, 0.0), summary["final"].get(k, 0.0),
+                                            higher_is_better=up) for k, up in _HIGHER_IS_BETTER.items()))
+    sized = [n for n in ("initial", "final") if f"{n}_sizes" in summary]
+    if sized:
+        sizes = sorted({int(k) for n in sized for k in summary[f"{n}_sizes"]})
+        cols = [f"{n} {k}" for k in SIZE_FIGURES for n in sized]
+        rows.append("\nper task size (test split):\n\n| n | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1) + "|")
+        for size in sizes:
+            cells = [summary[f"{n}_sizes"].get(str(size), {}).get(k) for k in SIZE_FIGURES for n in sized]
+            rows.append(f"| {size} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
+        if len(sized) == 2:                     # how each size moved, in words
+            a, b = summary["initial_sizes"], summary["final_sizes"]
+            rows.append("\n" + "\n".join(
+                f"n = {size}: " + change("accuracy", a[str(size)]["accuracy"], b[str(size)]["accuracy"],
+                                         higher_is_better=True) + "; "
+                + change("critical steps", a[str(size)]["critical_steps"], b[str(size)]["critical_steps"],
+                         higher_is_better=False, digits=2)
+                for size in sizes if str(size) in a and str(size) in b))
+    held = ", ".join(f"{n} {s}" for s, n in summary.get("held_out", {}).items())
+    rows.append(f"\nheld-out problems: {held}; greedy; {summary['rl_steps']} RL steps; "
+                f"wall clock {summary['wall_clock_s']:.0f} s on {summary['backend']}")
+    return "\n".join(rows)

@@ -45,33 +45,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swarmjax.envs.task import (ROLES, EnvContext, check_device_twin, device_twin, make_env, problem_size,
-                                problem_text, resolve_task, task_name)
+from swarmjax.envs.task import ROLES, EnvContext, make_env, problem_size, resolve_task, task_name
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.hf import from_hf
 from swarmjax.models.transformer import init_params
-from swarmjax.rl.judge import Judge, JudgeReward, judge_corpus
+from swarmjax.rl.judge import JudgeReward, judge_corpus
 from swarmjax.rl.update import Learner
-from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.context import check_env
-from swarmjax.swarm.text_rollout import TextRollout
-from swarmjax.text.chat import chat_format, detect_chat_format
 from swarmjax.text.runner import ToolRunner
 from swarmjax.traces.text import text_trace
+from swarmjax.train import token_world
 from swarmjax.train.agent import SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, mix_context, warm_start
-from swarmjax.train.agent_eval import FIGURES, JUDGE_FIGURES, by_size, evaluate, mean_figures
+from swarmjax.train.agent_eval import (agent_summary_table, evaluate, labelled_figures, mean_figures, per_size,
+                                       start_figures)
 from swarmjax.train.agent_rl import subagent_params
 from swarmjax.train.async_rl import logged_update, split_devices
-from swarmjax.train.distributed import check_processes, local_replica, primary_first
-from swarmjax.train.engines import DeviceEngine, HostEngine, JudgedEngine
+from swarmjax.train.distributed import check_processes, primary_first
+from swarmjax.train.engines import HostEngine
+from swarmjax.train.frame import CheckpointConfig
+from swarmjax.train.job_engines import ENGINES, judged, text_rollout
+from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, say, write_summary
 from swarmjax.train.loop import JobRun, open_checkpoint
-from swarmjax.train.logs import (JobLog, change, curves, log_line, progress_bar, say,
-                                 write_summary)
-from swarmjax.train.policy import PolicySource, prepare_policy, read_policy, read_tokenizer
+from swarmjax.train.parl import PARLTrainConfig
+from swarmjax.train.policy import PolicySource, prepare_policy, read_policy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
-from swarmjax.train.warm_start import check_warm_start, load_warm_start, save_warm_start
+from swarmjax.train.sft import SFTConfig
 from swarmjax.train.streams import held_out, task_stream
+from swarmjax.train.warm_start import check_warm_start, load_warm_start, save_warm_start
 
 __all__ = ["AgentJob", "AgentRun", "agent_summary_table", "evaluate_agent_checkpoint", "labelled_figures"]
 
@@ -97,15 +97,22 @@ class AgentJob:
     mesh: the learner's ``(data, fsdp, tensor)`` mesh (None: one device; needed with
       several processes).
     engine: what rolls the episodes out (:data:`ENGINES`): "host" (the host-driven
-      rollout, any task's Python tools) or "device" (the jitted swarm over the task's
+      rollout, any task's Python tools), "device" (the jitted swarm over the task's
       device twin, ``device_task(chat)``: orchestrator and sub-agents decode in one XLA
-      program, the episodes' rows over the mesh's batch axes).
+      program, the episodes' rows over the mesh's batch axes) or "token" (the token
+      world's own jitted swarm, for ``task="widesearch-tokens"``: its ``sft`` an
+      :class:`~swarmjax.train.sft.SFTConfig`, its ``rl`` a
+      :class:`~swarmjax.train.parl.PARLTrainConfig`; :mod:`swarmjax.train.token_world`).
     seed: the tokenizer's, the model's, the warm start's and the held-out problems'.
     rl_seed: the RL stage's problems and sampling (None: ``seed``): RL seeds over one warm
       start (with ``warm_start_from``).
     warm_start_from: a workdir whose warm start (``<workdir>/warm_start``, which every
       run with ``sft`` writes) this run starts RL from instead of its own; it must have
       been made with the same :meth:`warm_identity`.
+    warm_start_match: the :meth:`warm_identity` fields that must match for that (None:
+      all of them): ``("policy",)`` transfers a warm start to a variant of the task.
+    checkpoint: how often RL checkpoints and how many are kept (None: at every evaluation
+      and preemption, the last two and the best kept).
     """
 
     task: Any = "arith"
@@ -117,8 +124,8 @@ class AgentJob:
     role: str = "single"
     subagents: str = "frozen"
     max_subagents: int = 4
-    sft: TextSFTConfig | None = TextSFTConfig()
-    rl: TextRLConfig = TextRLConfig()
+    sft: TextSFTConfig | SFTConfig | None = TextSFTConfig()
+    rl: TextRLConfig | PARLTrainConfig = TextRLConfig()
     eval_episodes: int = 128
     eval_every: int = 20
     log_every: int = 10
@@ -129,6 +136,8 @@ class AgentJob:
     seed: int = 0
     rl_seed: int | None = None
     warm_start_from: str | None = None
+    warm_start_match: tuple[str, ...] | None = None
+    checkpoint: CheckpointConfig | None = None
 
     def policy(self) -> PolicySource:
         return PolicySource(hf_path=self.hf_path, tokenizer_path=self.tokenizer_path, chat=self.chat,
@@ -143,7 +152,7 @@ class AgentJob:
                                    task=task_name(resolve_task(self.task)), mesh=None, warm_start_from=None)
         # no judge, the host engine, no RL seed of its own: left out, so runs saved before those fields resume
         unset = {"judge": self.judge is None, "engine": self.engine == "host", "rl_seed": self.rl_seed is None,
-                 "warm_start_from": True}
+                 "warm_start_from": True, "warm_start_match": True, "checkpoint": True}
         return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same) if not unset.get(f.name)}
 
     def warm_identity(self) -> dict[str, str]:
@@ -168,6 +177,12 @@ class AgentJob:
             raise ValueError("eval_episodes and max_subagents must be >= 1, eval_every and log_every >= 0")
         if self.tool_timeout_s <= 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; known: {', '.join(ENGINES)}")
+        ENGINES[self.engine].check(self, task)
+        if self.warm_start_match is not None and not set(self.warm_start_match) <= set(self.warm_identity()):
+            raise ValueError(f"warm_start_match {self.warm_start_match} may name only "
+                             f"{', '.join(self.warm_identity())}")
         procs = jax.process_count()
         self.rl.async_rollout.check(jax.device_count(), procs)
         if self.mesh is not None and self.rl.async_rollout.rollout_devices:   # the learner's devices: the rest
@@ -177,19 +192,6 @@ class AgentJob:
              "processes)", self.role == "orchestrator" and self.subagents == "shared"),
             ("rl.swarm.episode_keys=True (each process samples its episodes as one process would)",
              self.engine == "device" and not self.rl.swarm.episode_keys)])
-        if self.engine not in ENGINES:
-            raise ValueError(f"unknown engine {self.engine!r}; known: {', '.join(ENGINES)}")
-        if self.engine == "device":
-            check_device_twin(task)
-            why = [what for what, bad in (
-                (f"rl.rollout.context.strategy={self.rl.rollout.context.strategy!r} (the device swarm's sub-agents "
-                 "are its context management: 'none')", self.rl.rollout.context.strategy != "none"),
-                ("subagents='shared' (use 'frozen')", self.role == "orchestrator" and self.subagents == "shared"),
-                ("rl.async_rollout.rollout_devices=1 (the swarm decodes over the job's mesh; rollouts ahead of the "
-                 "learner share its devices: 0)", self.rl.async_rollout.rollout_devices > 0))
-                if bad]
-            if why:
-                raise ValueError(f"engine='device' does not run with {why[0]}; or use engine='host'")
         if self.warm_start_from is not None:
             if self.sft is None:
                 raise ValueError("warm_start_from reuses a warm start made with this job's sft config: set sft too")
@@ -198,8 +200,7 @@ class AgentJob:
         if refresh.enabled and (self.role != "orchestrator" or self.subagents != "frozen"):
             raise ValueError("rl.refresh_subagents replaces frozen sub-agents: it needs role='orchestrator' and "
                              "subagents='frozen'")
-        if self.role == "orchestrator" and self.subagents == "shared" and \
-                self.rl.rollout.context.summarizer == "frozen":
+        if self.role == "orchestrator" and self.subagents == "shared" and _summarizer(self) == "frozen":
             raise ValueError("rl.rollout.context.summarizer='frozen' decodes with the sub-agents' params, which "
                              "subagents='shared' trains: use subagents='frozen' or summarizer='policy'")
 
@@ -213,120 +214,97 @@ def _frozen(job: AgentJob, params: Any) -> dict | None:
     """The frozen trees of the RL state: a copy of ``params`` for frozen sub-agents and a
     frozen summariser (``rl.rollout.context.summarizer="frozen"``), and one for the judge."""
     frozen = {}
-    if job.role == "orchestrator" and job.subagents == "frozen" or job.rl.rollout.context.summarizer == "frozen":
+    if job.role == "orchestrator" and job.subagents == "frozen" or _summarizer(job) == "frozen":
         frozen["subagents"] = jax.tree.map(jnp.copy, params)
     if job.judge is not None and job.judge.hf_path is None:
         frozen["judge"] = jax.tree.map(jnp.copy, params)
+    if job.rl.update.loss.kl_beta > 0:                  # the KL term's reference: the policy RL starts from
+        frozen["reference"] = jax.tree.map(jnp.copy, params)
     return frozen or None
 
 
-def build_judge(reward: JudgeReward, cfg: ModelConfig, chat, state: Any, *, mesh=None) -> Judge:
-    """The :class:`~swarmjax.rl.judge.Judge` of a job's judge reward: the Hugging Face
-    checkpoint ``reward.hf_path`` with its own tokenizer, or the policy's frozen copy in
-    ``state.frozen["judge"]`` (copied: the learner's update donates the state's buffers,
-    frozen trees included) with the policy's config and chat format. One process: rows
-    over ``mesh``; several: each process judges its own episodes with a whole local copy
-    (as its rollout decodes with one)."""
-    several = jax.process_count() > 1
-    rows = None if several else mesh
-    if reward.hf_path is None:
-        frozen = local_replica(state.frozen["judge"], mesh) if several else state.frozen["judge"]
-        return Judge(reward.judge, cfg, jax.tree.map(jnp.copy, frozen), chat, mesh=rows)
-    tokenizer = read_tokenizer(reward.hf_path, what="judge.hf_path")
-    judge_cfg, params = from_hf(reward.hf_path)
-    judge_chat = chat_format(reward.chat or detect_chat_format(tokenizer), tokenizer)
-    return Judge(reward.judge, judge_cfg, params, judge_chat, mesh=rows)
+def _summarizer(job: AgentJob) -> str | None:
+    """Who decodes the rollout's summaries (``rl.rollout.context.summarizer``); None for a
+    rollout without context management (the token engine's)."""
+    context = getattr(job.rl.rollout, "context", None)
+    return None if context is None else context.summarizer
 
 
-def _judged(reward: JudgeReward | None, task: Any, engine: Any, cfg: ModelConfig, state: Any, chat, mesh) -> Any:
-    """``engine`` with the judge reward ``reward``, or as is (None)."""
-    if reward is None:
-        return engine
-    judge = build_judge(reward, cfg, chat, state, mesh=mesh)
-    return JudgedEngine(engine, judge, reward.mix, lambda p: problem_text(task, p, reference=reward.reference))
-
-
-def _rollout(job: AgentJob, cfg: ModelConfig, chat, *, greedy: bool) -> TextRollout:
-    """The training rollout, or (``greedy``) the evaluations' one: both roles at temperature 0."""
-    rcfg = job.rl.rollout
-    if greedy:
-        rcfg = dataclasses.replace(rcfg, orch_sampling=SamplingConfig(temperature=0.0),
-                                   worker_sampling=SamplingConfig(temperature=0.0))
-    return TextRollout(cfg, rcfg, stop_ids=chat.stop_ids, pad_id=int(chat.ids[chat.pad_token][0]))
-
-
-def host_engine(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, mesh: Any) -> HostEngine:
-    """The host-driven rollout over fresh environments of ``task`` (any task): a sampling
-    rollout and a greedy one for the evaluations."""
-    return HostEngine(_rollout(job, cfg, ctx.chat, greedy=False), lambda p: make_env(task, p, ctx),
-                      greedy_rollout=_rollout(job, cfg, ctx.chat, greedy=True))
-
-
-def device_engine(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, mesh: Any) -> DeviceEngine:
-    """The jitted swarm over ``task``'s device twin (:func:`~swarmjax.envs.task.device_twin`),
-    its episodes' rows over ``mesh``'s batch axes, compiled once for a step's episodes
-    (training and, greedy with the budget lifted, the evaluations). With several
-    processes each rolls out its share of a step's episodes (whole groups) on its first
-    device with a local copy of the params, every episode keyed by its index in the step
-    (the swarm's ``episode_keys``): the metrics are those of one process."""
-    return DeviceEngine.over(device_twin(task, ctx.chat), cfg, job.rl.rollout,
-                             episodes=job.rl.tasks_per_step * job.rl.group_size,
-                             size=functools.partial(problem_size, task), mesh=mesh, swarm=job.rl.swarm)
-
-
-# engine name -> (job, task, env context, model config, mesh) -> the engine its RL steps and evaluations call
-ENGINES: dict[str, Callable[..., Any]] = {"host": host_engine, "device": device_engine}
+def _strategy(job: AgentJob) -> str | None:
+    """The rollout's context strategy (``rl.rollout.context.strategy``; None as :func:`_summarizer`)."""
+    context = getattr(job.rl.rollout, "context", None)
+    return None if context is None else context.strategy
 
 
 class AgentRun(JobRun):
-    """The agent job's pieces for the one loop (:func:`~swarmjax.train.loop.run_loop`):
-    the policy prepared (process 0 writes the tokenizer and ``policy.json`` first), the
-    learner on the job's mesh, the task's train stream, the engine, the held-out splits."""
+    """The job's pieces for the one loop (:func:`~swarmjax.train.loop.run_loop`): the
+    task (its data prepared by process 0 first, when it has some to build), the policy
+    (process 0 writes the tokenizer and ``policy.json`` first; the token engine's reads
+    the task's own ids), the learner on the job's mesh, the task's train stream, the
+    engine, the held-out splits."""
 
     stage, title, start_label, start_splits = "rl", "RL", "initial", ("validation", "test")
-    log_keys = ("reward", "accuracy", "tool_calls", "subagents")
-    may_change = "rl.steps, eval_every and log_every"
+    may_change = "rl.steps, eval_every, log_every, mesh, checkpoint and warm_start_from"
     # an evaluation may change the RL settings (e.g. the context strategy), not the policy or the problems
     checked = ("task", "hf_path", "tokenizer_path", "chat", "tokenizer_vocab", "model", "role", "seed")
     table = staticmethod(lambda summary: agent_summary_table(summary))
+
+    @staticmethod
+    def checkpointing(job: AgentJob) -> CheckpointConfig:
+        return JobRun.checkpointing(job) if job.checkpoint is None else job.checkpoint
 
     def __init__(self, job: AgentJob, workdir: str, *, fresh: bool = True, progress: bool = True):
         self.job, self.workdir = job, workdir
         self.progress = progress
         self.primary = jax.process_index() == 0
-        self.task = task = resolve_task(job.task)
-        corpus = getattr(task, "corpus", None)
-        if corpus is not None and job.judge is not None and job.judge.hf_path is None:  # the judge's words: tokens
-            corpus = functools.partial(lambda own: own() + judge_corpus(job.judge.judge), corpus)
-        # process 0 writes the tokenizer and policy.json first
-        cfg, self.params, chat = primary_first(
-            "swarmjax-agent-policy", lambda: prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus),
-            lambda: prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus, write=False))
+        self.kind = ENGINES[job.engine]
+        task = resolve_task(job.task)
+        prepare = getattr(task, "prepare", None)
+        if callable(prepare):                     # its data built (or found) by process 0 first
+            task = primary_first("swarmjax-task-data", lambda: prepare(workdir, progress=progress),
+                                 lambda: prepare(workdir, progress=False))
+        self.task = task
+        if self.kind.text:
+            corpus = getattr(task, "corpus", None)
+            if corpus is not None and job.judge is not None and job.judge.hf_path is None:  # the judge's words
+                corpus = functools.partial(lambda own: own() + judge_corpus(job.judge.judge), corpus)
+            # process 0 writes the tokenizer and policy.json first
+            cfg, self.params, chat = primary_first(
+                "swarmjax-agent-policy", lambda: prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus),
+                lambda: prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus, write=False))
+        else:                                     # the task's own ids: the model as configured
+            cfg, self.params, chat = job.model, None, None
         self.cfg, self.chat = cfg, chat
-        say(f"policy: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.vocab_size} ids, chat format {chat.name}"
-            f"{'' if job.hf_path is None else ', from ' + job.hf_path}; task {type(task).__name__}, role {job.role}")
+        say(f"policy: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.vocab_size} ids"
+            f"{'' if chat is None else ', chat format ' + chat.name}{'' if job.hf_path is None else ', from ' + job.hf_path}"
+            f"; task {type(task).__name__}, role {job.role}, engine {job.engine}")
         self.key = jax.random.key(job.seed)
         self.rl_seed = job.seed if job.rl_seed is None else job.rl_seed
         self.rl_key = jax.random.key(self.rl_seed)
         self.mesh = None if job.mesh is None else make_mesh(job.mesh, split_devices(job.rl.async_rollout)[0])
         self.learner = Learner(cfg, logged_update(job.rl.update, job.rl.async_rollout), mesh=self.mesh)
-        self.rl, self.subagents, self.identity = job.rl, job.subagents, job.identity()
+        self.rl, self.subagents, self.identity = job.rl.bound(task), job.subagents, job.identity()
         self.eval_every, self.log_every = job.eval_every, job.log_every
         self.steps = self.rl.steps
+        self.checkpoint_every = 0 if job.checkpoint is None else job.checkpoint.every
+        self.log_keys = ("reward", "accuracy", "critical_steps" if job.role == "orchestrator" else "tool_calls",
+                         "subagents")
         self.stream = task_stream(task, "train", self.rl_seed)
         self.runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
         self.ctx = EnvContext(chat, self.runner, role=job.role, max_subagents=job.max_subagents,
-                              summarize=job.rl.rollout.context.strategy == "summary")
-        self.engine = ENGINES[job.engine](job, task, self.ctx, cfg, self.mesh)
+                              summarize=_strategy(job) == "summary")
+        self.engine = self.kind.build(job, task, self.ctx, cfg, self.mesh)
         self.splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
-        check_env(job.rl.rollout.context.strategy, make_env(task, self.splits["validation"][0], self.ctx),
-                  summarizer=job.rl.rollout.context.summarizer)
+        if _strategy(job) is not None:
+            check_env(job.rl.rollout.context.strategy, make_env(task, self.splits["validation"][0], self.ctx),
+                      summarizer=job.rl.rollout.context.summarizer)
 
     def state_shapes(self) -> Any:
         return _state_shapes(self.job, self.learner, self.cfg)
 
     def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
-        """The warm start (``job.sft``) from the policy as loaded, or a random model."""
+        """The warm start (``job.sft``: :data:`WARM_STARTS`, or the one ``warm_start_from``
+        names) from the policy as loaded, or a random model."""
         job, clock = self.job, time.perf_counter()
         meta = {"job": self.identity, "warm_start_s": 0.0, "rl_seed": self.rl_seed,
                 "held_out": {s: len(p) for s, p in self.splits.items()}}
@@ -335,74 +313,75 @@ class AgentRun(JobRun):
             params, warm = load_warm_start(job, job.warm_start_from,
                                            jax.eval_shape(lambda: init_params(self.cfg, self.key)))
             meta["warm_start_data"] = warm.get("sft_accuracy") or None
-        else:
+            # every run's workdir holds its warm start; a reused one keeps the identity it was made with
+            save_warm_start(job, self.workdir, params, meta["warm_start_data"], identity=warm["identity"])
+        elif job.sft is None:
             params = init_params(self.cfg, self.key) if self.params is None else self.params
-            if job.sft is not None:
-                # the demonstrations' problems: the train stream's first ones (RL continues it), or with an RL
-                # seed of its own the seed's stream
-                demos = self.stream if job.rl_seed is None else task_stream(self.task, "train", job.seed)
-                params, meta["warm_start_data"] = _warm_start_stage(job, self.task, self.ctx, self.cfg, params,
-                                                                    demos, log, watch, self.workdir,
-                                                                    self.progress, self.mesh)
-                save_warm_start(job, self.workdir, params, meta["warm_start_data"])
-                meta["warm_start_s"] = time.perf_counter() - clock
+        else:
+            params, meta["warm_start_data"] = WARM_STARTS[type(job.sft)](self, log, watch)
+            save_warm_start(job, self.workdir, params, meta["warm_start_data"])
+            meta["warm_start_s"] = time.perf_counter() - clock
         return self.learner.init(params, _frozen(job, params)), meta
 
     def ready(self, state: Any, meta: dict) -> None:
         """The judge (a frozen copy in the state, or its own checkpoint) joins the engine."""
-        self.engine = _judged(self.job.judge, self.task, self.engine, self.cfg, state, self.chat, self.mesh)
+        self.engine = judged(self.job.judge, self.task, self.engine, self.cfg, state, self.chat, self.mesh)
+
+    def rl_step(self, state: Any, step: int) -> tuple[Any, dict]:
+        state, m = super().rl_step(state, step)
+        return state, _tok_s(m)
+
+    def async_step(self, rollouts: Any, state: Any) -> tuple[Any, dict]:
+        state, m = super().async_step(rollouts, state)
+        return state, _tok_s(m)
 
     def evaluate(self, step: int, label: str, state: Any, split: str, log: JobLog) -> dict:
-        """Greedy episodes of the held-out ``split`` (the final test evaluation's first
-        batch also as traces); the test split's start and end figures keep their per-size
-        rows (``sizes``)."""
+        """Greedy episodes of the held-out ``split`` (the engine's traces: :data:`TRACES`);
+        with problems of several sizes, each figure per size too (``sizes``)."""
         task, problems = self.task, self.splits[split]
         if label in ("initial", "final"):
             say(f"evaluating the {'start' if label == 'initial' else 'final policy'} on {len(problems)} "
                 f"{split} problems (greedy)")
-        agent = "orchestrator" if self.job.role == "orchestrator" else "agent"     # a single agent by its role
-
-        def traces(res, batch, first):
-            for b, p in enumerate(batch if first == 0 else ()):
-                size = problem_size(task, p)
-                log.write("traces.jsonl", text_trace(res, b, self.chat.tokenizer.decode, task_size=size,
-                                                     trace_id=f"{label}-s{step}-n{size}-{b}", task_id=f"test-{b}",
-                                                     agent=agent))
+        traces = TRACES[self.job.engine](self, label, split, step, log) if self.primary else None
         episodes = evaluate(self.engine, state.params, subagent_params(state), problems,
-                            jax.random.fold_in(self.key, 1), mesh=self.mesh,
-                            on_result=traces if (label, split) == ("final", "test") else None)
+                            jax.random.fold_in(self.key, 1), mesh=self.mesh, on_result=traces)
         res = mean_figures(episodes)
-        log.write("eval.jsonl", {"step": step, "policy": label, "split": split, **res})
-        if split == "test" and (by := per_size(task, problems, episodes)):
-            res = {**res, "sizes": by}
-        return res
+        by = per_size(task, problems, episodes)
+        log.write("eval.jsonl", {"step": step, "policy": label, "split": split, **res,
+                                 **({"sizes": by} if by else {})})
+        return {**res, "sizes": by} if by else res
 
     def score(self, evals: dict) -> dict[str, float]:
         return {"accuracy": evals["accuracy"]}
 
-    def report(self, step: int, start: None, final: dict, meta: dict, split: str, seconds: float) -> dict:
+    def report(self, step: int, final: dict, meta: dict, split: str, seconds: float) -> dict:
         """The checkpoint's figures (per size on the test split) and, on the run's own test
         problems, the start's from the run's evaluation of it."""
-        return {**labelled_figures("final", final), **_start_figures(meta, split, len(self.splits[split])),
+        return {**labelled_figures("final", final), **start_figures(meta, split, len(self.splits[split])),
                 "held_out": {split: len(self.splits[split])}, "rl_steps": step, "wall_clock_s": seconds,
                 "backend": jax.default_backend()}
 
     def postfix(self, m: dict) -> dict[str, str]:
-        return {"reward": f"{m['reward']:.3f}", "acc": f"{m['accuracy']:.3f}"}
+        out = {"reward": f"{m['reward']:.3f}", "acc": f"{m['accuracy']:.3f}"}
+        if self.job.role == "orchestrator":
+            out.update(crit=f"{m['critical_steps']:.1f}", subagents=f"{m['subagents']:.2f}")
+        return {**out, **({"tok_s": f"{m['tok_s']:.0f}"} if "tok_s" in m else {})}
 
     def summary(self, meta: dict, wall_clock_s: float) -> dict:
         job, evals = self.job, meta["evals"]
-        summary = {"task": task_name(self.task), "role": job.role, "seed": job.seed, "rl_seed": self.rl_seed,
-                   "subagents": job.subagents if job.role != "single" else None,
-                   "model_params": self.cfg.num_params(), "vocab_size": self.cfg.vocab_size, "chat": self.chat.name,
+        summary = {"task": task_name(self.task) if self.kind.text else type(self.task).__name__, "role": job.role,
+                   "seed": job.seed, "rl_seed": self.rl_seed,
+                   "subagents": job.subagents if job.role != "single" else None, "engine": job.engine,
+                   "model_params": self.cfg.num_params(), "vocab_size": self.cfg.vocab_size,
+                   "chat": None if self.chat is None else self.chat.name,
                    "held_out": meta["held_out"], "rl_steps": meta["step"],
                    "warm_start_steps": 0 if job.sft is None else job.sft.steps,
                    **labelled_figures("initial", evals["initial"]),
                    **labelled_figures("final", evals.get("final", evals["initial"])), "wall_clock_s": wall_clock_s,
                    "warm_start_s": meta["warm_start_s"], "warm_start_data": meta.get("warm_start_data"),
-                   "backend": jax.default_backend()}
+                   "backend": jax.default_backend(), "device": jax.devices()[0].device_kind}
         if self.primary:
-            curves(self.workdir, ("reward", "accuracy", "tool_calls", "subagents"))
+            curves(self.workdir, self.log_keys)
             write_summary(self.workdir, summary, agent_summary_table)
         return summary
 
@@ -411,14 +390,49 @@ class AgentRun(JobRun):
         self.engine.close()
 
 
-def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfig, params: Any, stream: Any,
-                      log: JobLog, watch: PreemptionWatch, workdir: str, progress: bool, mesh: Any
-                      ) -> tuple[Any, dict[str, int]]:
-    """The task's demonstrations for the job's role and ``sft.mix`` (the task's
+def _tok_s(m: dict) -> dict:
+    """``m`` with ``tok_s`` (sampled tokens a second of the rollout) when it counts them."""
+    if "sampled_tokens" not in m or "rollout_s" not in m:
+        return m
+    return {**m, "tok_s": m["sampled_tokens"] / max(m["rollout_s"], 1e-9)}
+
+
+def text_traces(run: AgentRun, label: str, split: str, step: int, log: JobLog) -> Callable | None:
+    """The ``on_result`` of a text job's evaluation: the final test evaluation's first call
+    of episodes as orchestration traces (:mod:`swarmjax.traces.text`), compactions
+    included; None for the others."""
+    if (label, split) != ("final", "test"):
+        return None
+    agent = "orchestrator" if run.job.role == "orchestrator" else "agent"     # a single agent by its role
+
+    def write(res, batch, first):
+        for b, p in enumerate(batch if first == 0 else ()):
+            size = problem_size(run.task, p)
+            log.write("traces.jsonl", text_trace(res, b, run.chat.tokenizer.decode, task_size=size,
+                                                 trace_id=f"{label}-s{step}-n{size}-{b}", task_id=f"test-{b}",
+                                                 agent=agent))
+    return write
+
+
+def _token_traces(run: AgentRun, label: str, split: str, step: int, log: JobLog) -> Callable | None:
+    return token_world.token_traces(run, label, step, log) if split == "test" else None
+
+
+# engine name -> (run, label, split, step, log) -> an evaluation's on_result writing its traces, or None
+TRACES: dict[str, Callable[..., Callable | None]] = {"host": text_traces, "device": text_traces,
+                                                     "token": _token_traces}
+
+
+def text_warm_start(run: AgentRun, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict[str, int]]:
+    """The warm start of a text job's ``run`` from the policy as loaded (or a random
+    model): the task's demonstrations for the job's role and ``sft.mix`` (the task's
     ``demonstration_set`` when it has one, else its demonstrations of the train stream's
-    problems), then :func:`warm_start`: (params, the demonstrations' ``rows`` and
-    ``skipped_demos``); raises :class:`Preempted` at the end of the SFT step where a
-    SIGTERM arrived."""
+    first problems, or with an RL seed of its own the seed's stream's), then
+    :func:`warm_start`: (params, the demonstrations' ``rows`` and ``skipped_demos``);
+    raises :class:`Preempted` at the end of the SFT step where a SIGTERM arrived."""
+    job, task, ctx = run.job, run.task, run.ctx
+    params = init_params(run.cfg, run.key) if run.params is None else run.params
+    stream = run.stream if job.rl_seed is None else task_stream(task, "train", job.seed)
     rng, scfg = np.random.default_rng(job.seed), job.sft
     say(f"warm start: playing {scfg.demos} demonstrations of {type(task).__name__} through its environments")
     own = getattr(task, "demonstration_set", None)
@@ -434,21 +448,26 @@ def _warm_start_stage(job: AgentJob, task: Any, ctx: EnvContext, cfg: ModelConfi
     if first.skipped:
         say(f"warm start: {first.skipped} demonstrations longer than their context left out "
             f"(sft.overlong='skip'); {counts['rows']} rows")
-    bar = progress_bar(scfg.steps, "warm start", progress)
+    bar = progress_bar(scfg.steps, "warm start", run.progress)
     acc = "orch_acc" if scfg.per_role else "agent_acc"           # teacher-forced tokens
 
     def on_sft(i, m):
         log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
         bar.update(1)
         bar.set_postfix(loss=f"{m['loss']:.3f}", tok_acc=f"{m[acc]:.3f}")
-        log_line(progress, job.log_every * 10, i, scfg.steps, "warm start", m,
+        log_line(run.progress, job.log_every * 10, i, scfg.steps, "warm start", m,
                  ("loss", "orch_acc", "worker_acc") if scfg.per_role else ("loss", "agent_acc"))
         if watch.reached():
             bar.close()
-            raise Preempted(None, workdir)
-    params = warm_start(params, cfg, data, scfg, job.seed, on_sft, mesh=mesh)
+            raise Preempted(None, run.workdir)
+    params = warm_start(params, run.cfg, data, scfg, job.seed, on_sft, mesh=run.mesh)
     bar.close()
     return params, counts
+
+
+# the sft config's type -> (run, log, watch) -> (warm-started params, what the summary reports of its data)
+WARM_STARTS: dict[type, Callable[..., tuple[Any, dict]]] = {TextSFTConfig: text_warm_start,
+                                                            SFTConfig: token_world.token_warm_start}
 
 
 def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "latest", split: str = "test",
@@ -478,9 +497,9 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
                      summarize=job.rl.rollout.context.strategy == "summary")
     if sampled and job.engine != "host":
         raise ValueError("sampled evaluations run on the host engine: set engine='host'")
-    sampler = HostEngine(_rollout(job, cfg, chat, greedy=not sampled), lambda p: make_env(task, p, ctx)) \
-        if sampled else ENGINES[job.engine](job, task, ctx, cfg, None)
-    engine = _judged(job.judge if judge is None else judge, task, sampler, cfg, state, chat, None)
+    sampler = HostEngine(text_rollout(job, cfg, chat, greedy=not sampled), lambda p: make_env(task, p, ctx)) \
+        if sampled else ENGINES[job.engine].build(job, task, ctx, cfg, None)
+    engine = judged(job.judge if judge is None else judge, task, sampler, cfg, state, chat, None)
     t0 = time.perf_counter()
     given = problems
     problems = held_out(task, split, job.seed, job.eval_episodes) if given is None else list(given)
@@ -496,69 +515,5 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
            "held_out": {split if given is None else "given": len(problems)}, "rl_steps": step,
            "wall_clock_s": time.perf_counter() - t0, "backend": jax.default_backend()}
     if given is None:
-        out.update(_start_figures(meta, split, len(problems)))
+        out.update(start_figures(meta, split, len(problems)))
     return out
-
-
-def labelled_figures(label: str, evals: dict) -> dict:
-    """An evaluation's figures as the table reads them: ``label`` without the per-size
-    rows, ``<label>_sizes`` with them (when the problems have several sizes)."""
-    out = {label: {k: v for k, v in evals.items() if k != "sizes"}}
-    if evals.get("sizes"):
-        out[f"{label}_sizes"] = evals["sizes"]
-    return out
-
-
-def _start_figures(meta: dict, split: str, count: int) -> dict:
-    """The run's own evaluation of its start (``initial``), on the test split when the
-    checkpoint's held-out problems are the ``count`` evaluated ones."""
-    if split != "test" or meta.get("held_out", {}).get("test") != count:
-        return {}
-    return labelled_figures("initial", meta["evals"]["initial"])
-
-
-def per_size(task: Any, problems: list, episodes: dict[str, np.ndarray]) -> dict[str, dict[str, float]] | None:
-    """Each figure's mean over the episodes of each problem size (``task.size(problem)``:
-    ``{str(n): {figure: mean}}``), or None when every problem has one size."""
-    sizes = np.asarray([problem_size(task, p) for p in problems])
-    return None if len(set(sizes.tolist())) < 2 else by_size(sizes, episodes)
-
-
-# the per-size table's columns: what a size changes
-SIZE_FIGURES = ("accuracy", "answered", "subagents", "no_spawn", "critical_steps", "total_steps")
-
-_HIGHER_IS_BETTER = {"accuracy": True, "answered": True, "tool_errors": False, "truncated": False,
-                     "context_ended": False}
-
-
-def agent_summary_table(summary: dict) -> str:
-    """The start/end table of an agent job's summary (markdown; the rows it has), with a
-    verdict per figure that has a better direction ("better", "worse", "same")."""
-    names = [n for n in ("initial", "final") if n in summary]
-    keys = FIGURES + tuple(k for k in JUDGE_FIGURES if any(k in summary[n] for n in names))
-    rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-    for name in names:
-        rows.append(f"| {name} | " + " | ".join(f"{summary[name].get(k, 0.0):.3f}" for k in keys) + " |")
-    if len(names) == 2:
-        rows.append("\n" + "; ".join(change(k, summary["initial"].get(k, 0.0), summary["final"].get(k, 0.0),
-                                            higher_is_better=up) for k, up in _HIGHER_IS_BETTER.items()))
-    sized = [n for n in ("initial", "final") if f"{n}_sizes" in summary]
-    if sized:
-        sizes = sorted({int(k) for n in sized for k in summary[f"{n}_sizes"]})
-        cols = [f"{n} {k}" for k in SIZE_FIGURES for n in sized]
-        rows.append("\nper task size (test split):\n\n| n | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1) + "|")
-        for size in sizes:
-            cells = [summary[f"{n}_sizes"].get(str(size), {}).get(k) for k in SIZE_FIGURES for n in sized]
-            rows.append(f"| {size} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
-        if len(sized) == 2:                     # how each size moved, in words
-            a, b = summary["initial_sizes"], summary["final_sizes"]
-            rows.append("\n" + "\n".join(
-                f"n = {size}: " + change("accuracy", a[str(size)]["accuracy"], b[str(size)]["accuracy"],
-                                         higher_is_better=True) + "; "
-                + change("critical steps", a[str(size)]["critical_steps"], b[str(size)]["critical_steps"],
-                         higher_is_better=False, digits=2)
-                for size in sizes if str(size) in a and str(size) in b))
-    held = ", ".join(f"{n} {s}" for s, n in summary.get("held_out", {}).items())
-    rows.append(f"\nheld-out problems: {held}; greedy; {summary['rl_steps']} RL steps; "
-                f"wall clock {summary['wall_clock_s']:.0f} s on {summary['backend']}")
-    return "\n".join(rows)

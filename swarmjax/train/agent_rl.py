@@ -174,7 +174,7 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
     whichever process runs it (host engine), so the metrics are those of one process
     (the ``segments`` count aside: each process decodes its own)."""
     orch, workers = state.params, subagent_params(state)
-    if not getattr(engine, "whole_batch", False):        # each process decodes its share with a local copy
+    if not engine.whole_batch:        # each process decodes its share with a local copy
         orch, workers = _rollout_params(orch, workers, learner.mesh)
     return learn(learner, state, collect(engine, orch, workers, problems, key, rcfg, step=step,
                                          subagents=subagents, mesh=learner.mesh))
@@ -203,7 +203,7 @@ def collect(engine: Engine, params: Any, worker_params: Any, problems: list, key
     mine = problems[start:stop]
     episodes = [p for p in mine for _ in range(G)]
     t0 = time.perf_counter()
-    if getattr(engine, "whole_batch", False):       # the whole step's episodes on every process, its rows kept
+    if engine.whole_batch:       # the whole step's episodes on every process, its rows kept
         episodes = [p for p in problems for _ in range(G)]
     res = engine(params, worker_params, episodes, key, episode_ids=range(start * G, stop * G))
     t1 = time.perf_counter()

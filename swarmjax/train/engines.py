@@ -42,16 +42,37 @@ from swarmjax.swarm.text_types import SwarmConfig, TextRolloutResult
 
 
 class Engine(Protocol):
-    """What the RL step and the evaluation call (module docstring)."""
+    """What the RL step and the evaluation call (module docstring).
+
+    whole_batch: every process passes a call's whole problems and keeps the rows of
+      ``episode_ids`` (else each passes its own share).
+    publish: the params the rollout decodes with, from the learner's (None: the job's
+      default copy).
+    step_key(rl_key, step): RL step ``step``'s rollout key."""
 
     batch: int | None
+    whole_batch: bool
+    publish: Callable[[Any], Any] | None
 
     def __call__(self, orch_params: Any, worker_params: Any, problems: Sequence[Any], key: jax.Array, *,
                  episode_ids: range, greedy: bool = False) -> TextRolloutResult: ...
 
+    def step_key(self, rl_key: jax.Array, step: int) -> jax.Array: ...
+
+
+class _Keys:
+    """The defaults of :class:`Engine`: each process its share; step ``s`` rolls out with
+    ``fold_in(rl_key, 100 + s)``."""
+
+    whole_batch = False
+    publish = None
+
+    def step_key(self, rl_key: jax.Array, step: int) -> jax.Array:
+        return jax.random.fold_in(rl_key, 100 + step)
+
 
 @dataclasses.dataclass
-class HostEngine:
+class HostEngine(_Keys):
     """:class:`~swarmjax.swarm.text_rollout.TextRollout` over fresh environments
     ``make(problem)``: ``rollout`` samples, ``greedy_rollout`` (None: ``rollout``) runs the
     greedy calls. Episode ``e`` draws its tokens from ``fold_in(key, episode_ids[e])``, so
@@ -74,7 +95,7 @@ class HostEngine:
 
 
 @dataclasses.dataclass
-class DeviceEngine:
+class DeviceEngine(_Keys):
     """:class:`~swarmjax.swarm.text_engine.TextSwarm` on episodes of its task; greedy
     calls lift the budget (``budget=None``). ``batch``: the training step's episode count
     (one compiled program for rollouts and evaluations). Episode ``e`` is keyed by its
@@ -118,13 +139,20 @@ class TokenEngine:
     ``greedy_rollout`` runs the greedy calls (the budget lifted). ``whole_batch``: every
     process passes the whole call's problems (its tasks go on the rollout's ``mesh`` as one
     global batch, sampled from one key, as one process would) and ``episode_ids`` names the
-    episodes whose rows it keeps, counted from the call's first. ``stats["seconds"]``: the rollout's wall time until its
-    results were ready, compilation excluded (:func:`~swarmjax.traces.timing.stopwatch`)."""
+    episodes whose rows it keeps, counted from the call's first. ``stats["seconds"]``: the
+    rollout's wall time until its results were ready, compilation excluded
+    (:func:`~swarmjax.traces.timing.stopwatch`). Step ``s`` rolls out with
+    ``split(fold_in(fold_in(rl_key, 3), s))[1]``. ``publish``: the params laid out on the
+    rollout's own devices (an asynchronous job's), or None."""
 
     rollout: Any
     greedy_rollout: Any
     batch: int | None = None
+    publish: Callable[[Any], Any] | None = None
     whole_batch = True
+
+    def step_key(self, rl_key: jax.Array, step: int) -> jax.Array:
+        return jax.random.split(jax.random.fold_in(jax.random.fold_in(rl_key, 3), step))[1]
 
     def __call__(self, orch_params, worker_params, problems, key, *, episode_ids, greedy=False):
         from swarmjax.envs import widesearch_jax as wsj
@@ -171,6 +199,17 @@ class JudgedEngine:
     @property
     def batch(self) -> int | None:
         return self.engine.batch
+
+    @property
+    def whole_batch(self) -> bool:
+        return self.engine.whole_batch
+
+    @property
+    def publish(self) -> Callable[[Any], Any] | None:
+        return self.engine.publish
+
+    def step_key(self, rl_key: jax.Array, step: int) -> jax.Array:
+        return self.engine.step_key(rl_key, step)
 
     def __call__(self, orch_params, worker_params, problems, key, *, episode_ids, greedy=False):
         from swarmjax.envs.task import reward_terms

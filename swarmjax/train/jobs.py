@@ -5,9 +5,9 @@ evaluation (what ``swarmjax train`` and ``swarmjax eval`` call).
     summary = run_job(config, "runs/x", resume="auto")
     print(job_table(config)(evaluate_checkpoint(config, "runs/x", which="best")))
 
-A job config (:data:`RUNS`: :class:`~swarmjax.train.agent_job.AgentJob`, any text task
-on the host or device engine; :class:`~swarmjax.train.job.TrainJob`, the token world) names its
-:class:`~swarmjax.train.loop.JobRun`: the pieces it plugs into the loop. Everything else is
+A job config (:data:`RUNS`: :class:`~swarmjax.train.agent_job.AgentJob`, any task on the
+host, device or token engine) names its :class:`~swarmjax.train.loop.JobRun`: the pieces it
+plugs into the loop. Everything else is
 shared: the resume mode, the workdir and checkpoint checks before anything is created
 (:func:`~swarmjax.train.frame.run_checkpointed`), the loop
 (:func:`~swarmjax.train.loop.run_loop`), the checkpoint's restore and identity check
@@ -23,13 +23,12 @@ import jax
 
 from swarmjax.train.agent_job import AgentJob, AgentRun
 from swarmjax.train.frame import finished_step, run_checkpointed
-from swarmjax.train.job import TokenRun, TrainJob
 from swarmjax.train.loop import JobRun, evaluate_checkpoint as evaluate_run, run_loop
 
 __all__ = ["RUNS", "evaluate_checkpoint", "job_table", "run_job", "run_type"]
 
 # job config type -> the run that plugs it into the loop
-RUNS: dict[type, type[JobRun]] = {AgentJob: AgentRun, TrainJob: TokenRun}
+RUNS: dict[type, type[JobRun]] = {AgentJob: AgentRun}
 
 
 def run_type(job: Any) -> type[JobRun]:
@@ -69,8 +68,8 @@ def run_job(job: Any, workdir: str, *, progress: bool = True, resume: bool | str
 
 def evaluate_checkpoint(job: Any, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
     """Evaluate checkpoint ``which`` ("latest", "best" or a step) of the run in ``workdir``
-    on ``split`` of ``job``'s held-out problems, as the run's own evaluations do, and its
-    start where the checkpoint holds it (the frozen warm start); ``job`` may differ from
+    on ``split`` of ``job``'s held-out problems, as the run's own evaluations do (the
+    start's figures from the run's own evaluation of it); ``job`` may differ from
     the run's config outside its run's ``checked`` fields (e.g. more held-out episodes).
     Opens the checkpoints read-only and writes nothing. Returns what :func:`job_table`
     prints, with ``step``."""

@@ -1,9 +1,8 @@
 """The one training loop of every job: start or restore, RL steps, evaluations,
 checkpoints, preemption, summary.
 
-A job plugs its pieces into :func:`run_loop` as a :class:`JobRun`: the agent job's
-(:mod:`swarmjax.train.agent_job`: any text task, host or device engine) and the token world's
-(:mod:`swarmjax.train.job`: its own jitted trainer). A run brings its learner, engine,
+A job plugs its pieces into :func:`run_loop` as a :class:`JobRun` (the one job's:
+:class:`~swarmjax.train.agent_job.AgentRun`, any task on any engine). A run brings its learner, engine,
 task stream, RL config, how it warm-starts, evaluates and sums up; the loop owns
 everything in between, the same for every job:
 
@@ -15,7 +14,7 @@ everything in between, the same for every job:
    way ``config.txt`` (the config's repr) is written.
 2. **RL**: per step :meth:`JobRun.rl_step` (by default ``rl.tasks_per_step`` problems
    of the stream through :func:`~swarmjax.train.agent_rl.rl_step`, sampled with
-   ``fold_in(rl_key, 100 + s)`` at step ``s``) or, with ``rl.async_rollout``, a batch
+   the engine's key of step ``s``, ``engine.step_key(rl_key, s)``) or, with ``rl.async_rollout``, a batch
    rolled out ahead (:meth:`JobRun.async_rollouts`); a metrics line, the no-signal
    watch, a progress bar and log lines; frozen sub-agents refreshed when due.
 3. **Evaluations and checkpoints**: the validation split every ``eval_every`` steps
@@ -78,7 +77,7 @@ class JobRun:
     (:mod:`swarmjax.train.jobs`): ``best_metric`` (the checkpoints' score that picks the
     best one), ``checked`` (the identity fields an evaluated checkpoint must share with
     the config: the policy's and the held-out set's; None: all), :meth:`table` (the
-    summary's and a checkpoint evaluation's table), ``frozen_start`` (:meth:`start_state`).
+    summary's and a checkpoint evaluation's table).
     """
 
     job: Any
@@ -102,7 +101,6 @@ class JobRun:
     checkpoint_every: int = 0
     best_metric: str = "accuracy"
     checked: tuple[str, ...] | None = None
-    frozen_start: bool = False
 
     @staticmethod
     def checkpointing(job: Any) -> CheckpointConfig:
@@ -115,17 +113,10 @@ class JobRun:
         """Markdown of a summary (:meth:`summary`) or a checkpoint evaluation (:meth:`report`)."""
         raise NotImplementedError
 
-    def start_state(self, state: Any) -> Any | None:
-        """The state with the start's policy (the warm start) as its params, when the RL
-        state holds it (``frozen_start``: the frozen sub-agents, false for a run whose
-        ``rl.refresh_subagents`` replaces them), else None."""
-        return state.replace(params=state.frozen["subagents"]) if self.frozen_start else None
-
-    def report(self, step: int, start: dict | None, final: dict, meta: dict, split: str, seconds: float) -> dict:
+    def report(self, step: int, final: dict, meta: dict, split: str, seconds: float) -> dict:
         """A checkpoint evaluation (``swarmjax eval``) as :meth:`table` prints it: its
         ``final`` figures (:meth:`evaluate` of checkpoint ``step`` on ``split``), the
-        start's (:meth:`evaluate` of :meth:`start_state`, or None), the checkpoint's meta,
-        the evaluations' wall clock."""
+        checkpoint's meta (the start's figures), the evaluation's wall clock."""
         raise NotImplementedError
 
     def state_shapes(self) -> Any:
@@ -151,9 +142,9 @@ class JobRun:
 
     def rl_step(self, state: Any, step: int) -> tuple[Any, dict]:
         """RL step ``step`` on the stream's next problems: :func:`~swarmjax.train.agent_rl.rl_step`
-        with the key ``fold_in(rl_key, 100 + step)``."""
+        with the engine's key of the step (``engine.step_key(rl_key, step)``)."""
         return rl_step(self.learner, state, self.engine, self.stream.take(self.rl.tasks_per_step),
-                       jax.random.fold_in(self.rl_key, 100 + step), self.rl, step=step, subagents=self.subagents)
+                       self.engine.step_key(self.rl_key, step), self.rl, step=step, subagents=self.subagents)
 
     def async_rollouts(self, state: Any, meta: dict) -> Any:
         """The rollouts a batch ahead (``rl.async_rollout``), begun at ``meta``'s step."""
@@ -213,9 +204,8 @@ def open_checkpoint(workdir: str, which: str, *, shapes: Any, learner: Any, iden
 def evaluate_checkpoint(run: JobRun, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
     """Evaluate checkpoint ``which`` of the run in ``workdir`` (:func:`open_checkpoint`:
     the fields :attr:`JobRun.checked` the same) on the held-out ``split`` of ``run``'s
-    config (greedy, as the run's own evaluations), and the start's policy when the state
-    holds it (:meth:`JobRun.start_state`): what :meth:`JobRun.report` makes of them, with
-    ``step``. Writes nothing."""
+    config (greedy, as the run's own evaluations): what :meth:`JobRun.report` makes of
+    it, with ``step``. Writes nothing."""
     if split not in ("validation", "test"):
         raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
     step, state, meta = open_checkpoint(workdir, which, shapes=run.state_shapes(), learner=run.learner,
@@ -223,10 +213,8 @@ def evaluate_checkpoint(run: JobRun, workdir: str, *, which: str = "latest", spl
     run.ready(state, meta)
     log = JobLog(workdir, None, False)                  # nothing written
     clock = time.perf_counter()
-    start = run.start_state(state)
-    first = None if start is None else run.evaluate(step, run.start_label, start, split, log)
     final = run.evaluate(step, "final", state, split, log)
-    return {"step": step, **run.report(step, first, final, meta, split, time.perf_counter() - clock)}
+    return {"step": step, **run.report(step, final, meta, split, time.perf_counter() - clock)}
 
 
 def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,

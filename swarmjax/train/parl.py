@@ -46,6 +46,11 @@ Array = jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class PARLTrainConfig:
+    """The token engine's RL stage (a job's ``rl`` with ``engine="token"``): ``steps`` PARL
+    steps of ``tasks_per_step`` tasks x ``group_size`` rollouts. ``rollout.env`` None:
+    the task's rules (:meth:`bound`)."""
+
+    steps: int = 200
     rollout: RolloutConfig = RolloutConfig()
     parl: PARLConfig = PARLConfig()
     update: UpdateConfig = UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4)
@@ -57,13 +62,18 @@ class PARLTrainConfig:
     refresh_subagents: SubagentRefresh = SubagentRefresh()   # default: the warm start stays the sub-agents
 
     def __post_init__(self):
-        if self.tasks_per_step < 1 or self.group_size < 1:
-            raise ValueError("tasks_per_step and group_size must be >= 1")
+        if self.tasks_per_step < 1 or self.group_size < 1 or self.steps < 0:
+            raise ValueError("tasks_per_step and group_size must be >= 1, steps >= 0")
         check_group_batch(self.advantage, self.tasks_per_step, self.group_size, self.update)
 
     @property
     def batch(self) -> int:
         return self.tasks_per_step * self.group_size
+
+    def bound(self, task: Any) -> "PARLTrainConfig":
+        """This config over ``task``'s rules (``task.cfg``, a
+        :class:`~swarmjax.envs.widesearch_token_task.WideSearchTokens`)."""
+        return dataclasses.replace(self, rollout=dataclasses.replace(self.rollout, env=task.cfg))
 
     # what the one RL step (swarmjax.train.agent_rl.collect) reads beside the fields above:
     # no turn cost, no overlong penalty (contexts bound every episode), no context
@@ -91,13 +101,9 @@ class PARLTrainer:
         """``rollout_mesh``: the rollout's own devices (asynchronous jobs,
         :mod:`swarmjax.train.async_rl`); default: the learner's ``mesh`` (the greedy
         rollout's). ``eval_batch``: the evaluations' call size (None: all at once)."""
-        from swarmjax.train.engines import TokenEngine
-
         self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
-        self.rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
-        self.engine = TokenEngine(SwarmRollout(cfg.rollout, model_cfg, worker_cfg=worker_cfg, mesh=self.rollout_mesh),
-                                  SwarmRollout(greedy(cfg.rollout), model_cfg, worker_cfg=worker_cfg, mesh=mesh),
-                                  batch=eval_batch)
+        self.engine = token_engine_over(model_cfg, cfg.rollout, mesh=mesh, rollout_mesh=rollout_mesh,
+                                        eval_batch=eval_batch, worker_cfg=worker_cfg)
         self.learner = Learner(model_cfg, logged_update(cfg.update, cfg.async_rollout), mesh=mesh)
 
     def init(self, params: Any, worker_params: Any) -> TrainState:
@@ -129,9 +135,29 @@ class PARLTrainer:
     def publish(self, params: Any) -> Any:
         """A copy of ``params`` for the rollout (the learner's update donates its own): laid
         out over the rollout's mesh when it has devices of its own."""
-        if self.rollout_mesh is self.mesh:
-            return jax.tree.map(jnp.copy, params)
-        return jax.device_put(params, tree_shardings(param_logical_axes(self.model_cfg), params, self.rollout_mesh))
+        return (self.engine.publish or _copy)(params)
+
+
+def _copy(params: Any) -> Any:
+    return jax.tree.map(jnp.copy, params)
+
+
+def token_engine_over(model_cfg: ModelConfig, rcfg: RolloutConfig, *, mesh: Mesh | None = None,
+                      rollout_mesh: Mesh | None = None, eval_batch: int | None = None,
+                      worker_cfg: ModelConfig | None = None):
+    """The token engine (:class:`~swarmjax.train.engines.TokenEngine`): ``rcfg``'s sampling
+    rollout over ``rollout_mesh`` (default ``mesh``) and its greedy twin (the budget
+    lifted) over ``mesh``, evaluations in calls of ``eval_batch`` episodes (None: all at
+    once). With a rollout mesh of its own, its ``publish`` lays the learner's params out
+    over it."""
+    from swarmjax.train.engines import TokenEngine
+
+    rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
+    publish = None if rollout_mesh is mesh else (
+        lambda params: jax.device_put(params, tree_shardings(param_logical_axes(model_cfg), params, rollout_mesh)))
+    return TokenEngine(SwarmRollout(rcfg, model_cfg, worker_cfg=worker_cfg, mesh=rollout_mesh),
+                       SwarmRollout(greedy(rcfg), model_cfg, worker_cfg=worker_cfg, mesh=mesh),
+                       batch=eval_batch, publish=publish)
 
 
 def greedy(rcfg: RolloutConfig, budget: int | None = None) -> RolloutConfig:
@@ -144,5 +170,5 @@ def greedy(rcfg: RolloutConfig, budget: int | None = None) -> RolloutConfig:
 def sample_eval_tasks(key: Array, env, sizes: list[int] | tuple[int, ...], episodes: int) -> list[dict]:
     """``episodes`` fresh tasks of each size n, size by size, as a problem list
     (:func:`~swarmjax.envs.widesearch_jax.problems`; for a job, use the held-out split
-    instead: :func:`swarmjax.train.job.eval_tasks`)."""
+    instead: :func:`swarmjax.envs.widesearch_token_task.eval_tasks`)."""
     return [p for n in sizes for p in wsj.problems(wsj.reset(jax.random.fold_in(key, n), env, episodes, n=n))]

@@ -89,9 +89,13 @@ def task_stream(task: Any, split: str, seed: int) -> Any:
 
 
 def held_out(task: Any, split: str, seed: int, count: int) -> list[Any]:
-    """The first ``count`` problems of ``split``: a generator task's stream
+    """The first ``count`` problems of ``split``: the task's own pick
+    (``task.held_out(split, seed, count)``) when it has one, a generator task's stream
     (:func:`task_stream`), a dataset's records in order, not shuffled (all of them when it
     has fewer; the caller reports the count it got)."""
+    own = getattr(task, "held_out", None)
+    if callable(own):
+        return list(own(split, seed, count))
     records = None if callable(getattr(task, "stream", None)) else records_of(task, split)
     if records is None:
         return task_stream(task, split, seed).take(count)

@@ -4,25 +4,24 @@ Ablations of the PARL stage (another reward channel, loss, budget...) all start 
 the same warm start when the model, the SFT settings, the task and the seed are the
 same, and the warm start is most of a CPU run's wall clock. So every ``run_job`` writes
 its warm-started params (trained, or reused) next to its checkpoints, and a later job
-may start from them (``TrainJob.warm_start_from = <that workdir>``) instead of repeating
+may start from them (``AgentJob.warm_start_from = <that workdir>``) instead of repeating
 the SFT:
 
 * ``warm_start/params/``: the params pytree, orbax ``StandardCheckpointer`` (any mesh,
   local or cloud paths);
-* ``warm_start/meta.json``: what produced them (:func:`warm_identity`: model, SFT
-  config, the task with its budget lifted as the SFT sees it, job seed) and the
-  held-out per-role SFT accuracy the job reports.
+* ``warm_start/meta.json``: what produced them (:func:`warm_identity`: the task, the
+  policy, the role, the SFT config, the job seed) and what the job reports of its data
+  (the token world's held-out per-role SFT accuracy, a text task's demonstration rows).
 
 Loading checks that identity field by field: params trained for another model or on
 other demonstrations are refused with one line naming the fields that differ. A job
 that means to transfer a warm start to a variant of the task (another worker step
-limit, say) narrows the check with ``TrainJob.warm_start_match = ("model",)``; the
+limit, say) narrows the check with ``AgentJob.warm_start_match = ("policy",)``; the
 reused warm start keeps the identity it was made with.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import Any
@@ -36,14 +35,9 @@ _PARAMS, _META = "params", "meta.json"
 
 
 def warm_identity(job) -> dict[str, str]:
-    """The fields of a :class:`~swarmjax.train.job.TrainJob` that determine its warm
-    start, as reprs: the model, the SFT config, the task (budget lifted: the SFT runs
-    without it) and the job seed (the params' initialisation). Another job type says
-    its own with a ``warm_identity()`` method (:class:`~swarmjax.train.agent_job.AgentJob`)."""
-    if hasattr(job, "warm_identity"):
-        return job.warm_identity()
-    env = dataclasses.replace(job.parl.rollout.env, budget=None)
-    return {"model": repr(job.model), "sft": repr(job.sft), "env": repr(env), "seed": repr(job.seed)}
+    """The fields of a job config that determine its warm start, as reprs (its
+    ``warm_identity()``: :meth:`~swarmjax.train.agent_job.AgentJob.warm_identity`)."""
+    return job.warm_identity()
 
 
 def _dir(workdir: str | epath.PathLike) -> epath.Path:
@@ -78,7 +72,7 @@ def check_warm_start(job, workdir: str) -> dict[str, Any]:
                          "runs write it once their SFT stage ends)")
     meta = json.loads(meta_file.read_text())
     mine, saved = warm_identity(job), meta.get("identity", {})
-    match = getattr(job, "warm_start_match", tuple(mine))
+    match = getattr(job, "warm_start_match", None) or tuple(mine)
     diff = sorted(k for k in match if mine.get(k) != saved.get(k))
     if diff:
         raise ValueError(f"warm_start_from: the warm start in {workdir} was made with another "
