@@ -27,7 +27,7 @@ CONFIG = os.path.join(EXAMPLE, "config.py")
 SMALL = ["sft.steps=40", "sft.batch=8", "sft.demos=64", "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2",
          "eval_episodes=2", "eval_every=1", "rl.dynamic_sampling=False", "rl.overlong.max_length=200",
          "rl.overlong.cache_length=200"]
-TIMING = {"rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
+TIMING = {"rollout_s", "update_s", "tok_s", "wall_clock_s", "warm_start_s"}
 
 
 @pytest.fixture(scope="module")

@@ -166,7 +166,7 @@ def test_warm_start_from_another_run(tmp_path, small, two_steps, capsys):
     capsys.readouterr()
     assert train(tmp_path / "bad", small, "model.num_layers=2", f"warm_start_from='{base}'") == 2
     err = capsys.readouterr().err.strip()
-    assert "warm_start_from" in err and "another model" in err and len(err.splitlines()) == 1
+    assert "warm_start_from" in err and "another policy" in err and len(err.splitlines()) == 1
     assert train(tmp_path / "none", small, f"warm_start_from='{tmp_path}'") == 2
     assert "holds no warm start" in capsys.readouterr().err
     # a variant of the task: refused by default, transferred when only the model must match,

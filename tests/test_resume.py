@@ -260,15 +260,15 @@ def test_logs_cut_back_consistently(tmp_path):
     def rec(**kw):
         return json.dumps(kw) + "\n"
     m = tmp_path / "metrics.jsonl"
-    m.write_text(rec(stage="sft", step=0) + rec(stage="parl", step=0) + rec(stage="parl", step=1)
-                 + rec(stage="parl", step=2) + '{"stage": "pa')
+    m.write_text(rec(stage="sft", step=0) + rec(stage="rl", step=0) + rec(stage="rl", step=1)
+                 + rec(stage="rl", step=2) + '{"stage": "r')
     e = tmp_path / "eval.jsonl"
-    e.write_text(rec(policy="warm_start", split="test", step=0, n=1) + rec(policy="parl", split="validation",
+    e.write_text(rec(policy="warm_start", split="test", step=0, n=1) + rec(policy="rl", split="validation",
                  step=2, n=1) + rec(policy="final", split="test", step=2, n=1))
     assert [json.loads(x)["step"] for x in truncate(m, 2)] == [0, 0, 1]
     assert m.read_text().count("\n") == 3 and not (tmp_path / "metrics.jsonl.tmp").exists()
-    assert [json.loads(x)["policy"] for x in truncate(e, 2, keep_final=True)] == ["warm_start", "parl", "final"]
-    assert [json.loads(x)["policy"] for x in truncate(e, 2)] == ["warm_start", "parl"]
+    assert [json.loads(x)["policy"] for x in truncate(e, 2, keep_final=True)] == ["warm_start", "rl", "final"]
+    assert [json.loads(x)["policy"] for x in truncate(e, 2)] == ["warm_start", "rl"]
 
     written = {}
     for append in (True, False):
@@ -276,7 +276,7 @@ def test_logs_cut_back_consistently(tmp_path):
         d.mkdir()
         (d / "metrics.jsonl").write_text(m.read_text())
         log = JobLog(d, 2, append=append)
-        log.write("metrics.jsonl", {"stage": "parl", "step": 2})
+        log.write("metrics.jsonl", {"stage": "rl", "step": 2})
         log.sync()
         assert (d / "metrics.jsonl").read_text().count("\n") == 4
         log.close()
@@ -284,5 +284,5 @@ def test_logs_cut_back_consistently(tmp_path):
         fresh = JobLog(d, None, append=append)                # a fresh start empties the logs and tb/
         fresh.close()
         assert all((d / n).read_text() == "" for n in JobLog.NAMES)
-        assert len(list((d / "tb" / "parl").glob("events.*"))) <= 1       # the earlier events are gone
+        assert len(list((d / "tb" / "rl").glob("events.*"))) <= 1       # the earlier events are gone
     assert written[True] == written[False]

@@ -1,8 +1,9 @@
 """`swarmjax train --config configs/parl_widesearch_text_cpu.py`, shrunk: the text PARL recipe
 (the relay task's streams and demonstrations, swarmjax/envs/widesearch_relay_parl.py) through
-the agent job on the device engine end to end (tokenizer, played demonstrations, a two-role warm
-start, PARL on the jitted text swarm, evaluations, summary), its preemption and exact resume,
-over two processes, with rollouts in flight, its reward and its bad-input errors."""
+the one job on the device engine end to end (tokenizer, played demonstrations, a two-role warm
+start, PARL on the jitted text swarm, evaluations, summary), its preemption and exact resume in
+a ``gs://`` workdir (a fake GCS, tests/fake_gcs.py), over two processes, with rollouts in
+flight, its reward and its bad-input errors."""
 
 import contextlib
 import dataclasses
@@ -13,6 +14,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from etils import epath
 
 from small_job import close_lines, restored_states, sigterm_in_rl_step
 from swarmjax.cli import main
@@ -58,7 +60,7 @@ def get_config():
                                                            max_turn_tokens=192, subagent_turns=3, budget=6)),
         eval_episodes=4, eval_every=1)
 '''
-TIMING = {"seconds", "rollout_s", "update_s", "wall_clock_s", "warm_start_s"}
+TIMING = {"seconds", "rollout_s", "update_s", "tok_s", "wall_clock_s", "warm_start_s"}
 
 
 def test_shipped_config_is_valid():
@@ -83,8 +85,8 @@ def tiny_run(tmp_path_factory):
 
 
 def lines(run, name, *, drop=TIMING, stage=None):
-    """A run's log lines without their timings (only ``stage``'s when given)."""
-    rows = [json.loads(x) for x in open(os.path.join(run, name))]
+    """A run's log lines without their timings (only ``stage``'s when given); local or ``gs://``."""
+    rows = [json.loads(x) for x in (epath.Path(run) / name).read_text().splitlines()]
     return [{k: v for k, v in r.items() if k not in drop} for r in rows if stage in (None, r.get("stage"))]
 
 
@@ -233,18 +235,31 @@ def test_the_recipes_streams():
         task.stream("dev", 0)
 
 
+@pytest.fixture
+def gcs(monkeypatch):
+    """A fake GCS (tests/fake_gcs.py) holding the bucket ``test-bucket``, for one test."""
+    import fake_gcs
+
+    server, env = fake_gcs.start()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    yield "gs://test-bucket"
+    server.stop()
+
+
 @pytest.mark.slow
-def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, capsys):
-    """The RL stage over the tiny run's warm start (``warm_start_from``), stopped by
-    SIGTERM in its first step (exit 143, a checkpoint at step 1) and continued with
-    ``--resume auto``, writes what the tiny run wrote: the same RL and evaluation lines,
-    summary and final parameters, bit for bit (a reused warm start is the run's own). The
-    frozen sub-agents keep their weights while an update moves the policy; the final test
-    episodes' traces are valid; resumed once more, it recomputes nothing."""
+def test_preempted_text_parl_job_resumes_exactly(tiny_run, gcs, capsys):
+    """The RL stage over the tiny run's warm start (``warm_start_from``) in a ``gs://``
+    workdir, stopped by SIGTERM in its first step (exit 143, a checkpoint at step 1) and
+    continued with ``--resume auto``, writes what the tiny run wrote locally: the same RL
+    and evaluation lines, summary and final parameters, bit for bit (a reused warm start is
+    the run's own). The frozen sub-agents keep their weights while an update moves the
+    policy; the final test episodes' traces are valid; resumed once more, it recomputes
+    nothing."""
     config, full, _ = tiny_run
     args = lambda run: ["train", "--config", str(config), "--workdir", str(run), "--no-progress",   # noqa: E731
                         "--set", f"warm_start_from={full}"]
-    cut = tmp_path / "cut"
+    cut = epath.Path(gcs) / "cut"
     with sigterm_in_rl_step(0):                  # the notice arrives during RL step 0
         assert main(args(cut)) == PREEMPTED_EXIT_CODE
     assert "checkpoint at RL step 1 saved" in capsys.readouterr().err
@@ -254,12 +269,13 @@ def test_preempted_text_parl_job_resumes_exactly(tiny_run, tmp_path, capsys):
     assert lines(cut, "metrics.jsonl", stage="rl") == lines(full, "metrics.jsonl", stage="rl")
     assert lines(cut, "eval.jsonl") == lines(full, "eval.jsonl")
     drop = lambda s: {k: v for k, v in s.items() if k not in TIMING}          # noqa: E731
-    assert drop(json.load(open(cut / "summary.json"))) == drop(json.load(open(os.path.join(full, "summary.json"))))
+    assert drop(json.loads((cut / "summary.json").read_text())) == \
+        drop(json.load(open(os.path.join(full, "summary.json"))))
     equal = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))     # noqa: E731
-    a, b = restored_states((full, cut), lambda ckpt, s: ckpt.read(s), 2)
+    a, b = restored_states((full, str(cut)), lambda ckpt, s: ckpt.read(s), 2)
     assert equal(a, b)
     # the sub-agents keep their weights, bit for bit, while an update moves the policy
-    (before,), (after,) = (restored_states((cut,), lambda ckpt, s: ckpt.read(s), step) for step in (1, 2))
+    (before,), (after,) = (restored_states((str(cut),), lambda ckpt, s: ckpt.read(s), step) for step in (1, 2))
     assert equal(before["frozen"]["subagents"], after["frozen"]["subagents"])
     assert not equal(before["params"], after["params"]) and not equal(after["params"], after["frozen"]["subagents"])
     from test_traces import check

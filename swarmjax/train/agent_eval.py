@@ -133,9 +133,11 @@ def start_figures(meta: dict, split: str, count: int) -> dict:
 
 def per_size(task: Any, problems: list, episodes: dict[str, np.ndarray]) -> dict[str, dict[str, float]] | None:
     """Each figure's mean over the episodes of each problem size (``task.size(problem)``:
-    ``{str(n): {figure: mean}}``), or None when every problem has one size."""
+    ``{str(n): {figure: mean}}``); None when the task has no ``size`` method and every
+    problem has one size."""
     sizes = np.asarray([problem_size(task, p) for p in problems])
-    return None if len(set(sizes.tolist())) < 2 else by_size(sizes, episodes)
+    sized = callable(getattr(task, "size", None))
+    return by_size(sizes, episodes) if sized and len(problems) or len(set(sizes.tolist())) > 1 else None
 
 
 # the per-size table's columns: what a size changes

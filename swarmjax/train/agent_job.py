@@ -308,20 +308,21 @@ class AgentRun(JobRun):
         job, clock = self.job, time.perf_counter()
         meta = {"job": self.identity, "warm_start_s": 0.0, "rl_seed": self.rl_seed,
                 "held_out": {s: len(p) for s, p in self.splits.items()}}
+        identity = None                     # a reused warm start keeps the identity it was made with
         if job.warm_start_from is not None:
             say(f"warm start: reusing the one in {job.warm_start_from}")
             params, warm = load_warm_start(job, job.warm_start_from,
                                            jax.eval_shape(lambda: init_params(self.cfg, self.key)))
-            meta["warm_start_data"] = warm.get("sft_accuracy") or None
-            # every run's workdir holds its warm start; a reused one keeps the identity it was made with
-            save_warm_start(job, self.workdir, params, meta["warm_start_data"], identity=warm["identity"])
+            meta["warm_start_data"], identity = warm.get("sft_accuracy") or None, warm["identity"]
         elif job.sft is None:
             params = init_params(self.cfg, self.key) if self.params is None else self.params
         else:
             params, meta["warm_start_data"] = WARM_STARTS[type(job.sft)](self, log, watch)
-            save_warm_start(job, self.workdir, params, meta["warm_start_data"])
             meta["warm_start_s"] = time.perf_counter() - clock
-        return self.learner.init(params, _frozen(job, params)), meta
+        state = self.learner.init(params, _frozen(job, params))
+        if job.sft is not None:    # every run's workdir holds its warm start, laid out on the learner's mesh
+            save_warm_start(job, self.workdir, state.params, meta["warm_start_data"], identity=identity)
+        return state, meta
 
     def ready(self, state: Any, meta: dict) -> None:
         """The judge (a frozen copy in the state, or its own checkpoint) joins the engine."""
@@ -354,10 +355,19 @@ class AgentRun(JobRun):
     def score(self, evals: dict) -> dict[str, float]:
         return {"accuracy": evals["accuracy"]}
 
-    def report(self, step: int, final: dict, meta: dict, split: str, seconds: float) -> dict:
-        """The checkpoint's figures (per size on the test split) and, on the run's own test
-        problems, the start's from the run's evaluation of it."""
-        return {**labelled_figures("final", final), **start_figures(meta, split, len(self.splits[split])),
+    def start_state(self, state: Any) -> Any | None:
+        """The policy RL started from, when the state keeps it: frozen sub-agents that no
+        refresh replaced."""
+        job = self.job
+        kept = job.role == "orchestrator" and job.subagents == "frozen" and not job.rl.refresh_subagents.enabled
+        return state.replace(params=state.frozen["subagents"]) if kept else None
+
+    def report(self, step: int, start: dict | None, final: dict, meta: dict, split: str, seconds: float) -> dict:
+        """The checkpoint's figures and the start's (:meth:`start_state` evaluated, or on the
+        run's own test problems its evaluation of it)."""
+        first = labelled_figures("initial", start) if start is not None else \
+            start_figures(meta, split, len(self.splits[split]))
+        return {**labelled_figures("final", final), **first,
                 "held_out": {split: len(self.splits[split])}, "rl_steps": step, "wall_clock_s": seconds,
                 "backend": jax.default_backend()}
 

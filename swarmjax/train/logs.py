@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import pathlib
+import shutil
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -46,10 +48,12 @@ class JobLog:
     ``resume_step``: the files are first cut back to the lines written before that
     step began (:func:`truncate`; ``keep_final`` keeps the final evaluation of a run
     that had already finished), then appended to, so a resumed run's logs equal an
-    uninterrupted run's. TensorBoard event files go to ``tb/sft`` and ``tb/parl`` when
-    ``tensorboardX`` is installed (and, for ``gs://``, ``google-cloud-storage``; else
-    no TensorBoard, with a warning); a resume hides the PARL events it recomputes
-    (TensorBoard's ``purge_step``).
+    uninterrupted run's. TensorBoard event files go to ``tb/sft`` and ``tb/rl`` when
+    ``tensorboardX`` is installed; a resume hides the RL events it recomputes
+    (TensorBoard's ``purge_step``). In an object store they are written to a local
+    directory and copied to ``tb/`` at :meth:`sync` and :meth:`close` (tensorboardX's own
+    GCS writer uploads its whole file at every flush, and once more when collected, at
+    the interpreter's exit).
 
     ``append``: write each line to the file at once (default on local paths: a killed
     run loses nothing) or, False (default on object stores), keep the lines and
@@ -65,6 +69,7 @@ class JobLog:
         self.files: dict[str, Any] = {}
         self.lines: dict[str, list[str]] = {}
         self.tb = None
+        self.staged: str | None = None     # an object store's TensorBoard events, written here first
         if not enabled:
             return
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -83,14 +88,18 @@ class JobLog:
         except ImportError:
             return
         tb = self.workdir / "tb"
+        if not is_local(self.workdir):                  # staged locally, copied at sync and close
+            import tempfile
+            self.staged = tempfile.mkdtemp(prefix="swarmjax-tb-")
+            tb = epath.Path(self.staged)
         try:
-            # two TensorBoard runs: the warm start, and PARL with its evaluations. The PARL
+            # two TensorBoard runs: the warm start, and RL with its evaluations. The RL
             # x axis is steps done (training step i is drawn at i + 1, with the evaluation
             # after it); a resume from checkpoint s recomputes from s + 1, so the events
             # from there on are hidden (purge_step) and the curves equal an uninterrupted run's
             self.tb = {"sft": SummaryWriter(str(tb / "sft")),
-                       "parl": SummaryWriter(str(tb / "parl"),
-                                             purge_step=None if resume_step is None else resume_step + 1)}
+                       "rl": SummaryWriter(str(tb / "rl"),
+                                           purge_step=None if resume_step is None else resume_step + 1)}
         except (ImportError, OSError, ValueError) as e:     # e.g. gs:// without google-cloud-storage
             _log.warning("swarmjax: no TensorBoard events in %s: %s", tb, e)
             self.tb = None
@@ -107,13 +116,14 @@ class JobLog:
         # TensorBoard: curves only (the final test evaluation is in summary.json; a
         # shorter run's final one, which a resume replaces, would otherwise stay drawn)
         if self.tb is not None and name != "traces.jsonl" and record.get("policy") != "final":
-            tag = record.get("stage") or "/".join(
-                ["eval", record["split"], record["policy"]] + ([f"n{record['n']}"] if "n" in record else []))
-            writer = self.tb["sft" if tag == "sft" else "parl"]
-            step = record["step"] + (tag in ("parl", "rl"))     # a training step's line: steps done
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-                    writer.add_scalar(f"{tag}/{k}", v, step)
+            tag = record.get("stage") or "/".join(["eval", record["split"], record["policy"]])
+            writer = self.tb["sft" if tag == "sft" else "rl"]
+            step = record["step"] + (tag == "rl")     # a training step's line: steps done
+            figures = [(tag, record)] + [(f"{tag}/n{n}", row) for n, row in record.get("sizes", {}).items()]
+            for prefix, row in figures:
+                for k, v in row.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+                        writer.add_scalar(f"{prefix}/{k}", v, step)
 
     def sync(self) -> None:
         """Make every line written so far durable (object stores: rewrite the files;
@@ -122,15 +132,25 @@ class JobLog:
             return
         for name, lines in self.lines.items():
             _write_lines(self.workdir / name, lines)
+        if self.staged is not None:
+            for writer in (self.tb or {}).values():
+                writer.flush()
+            for path in pathlib.Path(self.staged).rglob("events.*"):
+                target = self.workdir / "tb" / str(path.relative_to(self.staged))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(path.read_bytes())
 
     def close(self) -> None:
+        for writer in (self.tb or {}).values():
+            writer.close()                      # every queued event written
+        self.tb = None
         self.sync()
         for f in self.files.values():
             f.close()
         self.files = {}
-        for writer in (self.tb or {}).values():
-            writer.close()
-        self.tb = None
+        if self.staged is not None:
+            shutil.rmtree(self.staged, ignore_errors=True)
+            self.staged = None
 
 
 def keep_line(row: dict, step: int, *, keep_final: bool = False) -> bool:
@@ -201,8 +221,7 @@ def curves(workdir: PathLike, keys: tuple[str, ...] = ("reward", "item_f1", "cri
            ) -> None:
     """curves.png: the warm start's loss; the RL steps' ``keys`` (batch means of the
     training rollouts: reward, item-F1 / accuracy, critical steps and sub-agents; a key
-    the steps do not log is left out) per step, whatever the RL stage is called in
-    ``metrics.jsonl`` ("parl", "rl")."""
+    the steps do not log is left out) per step."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -213,14 +232,13 @@ def curves(workdir: PathLike, keys: tuple[str, ...] = ("reward", "item_f1", "cri
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rl = [r for r in rows if r["stage"] != "sft"]
     sft = [r for r in rows if r["stage"] == "sft"]
-    stage = rl[0]["stage"].upper() if rl else "RL"
     keys = tuple(k for k in keys if any(k in r for r in rl)) or keys
     fig, axes = plt.subplots(1, 1 + len(keys), figsize=(4 * (1 + len(keys)), 3.4))
     axes[0].plot([r["step"] for r in sft], [r["loss"] for r in sft])
     axes[0].set_title("warm start loss")
     for ax, k in zip(axes[1:], keys):
         ax.plot([r["step"] for r in rl if k in r], [r[k] for r in rl if k in r])
-        ax.set_title(f"{stage} {k}")
+        ax.set_title(f"RL {k}")
         ax.set_xlabel("step")
     fig.tight_layout()
     with (workdir / "curves.png").open("wb") as f:

@@ -113,10 +113,16 @@ class JobRun:
         """Markdown of a summary (:meth:`summary`) or a checkpoint evaluation (:meth:`report`)."""
         raise NotImplementedError
 
-    def report(self, step: int, final: dict, meta: dict, split: str, seconds: float) -> dict:
+    def start_state(self, state: Any) -> Any | None:
+        """The state with the start's policy as its params when the RL state holds it (e.g.
+        frozen sub-agents that are the policy RL started from), else None."""
+        return None
+
+    def report(self, step: int, start: dict | None, final: dict, meta: dict, split: str, seconds: float) -> dict:
         """A checkpoint evaluation (``swarmjax eval``) as :meth:`table` prints it: its
         ``final`` figures (:meth:`evaluate` of checkpoint ``step`` on ``split``), the
-        checkpoint's meta (the start's figures), the evaluation's wall clock."""
+        start's (:meth:`evaluate` of :meth:`start_state`, or None), the checkpoint's meta,
+        the evaluations' wall clock."""
         raise NotImplementedError
 
     def state_shapes(self) -> Any:
@@ -204,8 +210,9 @@ def open_checkpoint(workdir: str, which: str, *, shapes: Any, learner: Any, iden
 def evaluate_checkpoint(run: JobRun, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
     """Evaluate checkpoint ``which`` of the run in ``workdir`` (:func:`open_checkpoint`:
     the fields :attr:`JobRun.checked` the same) on the held-out ``split`` of ``run``'s
-    config (greedy, as the run's own evaluations): what :meth:`JobRun.report` makes of
-    it, with ``step``. Writes nothing."""
+    config (greedy, as the run's own evaluations), and the start's policy when the state
+    holds it (:meth:`JobRun.start_state`): what :meth:`JobRun.report` makes of them, with
+    ``step``. Writes nothing."""
     if split not in ("validation", "test"):
         raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
     step, state, meta = open_checkpoint(workdir, which, shapes=run.state_shapes(), learner=run.learner,
@@ -213,8 +220,10 @@ def evaluate_checkpoint(run: JobRun, workdir: str, *, which: str = "latest", spl
     run.ready(state, meta)
     log = JobLog(workdir, None, False)                  # nothing written
     clock = time.perf_counter()
+    start = run.start_state(state)
+    first = None if start is None else run.evaluate(step, run.start_label, start, split, log)
     final = run.evaluate(step, "final", state, split, log)
-    return {"step": step, **run.report(step, final, meta, split, time.perf_counter() - clock)}
+    return {"step": step, **run.report(step, first, final, meta, split, time.perf_counter() - clock)}
 
 
 def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
