@@ -200,7 +200,7 @@ class AgentJob:
         if refresh.enabled and (self.role != "orchestrator" or self.subagents != "frozen"):
             raise ValueError("rl.refresh_subagents replaces frozen sub-agents: it needs role='orchestrator' and "
                              "subagents='frozen'")
-        if self.role == "orchestrator" and self.subagents == "shared" and _summarizer(self) == "frozen":
+        if self.role == "orchestrator" and self.subagents == "shared" and _context(self, "summarizer") == "frozen":
             raise ValueError("rl.rollout.context.summarizer='frozen' decodes with the sub-agents' params, which "
                              "subagents='shared' trains: use subagents='frozen' or summarizer='policy'")
 
@@ -214,7 +214,7 @@ def _frozen(job: AgentJob, params: Any) -> dict | None:
     """The frozen trees of the RL state: a copy of ``params`` for frozen sub-agents and a
     frozen summariser (``rl.rollout.context.summarizer="frozen"``), and one for the judge."""
     frozen = {}
-    if job.role == "orchestrator" and job.subagents == "frozen" or _summarizer(job) == "frozen":
+    if job.role == "orchestrator" and job.subagents == "frozen" or _context(job, "summarizer") == "frozen":
         frozen["subagents"] = jax.tree.map(jnp.copy, params)
     if job.judge is not None and job.judge.hf_path is None:
         frozen["judge"] = jax.tree.map(jnp.copy, params)
@@ -223,17 +223,11 @@ def _frozen(job: AgentJob, params: Any) -> dict | None:
     return frozen or None
 
 
-def _summarizer(job: AgentJob) -> str | None:
-    """Who decodes the rollout's summaries (``rl.rollout.context.summarizer``); None for a
-    rollout without context management (the token engine's)."""
+def _context(job: AgentJob, field: str) -> str | None:
+    """``field`` of the rollout's context management (``rl.rollout.context``: its
+    ``strategy``, its ``summarizer``); None for a rollout without it (the token engine's)."""
     context = getattr(job.rl.rollout, "context", None)
-    return None if context is None else context.summarizer
-
-
-def _strategy(job: AgentJob) -> str | None:
-    """The rollout's context strategy (``rl.rollout.context.strategy``; None as :func:`_summarizer`)."""
-    context = getattr(job.rl.rollout, "context", None)
-    return None if context is None else context.strategy
+    return None if context is None else getattr(context, field)
 
 
 class AgentRun(JobRun):
@@ -292,10 +286,10 @@ class AgentRun(JobRun):
         self.stream = task_stream(task, "train", self.rl_seed)
         self.runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
         self.ctx = EnvContext(chat, self.runner, role=job.role, max_subagents=job.max_subagents,
-                              summarize=_strategy(job) == "summary")
+                              summarize=_context(job, "strategy") == "summary")
         self.engine = self.kind.build(job, task, self.ctx, cfg, self.mesh)
         self.splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
-        if _strategy(job) is not None:
+        if _context(job, "strategy") is not None:
             check_env(job.rl.rollout.context.strategy, make_env(task, self.splits["validation"][0], self.ctx),
                       summarizer=job.rl.rollout.context.summarizer)
 
