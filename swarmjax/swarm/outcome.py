@@ -153,10 +153,11 @@ def text_result(cfg: WideSearchConfig, result: RolloutResult, rows: slice | None
 
 
 def episodes(tasks: wsj.Tasks) -> list[Episode]:
-    """The tasks as reference-simulator episodes (host lists)."""
-    table, ents, n = jax.device_get((tasks.table, tasks.entities, tasks.n))
-    return [Episode(table=[int(v) for v in table[b]], task=[int(e) for e in ents[b, :n[b]]])
-            for b in range(len(n))]
+    """The tasks as reference-simulator episodes (host lists): each problem's
+    :func:`~swarmjax.envs.widesearch_token_task.episode`."""
+    from swarmjax.envs.widesearch_token_task import episode
+
+    return [episode(p) for p in wsj.problems(tasks)]
 
 
 def to_outcomes(cfg: WideSearchConfig, res: TextRolloutResult) -> list[Outcome]:

@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from swarmjax.envs.task import ROLES, EnvContext, make_env, problem_size, resolve_task, task_name
+from swarmjax.envs.task import ROLES, EnvContext, make_env, resolve_task, task_name
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.judge import JudgeReward, judge_corpus
@@ -53,7 +53,6 @@ from swarmjax.rl.update import Learner
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm.context import check_env
 from swarmjax.text.runner import ToolRunner
-from swarmjax.traces.text import text_trace
 from swarmjax.train import token_world
 from swarmjax.train.agent import SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, mix_context, warm_start
 from swarmjax.train.agent_eval import (agent_summary_table, evaluate, labelled_figures, mean_figures, per_size,
@@ -331,13 +330,13 @@ class AgentRun(JobRun):
         return state, _tok_s(m)
 
     def evaluate(self, step: int, label: str, state: Any, split: str, log: JobLog) -> dict:
-        """Greedy episodes of the held-out ``split`` (the engine's traces: :data:`TRACES`);
+        """Greedy episodes of the held-out ``split`` (the engine's traces, ``EngineKind.traces``);
         with problems of several sizes, each figure per size too (``sizes``)."""
         task, problems = self.task, self.splits[split]
         if label in ("initial", "final"):
             say(f"evaluating the {'start' if label == 'initial' else 'final policy'} on {len(problems)} "
                 f"{split} problems (greedy)")
-        traces = TRACES[self.job.engine](self, label, split, step, log) if self.primary else None
+        traces = self.kind.traces(self, label, split, step, log) if self.primary else None
         episodes = evaluate(self.engine, state.params, subagent_params(state), problems,
                             jax.random.fold_in(self.key, 1), mesh=self.mesh, on_result=traces)
         res = mean_figures(episodes)
@@ -399,32 +398,6 @@ def _tok_s(m: dict) -> dict:
     if "sampled_tokens" not in m or "rollout_s" not in m:
         return m
     return {**m, "tok_s": m["sampled_tokens"] / max(m["rollout_s"], 1e-9)}
-
-
-def text_traces(run: AgentRun, label: str, split: str, step: int, log: JobLog) -> Callable | None:
-    """The ``on_result`` of a text job's evaluation: the final test evaluation's first call
-    of episodes as orchestration traces (:mod:`swarmjax.traces.text`), compactions
-    included; None for the others."""
-    if (label, split) != ("final", "test"):
-        return None
-    agent = "orchestrator" if run.job.role == "orchestrator" else "agent"     # a single agent by its role
-
-    def write(res, batch, first):
-        for b, p in enumerate(batch if first == 0 else ()):
-            size = problem_size(run.task, p)
-            log.write("traces.jsonl", text_trace(res, b, run.chat.tokenizer.decode, task_size=size,
-                                                 trace_id=f"{label}-s{step}-n{size}-{b}", task_id=f"test-{b}",
-                                                 agent=agent))
-    return write
-
-
-def _token_traces(run: AgentRun, label: str, split: str, step: int, log: JobLog) -> Callable | None:
-    return token_world.token_traces(run, label, step, log) if split == "test" else None
-
-
-# engine name -> (run, label, split, step, log) -> an evaluation's on_result writing its traces, or None
-TRACES: dict[str, Callable[..., Callable | None]] = {"host": text_traces, "device": text_traces,
-                                                     "token": _token_traces}
 
 
 def text_warm_start(run: AgentRun, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict[str, int]]:

@@ -26,6 +26,7 @@ from swarmjax.rl.judge import Judge, JudgeReward
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.chat import chat_format, detect_chat_format
+from swarmjax.traces.text import text_trace
 from swarmjax.train import token_world
 from swarmjax.train.distributed import local_replica
 from swarmjax.train.engines import DeviceEngine, HostEngine, JudgedEngine
@@ -116,6 +117,24 @@ def check_device(job: AgentJob, task: Any) -> None:
         raise ValueError(f"engine='device' does not run with {why[0]}; or use engine='host'")
 
 
+def text_traces(run: Any, label: str, split: str, step: int, log: Any) -> Callable | None:
+    """The ``on_result`` of a text job's evaluation (``run``: its
+    :class:`~swarmjax.train.agent_job.AgentRun`): the final test evaluation's first call of
+    episodes as orchestration traces (:mod:`swarmjax.traces.text`), compactions included;
+    None for the others."""
+    if (label, split) != ("final", "test"):
+        return None
+    agent = "orchestrator" if run.job.role == "orchestrator" else "agent"     # a single agent by its role
+
+    def write(res, batch, first):
+        for b, p in enumerate(batch if first == 0 else ()):
+            size = problem_size(run.task, p)
+            log.write("traces.jsonl", text_trace(res, b, run.chat.tokenizer.decode, task_size=size,
+                                                 trace_id=f"{label}-s{step}-n{size}-{b}", task_id=f"test-{b}",
+                                                 agent=agent))
+    return write
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineKind:
     """What a job's engine name brings.
@@ -123,15 +142,19 @@ class EngineKind:
     build: (job, task, env context, model config, mesh) -> the engine its RL steps and
       evaluations call (:mod:`swarmjax.train.engines`).
     check: (job, task) -> None, or a one-line ValueError.
+    traces: (run, label, split, step, log) -> an evaluation's ``on_result`` writing its
+      traces, or None.
     text: the policy reads text (a tokenizer and a chat format: host, device), or the
       task's own ids (token).
     """
 
     build: Callable[..., Any]
     check: Callable[[AgentJob, Any], None]
+    traces: Callable[..., Callable | None] = text_traces
     text: bool = True
 
 
 ENGINES: dict[str, EngineKind] = {"host": EngineKind(host_engine, check_text),
                                   "device": EngineKind(device_engine, check_device),
-                                  "token": EngineKind(token_world.token_engine, token_world.check, text=False)}
+                                  "token": EngineKind(token_world.token_engine, token_world.check,
+                                                      traces=token_world.token_traces, text=False)}

@@ -118,12 +118,15 @@ def token_warm_start(run: Any, log: Any, watch: Any) -> tuple[Any, dict[str, flo
     return warm, {k: v for k, v in report["after"].items() if k.endswith("_acc")}
 
 
-def token_traces(run: Any, label: str, step: int, log: Any):
-    """The ``on_result`` of a test-split evaluation: the first :data:`TRACES_PER_CALL`
-    episodes of each call (one task size) as orchestration traces, with the reward
-    channels as RL step ``step`` would weigh them (the budget lifted)."""
+def token_traces(run: Any, label: str, split: str, step: int, log: Any):
+    """The ``on_result`` of a test-split evaluation (None for the others): the first
+    :data:`TRACES_PER_CALL` episodes of each call (one task size) as orchestration traces,
+    with the reward channels as RL step ``step`` would weigh them (the budget lifted)."""
     from swarmjax.traces.rollout import rollout_traces
     from swarmjax.train.agent_rl import episode_rewards
+
+    if split != "test":
+        return None
 
     def write(res, batch, first):
         reward, channels = episode_rewards(res, run.rl, step)
