@@ -49,6 +49,7 @@ from common import matmul_peak_flops  # noqa: E402
 from swarmjax.config_file import load_config  # noqa: E402
 from swarmjax.envs import widesearch_jax as wsj  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
+from swarmjax.roles import Roles  # noqa: E402
 from swarmjax.sharding.mesh import MeshConfig, make_mesh  # noqa: E402
 from swarmjax.train.agent_rl import collect, learn  # noqa: E402
 from swarmjax.train.async_rl import AsyncConfig, AsyncRollouts  # noqa: E402
@@ -82,7 +83,7 @@ def run_mode(mode: str, job: AgentJob, params, steps: int) -> dict:
     parl = rl if mode == "sync" else dataclasses.replace(rl, async_rollout=AsyncConfig(depth=1))
     trainer = PARLTrainer(job.model, parl, mesh=mesh, rollout_mesh=rollout_mesh)   # async: mismatch logged
     copy = lambda tree: jax.tree.map(jax.numpy.copy, tree)     # noqa: E731
-    state = trainer.init(copy(params), worker_params=copy(params))
+    state = trainer.init(Roles.both(copy(params)))
     key = jax.random.key(7)
     tasks_of = lambda j: wsj.problems(wsj.reset(jax.random.fold_in(key, j), job.task.cfg,  # noqa: E731
                                                 rl.tasks_per_step))
@@ -101,7 +102,7 @@ def run_mode(mode: str, job: AgentJob, params, steps: int) -> dict:
         return tasks_of(j), [str(j)]
 
     def collect_step(j, tasks, p, workers):
-        return collect(trainer.engine, p, workers, tasks, jax.random.split(jax.random.fold_in(key, 10_000 + j))[1],
+        return collect(trainer.engine, Roles(p, workers), tasks, jax.random.split(jax.random.fold_in(key, 10_000 + j))[1],
                        parl, step=j)
 
     rollouts = AsyncRollouts(AsyncConfig(depth=1), draw=draw, stream_state=lambda: drawn["j"], collect=collect_step,

@@ -62,6 +62,7 @@ from swarmjax.envs import scripts as scripts_lib
 from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import PROTOCOL, Episode, Outcome, Vocab, WideSearchConfig, score, scripted, simulate
 from swarmjax.models import ModelConfig, init_params
+from swarmjax.roles import Roles
 from swarmjax.swarm.engine import INDEX_CHECKS, SAMPLE, RolloutConfig, RolloutResult, Scripts, SwarmRollout
 from swarmjax.swarm.outcome import (episodes, novel_subagents, parallel_entities, returned_entities, text_result,
                                     to_outcomes)
@@ -72,23 +73,21 @@ EXTRA_IDS = 4          # model vocabulary beyond the task's: ids no protocol rul
 
 @dataclasses.dataclass(frozen=True)
 class Size:
-    """A task configuration and its sub-agent KV-cache lanes (fraction of the B x K slots)."""
+    """A task configuration and its sub-agent KV-cache lanes (fewer than the B x K slots
+    of a batch, so sub-agents wait for lanes)."""
 
     env: WideSearchConfig
-    worker_lanes: float
+    subagent_lanes: int
 
 
 SIZES: dict[str, Size] = {
     "tiny": Size(WideSearchConfig(num_entities=4, num_values=3, min_task_size=1, max_task_size=2,
-                                  max_subagents=2, subagent_steps=2, budget=5, orch_context=14,
-                                  worker_context=7), worker_lanes=0.25),
+                                  max_subagents=2, subagent_steps=2, budget=5, contexts=Roles(14, 7)), subagent_lanes=40),
     "small": Size(WideSearchConfig(num_entities=8, num_values=6, min_task_size=1, max_task_size=4,
-                                   max_subagents=3, subagent_steps=3, budget=12, orch_context=40,
-                                   worker_context=14), worker_lanes=0.1),
+                                   max_subagents=3, subagent_steps=3, budget=12, contexts=Roles(40, 14)), subagent_lanes=24),
     "medium": Size(WideSearchConfig(num_entities=24, num_values=12, min_task_size=1, max_task_size=8,
-                                    max_subagents=4, subagent_steps=4, budget=None, orch_context=96,
-                                    worker_context=24), worker_lanes=1 / 16),
-    "largest": Size(WideSearchConfig(budget=None), worker_lanes=1 / 8),
+                                    max_subagents=4, subagent_steps=4, budget=None, contexts=Roles(96, 24)), subagent_lanes=20),
+    "largest": Size(WideSearchConfig(budget=None), subagent_lanes=64),
 }
 
 # name -> (scripted, temperature); see the module docstring
@@ -125,7 +124,7 @@ def at_temperature(params: dict, temperature: float) -> dict:
 
 def uniform_tokens(env: WideSearchConfig, vocab_size: int, rng: np.random.Generator, batch: int) -> Scripts:
     """Forced uniform random ids in [0, vocab_size): orch [B, C], workers [B, K, W]."""
-    K, C, W = env.max_subagents, env.orch_context, env.worker_context
+    K, C, W = env.max_subagents, env.contexts.orchestrator, env.contexts.subagents
     return Scripts(orch=rng.integers(0, vocab_size, (batch, C), dtype=np.int32),
                    workers=rng.integers(0, vocab_size, (batch, K, W), dtype=np.int32))
 
@@ -192,7 +191,7 @@ def policy_scripts(policy: str, env: WideSearchConfig, vocab_size: int, eps: lis
                    rng: np.random.Generator) -> Scripts | None:
     """The forced tokens of a scripted policy, orch [B, C] and workers [B, K, W]
     (``-1``: say ``<eos>``; :data:`SAMPLE`: the model samples); None for the model."""
-    K, C, W, B = env.max_subagents, env.orch_context, env.worker_context, len(eps)
+    K, C, W, B = env.max_subagents, env.contexts.orchestrator, env.contexts.subagents, len(eps)
     if not POLICIES[policy][0]:
         return None
     if policy == "tokens":
@@ -292,7 +291,7 @@ def array_errors(env: WideSearchConfig, vocab_size: int, r: RolloutResult) -> di
     * ``count``: spawned <= K, finished <= spawned, correct <= answered <= answer_len.
     """
     vocab = Vocab(env)
-    K, C, W, E = env.max_subagents, env.orch_context, env.worker_context, env.num_entities
+    K, C, W, E = env.max_subagents, env.contexts.orchestrator, env.contexts.subagents, env.num_entities
     r = jax.tree.map(np.asarray, jax.device_get(r))
     within = lambda x, lo, hi: (x >= lo) & (x < hi)
     rows = lambda m: m.reshape(m.shape[0], -1).any(-1)
@@ -368,7 +367,7 @@ def make_targets(sizes: list[str], *, seed: int = 0) -> list[Target]:
     for i, name in enumerate(sizes):
         size = SIZES[name]
         mcfg = model_config(size.env)
-        rcfg = RolloutConfig(env=size.env, worker_lanes=size.worker_lanes, check_indices=True)
+        rcfg = RolloutConfig(env=size.env, subagent_lanes=size.subagent_lanes, check_indices=True)
         out.append(Target(name, size, SwarmRollout(rcfg, mcfg), random_model(mcfg, seed + i)))
     return out
 
@@ -381,7 +380,7 @@ def check_batch(target: Target, eps: list[Episode], script: Scripts | None, resu
                 report: Report, where: str, *, count: int) -> None:
     """Check the first ``count`` episodes of a finished batch (tasks ``eps``, driven by
     ``script``, None for the model alone) into ``report``."""
-    env, vocab_size = target.size.env, target.engine.orch_cfg.vocab_size
+    env, vocab_size = target.size.env, target.engine.cfgs.orchestrator.vocab_size
     counts = {k: np.asarray(f(result)) for k, f in _COUNTS.items()}
     counts.update(correct=np.asarray(result.correct), answered=np.asarray(result.answered),
                   truth=np.asarray(result.truth))
@@ -426,9 +425,9 @@ def rollout_batch(target: Target, policy: str, batch: int, seed: int
     env = target.size.env
     tasks = wsj.reset(jax.random.key(seed), env, batch)
     eps = episodes(tasks)
-    script = policy_scripts(policy, env, target.engine.orch_cfg.vocab_size, eps, np.random.default_rng(seed))
+    script = policy_scripts(policy, env, target.engine.cfgs.orchestrator.vocab_size, eps, np.random.default_rng(seed))
     params = at_temperature(target.params, POLICIES[policy][1])
-    result = target.engine(params, params, tasks, jax.random.key(seed + 1),
+    result = target.engine(Roles.both(params), tasks, jax.random.key(seed + 1),
                            scripts=None if script is None else jax.tree.map(jnp.asarray, script))
     return eps, script, jax.block_until_ready(result)
 
@@ -502,7 +501,7 @@ def summary(report: Report, sizes: list[str], batch: int) -> dict:
         "episodes": report.episodes, "batch": batch, "seconds": report.seconds,
         "episodes_s": report.episodes / max(report.seconds, 1e-9),
         "compiled_episodes_s": report.warm_episodes / max(report.warm_seconds, 1e-9),
-        "sizes": {n: {**dataclasses.asdict(SIZES[n].env), "worker_lanes": SIZES[n].worker_lanes} for n in sizes},
+        "sizes": {n: {**dataclasses.asdict(SIZES[n].env), "subagent_lanes": SIZES[n].subagent_lanes} for n in sizes},
         "policies": list(POLICIES), "crashes": report.crashes, "out_of_bounds": report.out_of_bounds,
         "differences": report.differences, "cut_by_max_ticks": report.cut_by_max_ticks,
         "failure_kinds": dict(report.kinds), "coverage": dict(report.coverage), "examples": report.examples,
@@ -529,8 +528,8 @@ def main(argv=None) -> int:
         for n in args.sizes:
             e = SIZES[n].env
             print(f"  size {n:8} E={e.num_entities} V={e.num_values} n={e.min_task_size}..{e.max_task_size} "
-                  f"K={e.max_subagents} S_sub={e.subagent_steps} budget={e.budget} C={e.orch_context} "
-                  f"W={e.worker_context} lanes={SIZES[n].worker_lanes:g} x B*K: "
+                  f"K={e.max_subagents} S_sub={e.subagent_steps} budget={e.budget} C={e.contexts.orchestrator} "
+                  f"W={e.contexts.subagents} lanes={SIZES[n].subagent_lanes} a shard: "
                   f"{report.coverage[f'size:{n}']:,} episodes")
         print(f"  policies {', '.join(POLICIES)}")
         cov = report.coverage

@@ -23,6 +23,7 @@ from common import matmul_peak_flops, time_best  # noqa: E402
 from rollout_synth import script, setup  # noqa: E402
 
 from swarmjax.rl.judge import Judge, JudgeConfig, Rubric  # noqa: E402
+from swarmjax.roles import Roles  # noqa: E402
 from swarmjax.swarm.text_engine import TextSwarm  # noqa: E402
 from swarmjax.swarm.text_types import TextScripts  # noqa: E402
 
@@ -40,7 +41,7 @@ def main(argv=None):
     peak = matmul_peak_flops()
     engine = TextSwarm(dt, mcfg, rcfg)
     scripts = TextScripts(orch=[script(chat, r) for r in batch])
-    run = lambda: engine(params, params, batch, jax.random.key(0), scripts=scripts)     # noqa: E731
+    run = lambda: engine(Roles.both(params), batch, jax.random.key(0), scripts=scripts)     # noqa: E731
     res = run()
     rollout_s = time_best(run, args.repeats)
     queries = [r["query"] for r in batch]

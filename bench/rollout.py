@@ -47,6 +47,7 @@ from swarmjax.envs.widesearch import (Agent, Episode, Stage, Vocab, WideSearchCo
                                       episode_process)
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.transformer import forward, init_cache, init_params, unstack_layers  # noqa: E402
+from swarmjax.roles import Roles  # noqa: E402
 from swarmjax.swarm.engine import RolloutConfig, Scripts, SwarmRollout  # noqa: E402
 from swarmjax.swarm.outcome import text_result, to_outcomes  # noqa: E402
 
@@ -127,8 +128,8 @@ class HostRollout:
     def __call__(self, params, worker_params, eps, orch_scripts, worker_scripts):
         cfg, B, K = self.cfg, self.B, self.cfg.max_subagents
         params, worker_params = unstack_layers(params), unstack_layers(worker_params)
-        o_cache = init_cache(self.mcfg, B, cfg.orch_context + self.max_chunk)
-        w_cache = init_cache(self.mcfg, B * K, cfg.worker_context + self.max_chunk)
+        o_cache = init_cache(self.mcfg, B, cfg.contexts.orchestrator + self.max_chunk)
+        w_cache = init_cache(self.mcfg, B * K, cfg.contexts.subagents + self.max_chunk)
         o_fed, w_fed = np.zeros(B, np.int32), np.zeros(B * K, np.int32)
         o_cur, w_cur = np.zeros(B, np.int64), np.zeros(B * K, np.int64)
         procs = [episode_process(cfg, ep) for ep in eps]
@@ -221,7 +222,7 @@ def main(argv=None):
                       n=jnp.asarray([len(e.task) for e in eps], jnp.int32))
 
     engine = SwarmRollout(RolloutConfig(env=cfg), mcfg)
-    run_jit = lambda: jax.block_until_ready(engine(params, params, tasks, jax.random.key(0), scripts=scripts))
+    run_jit = lambda: jax.block_until_ready(engine(Roles.both(params), tasks, jax.random.key(0), scripts=scripts))
     t0 = time.perf_counter()
     result = run_jit()
     jit_first = time.perf_counter() - t0

@@ -42,6 +42,7 @@ from swarmjax.envs.synth.task import SynthToolTask, answer_text  # noqa: E402
 from swarmjax.envs.synth.generator import SynthConfig  # noqa: E402
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
+from swarmjax.roles import Roles  # noqa: E402
 from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
 from swarmjax.swarm.text_engine import TextSwarm  # noqa: E402
 from swarmjax.swarm.text_rollout import TextRollout  # noqa: E402
@@ -119,9 +120,9 @@ def setup(batch: int, *, corpus: tuple[str, ...] = ()):
     dt = SynthDeviceTask(task.envs()[name], chat)
     mcfg = preset("1m").replace(vocab_size=tok.vocab_size)
     greedy = SamplingConfig(temperature=0.0)
-    rcfg = TextRolloutConfig(orch_context=len(dt.head_ids("orchestrator")) + 1024, worker_context=64,
-                             max_turn_tokens=160, worker_lanes=1, subagent_turns=1, budget=None,
-                             orch_sampling=greedy, worker_sampling=greedy)
+    rcfg = TextRolloutConfig(contexts=Roles(len(dt.head_ids("orchestrator")) + 1024, 64),
+                             max_turn_tokens=160, subagent_lanes=1, subagent_turns=1, budget=None,
+                             sampling=Roles.both(greedy))
     return name, by_env[name][:batch], chat, dt, mcfg, init_params(mcfg, jax.random.key(0)), rcfg
 
 
@@ -147,14 +148,14 @@ def main(argv=None):
     peak = matmul_peak_flops()
 
     engine = TextSwarm(dt, mcfg, rcfg, swarm=SwarmConfig(chunk=args.chunk))
-    run_jit = lambda: engine(params, params, RECORDS, jax.random.key(0), scripts=scripts)   # noqa: E731
+    run_jit = lambda: engine(Roles.both(params), RECORDS, jax.random.key(0), scripts=scripts)   # noqa: E731
     t0 = time.perf_counter()
     got = run_jit()
     jit_first = time.perf_counter() - t0
     jit_s = time_best(run_jit, args.repeats)
 
     host = TextRollout(mcfg, rcfg, stop_ids=chat.stop_ids, pad_id=tok.token_id(chat.pad_token))
-    run_host = lambda: host(params, params, [dt.orchestrator(r) for r in RECORDS], [None] * len(RECORDS),  # noqa: E731
+    run_host = lambda: host(Roles.both(params), [dt.orchestrator(r) for r in RECORDS], [None] * len(RECORDS),  # noqa: E731
                             jax.random.key(0), scripts=scripts)
     t0 = time.perf_counter()
     want = run_host()

@@ -48,6 +48,7 @@ from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus  # noqa: E402
 from swarmjax.envs.widesearch_relay_device import RelayDeviceTask  # noqa: E402
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
+from swarmjax.roles import Roles  # noqa: E402
 from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
 from swarmjax.swarm.engine import RolloutConfig, SwarmRollout  # noqa: E402
 from swarmjax.swarm.text_engine import TextSwarm  # noqa: E402
@@ -94,7 +95,7 @@ def token_world(eps, parts, repeats: int) -> dict:
                       entities=jnp.asarray([e.task + [-1] * (CFG.max_task_size - len(e.task)) for e in eps], jnp.int32),
                       n=jnp.asarray([len(e.task) for e in eps], jnp.int32))
     engine = SwarmRollout(RolloutConfig(env=CFG), mcfg)
-    run = lambda: jax.block_until_ready(engine(params, params, tasks, jax.random.key(0), scripts=sc))
+    run = lambda: jax.block_until_ready(engine(Roles.both(params), tasks, jax.random.key(0), scripts=sc))
     result = run()
     seconds = time_best(run, repeats)
     tokens = int(np.sum(np.asarray(result.length)) + np.sum(np.asarray(result.worker_length)))
@@ -127,13 +128,13 @@ def main(argv=None):
     params = init_params(mcfg, jax.random.key(0))
     eps, parts, scripts = workload(task, args.batch)
     greedy = SamplingConfig(temperature=0.0)
-    rcfg = TextRolloutConfig(orch_context=1024, worker_context=512, max_turn_tokens=160,
-                             worker_lanes=args.batch * CFG.max_subagents, subagent_turns=CFG.subagent_steps,
-                             budget=None, orch_sampling=greedy, worker_sampling=greedy)
+    rcfg = TextRolloutConfig(contexts=Roles(1024, 512), max_turn_tokens=160,
+                             subagent_lanes=args.batch * CFG.max_subagents, subagent_turns=CFG.subagent_steps,
+                             budget=None, sampling=Roles.both(greedy))
     peak = matmul_peak_flops()
 
     engine = TextSwarm(RelayDeviceTask(task), mcfg, rcfg, swarm=SwarmConfig(chunk=args.chunk))
-    run_jit = lambda: engine(params, params, eps, jax.random.key(0), scripts=scripts)
+    run_jit = lambda: engine(Roles.both(params), eps, jax.random.key(0), scripts=scripts)
     t0 = time.perf_counter()
     got = run_jit()
     jit_first = time.perf_counter() - t0
@@ -142,12 +143,12 @@ def main(argv=None):
     # recipe's): what keying every token by its episode, agent and position costs
     batch_keyed = TextSwarm(RelayDeviceTask(task), mcfg, rcfg,
                             swarm=SwarmConfig(chunk=args.chunk, episode_keys=False))
-    run_batch_keyed = lambda: batch_keyed(params, params, eps, jax.random.key(0), scripts=scripts)  # noqa: E731
+    run_batch_keyed = lambda: batch_keyed(Roles.both(params), eps, jax.random.key(0), scripts=scripts)  # noqa: E731
     run_batch_keyed()
     batch_keyed_s = time_best(run_batch_keyed, args.repeats)
 
     host = TextRollout(mcfg, rcfg, stop_ids=chat.stop_ids, pad_id=tok.token_id(chat.pad_token))
-    run_host = lambda: host(params, params, [task.orchestrator(ep) for ep in eps], [None] * len(eps),
+    run_host = lambda: host(Roles.both(params), [task.orchestrator(ep) for ep in eps], [None] * len(eps),
                             jax.random.key(0), scripts=scripts)
     t0 = time.perf_counter()
     want = run_host()

@@ -83,6 +83,7 @@ from swarmjax.envs.widesearch import Episode, WideSearchConfig  # noqa: E402
 from swarmjax.envs.widesearch_text import WideSearchText, text_corpus  # noqa: E402
 from swarmjax.models import forward, init_cache, init_params  # noqa: E402
 from swarmjax.models.config import ModelConfig  # noqa: E402
+from swarmjax.roles import Roles  # noqa: E402
 from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
 from swarmjax.sampling.sampler import Sampler, pad_prompts  # noqa: E402
 from swarmjax.swarm.text_rollout import (END_ANSWER, END_BUDGET, END_CONTEXT, END_REASONS, RUNNING,  # noqa: E402
@@ -174,13 +175,13 @@ def run_episode(env, task, rcfg: TextRolloutConfig, turn_fn) -> EpisodeOut:
     (a :class:`Conv`; role "orch" or "worker")."""
     T = rcfg.max_turn_tokens
     out = EpisodeOut(orch=Conv(), subs=[])
-    if not out.orch.hear(env.reset(task), rcfg.orch_context):
-        raise ValueError("the prompt does not fit orch_context")
+    if not out.orch.hear(env.reset(task), rcfg.contexts.orchestrator):
+        raise ValueError("the prompt does not fit contexts.orchestrator")
     while True:
         if rcfg.budget is not None and out.critical + 1 > rcfg.budget:
             out.end = END_BUDGET
             return out
-        turn, stopped = turn_fn("orch", out.orch, min(T, rcfg.orch_context - len(out.orch.ids)))
+        turn, stopped = turn_fn("orch", out.orch, min(T, rcfg.contexts.orchestrator - len(out.orch.ids)))
         out.orch.say(turn)
         out.critical += 1
         out.total += 1
@@ -200,7 +201,7 @@ def run_episode(env, task, rcfg: TextRolloutConfig, turn_fn) -> EpisodeOut:
         if step.done:
             out.end, out.answer = END_ANSWER, step.answer
             return out
-        if not out.orch.hear(step.reply, rcfg.orch_context):
+        if not out.orch.hear(step.reply, rcfg.contexts.orchestrator):
             out.end = END_CONTEXT
             return out
 
@@ -208,10 +209,10 @@ def run_episode(env, task, rcfg: TextRolloutConfig, turn_fn) -> EpisodeOut:
 def run_subagent(env, task, rcfg: TextRolloutConfig, turn_fn, index: int):
     """One sub-agent to its end: (conversation, ok, reason, answer)."""
     conv = Conv(index=index)
-    if not conv.hear(env.reset(task), rcfg.worker_context):
+    if not conv.hear(env.reset(task), rcfg.contexts.subagents):
         return conv, False, "context", None
     while True:
-        turn, stopped = turn_fn("worker", conv, min(rcfg.max_turn_tokens, rcfg.worker_context - len(conv.ids)))
+        turn, stopped = turn_fn("worker", conv, min(rcfg.max_turn_tokens, rcfg.contexts.subagents - len(conv.ids)))
         conv.say(turn)
         step = env.step(np.asarray(turn, np.int32), truncated=not stopped)
         if step.spawn:
@@ -220,7 +221,7 @@ def run_subagent(env, task, rcfg: TextRolloutConfig, turn_fn, index: int):
             return conv, True, "answer", step.answer
         if conv.steps >= rcfg.subagent_turns:
             return conv, False, "turns", None
-        if not conv.hear(step.reply, rcfg.worker_context):
+        if not conv.hear(step.reply, rcfg.contexts.subagents):
             return conv, False, "context", None
 
 
@@ -407,13 +408,12 @@ def main(argv=None) -> None:
 
     cfg = WideSearchConfig(num_entities=32, num_values=32, max_task_size=max(args.max_task, 1),
                            max_subagents=4, subagent_steps=5, budget=None)
-    rcfg = TextRolloutConfig(orch_context=args.orch_context, worker_context=args.worker_context,
-                             max_turn_tokens=args.max_turn_tokens, worker_lanes=args.lanes,
+    rcfg = TextRolloutConfig(contexts=Roles(args.orch_context, args.worker_context),
+                             max_turn_tokens=args.max_turn_tokens, subagent_lanes=args.lanes,
                              subagent_turns=cfg.subagent_steps, budget=args.budget,
                              prefill_buckets=tuple(args.prefill_buckets), segment_exit=args.segment_exit,
                              env_threads=args.env_threads, decode_slack=args.decode_slack or None,
-                             orch_sampling=SamplingConfig(temperature=0.0),
-                             worker_sampling=SamplingConfig(temperature=0.0))
+                             sampling=Roles.both(SamplingConfig(temperature=0.0)))
     peak = matmul_peak_flops()
     with tempfile.TemporaryDirectory() as tmp:
         task, runner = build_world(cfg, args.vocab, tmp)
@@ -447,7 +447,7 @@ def main(argv=None) -> None:
     # hits both paths alike, and each keeps its best call.
     engine = TextRollout(mcfg, rcfg, stop_ids=chat.stop_ids)
     naive = PerTurn(mcfg, rcfg, chat.stop_ids)
-    run_seg = lambda: engine(params, params, [task.orchestrator(ep) for ep in eps], eps, jax.random.key(0))
+    run_seg = lambda: engine(Roles.both(params), [task.orchestrator(ep) for ep in eps], eps, jax.random.key(0))
     t0 = time.perf_counter()
     run_seg()
     seg_first = time.perf_counter() - t0

@@ -50,6 +50,7 @@ from swarmjax.envs.task import EnvContext, make_env, resolve_task  # noqa: E402
 from swarmjax.models.config import preset  # noqa: E402
 from swarmjax.models.hf import to_hf  # noqa: E402
 from swarmjax.models.transformer import init_params  # noqa: E402
+from swarmjax.roles import Roles  # noqa: E402
 from swarmjax.sampling.processors import SamplingConfig  # noqa: E402
 from swarmjax.swarm.text_rollout import TextRollout, TextRolloutConfig  # noqa: E402
 from swarmjax.text.chat import chat_format  # noqa: E402
@@ -126,16 +127,17 @@ def main(argv=None) -> None:
     ctx = EnvContext(chat, runner, role="single")
     prompts = [np.asarray(make_env(task, q, ctx).reset(q)) for q in problems]
     longest = max(len(x) for x in prompts)
-    rcfg = TextRolloutConfig(orch_context=longest + args.new_tokens + 8, worker_context=64,
-                             max_turn_tokens=args.new_tokens, worker_lanes=1,
-                             orch_sampling=SamplingConfig(temperature=0.0), prefill_buckets=(16, 64, 256))
+    rcfg = TextRolloutConfig(contexts=Roles(longest + args.new_tokens + 8, 64),
+                             max_turn_tokens=args.new_tokens, subagent_lanes=1,
+                             sampling=Roles(SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0)),
+                             prefill_buckets=(16, 64, 256))
     pad_id = int(chat.ids[chat.pad_token][0])
     rollout = TextRollout(cfg, rcfg, stop_ids=chat.stop_ids, pad_id=pad_id)
     got = {}
 
     def run():
         envs = [make_env(task, q, ctx) for q in problems]
-        got["res"] = rollout(params, params, envs, problems, jax.random.key(1))
+        got["res"] = rollout(Roles.both(params), envs, problems, jax.random.key(1))
     t0 = time.perf_counter()
     run()
     first = time.perf_counter() - t0

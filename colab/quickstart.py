@@ -187,7 +187,7 @@ FULL = False
 if SMOKE:       # a 4-entity task, 2 sub-agents, a 1-layer model: seconds of work, mostly compilation
     JOB = ["task.cfg.num_entities=16", "task.cfg.num_values=16",
            "task.cfg.max_task_size=4", "task.cfg.max_subagents=2",
-           "task.cfg.orch_context=48", "rl.parl.parallel_target=4", "task.data.focus_min_n=3",
+           "task.cfg.contexts.orchestrator=48", "rl.parl.parallel_target=4", "task.data.focus_min_n=3",
            "model.hidden_size=32", "model.head_dim=8", "model.intermediate_size=64", "model.num_layers=1",
            "sft.steps=40", "sft.bucket=48", "sft.demos=32", "sft.eval_demos=8",
            "rl.tasks_per_step=2", "rl.group_size=4", "rl.update.num_minibatches=2",

@@ -17,6 +17,7 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import TextRolloutConfig
 from swarmjax.train.agent import TextRLConfig, TextSFTConfig
 from swarmjax.train.agent_job import AgentJob
@@ -35,6 +36,6 @@ def get_config() -> AgentJob:
                                             # 40 steps x 4 minibatches, cosine to 10%: a constant
                                             # 3e-4 peaked at step 10 (greedy 0.98) and drifted to 0.78
                                             optim=OptimConfig(learning_rate=2e-4, decay_steps=160)),
-                        rollout=TextRolloutConfig(orch_context=512, worker_context=64, max_turn_tokens=48,
-                                                  worker_lanes=1, subagent_turns=1)),
+                        rollout=TextRolloutConfig(contexts=Roles(512, 64), max_turn_tokens=48,
+                                                  subagent_lanes=1, subagent_turns=1)),
         eval_episodes=128, eval_every=10, seed=0)

@@ -28,6 +28,7 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.context import ContextConfig
 from swarmjax.swarm.text_rollout import TextRolloutConfig
 from swarmjax.train.agent import TextRLConfig, TextSFTConfig
@@ -50,7 +51,7 @@ def get_config() -> AgentJob:
         rl=TextRLConfig(steps=0, tasks_per_step=4, group_size=8, dynamic_sampling=True, bucket=128,
                         update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
                                             optim=OptimConfig(learning_rate=2e-4, decay_steps=40)),
-                        rollout=TextRolloutConfig(orch_context=CONTEXT, worker_context=CONTEXT, max_turn_tokens=320,
-                                                  worker_lanes=4, subagent_turns=ENV.subagent_steps,
+                        rollout=TextRolloutConfig(contexts=Roles(CONTEXT, CONTEXT), max_turn_tokens=320,
+                                                  subagent_lanes=4, subagent_turns=ENV.subagent_steps,
                                                   context=ContextConfig("none", threshold=THRESHOLD))),
         eval_episodes=8, eval_every=0, seed=0)

@@ -39,13 +39,14 @@ from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.roles import Roles
 from swarmjax.train.agent_job import AgentJob
 from swarmjax.train.frame import CheckpointConfig
 from swarmjax.train.parl import PARLTrainConfig
 from swarmjax.train.sft import SFTConfig
 
 ENV = WideSearchConfig(num_entities=32, num_values=32, min_task_size=1, max_task_size=16, max_subagents=8,
-                       subagent_steps=4, budget=8, orch_context=160, worker_context=24)
+                       subagent_steps=4, budget=8, contexts=Roles(160, 24))
 
 
 def get_config() -> AgentJob:

@@ -33,6 +33,7 @@ from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_types import SwarmConfig, TextRolloutConfig
 from swarmjax.train.agent import TextRLConfig, TextSFTConfig
 from swarmjax.train.agent_job import AgentJob
@@ -57,7 +58,7 @@ def get_config() -> AgentJob:
                             step_cost=0.005, critical_cost=0.004),
             update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
                                 optim=OptimConfig(learning_rate=3e-4, decay_steps=400)),
-            rollout=TextRolloutConfig(orch_context=2048, worker_context=384, max_turn_tokens=640,
+            rollout=TextRolloutConfig(contexts=Roles(2048, 384), max_turn_tokens=640,
                                       subagent_turns=4, budget=8),
             swarm=SwarmConfig(episode_keys=False), bucket=256, head_multiple=64),
         eval_episodes=16 * len(EVAL_SIZES), eval_every=25, seed=0)

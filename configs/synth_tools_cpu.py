@@ -24,6 +24,7 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import TextRolloutConfig
 from swarmjax.train.agent import TextRLConfig, TextSFTConfig
 from swarmjax.train.agent_job import AgentJob
@@ -43,6 +44,6 @@ def get_config() -> AgentJob:
         rl=TextRLConfig(steps=20, tasks_per_step=4, group_size=8, dynamic_sampling=True, bucket=128,
                         update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
                                             optim=OptimConfig(learning_rate=2e-4, decay_steps=80)),
-                        rollout=TextRolloutConfig(orch_context=CONTEXT, worker_context=CONTEXT, max_turn_tokens=128,
-                                                  worker_lanes=2, subagent_turns=4)),
+                        rollout=TextRolloutConfig(contexts=Roles(CONTEXT, CONTEXT), max_turn_tokens=128,
+                                                  subagent_lanes=2, subagent_turns=4)),
         eval_episodes=64, eval_every=10, seed=0)

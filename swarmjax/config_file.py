@@ -119,6 +119,7 @@ def apply_overrides(config: Any, overrides: list[str]) -> Any:
     then ``mesh=None``: no mesh). The nested replacement itself is ``simple_parsing.replace``.
     """
     import ast
+    import typing
 
     import simple_parsing
 
@@ -139,6 +140,8 @@ def apply_overrides(config: Any, overrides: list[str]) -> Any:
         node, parts = config, path.split(".")
         for i, part in enumerate(parts):
             hint = _field_type(type(node), part, path)
+            if isinstance(hint, typing.TypeVar):    # a generic record's field (Roles[int]): its value's type
+                hint = type(getattr(node, part))
             if i < len(parts) - 1:
                 node = getattr(node, part)
                 if node is None and (section := _optional_section(hint)) is not None:

@@ -113,6 +113,32 @@ def test_config_overrides_are_typed():
             apply_overrides(cfg, [bad])
 
 
+def test_roles_are_one_record_in_configs_overrides_and_jit():
+    """A ``Roles`` field takes ``--set`` on each side, typed by the value it holds; a
+    ``Roles`` of params is a pytree (jit, tree.map) and one of configs is hashable."""
+    import jax
+    import jax.numpy as jnp
+
+    from swarmjax.config_file import apply_overrides
+    from swarmjax.roles import Roles
+    from swarmjax.swarm.text_types import TextRolloutConfig
+    from swarmjax.train.agent import TextRLConfig
+
+    cfg = TextRLConfig()
+    out = apply_overrides(cfg, ["rollout.contexts.subagents=96", "rollout.sampling.orchestrator.temperature=0"])
+    assert out.rollout.contexts == Roles(cfg.rollout.contexts.orchestrator, 96)
+    assert (out.rollout.sampling.orchestrator.temperature, out.rollout.sampling.subagents.temperature) == (0.0, 1.0)
+    for bad, msg in [("rollout.contexts.subagents=1.5", "is not a int"), ("rollout.contexts.workers=3", "no field"),
+                     ("rollout.contexts.orchestrator=0", "must be >= 1")]:
+        with pytest.raises(ValueError, match=msg):
+            apply_overrides(cfg, [bad])
+    assert hash(TextRolloutConfig(contexts=Roles(64, 32))) == hash(TextRolloutConfig(contexts=Roles(64, 32)))
+    params = Roles(jnp.ones(3), jnp.zeros(3))
+    got = jax.jit(lambda p: p.map(lambda a, b: a * 2 + b, Roles.both(jnp.ones(3))))(params)
+    assert isinstance(got, Roles) and got.orchestrator.tolist() == [3.0] * 3 and got.subagents.tolist() == [1.0] * 3
+    assert len(jax.tree.leaves(params)) == 2 and Roles.of(params) is params and Roles.of(1) == Roles(1, 1)
+
+
 def test_train_config_errors_are_one_line_and_leave_the_workdir_untouched(tmp_path):
     """Each config error of `swarmjax train` is one line on stderr (exit 2), no traceback
     (orbax's threads included: the processes run to their end), and nothing is created in

@@ -12,10 +12,10 @@ import pytest
 from swarmjax.data import check_source, prepare, task_iterator, to_tasks
 from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import WideSearchConfig
+from swarmjax.roles import Roles
 
 ENV = WideSearchConfig(num_entities=32, num_values=32, min_task_size=1, max_task_size=16,
-                       max_subagents=8, subagent_steps=4, budget=8, orch_context=160,
-                       worker_context=24)
+                       max_subagents=8, subagent_steps=4, budget=8, contexts=Roles(160, 24))
 SIZES = dict(train_size=128, validation_size=32, test_size=32, seed=3)
 
 
@@ -87,7 +87,7 @@ def test_config_name_encodes_everything():
 
     base = WideSearchTasksConfig.make(ENV, **SIZES).name
     bigger = WideSearchConfig(num_entities=64, num_values=32, max_task_size=16,
-                              orch_context=160, worker_context=24)
+                              contexts=Roles(160, 24))
     names = {base, WideSearchTasksConfig.make(bigger, **SIZES).name,
              WideSearchTasksConfig.make(ENV, **{**SIZES, "seed": 4}).name,
              WideSearchTasksConfig.make(ENV, **{**SIZES, "train_size": 64}).name}
@@ -205,11 +205,9 @@ def test_bad_inputs_raise(sources, tmp_path):
         dict(batch_size=0), dict(batch_size=33), dict(batch_size=20, process_count=2),
         dict(batch_size=4, process_index=2, process_count=2), dict(batch_size=4, num_epochs=0),
         dict(batch_size=4, env=WideSearchConfig(num_entities=64, num_values=32,
-                                                max_task_size=16, orch_context=160,
-                                                worker_context=24)),
+                                                max_task_size=16, contexts=Roles(160, 24))),
         dict(batch_size=4, env=WideSearchConfig(num_entities=32, num_values=32,
-                                                max_task_size=8, orch_context=160,
-                                                worker_context=24)),
+                                                max_task_size=8, contexts=Roles(160, 24))),
     ]
     for kwargs in bad:
         with pytest.raises(ValueError):

@@ -47,7 +47,7 @@ def test_each_failure_kind_is_caught(grammar_batch):
     clean = fuzz.Report()
     fuzz.check_batch(target, eps, script, result, clean, "clean", count=BATCH)
     assert clean.failures == 0 and clean.coverage["subagents"] > 0
-    vocab = target.engine.orch_cfg.vocab_size
+    vocab = target.engine.cfgs.orchestrator.vocab_size
     bad = result.replace(
         tokens=result.tokens.at[0, int(result.length[0]) - 1].set(vocab),
         index_errors=result.index_errors.at[1, INDEX_CHECKS.index("lane_owner")].set(1),

@@ -28,6 +28,7 @@ from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.engine import RolloutConfig, SwarmRollout
 from swarmjax.train.agent_eval import evaluate, mean_figures
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, greedy, sample_eval_tasks
@@ -36,7 +37,7 @@ from swarmjax.train.sft import SFTConfig, train_sft
 pytestmark = pytest.mark.slow     # the whole file: end-to-end runs (the README's whole suite)
 
 ENV = WideSearchConfig(num_entities=16, num_values=16, min_task_size=1, max_task_size=6, max_subagents=3,
-                       subagent_steps=4, budget=5, orch_context=64, worker_context=24)
+                       subagent_steps=4, budget=5, contexts=Roles(64, 24))
 CFG = ModelConfig(vocab_size=Vocab(ENV).size, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=16, intermediate_size=192)
 
@@ -56,7 +57,7 @@ def learn(seed: int) -> dict:
                           update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
                                               optim=OptimConfig(learning_rate=3e-4)))
     trainer = PARLTrainer(CFG, cfg)
-    state = trainer.init(warm, worker_params=warm)
+    state = trainer.init(Roles.both(warm))
     for i in range(60):
         state, _ = trainer.step(state, jax.random.fold_in(jax.random.fold_in(key, 1), i), step=i)
 
@@ -64,8 +65,8 @@ def learn(seed: int) -> dict:
     engine = dataclasses.replace(trainer.engine, greedy_rollout=SwarmRollout(greedy(cfg.rollout, budget=ENV.budget),
                                                                              CFG), batch=64)
     tasks = sample_eval_tasks(jax.random.fold_in(key, 2), ENV, [6], 64)
-    before = mean_figures(evaluate(engine, warm, warm, tasks, jax.random.fold_in(key, 3)))
-    after = mean_figures(evaluate(engine, state.params, warm, tasks, jax.random.fold_in(key, 3)))
+    before = mean_figures(evaluate(engine, Roles.both(warm), tasks, jax.random.fold_in(key, 3)))
+    after = mean_figures(evaluate(engine, Roles(state.params, warm), tasks, jax.random.fold_in(key, 3)))
     return {"warm_start": report["after"], "before": before, "after": after}
 
 

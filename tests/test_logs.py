@@ -30,7 +30,7 @@ def test_a_job_without_learning_signal_says_so(tmp_path):
     0, the updates are zero, and the job says so by its third RL step."""
     sets = ["sft=None", "rl.steps=3", "rl.tasks_per_step=1", "rl.group_size=2", "rl.update.num_minibatches=1",
             "eval_episodes=1", "eval_every=0", "model.num_layers=1", "model.hidden_size=32", "model.head_dim=8",
-            "model.intermediate_size=64", "rl.rollout.orch_context=320", "rl.rollout.max_turn_tokens=16"]
+            "model.intermediate_size=64", "rl.rollout.contexts.orchestrator=320", "rl.rollout.max_turn_tokens=16"]
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         assert main(["train", "--config", os.path.join(ROOT, "configs", "arith_tools_cpu.py"), "--workdir",

@@ -12,13 +12,14 @@ from swarmjax.models import ModelConfig, init_params
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.engine import RolloutConfig
 from swarmjax.train.agent_eval import by_size, evaluate
 from swarmjax.train.agent_rl import collect
 from swarmjax.train.parl import PARLTrainConfig, PARLTrainer, sample_eval_tasks
 
 ENV = WideSearchConfig(num_entities=8, num_values=6, max_task_size=4, max_subagents=3,
-                       subagent_steps=3, budget=6, orch_context=48, worker_context=20)
+                       subagent_steps=3, budget=6, contexts=Roles(48, 20))
 CFG = ModelConfig(vocab_size=Vocab(ENV).size, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=8, intermediate_size=64)
 
@@ -33,7 +34,7 @@ def trainer():
 
 def test_parl_step_updates_the_orchestrator_only(trainer):
     params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(CFG, jax.random.key(0)))
-    state = trainer.init(params, worker_params=params)
+    state = trainer.init(Roles.both(params))
     before = jax.tree.map(np.asarray, state.params)
     workers = jax.tree.map(np.asarray, state.frozen["subagents"])
     state, m = trainer.step(state, jax.random.key(1), step=0)
@@ -59,7 +60,7 @@ def test_dynamic_sampling_masks_uniform_groups(trainer):
     problems = wsj.problems(wsj.reset(jax.random.key(0), ENV, 4))
     params = init_params(CFG, jax.random.key(0))
     greedy = dataclasses.replace(trainer.engine, rollout=trainer.engine.greedy_rollout)   # every group uniform
-    got = collect(greedy, params, params, problems, jax.random.key(0), cfg)
+    got = collect(greedy, Roles.both(params), problems, jax.random.key(0), cfg)
     assert got.metrics["kept_groups"] == 0.0 and int(np.sum(got.batch.loss_mask)) == 0
     assert got.metrics["orch_sampled_tokens"] > 0
 
@@ -71,7 +72,7 @@ def test_kl_to_the_warm_start(trainer):
     loss = dataclasses.replace(trainer.cfg.update.loss, kl_beta=0.1)
     t = PARLTrainer(CFG, dataclasses.replace(trainer.cfg, update=dataclasses.replace(trainer.cfg.update, loss=loss)))
     params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(CFG, jax.random.key(0)))
-    state = t.init(params, worker_params=params)
+    state = t.init(Roles.both(params))
     ref = jax.tree.map(np.asarray, state.frozen["reference"])
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, ref, jax.tree.map(np.asarray, params))))
     state, m = t.step(state, jax.random.key(1), step=0)
@@ -86,7 +87,7 @@ def test_evaluate_per_task_size(trainer):
     params = init_params(CFG, jax.random.key(0))
     problems = sample_eval_tasks(jax.random.key(1), ENV, [1, 4], 8)
     engine = dataclasses.replace(trainer.engine, batch=8)
-    episodes = evaluate(engine, params, params, problems, jax.random.key(0))
+    episodes = evaluate(engine, Roles.both(params), problems, jax.random.key(0))
     out = by_size(np.asarray([int(p["n"]) for p in problems]), episodes)
     assert set(out) == {"1", "4"}
     for row in out.values():

@@ -1,6 +1,7 @@
 """Warm start: demonstrations are valid protocol, the loss counts only the acting
 agent's tokens, and a short SFT run improves both roles."""
 
+import dataclasses
 import random
 
 import jax
@@ -11,11 +12,12 @@ import pytest
 from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig
 from swarmjax.models import ModelConfig, forward, init_params
 from swarmjax.optim import OptimConfig
+from swarmjax.roles import Roles
 from swarmjax.train.demos import episode_demo, make_demos
 from swarmjax.train.sft import SFTConfig, role_stats, train_sft
 
 ENV = WideSearchConfig(num_entities=8, num_values=6, max_task_size=4, max_subagents=3,
-                       subagent_steps=3, budget=None, orch_context=48, worker_context=20)
+                       subagent_steps=3, budget=None, contexts=Roles(48, 20))
 V = Vocab(ENV)
 
 
@@ -42,7 +44,7 @@ def test_demonstrations_answer_what_a_cut_short_worker_returned():
     # a worker context of 24 holds two lookups and their return; given three entities,
     # a worker returns the two pairs it said before its context filled up
     env = WideSearchConfig(num_entities=16, num_values=8, max_task_size=8, max_subagents=4,
-                           subagent_steps=4, budget=None, orch_context=96, worker_context=24)
+                           subagent_steps=4, budget=None, contexts=Roles(96, 24))
     rng, partial = random.Random(1), 0
     for _ in range(100):
         out = episode_demo(env, Episode.sample(env, rng), rng, spawn_fraction=1.0, max_chunk=3)
@@ -131,8 +133,8 @@ def test_bad_sft_config():
         SFTConfig(spawn_fraction=1.5)
     with pytest.raises(ValueError, match="did not finish"):
         make_demos(WideSearchConfig(budget=3), 8, seed=0)
-    with pytest.raises(ValueError, match="orch_context 40"):       # 3-way split of 4 needs 42 tokens
-        make_demos(WideSearchConfig(**{**ENV.__dict__, "orch_context": 40}), 200, seed=0, spawn_fraction=0.5)
+    with pytest.raises(ValueError, match="contexts.orchestrator 40"):       # 3-way split of 4 needs 42 tokens
+        make_demos(dataclasses.replace(ENV, contexts=Roles(40, ENV.contexts.subagents)), 200, seed=0, spawn_fraction=0.5)
 
 
 def test_prefix_role_stats_equal_role_stats():

@@ -23,6 +23,7 @@ from swarmjax.envs import widesearch_jax as wsj
 from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig, score, scripted, simulate
 from swarmjax.models import ModelConfig, init_params
 from swarmjax.rl.parl import PARLConfig
+from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.swarm import lanes
@@ -39,8 +40,7 @@ from fuzz import grammar_orchestrator, grammar_worker, novel_ref, parallel_ref  
 BIG = WideSearchConfig(budget=10)
 # Small everything, so random play hits every limit: context, steps, spawns, budget.
 SMALL = WideSearchConfig(num_entities=8, num_values=6, min_task_size=1, max_task_size=4,
-                         max_subagents=3, subagent_steps=3, budget=12, orch_context=40,
-                         worker_context=14)
+                         max_subagents=3, subagent_steps=3, budget=12, contexts=Roles(40, 14))
 
 
 def model_for(cfg: WideSearchConfig) -> ModelConfig:
@@ -108,7 +108,7 @@ def run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=None):
     K = cfg.max_subagents
     workers = [list(ws) + [[]] * (K - len(ws)) for ws in workers]
     scripts = pad_scripts(orch, workers, K)
-    result = (mesh_engine or engine)(params, params, tasks_from(cfg, eps), jax.random.key(0), scripts=scripts)
+    result = (mesh_engine or engine)(Roles.both(params), tasks_from(cfg, eps), jax.random.key(0), scripts=scripts)
     refs = [simulate(cfg, ep, scripted(o), scripted([]), workers=[scripted(s) for s in ws])
             for ep, o, ws in zip(eps, orch, workers)]
     assert_same(cfg, eps, result, refs)
@@ -182,9 +182,9 @@ def test_starved_lane_pool_changes_timing_not_outcomes(engines):
     loop runs far more ticks, and every episode still matches the reference."""
     cfg, engine, params = engines["small"]
     eps, orch, workers = random_batch(cfg, 1, 48)
-    starved = SwarmRollout(dataclasses.replace(engine.rcfg, worker_lanes=1e-3), engine.orch_cfg)
+    starved = SwarmRollout(dataclasses.replace(engine.rcfg, subagent_lanes=1), engine.cfgs)
     result, refs = run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=starved)
-    full = SwarmRollout(dataclasses.replace(engine.rcfg, worker_lanes=1.0), engine.orch_cfg)
+    full = SwarmRollout(dataclasses.replace(engine.rcfg, subagent_lanes=10 ** 6), engine.cfgs)
     assert starved.rcfg.lanes_per_group(48 * cfg.max_subagents) == 1
     assert sum(r.spawned for r in refs) > 10
     baseline, _ = run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=full)
@@ -207,7 +207,7 @@ def replay(cfg, eps, result):
 def test_random_model_episodes_replay_exactly(engines, which):
     cfg, engine, params = engines[which]
     tasks = wsj.reset(jax.random.key(3), cfg, 16)
-    result = engine(params, params, tasks, jax.random.key(4))
+    result = engine(Roles.both(params), tasks, jax.random.key(4))
     eps = episodes(tasks)
     refs = replay(cfg, eps, result)
     assert_same(cfg, eps, result, refs)
@@ -225,14 +225,14 @@ def spawn_then_sample(cfg, eps, per_block=2):
     entities; the K-th block's ``</spawn>`` makes the environment say ``<wait>``), then
     let the model sample every other token (:data:`SAMPLE`), sub-agents included."""
     v, K = Vocab(cfg), cfg.max_subagents
-    orch = np.full((len(eps), cfg.orch_context), SAMPLE, np.int32)
+    orch = np.full((len(eps), cfg.contexts.orchestrator), SAMPLE, np.int32)
     for b, ep in enumerate(eps):
         toks = []
         for k in range(K):
             block = [v.entity(ep.task[(k * per_block + i) % len(ep.task)]) for i in range(per_block)]
             toks += [v["<spawn>"], *block, v["</spawn>"]]
         orch[b, :len(toks)] = toks
-    return Scripts(orch=jnp.asarray(orch), workers=jnp.full((len(eps), K, cfg.worker_context), SAMPLE, jnp.int32))
+    return Scripts(orch=jnp.asarray(orch), workers=jnp.full((len(eps), K, cfg.contexts.subagents), SAMPLE, jnp.int32))
 
 
 @pytest.mark.slow
@@ -247,12 +247,12 @@ def test_random_model_at_the_largest_sizes_is_never_cut(engines, temperature):
     cfg, B = WideSearchConfig(budget=None), 16
     K = cfg.max_subagents
     s = SamplingConfig(temperature=temperature)
-    engine = SwarmRollout(RolloutConfig(env=cfg, orch_sampling=s, worker_sampling=s, worker_lanes=1e-3),
-                          big.orch_cfg)
+    engine = SwarmRollout(RolloutConfig(env=cfg, sampling=Roles.both(s), subagent_lanes=1),
+                          big.cfgs)
     tasks = wsj.reset(jax.random.key(7), cfg, B, n=cfg.max_task_size)
     eps = episodes(tasks)
     script = spawn_then_sample(cfg, eps)
-    result = engine(params, params, tasks, jax.random.key(8), scripts=script)
+    result = engine(Roles.both(params), tasks, jax.random.key(8), scripts=script)
     assert engine.rcfg.lanes_per_group(B * K) == 1
     assert int(result.cut_by_max_ticks) == 0 and not np.any(np.asarray(result.end_reason) == wsj.RUNNING)
     assert int(jnp.sum(result.spawned)) == B * K
@@ -277,8 +277,8 @@ def test_max_ticks_holds_where_it_is_nearly_reached(engines):
     tick per sub-agent of max_ticks (so one extra tick per lane hand-over would cut
     episodes) and cuts none; every episode matches the reference."""
     cfg, engine, params = engines["small"]
-    starved = SwarmRollout(dataclasses.replace(engine.rcfg, worker_lanes=1e-3), engine.orch_cfg)
-    B, K, W = 48, cfg.max_subagents, cfg.worker_context
+    starved = SwarmRollout(dataclasses.replace(engine.rcfg, subagent_lanes=1), engine.cfgs)
+    B, K, W = 48, cfg.max_subagents, cfg.contexts.subagents
     v = Vocab(cfg)
     rng = random.Random(2)
     eps = [Episode.sample(cfg, rng, n=cfg.max_task_size) for _ in range(B)]
@@ -302,17 +302,17 @@ def test_cut_episodes_are_counted_and_reported(engines):
     """With max_ticks too small, the cut episodes come back ``running``, the rollout
     counts them, and the PARL step metrics report the count."""
     cfg, engine, params = engines["small"]
-    trainer = PARLTrainer(engine.orch_cfg, PARLTrainConfig(rollout=ShortLoop(env=cfg), tasks_per_step=4,
+    trainer = PARLTrainer(engine.cfgs, PARLTrainConfig(rollout=ShortLoop(env=cfg), tasks_per_step=4,
                                                            group_size=4))
     problems = wsj.problems(wsj.reset(jax.random.key(0), cfg, 4))
     tasks, _ = wsj.repeat_groups(wsj.stack(problems), 4)
-    result = trainer.engine.rollout(params, params, tasks, jax.random.key(1))
+    result = trainer.engine.rollout(Roles.both(params), tasks, jax.random.key(1))
     cut = np.asarray(result.end_reason) == wsj.RUNNING
     assert int(result.ticks) == 12 and 0 < cut.sum() == int(result.cut_by_max_ticks)
     assert [o.end_reason == "running" for o in to_outcomes(cfg, text_result(cfg, result))] == list(cut)
-    got = collect(trainer.engine, params, params, problems, jax.random.key(1), trainer.cfg)
+    got = collect(trainer.engine, Roles.both(params), problems, jax.random.key(1), trainer.cfg)
     assert got.metrics["cut_by_max_ticks"] == cut.sum()
-    full = engine(params, params, tasks, jax.random.key(1))
+    full = engine(Roles.both(params), tasks, jax.random.key(1))
     assert int(full.cut_by_max_ticks) == 0 and full.index_errors is None
 
 
@@ -321,7 +321,7 @@ def test_index_checks_flag_what_is_out_of_range():
     flagged; a write at the scratch slot C, a sub-agent writing at W without a lane,
     and lane maps that disagree are, on the right episodes."""
     cfg, B = SMALL, 2
-    K, C, W = cfg.max_subagents, cfg.orch_context, cfg.worker_context
+    K, C, W = cfg.max_subagents, cfg.contexts.orchestrator, cfg.contexts.subagents
     o, w = wsj.init_state(cfg, wsj.reset(jax.random.key(0), cfg, B))
     pool, _ = lanes.allocate(lanes.init_lanes(1, B * K, 2), jnp.zeros((1, B * K), bool).at[0, K].set(True))
     zero, no = jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool)
@@ -347,13 +347,13 @@ def test_sharded_engine_matches_the_reference(engines):
     then sampled ones (episodes split over data x fsdp, weights over tensor)."""
     cfg, engine, params = engines["small"]
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
-    sharded = SwarmRollout(engine.rcfg, engine.orch_cfg, mesh=mesh)
+    sharded = SwarmRollout(engine.rcfg, engine.cfgs, mesh=mesh)
     eps, orch, workers = random_batch(cfg, 5, 16)
     result, _ = run_scripted(engine, cfg, params, eps, orch, workers, mesh_engine=sharded)
     assert len(result.tokens.sharding.device_set) == 8
     assert result.tokens.sharding.shard_shape(result.tokens.shape)[0] == 4     # 16 episodes / 4
     tasks = wsj.reset(jax.random.key(6), cfg, 16)
-    sampled = sharded(params, params, tasks, jax.random.key(0))
+    sampled = sharded(Roles.both(params), tasks, jax.random.key(0))
     assert_same(cfg, episodes(tasks), sampled, replay(cfg, episodes(tasks), sampled))
 
 

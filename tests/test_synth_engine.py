@@ -14,6 +14,7 @@ from swarmjax.envs.synth.device_task import SynthDeviceTask
 from swarmjax.envs.synth.task import SynthToolTask, answer_text
 from swarmjax.envs.synth.generator import SynthConfig
 from swarmjax.models import ModelConfig, init_params
+from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_engine import TextSwarm
 from swarmjax.swarm.text_rollout import TextRollout
@@ -44,8 +45,8 @@ def setup(tmp_path_factory):
     model = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                         head_dim=8, intermediate_size=64)
     head = len(dt.head_ids("orchestrator"))
-    rcfg = TextRolloutConfig(orch_context=head + 1280, worker_context=64, max_turn_tokens=96, worker_lanes=1,
-                             subagent_turns=1, budget=6, orch_sampling=GREEDY, worker_sampling=GREEDY,
+    rcfg = TextRolloutConfig(contexts=Roles(head + 1280, 64), max_turn_tokens=96, subagent_lanes=1,
+                             subagent_turns=1, budget=6, sampling=Roles.both(GREEDY),
                              min_window=1024, prefill_buckets=(128,), segment_exit=1.0)
     return dt, records, model, spread(init_params(model, jax.random.key(0)), 4.0), rcfg
 
@@ -96,7 +97,7 @@ def _host(setup, eps, scripts):
     dt, _, model, params, rcfg = setup
     rollout = TextRollout(model, rcfg, stop_ids=dt.chat.stop_ids, pad_id=dt.chat.tokenizer.token_id(dt.chat.pad_token))
     try:
-        return rollout(params, params, [dt.orchestrator(r) for r in eps], [None] * len(eps), jax.random.key(0),
+        return rollout(Roles.both(params), [dt.orchestrator(r) for r in eps], [None] * len(eps), jax.random.key(0),
                        scripts=scripts)
     finally:
         rollout.close()
@@ -108,7 +109,7 @@ def test_a_generated_environment_runs_in_the_jitted_engine_as_on_the_host(setup)
     eps, scripts = _scripts(dt, records)
     want = _host(setup, eps, scripts)
     swarm = TextSwarm(dt, model, rcfg, swarm=SwarmConfig(chunk=16, buckets=2))
-    got = swarm(params, params, eps, jax.random.key(0), scripts=scripts)
+    got = swarm(Roles.both(params), eps, jax.random.key(0), scripts=scripts)
     _assert_same(want, got)
     assert got.rewards["correct"][:4].tolist() == [1.0] * 4                       # the recorded tasks solve
     assert got.rewards["state_f1"][2:4].tolist() == [1.0, 1.0] and len(eps) == 8

@@ -17,6 +17,7 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.models.hf import to_hf
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.update import Learner, UpdateConfig
+from swarmjax.roles import Roles
 from swarmjax.text.bpe import train_bpe_tokenizer
 from swarmjax.text.tokenizer import TextTokenizer
 from swarmjax.train.policy import PolicySource, prepare_policy
@@ -234,13 +235,13 @@ def test_summary_demonstrations_pages_and_a_mixed_warm_start(tmp_path):
         found = [f"{world.entity_names[e]}: {world.value_names[ep.table[e]]}" for e in ep.task[:3]]
         assert "Entities:" in opening and "Your summary of them" in opening and all(f in opening for f in found)
         problems = task.sample(np.random.default_rng(0), 16)
-        limits = TextRolloutConfig(orch_context=4096, worker_context=4096, max_turn_tokens=512)
+        limits = TextRolloutConfig(contexts=Roles(4096, 4096), max_turn_tokens=512)
         alone = demonstrations(task, problems, ctx, np.random.default_rng(1), limits)
         mixed = demonstrations(task, problems, ctx, np.random.default_rng(1), limits,
                                mix=[mix_context("orchestrator", ctx), mix_context("single", ctx)])
         assert len(alone) > len(problems) and len(mixed) > 2 * len(alone) and mixed.skipped == alone.skipped == 0
         fits = alone.tokens.shape[1]                  # every summarised segment fits; long serial ones do not
-        small = TextRolloutConfig(orch_context=fits, worker_context=4096, max_turn_tokens=512)
+        small = TextRolloutConfig(contexts=Roles(fits, 4096), max_turn_tokens=512)
         with pytest.raises(ValueError, match="more than its context"):
             demonstrations(task, problems, ctx, np.random.default_rng(1), small, mix=[mix_context("single", ctx)])
         kept = demonstrations(task, problems, ctx, np.random.default_rng(1), small, mix=[mix_context("single", ctx)],

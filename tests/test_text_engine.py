@@ -15,6 +15,7 @@ from swarmjax.envs.widesearch import Episode, WideSearchConfig
 from swarmjax.envs.widesearch_relay import RelayTask, relay_corpus
 from swarmjax.envs.widesearch_relay_device import RelayDeviceTask
 from swarmjax.models import ModelConfig, init_params
+from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.context import ContextConfig
 from swarmjax.swarm.text_engine import TextSwarm
@@ -45,8 +46,8 @@ def setup(tmp_path_factory):
 
 
 def _rcfg(**kw):
-    base = dict(orch_context=896, worker_context=384, max_turn_tokens=200, worker_lanes=8 * CFG.max_subagents,
-                subagent_turns=CFG.subagent_steps, budget=8, orch_sampling=GREEDY, worker_sampling=GREEDY,
+    base = dict(contexts=Roles(896, 384), max_turn_tokens=200, subagent_lanes=8 * CFG.max_subagents,
+                subagent_turns=CFG.subagent_steps, budget=8, sampling=Roles.both(GREEDY),
                 min_window=1024, prefill_buckets=(64,), segment_exit=1.0)   # few host compiles
     return TextRolloutConfig(**{**base, **kw})
 
@@ -75,7 +76,7 @@ def _run_both(setup, episodes, scripts, rcfg, mesh=None, *, host=True, device=Tr
         rollout = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids,
                               pad_id=task.chat.tokenizer.token_id(task.chat.pad_token))
         try:
-            want = rollout(params, worker_params, [task.orchestrator(ep) for ep in episodes],
+            want = rollout(Roles(params, worker_params), [task.orchestrator(ep) for ep in episodes],
                            [None] * len(episodes), jax.random.key(0), scripts=scripts)
         finally:
             rollout.close()
@@ -171,9 +172,9 @@ def test_budget_is_an_argument_of_the_one_program(setup, scripted):
     task, model, params, worker_params = setup
     eps, scripts, want = scripted
     engine = _engine(setup, SCRIPTED)
-    engine(params, worker_params, eps, jax.random.key(0), scripts=scripts)          # the config's budget: compiled
+    engine(Roles(params, worker_params), eps, jax.random.key(0), scripts=scripts)          # the config's budget: compiled
     compiled = dict(engine._jitted)
-    got = engine(params, worker_params, eps, jax.random.key(0), scripts=scripts, budget=None, greedy=True)
+    got = engine(Roles(params, worker_params), eps, jax.random.key(0), scripts=scripts, budget=None, greedy=True)
     assert engine._jitted == compiled
     assert want.end_reason[5] == END_BUDGET and got.end_reason[5] != END_BUDGET
     assert got.critical_steps[5] > want.critical_steps[5]
@@ -198,9 +199,9 @@ def test_bad_input_is_refused(setup, scripted):
     engine = _engine(setup, SCRIPTED)
     eps = scripted[0]
     with pytest.raises(ValueError, match="no episodes"):
-        engine(params, params, [], jax.random.key(0))
+        engine(Roles.both(params), [], jax.random.key(0))
     with pytest.raises(ValueError, match="episode 1: a task of 1..4"):
-        engine(params, params, [eps[0], Episode(table=eps[1].table, task=list(range(5)))], jax.random.key(0))
+        engine(Roles.both(params), [eps[0], Episode(table=eps[1].table, task=list(range(5)))], jax.random.key(0))
     twin = RelayDeviceTask(task)
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
         TextSwarm(twin, model.replace(vocab_size=64), SCRIPTED)

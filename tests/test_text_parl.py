@@ -38,6 +38,7 @@ import dataclasses
 from swarmjax.config_file import load_config
 from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.optim import OptimConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_types import SwarmConfig
 
 def get_config():
@@ -56,7 +57,7 @@ def get_config():
         rl=dataclasses.replace(r, steps=2, tasks_per_step=2, group_size=2,
                                swarm=SwarmConfig(buckets=1, episode_keys=True),
                                update=dataclasses.replace(r.update, num_minibatches=2),
-                               rollout=dataclasses.replace(r.rollout, orch_context=1280, worker_context=512,
+                               rollout=dataclasses.replace(r.rollout, contexts=Roles(1280, 512),
                                                            max_turn_tokens=192, subagent_turns=3, budget=6)),
         eval_episodes=4, eval_every=1)
 '''

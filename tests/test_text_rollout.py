@@ -15,6 +15,7 @@ from swarmjax.envs.widesearch import Episode, WideSearchConfig, scripted, simula
 from swarmjax.envs.widesearch_text import WideSearchText, text_corpus
 from swarmjax.models import forward, init_params
 from swarmjax.models.config import ModelConfig
+from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_rollout import END_REASONS, TextRollout, TextRolloutConfig, TextScripts
 from swarmjax.text.bpe import train_bpe_tokenizer
@@ -42,12 +43,12 @@ def _rollout(world, episodes, key=0, scripts=None, **overrides):
     """Run ``episodes``; min_window 256 (not the default 128) keeps the compiled window
     widths of these long contexts few (the segmentation test runs narrow ones)."""
     task, model, params = world
-    rcfg = TextRolloutConfig(**{**dict(orch_context=2048, worker_context=1024, max_turn_tokens=512,
-                                       worker_lanes=3, subagent_turns=CFG.subagent_steps,
+    rcfg = TextRolloutConfig(**{**dict(contexts=Roles(2048, 1024), max_turn_tokens=512,
+                                       subagent_lanes=3, subagent_turns=CFG.subagent_steps,
                                        prefill_buckets=(16, 64, 256), min_window=256), **overrides})
     engine = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids)
     envs = [task.orchestrator(ep) for ep in episodes]
-    return engine(params, params, envs, episodes, jax.random.key(key), scripts=scripts)
+    return engine(Roles.both(params), envs, episodes, jax.random.key(key), scripts=scripts)
 
 
 def _episodes(sizes, seed=0):
@@ -120,8 +121,7 @@ def test_recorded_logprobs_equal_a_teacher_forced_forward(world, scripted_run):
         plans = [task.split_script(ep, 2) for ep in eps]
         scripts = TextScripts(orch=[p[0] for p in plans], workers=[p[1] for p in plans])
     res = _rollout(world, eps, key=3, scripts=scripts, max_turn_tokens=512 if scripted_run else 24,
-                   orch_sampling=SamplingConfig(temperature=1.0),
-                   worker_sampling=SamplingConfig(temperature=1.0))
+                   sampling=Roles.both(SamplingConfig(temperature=1.0)))
     traces = [t for b in range(len(eps)) for t in [res.orchestrators[b], *res.subagents[b]]]
     assert sum(t.steps for t in traces) >= (8 if scripted_run else 3)
     arrays = [t.arrays() for t in traces]
@@ -151,8 +151,7 @@ def test_segmentation_and_windows_change_only_the_time(world):
     task = world[0]
     eps = _episodes([4, 6, 3])
     plans = [task.split_script(ep, k) for ep, k in zip(eps, (2, 3))]
-    common = dict(max_turn_tokens=200, orch_sampling=SamplingConfig(temperature=0.0),
-                  worker_sampling=SamplingConfig(temperature=0.0),
+    common = dict(max_turn_tokens=200, sampling=Roles.both(SamplingConfig(temperature=0.0)),
                   scripts=TextScripts(orch=[p[0] for p in plans], workers=[p[1] for p in plans]))
     whole = _rollout(world, eps, segment_exit=1.0, decode_slack=None, min_window=256, **common)
     cut = _rollout(world, eps, segment_exit=0.25, decode_slack=8, min_window=64, **common)
@@ -305,12 +304,12 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
     scripts = TextScripts(orch=[[*serial[0][:2], call, *serial[0][2:]], serial[1]])
     envs = [task.orchestrator(ep, summarize=True) for ep in eps]
     prompt = len(envs[0].reset(eps[0]))                       # the threshold: about two rounds past it
-    rcfg = TextRolloutConfig(orch_context=2048, worker_context=2048, max_turn_tokens=64, worker_lanes=3,
+    rcfg = TextRolloutConfig(contexts=Roles(2048, 2048), max_turn_tokens=64, subagent_lanes=3,
                              subagent_turns=CFG.subagent_steps, min_window=256,     # a summariser's lane (below)
                              context=ContextConfig("summary", threshold=prompt + 150))  # holds the conversation
     engine = TextRollout(model, rcfg, stop_ids=task.chat.stop_ids)
     envs = [task.orchestrator(ep, summarize=True) for ep in eps]
-    res = engine(params, params, envs, eps, jax.random.key(0), scripts=scripts)
+    res = engine(Roles.both(params), envs, eps, jax.random.key(0), scripts=scripts)
     assert res.rewards["r_perf"].tolist() == [1.0, 1.0] and res.orch_steps.tolist() == [7, 6], res.length
     first, rest = res.orchestrators[0].segments[0], res.orchestrators[0].arrays()
     np.testing.assert_array_equal(first["ids"][first["sampled"]][-len(call):], call)  # the summary, sampled
@@ -335,7 +334,7 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
     envs = [task.orchestrator(ep, summarize=True) for ep in eps]
     written = [[task.chat.assistant_ids("", [{"name": "summarize", "arguments": {"summary": f"part {b}.{k}"}}])
                 for k in range(4)] for b in range(2)]            # the summarisers' turns, forced
-    res = engine(params, frozen, envs, eps, jax.random.key(0), scripts=TextScripts(orch=serial, summarizers=written))
+    res = engine(Roles(params, frozen), envs, eps, jax.random.key(0), scripts=TextScripts(orch=serial, summarizers=written))
     assert res.rewards["r_perf"].tolist() == [1.0, 1.0] and res.spawned.tolist() == [0, 0] and not any(res.subagents)
     for b in range(2):
         trace, sums = res.orchestrators[b], res.summarizers[b]

@@ -28,6 +28,7 @@ from swarmjax.envs.api import SubAgentResult
 from swarmjax.envs.widesearch import PROTOCOL, Episode, Vocab, score, scripted, simulate
 from swarmjax.envs.widesearch_tokens import STOP_IDS, WideSearchTokenEnv, parse_pairs, rollout_config
 from swarmjax.models import init_params
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import END_REASONS, TextRollout, TextScripts
 from test_swarm import BIG, SMALL, model_for, random_batch   # BIG: default sizes (16 split 8 x 2)
 
@@ -75,7 +76,7 @@ def _run_worker(cfg, task, tokens):
                 return ids, sampled, steps, True, turns
             if steps >= cfg.subagent_steps:
                 return ids, sampled, steps, False, turns
-        if len(ids) + len(step.reply) + 1 > cfg.worker_context:
+        if len(ids) + len(step.reply) + 1 > cfg.contexts.subagents:
             assert not step.more, "a reply mid-turn always leaves room for the next token"
             return ids, sampled, steps, False, turns
         ids += step.reply.tolist()
@@ -115,7 +116,7 @@ def host_run(cfg, ep, orch, workers=()):
             step = env.resume([SubAgentResult(agent=t.agent, answer=None, steps=s[2], ok=s[3], reason="")
                                for t, s in zip(step.spawn, subs)])
             r.add(step.rewards)
-        if len(r.ids) + len(step.reply) + 1 > cfg.orch_context:
+        if len(r.ids) + len(step.reply) + 1 > cfg.contexts.orchestrator:
             assert not step.more, "a reply mid-turn always leaves room for the next token"
             r.end_reason = "context"
             break
@@ -147,7 +148,7 @@ def assert_same(cfg, ep, run, ref, where=""):
     assert run.ids == ref.orch_tokens[:n] and run.sampled == ref.sampled[:n], msg
     assert not any(ref.sampled[n:]) and (run.end_reason == "context" or n == len(ref.orch_tokens)), msg
     if (run.end_reason, ref.end_reason) == ("context", "budget"):
-        assert len(ref.orch_tokens) == cfg.orch_context, msg            # full and out of budget
+        assert len(ref.orch_tokens) == cfg.contexts.orchestrator, msg            # full and out of budget
     else:
         assert run.end_reason == ref.end_reason, msg
     assert (run.orch_steps, run.critical_steps, run.total_steps, run.spawned, run.finished) == (
@@ -227,7 +228,7 @@ def rollouts():
     for name, cfg in (("big", BIG), ("small", SMALL)):
         mcfg = model_for(cfg)
         params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(mcfg, jax.random.key(1)))
-        engine = TextRollout(mcfg, rollout_config(cfg, worker_lanes=4, prefill_buckets=(16, 64)),
+        engine = TextRollout(mcfg, rollout_config(cfg, subagent_lanes=4, prefill_buckets=(16, 64)),
                              stop_ids=STOP_IDS)
         out[name] = (cfg, engine, params)
     yield out
@@ -243,7 +244,7 @@ def test_scripted_policies_through_the_text_rollout(rollouts):
     eps, plans = scripted_episodes(cfg)
     runs = [host_run(cfg, ep, *plan) for ep, plan in zip(eps, plans)]
     forced = TextScripts(orch=[r.turns for r in runs], workers=[[w[4] for w in r.workers] for r in runs])
-    res = engine(params, params, [WideSearchTokenEnv(cfg) for _ in eps], eps, jax.random.key(0), scripts=forced)
+    res = engine(Roles.both(params), [WideSearchTokenEnv(cfg) for _ in eps], eps, jax.random.key(0), scripts=forced)
     for b, (ep, (orch, workers)) in enumerate(zip(eps, plans)):
         assert_same(cfg, ep, from_result(cfg, res, b), reference(cfg, ep, orch, workers), b)
     assert res.rewards["r_perf"][1] == 1.0 and res.rewards["novel"][1] == 8
@@ -267,7 +268,7 @@ def test_random_model_episodes_replay_exactly(rollouts, which, sizes):
     rng = random.Random(7)
     eps = [Episode.sample(cfg, rng, n=n) for n in sizes]
     first = TextScripts(orch=[[spawn_turn(cfg, ep, rng)] if b % 2 else [] for b, ep in enumerate(eps)])
-    res = engine(params, params, [WideSearchTokenEnv(cfg) for _ in eps], eps, jax.random.key(4), scripts=first)
+    res = engine(Roles.both(params), [WideSearchTokenEnv(cfg) for _ in eps], eps, jax.random.key(4), scripts=first)
     for b, ep in enumerate(eps):
         run = from_result(cfg, res, b)
         orch = [t for t, s in zip(run.ids, run.sampled) if s]

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 
 from swarmjax.envs.widesearch import Episode, Vocab, simulate, scripted
+from swarmjax.roles import Roles
 from swarmjax.traces.export import graph_errors, load_schema, trace_from_outcome, turn_spans, write_jsonl
 from test_widesearch import CFG, serial_script, split_scripts
 
@@ -294,7 +295,7 @@ def test_engine_rollout_traces_validate():
     tasks = tasks_from(SMALL, eps)
     rcfg = PARLTrainConfig(rollout=RolloutConfig(env=SMALL))
     result = text_result(SMALL, SwarmRollout(rcfg.rollout, mcfg)(
-        params, params, tasks, jax.random.key(0), scripts=pad_scripts(orch, workers, SMALL.max_subagents)))
+        Roles.both(params), tasks, jax.random.key(0), scripts=pad_scripts(orch, workers, SMALL.max_subagents)))
     reward, channels = episode_rewards(result, rcfg, 0)               # every job's reward, PARL's channels
     traces = rollout_traces(SMALL, wsj.problems(tasks), result, rewards={"reward": reward, **channels},
                             wall_clock_s=4.8, prefix="rand")

@@ -10,6 +10,7 @@ from swarmjax.envs import scripts
 from swarmjax.envs.scoring import item_f1
 from swarmjax.envs.widesearch import Episode, Vocab, WideSearchConfig, scripted, simulate
 from swarmjax.rl.parl import PARLConfig, anneal, parl_reward
+from swarmjax.roles import Roles
 
 CFG = WideSearchConfig(budget=None)
 V = Vocab(CFG)
@@ -58,8 +59,8 @@ def test_best_split_costs_five():
 
 def test_min_critical_steps():
     """The bound the config check uses: brute force over (delegated d, sub-agents k)."""
-    for cfg in (CFG, WideSearchConfig(max_subagents=3, subagent_steps=3, worker_context=24),
-                WideSearchConfig(max_subagents=8, subagent_steps=4, worker_context=24)):
+    for cfg in (CFG, WideSearchConfig(max_subagents=3, subagent_steps=3, contexts=Roles(256, 24)),
+                WideSearchConfig(max_subagents=8, subagent_steps=4, contexts=Roles(256, 24))):
         c = cfg.worker_capacity
         for n in range(1, 17):
             best = n + 1
@@ -68,14 +69,14 @@ def test_min_critical_steps():
                     if -(-d // k) <= c:
                         best = min(best, 1 + -(-d // k) + 1 + (n - d) + 1)
             assert cfg.min_critical_steps(n) == best, (n, cfg)
-    assert WideSearchConfig(subagent_steps=4, worker_context=24).worker_capacity == 2
+    assert WideSearchConfig(subagent_steps=4, contexts=Roles(256, 24)).worker_capacity == 2
 
 
 @pytest.mark.parametrize("context", [24, 25, 26, 32])
 def test_worker_capacity_matches_the_simulator(context):
     """A worker given ``worker_capacity`` entities returns all of them; one more, and it
     cannot (checked on the reference simulator with the scripted worker)."""
-    cfg = WideSearchConfig(subagent_steps=8, worker_context=context, budget=None)
+    cfg = WideSearchConfig(subagent_steps=8, contexts=Roles(256, context), budget=None)
     c = cfg.worker_capacity
     ep = Episode.sample(cfg, random.Random(context), n=c + 1)
     for k, ok in ((c, True), (c + 1, False)):
@@ -142,7 +143,7 @@ def test_budget_stops_serial_work():
 
 
 def test_context_limit_ends_the_episode():
-    cfg = WideSearchConfig(budget=None, orch_context=30)
+    cfg = WideSearchConfig(budget=None, contexts=Roles(30, 48))
     ep = Episode.sample(cfg, random.Random(4), n=4)
     looping = [V["<lookup>"], V.entity(ep.task[0])] * 50
     out = simulate(cfg, ep, scripted(looping), scripted([]))

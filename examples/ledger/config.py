@@ -9,6 +9,7 @@ sub-agents share the episode's ledger.
 from ledger_task import LedgerTask
 
 from swarmjax.optim import OptimConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import TextRolloutConfig
 from swarmjax.train.agent import TextRLConfig, TextSFTConfig
 from swarmjax.train.agent_job import AgentJob
@@ -20,6 +21,6 @@ def get_config() -> AgentJob:
         sft=TextSFTConfig(steps=200, batch=16, demos=1024,
                           optim=OptimConfig(learning_rate=3e-3, warmup_steps=10, decay_steps=200)),
         rl=TextRLConfig(steps=10, tasks_per_step=4, group_size=4,
-                        rollout=TextRolloutConfig(orch_context=2048, worker_context=768, max_turn_tokens=192,
-                                                  worker_lanes=4, subagent_turns=5)),
+                        rollout=TextRolloutConfig(contexts=Roles(2048, 768), max_turn_tokens=192,
+                                                  subagent_lanes=4, subagent_turns=5)),
         eval_episodes=32, eval_every=5)

@@ -12,6 +12,7 @@ from units_task import UnitsTask
 
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.update import UpdateConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import TextRolloutConfig
 from swarmjax.train.agent import TextRLConfig, TextSFTConfig
 from swarmjax.train.agent_job import AgentJob
@@ -25,6 +26,6 @@ def get_config() -> AgentJob:
                                                                             decay_steps=60)),
         rl=TextRLConfig(steps=10, tasks_per_step=4, group_size=4,
                         update=UpdateConfig(num_minibatches=2, optim=OptimConfig(learning_rate=1e-4)),
-                        rollout=TextRolloutConfig(orch_context=768, worker_context=384, max_turn_tokens=128,
-                                                  worker_lanes=16, subagent_turns=3)),
+                        rollout=TextRolloutConfig(contexts=Roles(768, 384), max_turn_tokens=128,
+                                                  subagent_lanes=16, subagent_turns=3)),
         eval_episodes=16, eval_every=5)

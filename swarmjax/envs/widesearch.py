@@ -11,7 +11,7 @@ section 4 states the whole protocol):
 
 * A turn that starts with an unexpected token, a lookup of a non-entity, a spawn
   block with no entities, a non-entity inside a block, a block of more than
-  ``worker_context - 4`` entities, a ``<spawn>`` turn after ``max_subagents``
+  ``contexts.subagents - 4`` entities, a ``<spawn>`` turn after ``max_subagents``
   sub-agents of the episode were spawned, or a worker turn other than lookup/return:
   the environment appends ``<fail>``; the turn counts as one step of that agent,
   and it ends at the token that broke it (what follows is read as the next turn).
@@ -25,7 +25,7 @@ section 4 states the whole protocol):
   return likewise.
 * A turn is only started while ``critical_steps + 1 <= budget``; otherwise the
   episode ends with reason ``budget`` (so an answer always fits in the budget).
-* Contexts hold at most ``orch_context`` / ``worker_context`` tokens. When an
+* Contexts hold at most ``contexts.orchestrator`` / ``contexts.subagents`` tokens. When an
   agent must say or hear a token and its context is full: an answer or return in
   progress ends with the pairs so far; otherwise the episode ends with reason
   ``context`` (orchestrator) or the worker is stopped and fails.
@@ -38,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable, Sequence
+
+from swarmjax.roles import Roles
 
 PROTOCOL = ("<pad>", "<eos>", "<orch>", "<worker>", "<task>", "</task>", "<lookup>", "<val>",
             "<spawn>", "</spawn>", "<wait>", "<result>", "</result>", "<fail>", "<answer>",
@@ -56,8 +58,7 @@ class WideSearchConfig:
     max_subagents: int = 8        # K, per episode
     subagent_steps: int = 5       # S_sub
     budget: int | None = 8        # critical-step budget B (None: lifted)
-    orch_context: int = 256       # tokens
-    worker_context: int = 48
+    contexts: Roles[int] = Roles(orchestrator=256, subagents=48)     # tokens a context holds
 
     def __post_init__(self):
         if not 1 <= self.min_task_size <= self.max_task_size <= self.num_entities:
@@ -68,18 +69,18 @@ class WideSearchConfig:
         for name in ("num_values", "max_subagents", "subagent_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.orch_context < self.max_task_size + 4:
-            raise ValueError(f"orch_context {self.orch_context} cannot hold the largest task prompt "
+        if self.contexts.orchestrator < self.max_task_size + 4:
+            raise ValueError(f"contexts.orchestrator {self.contexts.orchestrator} cannot hold the largest task prompt "
                              f"({self.max_task_size + 3} tokens) and a turn")
-        if self.worker_context < 5:
-            raise ValueError(f"worker_context must be >= 5 (a one-entity prompt and a turn), "
-                             f"got {self.worker_context}")
+        if self.contexts.subagents < 5:
+            raise ValueError(f"contexts.subagents must be >= 5 (a one-entity prompt and a turn), "
+                             f"got {self.contexts.subagents}")
 
     @property
     def max_block_entities(self) -> int:
         """Largest spawn block: the worker prompt ``<worker> <task> e.. </task>`` plus one
         token must fit its context."""
-        return self.worker_context - 4
+        return self.contexts.subagents - 4
 
     def serial_critical_steps(self, n: int) -> int:
         """n lookups then an answer."""
@@ -91,7 +92,7 @@ class WideSearchConfig:
         take ``c + 1`` steps, and its context holds the prompt (``c + 3``), the lookups
         and their values (``4 c``) and the return's ``<return>`` and pairs (``2 c + 1``;
         a return cut by a full context keeps the pairs said, so ``</return>`` may not fit)."""
-        return max(0, min(self.subagent_steps - 1, (self.worker_context - 4) // 7))
+        return max(0, min(self.subagent_steps - 1, (self.contexts.subagents - 4) // 7))
 
     def min_critical_steps(self, n: int) -> int:
         """Fewest critical steps any policy can answer all ``n`` entities in: ``d`` of them
@@ -312,7 +313,7 @@ def episode_process(cfg: WideSearchConfig, ep: Episode):
     """The whole episode as a coroutine (see above); returns its :class:`Outcome`."""
     vocab = Vocab(cfg)
     agent = Agent([vocab["<orch>"], vocab["<task>"], *(vocab.entity(e) for e in ep.task),
-                   vocab["</task>"]], cfg.orch_context, "orchestrator")
+                   vocab["</task>"]], cfg.contexts.orchestrator, "orchestrator")
     budget = cfg.budget if cfg.budget is not None else 10 ** 9
     crit = orch_steps = total = spawned = finished = 0
     stages: list[dict] = []
@@ -340,7 +341,7 @@ def episode_process(cfg: WideSearchConfig, ep: Episode):
                 if blocks is None:
                     agent.hear(vocab["<fail>"])
                     continue
-                agents = [Agent(worker_prompt(vocab, ents), cfg.worker_context, "worker", spawned + i)
+                agents = [Agent(worker_prompt(vocab, ents), cfg.contexts.subagents, "worker", spawned + i)
                           for i, ents in enumerate(blocks)]
                 done = yield Stage(agents, [worker_process(cfg, vocab, ep, a) for a in agents])
                 spawned += len(blocks)

@@ -159,14 +159,14 @@ class WorkerState:
 def init_state(cfg: WideSearchConfig, tasks: Tasks) -> tuple[OrchState, WorkerState]:
     """Initial states for a batch [B] (orchestrator after its prompt, workers idle)."""
     B = tasks.n.shape[0]
-    K, W, mb = cfg.max_subagents, cfg.worker_context, cfg.max_block_entities
+    K, W, mb = cfg.max_subagents, cfg.contexts.subagents, cfg.max_block_entities
     z = jnp.zeros((B,), jnp.int32)
     zk = jnp.zeros((B, K), jnp.int32)
     orch = OrchState(
         phase=z + O_TURN, ctx_len=tasks.n + 3, orch_steps=z, critical=z, total=z, spawned=z,
         finished=z, nblocks=z, nents=z, queue=jnp.zeros((B, 2), jnp.int32), qpos=z, qlen=z,
         res_k=z, res_j=z, stage_first=z, stage_n=z, ans_e=z, ans_len=z,
-        answer=jnp.full((B, cfg.orch_context // 2, 2), -1, jnp.int32),
+        answer=jnp.full((B, cfg.contexts.orchestrator // 2, 2), -1, jnp.int32),
         seen=jnp.zeros((B, cfg.num_entities * cfg.num_values), bool), correct=z, answered=z, end=z)
     workers = WorkerState(
         phase=zk + W_IDLE, ctx_len=zk, steps=zk, task=jnp.zeros((B, K, mb), jnp.int32), ntask=zk,
@@ -209,7 +209,7 @@ def orch_emit(cfg: WideSearchConfig, o: OrchState, w: WorkerState, table: Array,
     the orchestrator waits, has ended, or ends now (budget, full context).
     """
     vocab = Vocab(cfg)
-    K, C = cfg.max_subagents, cfg.orch_context
+    K, C = cfg.max_subagents, cfg.contexts.orchestrator
     budget = cfg.budget if cfg.budget is not None else jnp.iinfo(jnp.int32).max - 1
     ph = o.phase
     # after the block of the episode's K-th sub-agent the environment says <wait>
@@ -319,7 +319,7 @@ def worker_emit(cfg: WideSearchConfig, w: WorkerState, table: Array, sampled: Ar
     scalars here; vmap over slots). ``ready`` False holds the slot for this tick (it
     has no KV-cache lane yet). Returns (state, token, emitted, was_sampled)."""
     vocab = Vocab(cfg)
-    W = cfg.worker_context
+    W = cfg.contexts.subagents
     ph = w.phase
     is_sample = _in(ph, W_SAMPLES)
     j = w.cursor

@@ -61,6 +61,7 @@ from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.widesearch import (PROTOCOL, Agent, Episode, Outcome, Stage, Vocab, WideSearchConfig, _say,
                                       episode_process, score)
 from swarmjax.envs.scoring import delegation_counts, item_f1
+from swarmjax.roles import Roles
 
 STOP_IDS = (PROTOCOL.index("<eos>"),)     # any id will do: every turn is one token long
 
@@ -68,9 +69,9 @@ STOP_IDS = (PROTOCOL.index("<eos>"),)     # any id will do: every turn is one to
 def rollout_config(cfg: WideSearchConfig, **overrides: Any):
     """A :class:`~swarmjax.swarm.text_rollout.TextRolloutConfig` that runs ``cfg``'s
     token world: one token per turn segment, the config's contexts, budget and
-    sub-agent turns (``overrides``: any other field, e.g. ``worker_lanes``)."""
+    sub-agent turns (``overrides``: any other field, e.g. ``subagent_lanes``)."""
     from swarmjax.swarm.text_rollout import TextRolloutConfig
-    return TextRolloutConfig(**{**dict(orch_context=cfg.orch_context, worker_context=cfg.worker_context,
+    return TextRolloutConfig(**{**dict(contexts=Roles(cfg.contexts.orchestrator, cfg.contexts.subagents),
                                        max_turn_tokens=1, subagent_turns=cfg.subagent_steps,
                                        budget=cfg.budget), **overrides})
 

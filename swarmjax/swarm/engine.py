@@ -7,8 +7,8 @@ not waiting appends one token to its context:
 * B orchestrator rows decode with the trainable params, KV cache ``[B, C + 1]``;
 * B x K sub-agent slots (each runs at most once per episode) decode as one batch
   with the frozen params; a running slot holds one of ``L`` KV-cache lanes
-  ``[L, W + 1]`` from a pool (:mod:`swarmjax.swarm.lanes`; ``L`` = ``worker_lanes``
-  x B x K), so the sub-agent forward costs what the running sub-agents need, not K
+  ``[L, W + 1]`` from a pool (:mod:`swarmjax.swarm.lanes`; ``L`` = ``subagent_lanes``
+  per data shard, by default half its B x K slots), so the sub-agent forward costs what the running sub-agents need, not K
   per episode;
 * tokens the environment says (tool replies, results, sub-agent task prompts)
   go through the model into the cache exactly like sampled ones, but are not
@@ -44,6 +44,7 @@ from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import (KVCache, cache_logical_axes, forward, init_cache,
                                          param_logical_axes, rope_table, unstack_layers)
+from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig, select_tokens
 from swarmjax.sharding.mesh import DEFAULT_RULES, batch_sharding, tree_shardings
 from swarmjax.swarm import lanes as lanes_lib
@@ -75,18 +76,18 @@ class RolloutConfig:
     (``max_new_tokens`` of the sampling configs is unused: contexts bound the decode.)"""
 
     env: WideSearchConfig | None = None    # the rules (a job's token engine: its task's, task.cfg)
-    orch_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
-    worker_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
-    worker_lanes: float = 0.5     # KV-cache lanes for sub-agents, as a fraction of B x K slots
+    sampling: Roles[SamplingConfig] = Roles.both(SamplingConfig(temperature=1.0))
+    subagent_lanes: int | None = None  # sub-agent KV-cache rows per data shard (None: half its B x K slots)
     check_indices: bool = False   # count out-of-range indices per episode (RolloutResult.index_errors)
 
     def __post_init__(self):
-        if not 0.0 < self.worker_lanes <= 1.0:
-            raise ValueError(f"worker_lanes is a fraction of the sub-agent slots in (0, 1], "
-                             f"got {self.worker_lanes}")
+        if self.subagent_lanes is not None and self.subagent_lanes < 1:
+            raise ValueError(f"subagent_lanes must be >= 1 (or None: half the sub-agent slots), "
+                             f"got {self.subagent_lanes}")
 
     def lanes_per_group(self, slots: int) -> int:
-        return max(1, math.ceil(slots * self.worker_lanes))
+        """Lanes of a group of ``slots`` sub-agent slots (a data shard's B x K)."""
+        return math.ceil(slots / 2) if self.subagent_lanes is None else min(slots, self.subagent_lanes)
 
     def max_ticks(self, slots: int) -> int:
         """A bound, not a truncation. While an episode runs, each tick its orchestrator
@@ -95,8 +96,8 @@ class RolloutConfig:
         (<= S (W + 1) / Lg ticks)."""
         e = self.env
         lanes = self.lanes_per_group(slots)
-        return (e.orch_context + e.max_subagents * (e.worker_context + 2) + 2
-                + math.ceil(slots * (e.worker_context + 1) / lanes))
+        return (e.contexts.orchestrator + e.max_subagents * (e.contexts.subagents + 2) + 2
+                + math.ceil(slots * (e.contexts.subagents + 1) / lanes))
 
 
 @flax.struct.dataclass
@@ -261,7 +262,7 @@ def index_errors(ecfg: WideSearchConfig, o: wsj.OrchState, w: wsj.WorkerState, p
     cache_bad [B, K]: slots whose lane fed the sub-agent cache outside slots [0, W).
     A slot index is in range when ``0 <= i < size``; a lane-pool error is charged to
     every episode of its group."""
-    K, C, W, E = ecfg.max_subagents, ecfg.orch_context, ecfg.worker_context, ecfg.num_entities
+    K, C, W, E = ecfg.max_subagents, ecfg.contexts.orchestrator, ecfg.contexts.subagents, ecfg.num_entities
     vocab = wsj.Vocab(ecfg)
     (ot, oe, opos), (wt, we, wpos) = orch, workers
     B = ot.shape[0]
@@ -320,14 +321,13 @@ def _step_model(params, cfg: ModelConfig, cache: KVCache, logits: Array, tok: Ar
     return lax.cond(jnp.any(emit), run, lambda args: args, (cache, logits))
 
 
-def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_cfg: ModelConfig,
-            rcfg: RolloutConfig, tasks: wsj.Tasks, key: Array, *, scripts: Scripts | None = None,
+def rollout(params: Roles, cfgs: Roles[ModelConfig], rcfg: RolloutConfig, tasks: wsj.Tasks, key: Array, *, scripts: Scripts | None = None,
             constrain=None, groups: int = 1) -> RolloutResult:
     """Run B episodes to the end (traceable; :class:`SwarmRollout` jits it).
 
     Args:
-      orch_params / worker_params: the orchestrator's (trainable) and the sub-agents'
-        (frozen) parameters; may be the same tree.
+      params: the orchestrator's (trainable) and the sub-agents' (frozen) parameters
+        (``Roles``; both may be the same tree); cfgs: their model configs.
       tasks: :class:`~swarmjax.envs.widesearch_jax.Tasks` with batch B.
       key: PRNG key for sampling.
       scripts: optional forced choices (tests, replays).
@@ -336,14 +336,15 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
     """
     ecfg = rcfg.env
     B = tasks.n.shape[0]
-    K, C, W = ecfg.max_subagents, ecfg.orch_context, ecfg.worker_context
+    K, C, W = ecfg.max_subagents, ecfg.contexts.orchestrator, ecfg.contexts.subagents
     if B % groups:
         raise ValueError(f"batch {B} is not divisible into {groups} lane groups")
     D, S = groups, B * K // groups                                      # groups, slots per group
     Lg = rcfg.lanes_per_group(S)
     L = D * Lg
     constrain = constrain or (lambda name, tree: tree)
-    orch_params, worker_params = unstack_layers(orch_params), unstack_layers(worker_params)
+    orch_params, worker_params = unstack_layers(params.orchestrator), unstack_layers(params.subagents)
+    orch_cfg, worker_cfg = cfgs.orchestrator, cfgs.subagents
     asked = jnp.zeros((B, ecfg.num_entities), bool).at[
         jnp.arange(B)[:, None], jnp.where(tasks.entities >= 0, tasks.entities, ecfg.num_entities)].set(
         True, mode="drop")
@@ -383,9 +384,9 @@ def rollout(orch_params: Any, worker_params: Any, orch_cfg: ModelConfig, worker_
         w_cache = w_cache.replace(valid=jnp.where(fresh.reshape(L, 1), False, w_cache.valid))
         ready = (pool.lane_of >= 0).reshape(B, K)
         slot_logits = lanes_lib.to_slots(c.w_logits.reshape(D, Lg, -1), pool).reshape(B * K, -1)
-        s_o, lp_o, mlp_o = _choose(c.o_logits, ko, rcfg.orch_sampling,
+        s_o, lp_o, mlp_o = _choose(c.o_logits, ko, rcfg.sampling.orchestrator,
                                    None if scripts is None else scripts.orch, c.orch_cursor)
-        s_w, _, _ = _choose(slot_logits, kw, rcfg.worker_sampling,
+        s_w, _, _ = _choose(slot_logits, kw, rcfg.sampling.subagents,
                             None if scripts is None else scripts.workers.reshape(B * K, -1),
                             c.worker_cursor)
         o, w, (ot, oe, osm, opos), (wt, we, wsm, wpos) = tick_fn(
@@ -446,7 +447,7 @@ class SwarmRollout:
     """:func:`rollout` jitted once per batch shape, optionally over a mesh.
 
     >>> engine = SwarmRollout(RolloutConfig(env=WideSearchConfig()), model_cfg)
-    >>> result = engine(orch_params, worker_params, wsj.reset(key, env_cfg, 64), key)
+    >>> result = engine(Roles.both(params), wsj.reset(key, env_cfg, 64), key)
 
     With ``mesh``, episodes (and their K sub-agent slots) are split over the mesh's
     data axes, weights follow the logical rule table, the caches are constrained
@@ -455,14 +456,13 @@ class SwarmRollout:
 
     _jitted: dict[tuple, Any] = {}      # class-wide cache of compiled rollouts
 
-    def __init__(self, rcfg: RolloutConfig, orch_cfg: ModelConfig, *, worker_cfg: ModelConfig | None = None,
+    def __init__(self, rcfg: RolloutConfig, cfg: ModelConfig | Roles[ModelConfig], *,
                  mesh: Mesh | None = None, rules=DEFAULT_RULES):
         if rcfg.env is None:
             raise ValueError("RolloutConfig.env is None: give the rules (a WideSearchConfig)")
-        self.rcfg, self.orch_cfg = rcfg, orch_cfg
-        self.worker_cfg = worker_cfg or orch_cfg
+        self.rcfg, self.cfgs = rcfg, Roles.of(cfg)
         self.mesh, self.rules = mesh, rules
-        for name, cfg in (("orchestrator", orch_cfg), ("sub-agent", self.worker_cfg)):
+        for name, cfg in (("orchestrator", self.cfgs.orchestrator), ("sub-agent", self.cfgs.subagents)):
             if cfg.vocab_size < wsj.Vocab(rcfg.env).size:
                 raise ValueError(f"{name} model vocab_size {cfg.vocab_size} is smaller than the task "
                                  f"vocabulary ({wsj.Vocab(rcfg.env).size} tokens)")
@@ -479,19 +479,19 @@ class SwarmRollout:
         def fn(name, tree):
             if self.mesh is None:
                 return tree
-            cfg = self.orch_cfg if name == "orch_cache" else self.worker_cfg
+            cfg = self.cfgs.orchestrator if name == "orch_cache" else self.cfgs.subagents
             shards = tree_shardings(cache_logical_axes(cfg), tree, self.mesh, self.rules)
             return jax.lax.with_sharding_constraint(tree, shards)
         return fn
 
-    def _compile(self, orch_params, worker_params, batch: int, scripted: bool):
+    def _compile(self, params: Roles, batch: int, scripted: bool):
         # shared by every engine with equal configs, so re-creating one does not recompile
-        sig = (self.rcfg, self.orch_cfg, self.worker_cfg, self.mesh, repr(self.rules), batch, scripted)
+        sig = (self.rcfg, self.cfgs, self.mesh, repr(self.rules), batch, scripted)
         if sig not in self._jitted:
             groups = self.groups(batch)
 
-            def fn(op, wp, tasks, key, scripts):
-                return rollout(op, wp, self.orch_cfg, self.worker_cfg, self.rcfg, tasks, key,
+            def fn(params, tasks, key, scripts):
+                return rollout(params, self.cfgs, self.rcfg, tasks, key,
                                scripts=scripts, constrain=self._constrain(batch), groups=groups)
             if self.mesh is None:
                 self._jitted[sig] = jax.jit(fn)
@@ -501,12 +501,13 @@ class SwarmRollout:
                 task_sh = wsj.Tasks(table=rows(2), entities=rows(2), n=rows(1))
                 script_sh = Scripts(orch=rows(2), workers=rows(3)) if scripted else None
                 self._jitted[sig] = jax.jit(fn, in_shardings=(
-                    shard(self.orch_cfg, orch_params), shard(self.worker_cfg, worker_params), task_sh,
+                    self.cfgs.map(shard, params), task_sh,
                     NamedSharding(self.mesh, PartitionSpec()), script_sh))
         return self._jitted[sig]
 
-    def __call__(self, orch_params: Any, worker_params: Any, tasks: wsj.Tasks, key: Array, *,
+    def __call__(self, params: Roles, tasks: wsj.Tasks, key: Array, *,
                  scripts: Scripts | None = None) -> RolloutResult:
+        """The episodes of ``tasks`` (batch B) rolled out with ``params`` (a ``Roles``)."""
         batch = int(tasks.n.shape[0])
-        fn = self._compile(orch_params, worker_params, batch, scripts is not None)
-        return fn(orch_params, worker_params, tasks, key, scripts)
+        fn = self._compile(params, batch, scripts is not None)
+        return fn(params, tasks, key, scripts)

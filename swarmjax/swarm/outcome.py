@@ -102,7 +102,7 @@ def token_terms(result: RolloutResult) -> dict[str, Array]:
 def text_result(cfg: WideSearchConfig, result: RolloutResult, rows: slice | None = None) -> TextRolloutResult:
     """The token rollout's episodes ``rows`` (None: all) as the one result type of every
     engine (host numpy): the orchestrator's ids, loss mask and log-probs as they are
-    (C = ``cfg.orch_context``), each agent as an :class:`AgentTrace` (sub-agents in spawn
+    (C = ``cfg.contexts.orchestrator``), each agent as an :class:`AgentTrace` (sub-agents in spawn
     order; their sampler log-probs are not kept: zeros), :func:`token_terms` as the
     rewards, answers as ``"e3 v5 e1 v0"`` text. ``result`` may be a global array over
     several processes' devices (every process fetches it whole, then keeps ``rows``).

@@ -43,6 +43,7 @@ from jax import lax
 
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import KVCache, forward, init_cache, rope_table
+from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig, select_tokens
 
 Array = jax.Array
@@ -219,8 +220,7 @@ def _advance(params, cfg: ModelConfig, scfg: SamplingConfig, d: _Decoding, i: Ar
     return _Decoding(rows=rows, turns=turns, done=d.done | hit | (lengths >= limit))
 
 
-def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, work_cfg: ModelConfig,
-                   orch_sampling: SamplingConfig, work_sampling: SamplingConfig,
+def decode_segment(params: Roles, cfgs: Roles[ModelConfig], sampling: Roles[SamplingConfig],
                    orch: Rows, work: Rows, key: Array, *, orch_idx: Array, work_idx: Array,
                    orch_limit: Array, work_limit: Array, stop_ids: Array, steps: int,
                    orch_window: int, work_window: int,
@@ -232,7 +232,8 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
     or (``min_done``) until enough of them have.
 
     Args:
-      orch_params / work_params: trainable orchestrator and frozen sub-agent params.
+      params: the trainable orchestrator's and the frozen sub-agents' params (``Roles``);
+        cfgs, sampling: their model configs and sampling settings (static ``Roles``).
       orch, work: :class:`Rows` of the B orchestrator rows and the L sub-agent lanes.
       orch_idx [Bo], work_idx [Bw] int32: the rows that take a turn now (padded with
         the spare row, whose limit is 0).
@@ -257,7 +258,7 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
       both models' rows (the turns written into their caches) and the :class:`Turns`
       of the rows in ``orch_idx`` / ``work_idx`` order.
     """
-    o_rope, w_rope = orch.rope(orch_cfg, orch_window), work.rope(work_cfg, work_window)
+    o_rope, w_rope = orch.rope(cfgs.orchestrator, orch_window), work.rope(cfgs.subagents, work_window)
     carry = _Carry(i=jnp.int32(0), key=key,
                    orch=_start(gather_rows(orch, orch_idx, orch_window), orch_limit > 0, steps),
                    work=_start(gather_rows(work, work_idx, work_window), work_limit > 0, steps))
@@ -271,9 +272,9 @@ def decode_segment(orch_params: Any, work_params: Any, orch_cfg: ModelConfig, wo
                 ko, kw = row_keys(key, orch_agents, orch_start + c.i), row_keys(key, work_agents, work_start + c.i)
             else:
                 key, ko, kw = jax.random.split(c.key, 3)
-            o = _advance(orch_params, orch_cfg, orch_sampling, c.orch, c.i, ko, orch_limit, stop_ids,
+            o = _advance(params.orchestrator, cfgs.orchestrator, sampling.orchestrator, c.orch, c.i, ko, orch_limit, stop_ids,
                          orch_forced, o_rope)
-            w = _advance(work_params, work_cfg, work_sampling, c.work, c.i, kw, work_limit, stop_ids,
+            w = _advance(params.subagents, cfgs.subagents, sampling.subagents, c.work, c.i, kw, work_limit, stop_ids,
                          work_forced, w_rope)
             return _Carry(i=c.i + 1, key=key, orch=o, work=w)
 
@@ -338,13 +339,11 @@ def make_prefix_jit(params, cfg, ids, length):
     return make_prefix(params, cfg, ids, length)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5),
-                   static_argnames=("steps", "orch_window", "work_window"), donate_argnums=(6, 7))
-def decode_segment_jit(orch_params, work_params, orch_cfg, work_cfg, orch_sampling, work_sampling,
-                       orch, work, key, **kwargs):
+@functools.partial(jax.jit, static_argnums=(1, 2),
+                   static_argnames=("steps", "orch_window", "work_window"), donate_argnums=(3, 4))
+def decode_segment_jit(params, cfgs, sampling, orch, work, key, **kwargs):
     """:func:`decode_segment` jitted, both models' rows donated (caches updated in place)."""
-    return decode_segment(orch_params, work_params, orch_cfg, work_cfg, orch_sampling, work_sampling,
-                          orch, work, key, **kwargs)
+    return decode_segment(params, cfgs, sampling, orch, work, key, **kwargs)
 
 
 @functools.partial(jax.jit, static_argnums=(1,), static_argnames=("window",), donate_argnums=(2,))

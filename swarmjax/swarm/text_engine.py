@@ -54,6 +54,7 @@ from swarmjax.envs.device_api import R_ANSWER, R_CONTEXT, R_TURNS, DeviceTask
 from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, RUNNING
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import cache_logical_axes, param_logical_axes
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_device import agent_keys, choose, make_prefix, position_keys
 from swarmjax.swarm.text_engine_feed import RoleModel, feed
 from swarmjax.swarm.text_engine_state import ENDED_SLOT, RUNNING_SLOT, Agents, Carry, Episodes
@@ -73,9 +74,10 @@ class TextSwarm:
     Args:
       task: the :class:`~swarmjax.envs.device_api.DeviceTask` (a task plug-in's device
         twin: :func:`swarmjax.envs.task.device_twin`).
-      orch_cfg / worker_cfg: the two models' configs (the same architecture as a rule).
+      cfg: the model config of both roles, or a ``Roles`` of the two (the same
+        architecture as a rule).
       rcfg: the :class:`TextRolloutConfig` (contexts, turn limit, sub-agent turns,
-        budget, sampling; ``worker_lanes`` and the host rollout's bucketing are unused:
+        budget, sampling; ``subagent_lanes`` and the host rollout's bucketing are unused:
         every slot has its own row).
       swarm: the :class:`~swarmjax.swarm.text_types.SwarmConfig` (prefill chunk, the
         share of rows fed a chunk a tick, the row and window sizes each tick's forwards are
@@ -86,8 +88,8 @@ class TextSwarm:
         caches are constrained batch-sharded.
     """
 
-    def __init__(self, task: DeviceTask, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *,
-                 worker_cfg: ModelConfig | None = None, swarm: SwarmConfig = SwarmConfig(),
+    def __init__(self, task: DeviceTask, cfg: ModelConfig | Roles[ModelConfig], rcfg: TextRolloutConfig, *,
+                 swarm: SwarmConfig = SwarmConfig(),
                  mesh: Mesh | None = None, rules=DEFAULT_RULES):
         if rcfg.context.strategy != "none":
             raise ValueError(f"context strategy {rcfg.context.strategy!r}: the device swarm has none (its "
@@ -96,16 +98,18 @@ class TextSwarm:
             raise TypeError(f"TextSwarm runs a DeviceTask, got {type(task).__name__} (a task plug-in's device twin: "
                             "swarmjax.envs.task.device_twin)")
         self.buckets = 1 if mesh is not None else swarm.buckets
-        for name, cfg in (("orchestrator", orch_cfg), ("sub-agent", worker_cfg or orch_cfg)):
-            if cfg.vocab_size < task.chat.tokenizer.vocab_size:
-                raise ValueError(f"{name} model vocab_size {cfg.vocab_size} is smaller than the tokenizer's "
+        cfgs = Roles.of(cfg)
+        for name, c in (("orchestrator", cfgs.orchestrator), ("sub-agent", cfgs.subagents)):
+            if c.vocab_size < task.chat.tokenizer.vocab_size:
+                raise ValueError(f"{name} model vocab_size {c.vocab_size} is smaller than the tokenizer's "
                                  f"({task.chat.tokenizer.vocab_size} ids)")
         self.task, self.rcfg, self.chunk, self.wide_rows = task, rcfg, swarm.chunk, swarm.wide_rows
         self.K = task.max_subagents
         self.answers = task.answer_grammar
-        self.orch = RoleModel(orch_cfg, task.grammar("orchestrator"), rcfg.orch_context, rcfg.orch_sampling)
-        self.work = RoleModel(worker_cfg or orch_cfg, task.grammar("worker") if self.K else None,
-                              rcfg.worker_context, rcfg.worker_sampling)
+        self.orch = RoleModel(cfgs.orchestrator, task.grammar("orchestrator"), rcfg.contexts.orchestrator,
+                              rcfg.sampling.orchestrator)
+        self.work = RoleModel(cfgs.subagents, task.grammar("worker") if self.K else None,
+                              rcfg.contexts.subagents, rcfg.sampling.subagents)
         self.stop_ids = jnp.asarray(task.chat.stop_ids)
         self.pad_id = task.chat.tokenizer.token_id(task.chat.pad_token)
         self.mesh, self.rules, self.episode_keys = mesh, rules, swarm.episode_keys
@@ -113,7 +117,7 @@ class TextSwarm:
         self._heads = {role: np.asarray(task.head_ids(role), np.int32)
                        for role in ("orchestrator",) + (("worker",) if self.K else ())}
 
-    def _compiled(self, orch_params: Any, worker_params: Any, arrays: Any, batch: int):
+    def _compiled(self, params: Roles, arrays: Any, batch: int):
         """The rollout jitted for ``batch`` episodes (over the mesh's batch axes, if any)."""
         if batch not in self._jitted:
             if self.mesh is None:
@@ -123,7 +127,8 @@ class TextSwarm:
                 shard = lambda cfg, p: tree_shardings(param_logical_axes(cfg), p, self.mesh, self.rules)  # noqa: E731
                 one = NamedSharding(self.mesh, PartitionSpec())
                 self._jitted[batch] = jax.jit(self._rollout, in_shardings=(
-                    shard(self.orch.cfg, orch_params), shard(self.work.cfg, worker_params) if self.K else None,
+                    Roles(shard(self.orch.cfg, params.orchestrator),
+                          shard(self.work.cfg, params.subagents) if self.K else None),
                     jax.tree.map(lambda x: rows(np.ndim(x)), arrays), rows(2), rows(1), one, rows(1), rows(3),
                     rows(3), one, one))
         return self._jitted[batch]
@@ -150,10 +155,11 @@ class TextSwarm:
 
     # ------------------------------------------------------------------ host entry point
 
-    def __call__(self, orch_params: Any, worker_params: Any, problems: Sequence[Any], key: Array, *,
+    def __call__(self, params: Roles, problems: Sequence[Any], key: Array, *,
                  scripts: Any = None, greedy: bool = False, budget: int | None | str = "config",
                  episode_ids: Sequence[int] | None = None) -> TextRolloutResult:
-        """Run ``len(problems)`` episodes to their end; ``scripts`` an optional
+        """Run ``len(problems)`` episodes to their end with ``params`` (a ``Roles`` of the
+        orchestrator's and the sub-agents' params); ``scripts`` an optional
         :class:`~swarmjax.swarm.text_types.TextScripts` of forced turns (ids -1: sample);
         ``episode_ids`` [B] the episodes' ids for their keys (``episode_keys``; default
         ``0..B-1``).
@@ -168,11 +174,11 @@ class TextSwarm:
         if not problems:
             raise ValueError("no episodes")
         arrays, prompts = self.task.batch(list(problems))
-        head, X = self._heads["orchestrator"], self.rcfg.orch_context
+        head, X = self._heads["orchestrator"], self.rcfg.contexts.orchestrator
         ids = np.zeros((len(prompts), X), np.int32)
         for b, p in enumerate(prompts):
             if len(p) + 1 > X:
-                raise ValueError(f"a prompt of {len(p)} ids does not fit orch_context={X}")
+                raise ValueError(f"a prompt of {len(p)} ids does not fit contexts.orchestrator={X}")
             if not np.array_equal(p[:len(head)], head):
                 raise ValueError(f"episode {b}: its prompt does not open with the task's shared head")
             ids[b, :len(p)] = p
@@ -181,8 +187,9 @@ class TextSwarm:
         if eids.shape != (len(problems),):
             raise ValueError(f"episode_ids: {len(eids)} ids for {len(problems)} episodes")
         o_script, w_script = self._scripts(scripts, len(problems))
-        run = self._compiled(orch_params, worker_params, arrays, len(problems))
-        out = jax.device_get(run(orch_params, worker_params if self.K else None, arrays, jnp.asarray(ids),
+        params = Roles(params.orchestrator, params.subagents if self.K else None)
+        run = self._compiled(params, arrays, len(problems))
+        out = jax.device_get(run(params, arrays, jnp.asarray(ids),
                                  jnp.asarray(lens), key, jnp.asarray(eids), o_script, w_script,
                                  jnp.asarray(greedy, bool),
                                  jnp.asarray(_NO_BUDGET if budget is None else budget, jnp.int32)))
@@ -351,15 +358,15 @@ class TextSwarm:
                       stage_slot=jnp.where(over[:, None], -1, e.stage_slot))
         return self._orch_reply(c.replace(eps=e), over, script)
 
-    def _tick(self, params: tuple, scripts: tuple, ropes: tuple, agents: tuple, c: Carry) -> Carry:
+    def _tick(self, params: Roles, scripts: tuple, ropes: tuple, agents: tuple, c: Carry) -> Carry:
         """One tick (module docstring), ``text_swarm_tick`` in a profile; ``agents``: the
         rows' agent keys (orchestrators [B], sub-agent slots [B K]) when ``episode_keys``,
         else None."""
         with jax.named_scope("text_swarm_tick"):
             return self._tick_body(params, scripts, ropes, agents, c)
 
-    def _tick_body(self, params: tuple, scripts: tuple, ropes: tuple, agents: tuple, c: Carry) -> Carry:
-        orch_params, work_params = params
+    def _tick_body(self, params: Roles, scripts: tuple, ropes: tuple, agents: tuple, c: Carry) -> Carry:
+        orch_params, work_params = params.orchestrator, params.subagents
         o_script, w_script = scripts
         o_rope, w_rope = ropes
         if self.episode_keys:           # per row: its episode, agent and position (the key stays)
@@ -387,7 +394,7 @@ class TextSwarm:
             return self._stages(c, o_script)
         return lax.cond(jnp.any(o_end) | jnp.any(w_end), events, lambda c: c, c)
 
-    def _rollout(self, orch_params, work_params, arrays, prompt, prompt_len, key, episode_ids, o_script, w_script,
+    def _rollout(self, params: Roles, arrays, prompt, prompt_len, key, episode_ids, o_script, w_script,
                  greedy, budget) -> dict[str, Any]:
         B, K = prompt.shape[0], self.K
         agents = None if not self.episode_keys else (                                         # per-row keys
@@ -396,17 +403,17 @@ class TextSwarm:
                                        jnp.tile(jnp.arange(1, K + 1, dtype=jnp.int32), B)], 1)))
         eps = Episodes.init(self.task.init(arrays), B, max_subagents=K, max_calls=self.task.max_calls,
                             grid_width=self.task.grid_width)
-        orch = self._agents(orch_params, self.orch, "orchestrator", B)
-        work = self._agents(work_params, self.work, "worker", B * K) if K else None
+        orch = self._agents(params.orchestrator, self.orch, "orchestrator", B)
+        work = self._agents(params.subagents, self.work, "worker", B * K) if K else None
         orch = orch.replace(trace=orch.trace.hear(jnp.ones((B,), bool), prompt, prompt_len,
                                                   jnp.zeros_like(prompt_len)))
         orch = self._open(self.orch, orch, jnp.ones((B,), bool), o_script)
         c = Carry(tick=jnp.int32(0), key=key, orch=orch, work=work, eps=eps, greedy=greedy, budget=budget)
         ropes = tuple(None if a is None else a.rows.rope(m.cfg, a.rows.cache.max_len)
                       for a, m in ((orch, self.orch), (work, self.work)))
-        max_ticks = self.rcfg.orch_context + K * self.rcfg.worker_context + 2
+        max_ticks = self.rcfg.contexts.orchestrator + K * self.rcfg.contexts.subagents + 2
         c = lax.while_loop(lambda c: jnp.any(c.eps.end == RUNNING) & (c.tick < max_ticks),
-                           functools.partial(self._tick, (orch_params, work_params), (o_script, w_script), ropes,
+                           functools.partial(self._tick, params, (o_script, w_script), ropes,
                                              agents), c)
         return {"orch": c.orch.trace, "work": None if work is None else c.work.trace, "eps": c.eps,
                 "orch_steps": c.orch.steps, "work_steps": None if work is None else c.work.steps, "ticks": c.tick}

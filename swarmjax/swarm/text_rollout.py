@@ -5,7 +5,7 @@ One rollout of B episodes alternates three phases until every episode has ended:
 
 1. **decode** (:func:`~swarmjax.swarm.text_device.decode_segment`, one jitted call):
    every row that takes a turn now (orchestrators, and sub-agents holding one of the
-   ``worker_lanes`` lanes) samples until its stop id or its limit (or the segment ends
+   ``subagent_lanes`` lanes) samples until its stop id or its limit (or the segment ends
    once ``segment_exit`` of its rows are done, and the rest resume in the next one);
 2. **environment** (host, a thread pool): each finished turn goes to its
    :class:`~swarmjax.envs.api.HostEnv`, which parses it, runs tools, and answers
@@ -47,6 +47,7 @@ from swarmjax.envs.api import HostEnv, Step, SubAgentResult
 # the token world's end reasons (re-exported: a text result's end_reason indexes END_REASONS)
 from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, END_REASONS, RUNNING  # noqa: F401
 from swarmjax.models.config import ModelConfig
+from swarmjax.roles import Roles
 from swarmjax.swarm.context import compact, summarizer_task, summary_restart
 from swarmjax.swarm.text_device import Rows, decode_segment_jit, init_rows, make_prefix_jit, prefill_chunk_jit
 from swarmjax.swarm.text_types import (AgentTrace, TextRolloutConfig, TextRolloutResult,  # noqa: F401  (re-exported)
@@ -97,16 +98,15 @@ class TextRollout:
     """Runs batches of text episodes: see the module docstring.
 
     >>> rollout = TextRollout(model_cfg, TextRolloutConfig(), stop_ids=chat.stop_ids)
-    >>> result = rollout(orch_params, worker_params, envs, tasks, jax.random.key(0))
+    >>> result = rollout(Roles(orch_params, subagent_params), envs, tasks, jax.random.key(0))
 
     ``envs``: one fresh :class:`~swarmjax.envs.api.HostEnv` per episode; ``tasks``:
     what each one's ``reset`` takes.
     """
 
-    def __init__(self, orch_cfg: ModelConfig, rcfg: TextRolloutConfig, *, stop_ids: Sequence[int],
-                 worker_cfg: ModelConfig | None = None, pad_id: int = 0):
-        self.orch_cfg, self.rcfg = orch_cfg, rcfg
-        self.worker_cfg = worker_cfg or orch_cfg
+    def __init__(self, cfg: ModelConfig | Roles[ModelConfig], rcfg: TextRolloutConfig, *,
+                 stop_ids: Sequence[int], pad_id: int = 0):
+        self.cfgs, self.rcfg = Roles.of(cfg), rcfg
         self.stop_ids = np.asarray(list(stop_ids), np.int32)
         if self.stop_ids.size == 0:
             raise ValueError("a text rollout needs at least one stop id")
@@ -205,7 +205,7 @@ class TextRollout:
     # ------------------------------------------------------------------ host logic
 
     def _context(self, agent: _Agent) -> int:
-        return self.rcfg.orch_context if agent.is_orch else self.rcfg.worker_context
+        return self.rcfg.contexts.orchestrator if agent.is_orch else self.rcfg.contexts.subagents
 
     def _hear(self, agent: _Agent, ids: np.ndarray, *, turn: int | None = None) -> bool:
         """Queue ``ids`` for ``agent`` if its context holds them and one more token."""
@@ -254,7 +254,7 @@ class TextRollout:
         """Close the orchestrator's segment and open the next with ``ids`` (its row starts
         over); False when they do not fit its context."""
         a = ep.orch
-        if len(ids) + 1 > self.rcfg.orch_context:
+        if len(ids) + 1 > self.rcfg.contexts.orchestrator:
             return False
         a.trace.restart()
         a.trace.dropped += dropped
@@ -269,7 +269,7 @@ class TextRollout:
         when the reply (or the new segment) does not fit: the episode ends."""
         a, rcfg = ep.orch, self.rcfg
         ccfg = rcfg.context
-        limit = rcfg.orch_context if ccfg.threshold is None else min(ccfg.threshold, rcfg.orch_context)
+        limit = rcfg.contexts.orchestrator if ccfg.threshold is None else min(ccfg.threshold, rcfg.contexts.orchestrator)
         if len(a.trace) + len(reply) + 1 > limit and len(a.trace.segments) < ccfg.max_compactions:
             trace = a.trace.arrays()
             req = summarizer_task(a.env, trace["ids"]) if ccfg.summarizer == "frozen" else None
@@ -353,7 +353,7 @@ class TextRollout:
         else:
             sub.turning = True
 
-    def __call__(self, orch_params: Any, worker_params: Any, envs: Sequence[HostEnv], tasks: Sequence[Any],
+    def __call__(self, params: Roles, envs: Sequence[HostEnv], tasks: Sequence[Any],
                  key: jax.Array, *, scripts: TextScripts | None = None,
                  episode_ids: Sequence[int] | None = None) -> TextRolloutResult:
         """Run ``len(envs)`` episodes to their end; see the module docstring.
@@ -364,7 +364,7 @@ class TextRollout:
         whichever batch, segments or process run it: a process that runs episodes 8-15
         of a step passes ``episode_ids=range(8, 16)``."""
         rcfg, T = self.rcfg, self.rcfg.max_turn_tokens
-        B, L = len(envs), rcfg.worker_lanes
+        B, L = len(envs), rcfg.subagent_lanes
         if len(tasks) != B:
             raise ValueError(f"{B} environments but {len(tasks)} tasks")
         episode_ids = np.arange(B) if episode_ids is None else np.asarray(list(episode_ids), np.int64)
@@ -375,8 +375,8 @@ class TextRollout:
                      prefix_shared=0)
         t_start = time.perf_counter()
         extra = rcfg.prefill_buckets[-1] + 1      # room past a context for a chunk's padding
-        orch_rows = init_rows(self.orch_cfg, B, rcfg.orch_context + extra)
-        work_rows = init_rows(self.worker_cfg, L, rcfg.worker_context + extra)
+        orch_rows = init_rows(self.cfgs.orchestrator, B, rcfg.contexts.orchestrator + extra)
+        work_rows = init_rows(self.cfgs.subagents, L, rcfg.contexts.subagents + extra)
         stop_ids = jnp.asarray(self.stop_ids)
         prefixes: dict = {}                       # role -> the shared prefix's ids
 
@@ -390,7 +390,7 @@ class TextRollout:
         stats["env_s"] += time.perf_counter() - t0
         for ep, prompt in zip(eps, prompts):
             if not self._hear(ep.orch, np.asarray(prompt, np.int32)):
-                raise ValueError(f"a prompt of {len(prompt)} ids does not fit orch_context={rcfg.orch_context}")
+                raise ValueError(f"a prompt of {len(prompt)} ids does not fit contexts.orchestrator={rcfg.contexts.orchestrator}")
             ep.orch.reset = True
             self._next_turn(ep)
 
@@ -425,9 +425,9 @@ class TextRollout:
             works = [a for a in lanes if a is not None and a.pending is not None]
             stats["appended_tokens"] += sum(len(a.pending) for a in orchs + works)
             if orchs:
-                orch_rows = self._append(orch_params, self.orch_cfg, orch_rows, orchs, prefixes, stats)
+                orch_rows = self._append(params.orchestrator, self.cfgs.orchestrator, orch_rows, orchs, prefixes, stats)
             if works:
-                work_rows = self._append(worker_params, self.worker_cfg, work_rows, works, prefixes, stats)
+                work_rows = self._append(params.subagents, self.cfgs.subagents, work_rows, works, prefixes, stats)
             jax.block_until_ready((orch_rows, work_rows))     # the time is the prefill's, not the next decode's
             stats["prefill_s"] += time.perf_counter() - t0
             return orch_rows, work_rows
@@ -488,8 +488,7 @@ class TextRollout:
             min_done = np.int32(max(1, int(np.ceil(rcfg.segment_exit * (len(rows_o) + len(rows_w))))))
             t0 = time.perf_counter()
             orch_rows, work_rows, turns_o, turns_w = decode_segment_jit(
-                orch_params, worker_params, self.orch_cfg, self.worker_cfg, rcfg.orch_sampling,
-                rcfg.worker_sampling, orch_rows, work_rows, key, stop_ids=stop_ids, steps=T,
+                params, self.cfgs, rcfg.sampling, orch_rows, work_rows, key, stop_ids=stop_ids, steps=T,
                 min_done=min_done, **args)
             turns_o, turns_w = jax.device_get((turns_o, turns_w))
             stats["decode_row_steps"] += (len(args["orch_idx"]) + len(args["work_idx"])) * int(
@@ -538,7 +537,7 @@ class TextRollout:
         return self._result(eps, stats)
 
     def _result(self, eps: list[_Episode], stats: dict) -> TextRolloutResult:
-        B, C = len(eps), self.rcfg.orch_context
+        B, C = len(eps), self.rcfg.contexts.orchestrator
         out = dict(tokens=np.full((B, C), self.pad_id, np.int32), loss_mask=np.zeros((B, C), bool),
                    logprobs=np.zeros((B, C), np.float32), model_logprobs=np.zeros((B, C), np.float32),
                    stage_ids=np.zeros((B, C), np.int32))

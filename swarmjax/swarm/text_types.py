@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.context import ContextConfig
 
@@ -17,10 +18,11 @@ from swarmjax.swarm.context import ContextConfig
 class TextRolloutConfig:
     """Static settings of a text rollout.
 
-    orch_context / worker_context: tokens an orchestrator / sub-agent conversation holds.
+    contexts: tokens an orchestrator's / a sub-agent's conversation holds (``Roles``).
     max_turn_tokens: most tokens one turn may sample (a longer turn is cut: ``truncated``).
-    worker_lanes: sub-agent rows on the device; more sub-agents wait for a free lane
+    subagent_lanes: sub-agent rows on the device; more sub-agents wait for a free lane
       (waiting delays them in wall clock, never changes a step count).
+    sampling: how each role samples (``Roles`` of ``SamplingConfig``).
     subagent_turns: S_sub, turns a sub-agent gets before it is stopped.
     budget: critical-step budget (None: lifted).
     prefill_buckets: chunk sizes of the append (each compiles once).
@@ -43,14 +45,12 @@ class TextRolloutConfig:
       ``none``, ``discard_all``, ``keep_last_round``) and its threshold.
     """
 
-    orch_context: int = 1024
-    worker_context: int = 512
+    contexts: Roles[int] = Roles(orchestrator=1024, subagents=512)
     max_turn_tokens: int = 128
-    worker_lanes: int = 8
+    subagent_lanes: int = 8
     subagent_turns: int = 5
     budget: int | None = None
-    orch_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
-    worker_sampling: SamplingConfig = SamplingConfig(temperature=1.0)
+    sampling: Roles[SamplingConfig] = Roles.both(SamplingConfig(temperature=1.0))
     prefill_buckets: tuple[int, ...] = (16, 64, 256)
     env_threads: int = 16
     segment_exit: float = 0.5
@@ -59,9 +59,9 @@ class TextRolloutConfig:
     context: ContextConfig = ContextConfig()
 
     def __post_init__(self):
-        if min(self.orch_context, self.worker_context, self.max_turn_tokens, self.worker_lanes,
+        if min(self.contexts.orchestrator, self.contexts.subagents, self.max_turn_tokens, self.subagent_lanes,
                self.subagent_turns, self.env_threads) < 1:
-            raise ValueError("contexts, max_turn_tokens, worker_lanes, subagent_turns and "
+            raise ValueError("contexts, max_turn_tokens, subagent_lanes, subagent_turns and "
                              "env_threads must be >= 1")
         if not self.prefill_buckets or list(self.prefill_buckets) != sorted(set(self.prefill_buckets)) \
                 or self.prefill_buckets[0] < 1:
@@ -186,7 +186,7 @@ class AgentTrace:
 
 @dataclasses.dataclass
 class TextRolloutResult:
-    """Token-in-token-out output of B episodes (C = ``orch_context``), host numpy.
+    """Token-in-token-out output of B episodes (C = ``contexts.orchestrator``), host numpy.
 
     tokens [B, C] int32 (``pad_id`` past length), length [B], loss_mask [B, C] (ids the
     orchestrator sampled), logprobs / model_logprobs [B, C] f32, stage_ids [B, C] int32

@@ -36,6 +36,7 @@ from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.trajectory import shared_head
 from swarmjax.rl.update import UpdateConfig, check_group_batch
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import TextRolloutConfig
 from swarmjax.swarm.text_types import SwarmConfig
 from swarmjax.train.async_rl import AsyncConfig
@@ -153,8 +154,8 @@ class TextRLConfig:
     parl: PARLConfig | None = None
     update: UpdateConfig = UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
                                         optim=OptimConfig(learning_rate=3e-4))
-    rollout: TextRolloutConfig = TextRolloutConfig(orch_context=512, worker_context=256, max_turn_tokens=48,
-                                                   worker_lanes=8, subagent_turns=3)
+    rollout: TextRolloutConfig = TextRolloutConfig(contexts=Roles(512, 256), max_turn_tokens=48,
+                                                   subagent_lanes=8, subagent_turns=3)
     swarm: SwarmConfig = SwarmConfig()
     bucket: int = 64
     head_multiple: int = 0
@@ -249,7 +250,7 @@ def _played_rows(played: Played, limits: TextRolloutConfig | None, *, role: str 
     rows, over, stack = [], None, [(played, True)]
     while stack:
         agent, orch = stack.pop()
-        context = None if limits is None else limits.orch_context if orch else limits.worker_context
+        context = None if limits is None else limits.contexts.orchestrator if orch else limits.contexts.subagents
         for ids, mask in [*agent.segments, (agent.ids, agent.mask)]:         # each segment a row of its own
             if context is not None and len(ids) > context and over is None:
                 who = ("single agent's" if role == "single" else "orchestrator") if orch else "sub-agent"

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.rl.update import TrainState
+from swarmjax.roles import Roles
 from swarmjax.train.agent import TextRLConfig
 from swarmjax.train.agent_rl import collect
 from swarmjax.train.async_rl import AsyncRollouts, split_devices
@@ -35,7 +36,7 @@ def async_rollouts(rcfg: TextRLConfig, engine: Engine, state: TrainState, *, dra
         return jax.device_put(params, jax.sharding.SingleDeviceSharding(devices[0]))
 
     def collect_step(j, problems, params, frozen):        # frozen None: the sub-agents decode with the policy
-        return collect(engine, params, params if frozen is None else frozen, problems, engine.step_key(key, j),
+        return collect(engine, Roles(params, params if frozen is None else frozen), problems, engine.step_key(key, j),
                        rcfg, step=j, subagents=subagents)
 
     rollouts = AsyncRollouts(rcfg.async_rollout, draw=draw, stream_state=stream_state, collect=collect_step,

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.envs.task import problem_size, reward_terms
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRolloutResult
 from swarmjax.train.distributed import allgather, local_replica
 from swarmjax.train.engines import Engine
@@ -28,7 +29,7 @@ FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "trunca
            "context_dropped", "peak_context", "subagent_peak_context")
 
 
-def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, key: jax.Array, *,
+def evaluate(engine: Engine, params: Roles, problems: list, key: jax.Array, *,
              mesh: Any = None, on_result: Callable[[TextRolloutResult, list, int], None] | None = None
              ) -> dict[str, np.ndarray]:
     """Greedy episodes of ``problems``: :func:`episode_figures` of each [N], in order
@@ -36,7 +37,7 @@ def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, ke
     one (the last filled up with repeats of its first problem, dropped from the figures):
     the training rollout's compiled program. With several processes each runs a share
     (episode ``e`` keyed as on one process) and every process gets all the figures
-    (``params`` global arrays over ``mesh``). ``on_result(res, problems, first)``: called
+    (``params``: a ``Roles`` of global arrays over ``mesh``). ``on_result(res, problems, first)``: called
     with each call's result, its problems (repeats left out) and the index of its first
     one (e.g. to export traces)."""
     whole = engine.whole_batch     # every process runs every call and gets every row
@@ -47,11 +48,11 @@ def evaluate(engine: Engine, params: Any, worker_params: Any, problems: list, ke
     figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
     if getattr(engine, "judge", None) is not None:          # a judged engine: its score beside the truth
         figures.update({k: np.full((per,), np.nan, np.float32) for k in JUDGE_FIGURES})
-    orch, workers = (params, worker_params) if whole else _rollout_params(params, worker_params, mesh)
+    local = params if whole else _rollout_params(params, mesh)
     size = engine.batch or max(len(mine), 1)
     for c, at in enumerate(range(0, len(mine), size)):
         call = mine[at:at + size]
-        res = engine(orch, workers, call + call[:1] * (size - len(call)), jax.random.fold_in(key, c),
+        res = engine(local, call + call[:1] * (size - len(call)), jax.random.fold_in(key, c),
                      episode_ids=range(size) if whole else range(start + at, start + at + size), greedy=True)
         for k, v in episode_figures(res).items():
             if k in figures:
@@ -106,12 +107,13 @@ def rollout_figures(res: TextRolloutResult) -> dict[str, float]:
     return mean_figures(episode_figures(res))
 
 
-def _rollout_params(params: Any, worker_params: Any, mesh: Any) -> tuple[Any, Any]:
+def _rollout_params(params: Roles, mesh: Any) -> Roles:
     """The local replicas a process's rollout decodes with (:func:`local_replica`); the
     sub-agents' are the orchestrator's when they decode with the trained params (one
     gather, not two)."""
-    orch = local_replica(params, mesh)
-    return orch, orch if worker_params is params else local_replica(worker_params, mesh)
+    orch = local_replica(params.orchestrator, mesh)
+    same = params.subagents is params.orchestrator
+    return Roles(orch, orch if same else local_replica(params.subagents, mesh))
 
 
 def labelled_figures(label: str, evals: dict) -> dict:

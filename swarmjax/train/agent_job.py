@@ -57,7 +57,7 @@ from swarmjax.train import token_world
 from swarmjax.train.agent import SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, mix_context, warm_start
 from swarmjax.train.agent_eval import (agent_summary_table, evaluate, labelled_figures, mean_figures, per_size,
                                        start_figures)
-from swarmjax.train.agent_rl import subagent_params
+from swarmjax.train.agent_rl import rollout_params
 from swarmjax.train.async_rl import logged_update, split_devices
 from swarmjax.train.distributed import check_processes, primary_first
 from swarmjax.train.engines import HostEngine
@@ -337,7 +337,7 @@ class AgentRun(JobRun):
             say(f"evaluating the {'start' if label == 'initial' else 'final policy'} on {len(problems)} "
                 f"{split} problems (greedy)")
         traces = self.kind.traces(self, label, split, step, log) if self.primary else None
-        episodes = evaluate(self.engine, state.params, subagent_params(state), problems,
+        episodes = evaluate(self.engine, rollout_params(state), problems,
                             jax.random.fold_in(self.key, 1), mesh=self.mesh, on_result=traces)
         res = mean_figures(episodes)
         by = per_size(task, problems, episodes)
@@ -481,7 +481,7 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     given = problems
     problems = held_out(task, split, job.seed, job.eval_episodes) if given is None else list(given)
     try:
-        episodes = evaluate(engine, state.params, subagent_params(state), problems,
+        episodes = evaluate(engine, rollout_params(state), problems,
                             jax.random.fold_in(jax.random.key(job.seed), 1), on_result=on_result)
     finally:
         runner.close()

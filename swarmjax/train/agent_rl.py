@@ -22,6 +22,7 @@ from swarmjax.rl.advantages import compute_advantages, overlong_penalty, uniform
 from swarmjax.rl.parl import parl_reward
 from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
 from swarmjax.rl.update import Learner, TrainState
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import TextRolloutResult
 from swarmjax.train.agent import SEGMENT_WEIGHTS, TextRLConfig
 from swarmjax.train.agent_eval import _rollout_params, episode_figures, mean_figures
@@ -29,11 +30,12 @@ from swarmjax.train.distributed import allgather, global_rows, share
 from swarmjax.train.engines import Engine
 
 
-def subagent_params(state: TrainState) -> Any:
-    """The params the sub-agents decode with: the frozen copy ``state.frozen["subagents"]``
-    when the state has one, else the trained ones (co-trained sub-agents; a single agent
-    has none)."""
-    return state.frozen["subagents"] if state.frozen and "subagents" in state.frozen else state.params
+def rollout_params(state: TrainState) -> Roles:
+    """The params a rollout decodes with: the trained ones for the orchestrator; for the
+    sub-agents the frozen copy ``state.frozen["subagents"]`` when the state has one, else
+    the trained ones (co-trained sub-agents; a single agent has none)."""
+    frozen = state.frozen["subagents"] if state.frozen and "subagents" in state.frozen else state.params
+    return Roles(state.params, frozen)
 
 
 def episode_rewards(res: TextRolloutResult, rcfg: TextRLConfig, step: int = 0
@@ -173,10 +175,10 @@ def rl_step(learner: Learner, state: TrainState, engine: Engine, problems: list,
     learner updates on the global batch. Episode ``e`` of the step draws the same tokens
     whichever process runs it (host engine), so the metrics are those of one process
     (the ``segments`` count aside: each process decodes its own)."""
-    orch, workers = state.params, subagent_params(state)
+    params = rollout_params(state)
     if not engine.whole_batch:        # each process decodes its share with a local copy
-        orch, workers = _rollout_params(orch, workers, learner.mesh)
-    return learn(learner, state, collect(engine, orch, workers, problems, key, rcfg, step=step,
+        params = _rollout_params(params, learner.mesh)
+    return learn(learner, state, collect(engine, params, problems, key, rcfg, step=step,
                                          subagents=subagents, mesh=learner.mesh))
 
 
@@ -188,10 +190,10 @@ class TextCollected(NamedTuple):
     metrics: dict[str, float]    # the step's figures but the learner's and update_s
 
 
-def collect(engine: Engine, params: Any, worker_params: Any, problems: list, key: jax.Array, rcfg: TextRLConfig,
+def collect(engine: Engine, params: Roles, problems: list, key: jax.Array, rcfg: TextRLConfig,
             *, step: int = 0, subagents: str = "frozen", mesh: Any = None) -> TextCollected:
     """The rollout half of :func:`rl_step`: this process's share of ``problems`` rolled
-    out ``group_size`` times with ``params`` (sub-agents: ``worker_params``), rewarded
+    out ``group_size`` times with ``params`` (a ``Roles``), rewarded
     (:func:`episode_rewards`) as step ``step``, group advantages, the learner's rows on
     exactly the rollout's ids, loss mask and sampler log-probs; a context strategy's
     earlier segments are rows of their own with their episode's advantage
@@ -205,7 +207,7 @@ def collect(engine: Engine, params: Any, worker_params: Any, problems: list, key
     t0 = time.perf_counter()
     if engine.whole_batch:       # the whole step's episodes on every process, its rows kept
         episodes = [p for p in problems for _ in range(G)]
-    res = engine(params, worker_params, episodes, key, episode_ids=range(start * G, stop * G))
+    res = engine(params, episodes, key, episode_ids=range(start * G, stop * G))
     t1 = time.perf_counter()
     local = np.repeat(np.arange(len(mine)), G)             # this process's episodes, whole groups
     groups = local + start

@@ -64,8 +64,8 @@ def episode_demo(cfg: WideSearchConfig, ep: Episode, rng: random.Random, spawn_f
         out = simulate(cfg, ep, scripted(scripts.serial(cfg, ep)), scripted([]))
     if out.end_reason != "answer" or len(out.answer) != len(answer):
         raise ValueError(f"a demonstration did not finish ({out.end_reason}, {len(out.answer or [])} of "
-                         f"{len(answer)} pairs answered): budget {cfg.budget} or orch_context "
-                         f"{cfg.orch_context} is too small for the scripted episodes")
+                         f"{len(answer)} pairs answered): budget {cfg.budget} or contexts.orchestrator "
+                         f"{cfg.contexts.orchestrator} is too small for the scripted episodes")
     return out
 
 
@@ -90,4 +90,4 @@ def make_demos(cfg: WideSearchConfig, count: int, seed: int, *, spawn_fraction: 
         out = episode_demo(cfg, Episode.sample(cfg, rng), rng, spawn_fraction, max_chunk)
         orch.append((out.orch_tokens, out.sampled))
         work += list(zip(out.worker_tokens, out.worker_sampled))
-    return pack_rows(orch, cfg.orch_context, pad), pack_rows(work or [([pad], [False])], cfg.worker_context, pad)
+    return pack_rows(orch, cfg.contexts.orchestrator, pad), pack_rows(work or [([pad], [False])], cfg.contexts.subagents, pad)

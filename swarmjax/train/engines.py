@@ -3,7 +3,10 @@
 An *engine* turns problems into a :class:`~swarmjax.swarm.text_types.TextRolloutResult`
 (the one result type of every text rollout)::
 
-    engine(orch_params, worker_params, problems, key, *, episode_ids, greedy) -> TextRolloutResult
+    engine(params, problems, key, *, episode_ids, greedy) -> TextRolloutResult
+
+``params``: a :class:`~swarmjax.roles.Roles` of the orchestrator's and the
+sub-agents' params.
 
 * :class:`HostEngine`: :class:`~swarmjax.swarm.text_rollout.TextRollout`, the host-driven
   rollout that runs any task's Python tools (``make(problem) -> HostEnv``); a sampling
@@ -38,6 +41,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
+from swarmjax.roles import Roles
 from swarmjax.swarm.text_types import SwarmConfig, TextRolloutResult
 
 
@@ -54,7 +58,7 @@ class Engine(Protocol):
     whole_batch: bool
     publish: Callable[[Any], Any] | None
 
-    def __call__(self, orch_params: Any, worker_params: Any, problems: Sequence[Any], key: jax.Array, *,
+    def __call__(self, params: Roles, problems: Sequence[Any], key: jax.Array, *,
                  episode_ids: range, greedy: bool = False) -> TextRolloutResult: ...
 
     def step_key(self, rl_key: jax.Array, step: int) -> jax.Array: ...
@@ -83,9 +87,9 @@ class HostEngine(_Keys):
     greedy_rollout: Any = None
     batch: int | None = None
 
-    def __call__(self, orch_params, worker_params, problems, key, *, episode_ids, greedy=False):
+    def __call__(self, params, problems, key, *, episode_ids, greedy=False):
         run = self.greedy_rollout if greedy and self.greedy_rollout is not None else self.rollout
-        return run(orch_params, worker_params, [self.make(p) for p in problems], list(problems), key,
+        return run(params, [self.make(p) for p in problems], list(problems), key,
                    episode_ids=episode_ids)
 
     def close(self) -> None:
@@ -121,8 +125,8 @@ class DeviceEngine(_Keys):
         return cls(TextSwarm(twin, cfg, rcfg, swarm=swarm, mesh=mesh if procs == 1 else None),
                    batch=episodes // procs, size=size)
 
-    def __call__(self, orch_params, worker_params, problems, key, *, episode_ids=None, greedy=False):
-        res = self.swarm(orch_params, worker_params, list(problems), key, greedy=greedy,
+    def __call__(self, params, problems, key, *, episode_ids=None, greedy=False):
+        res = self.swarm(params, list(problems), key, greedy=greedy,
                          episode_ids=None if episode_ids is None else list(episode_ids),
                          **({"budget": None} if greedy else {}))
         n = np.asarray([1 if self.size is None else self.size(p) for p in problems], np.float32)
@@ -154,15 +158,14 @@ class TokenEngine:
     def step_key(self, rl_key: jax.Array, step: int) -> jax.Array:
         return jax.random.split(jax.random.fold_in(jax.random.fold_in(rl_key, 3), step))[1]
 
-    def __call__(self, orch_params, worker_params, problems, key, *, episode_ids, greedy=False):
+    def __call__(self, params, problems, key, *, episode_ids, greedy=False):
         from swarmjax.envs import widesearch_jax as wsj
         from swarmjax.swarm.outcome import text_result
         from swarmjax.traces.timing import stopwatch
 
         run = self.greedy_rollout if greedy else self.rollout
         with stopwatch() as clock:
-            result = jax.block_until_ready(run(orch_params, worker_params, _on_mesh(wsj.stack(list(problems)),
-                                                                                    run.mesh), key))
+            result = jax.block_until_ready(run(params, _on_mesh(wsj.stack(list(problems)), run.mesh), key))
         res = text_result(run.rcfg.env, result, slice(episode_ids.start, episode_ids.stop))
         res.stats["seconds"] = clock["seconds"]
         return res
@@ -211,11 +214,11 @@ class JudgedEngine:
     def step_key(self, rl_key: jax.Array, step: int) -> jax.Array:
         return self.engine.step_key(rl_key, step)
 
-    def __call__(self, orch_params, worker_params, problems, key, *, episode_ids, greedy=False):
+    def __call__(self, params, problems, key, *, episode_ids, greedy=False):
         from swarmjax.envs.task import reward_terms
         from swarmjax.rl.judge import RewardMix, mix_rewards
 
-        res = self.engine(orch_params, worker_params, problems, key, episode_ids=episode_ids, greedy=greedy)
+        res = self.engine(params, problems, key, episode_ids=episode_ids, greedy=greedy)
         scores = self.judge([self.text(p) for p in problems], res.answers, key=jax.random.fold_in(key, 0x7e57))
         mix = RewardMix(verifier=1.0, judge=0.0) if greedy else self.mix
         rewards = mix_rewards(reward_terms(res.rewards, len(res.length)), scores, mix)

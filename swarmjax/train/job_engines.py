@@ -23,6 +23,7 @@ from swarmjax.envs.task import EnvContext, check_device_twin, device_twin, make_
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.hf import from_hf
 from swarmjax.rl.judge import Judge, JudgeReward
+from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.text.chat import chat_format, detect_chat_format
@@ -70,8 +71,7 @@ def text_rollout(job: AgentJob, cfg: ModelConfig, chat, *, greedy: bool) -> Text
     """The training rollout, or (``greedy``) the evaluations' one: both roles at temperature 0."""
     rcfg = job.rl.rollout
     if greedy:
-        rcfg = dataclasses.replace(rcfg, orch_sampling=SamplingConfig(temperature=0.0),
-                                   worker_sampling=SamplingConfig(temperature=0.0))
+        rcfg = dataclasses.replace(rcfg, sampling=Roles.both(SamplingConfig(temperature=0.0)))
     return TextRollout(cfg, rcfg, stop_ids=chat.stop_ids, pad_id=int(chat.ids[chat.pad_token][0]))
 
 

@@ -34,6 +34,7 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
 from swarmjax.rl.update import Learner, TrainState, UpdateConfig, check_group_batch
+from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.models.transformer import param_logical_axes
 from swarmjax.sharding.mesh import tree_shardings
@@ -82,7 +83,7 @@ class PARLTrainConfig:
 
     @property
     def bucket(self) -> int:
-        return self.rollout.env.orch_context
+        return self.rollout.env.contexts.orchestrator
 
 
 class PARLTrainer:
@@ -92,30 +93,32 @@ class PARLTrainer:
     A step is every job's RL step (:func:`swarmjax.train.agent_rl.rl_step`).
 
     >>> trainer = PARLTrainer(model_cfg, PARLTrainConfig())
-    >>> state = trainer.init(warm_params, worker_params=warm_params)
+    >>> state = trainer.init(Roles.both(warm_params))
     >>> state, metrics = trainer.step(state, jax.random.key(i), step=i)
     """
 
-    def __init__(self, model_cfg: ModelConfig, cfg: PARLTrainConfig, *, worker_cfg: ModelConfig | None = None,
+    def __init__(self, model_cfg: ModelConfig | Roles[ModelConfig], cfg: PARLTrainConfig, *,
                  mesh: Mesh | None = None, rollout_mesh: Mesh | None = None, eval_batch: int | None = None):
-        """``rollout_mesh``: the rollout's own devices (asynchronous jobs,
+        """``model_cfg``: both roles' model config, or a ``Roles`` of the two. ``rollout_mesh``: the rollout's own devices (asynchronous jobs,
         :mod:`swarmjax.train.async_rl`); default: the learner's ``mesh`` (the greedy
         rollout's). ``eval_batch``: the evaluations' call size (None: all at once)."""
-        self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
-        self.engine = token_engine_over(model_cfg, cfg.rollout, mesh=mesh, rollout_mesh=rollout_mesh,
-                                        eval_batch=eval_batch, worker_cfg=worker_cfg)
-        self.learner = Learner(model_cfg, logged_update(cfg.update, cfg.async_rollout), mesh=mesh)
+        cfgs = Roles.of(model_cfg)
+        self.model_cfg, self.cfg, self.mesh = cfgs.orchestrator, cfg, mesh
+        self.engine = token_engine_over(cfgs, cfg.rollout, mesh=mesh, rollout_mesh=rollout_mesh,
+                                        eval_batch=eval_batch)
+        self.learner = Learner(cfgs.orchestrator, logged_update(cfg.update, cfg.async_rollout), mesh=mesh)
 
-    def init(self, params: Any, worker_params: Any) -> TrainState:
-        """Train state over copies of ``params``; the frozen sub-agents ride along in
-        ``state.frozen["subagents"]`` (copied too: the learner donates its state). With a
+    def init(self, params: Roles) -> TrainState:
+        """Train state over copies of ``params.orchestrator``; the frozen sub-agents
+        (``params.subagents``) ride along in ``state.frozen["subagents"]`` (copied too: the
+        learner donates its state). With a
         KL term (``update.loss.kl_beta > 0``) the reference policy is the starting
         orchestrator, ``state.frozen["reference"]``."""
         copy = lambda tree: jax.tree.map(jnp.copy, tree)
-        frozen = {"subagents": copy(worker_params)}
+        frozen = {"subagents": copy(params.subagents)}
         if self.cfg.update.loss.kl_beta > 0:
-            frozen["reference"] = copy(params)
-        return self.learner.init(copy(params), frozen=frozen)
+            frozen["reference"] = copy(params.orchestrator)
+        return self.learner.init(copy(params.orchestrator), frozen=frozen)
 
     def step(self, state: TrainState, key: Array, step: int, *, tasks: list | None = None
              ) -> tuple[TrainState, dict[str, float]]:
@@ -142,29 +145,28 @@ def _copy(params: Any) -> Any:
     return jax.tree.map(jnp.copy, params)
 
 
-def token_engine_over(model_cfg: ModelConfig, rcfg: RolloutConfig, *, mesh: Mesh | None = None,
-                      rollout_mesh: Mesh | None = None, eval_batch: int | None = None,
-                      worker_cfg: ModelConfig | None = None):
-    """The token engine (:class:`~swarmjax.train.engines.TokenEngine`): ``rcfg``'s sampling
+def token_engine_over(model_cfg: ModelConfig | Roles[ModelConfig], rcfg: RolloutConfig, *, mesh: Mesh | None = None,
+                      rollout_mesh: Mesh | None = None, eval_batch: int | None = None):
+    """The token engine (:class:`~swarmjax.train.engines.TokenEngine`) of ``model_cfg``
+    (both roles', or a ``Roles``): ``rcfg``'s sampling
     rollout over ``rollout_mesh`` (default ``mesh``) and its greedy twin (the budget
     lifted) over ``mesh``, evaluations in calls of ``eval_batch`` episodes (None: all at
     once). With a rollout mesh of its own, its ``publish`` lays the learner's params out
     over it."""
     from swarmjax.train.engines import TokenEngine
 
+    cfgs = Roles.of(model_cfg)
     rollout_mesh = mesh if rollout_mesh is None else rollout_mesh
-    publish = None if rollout_mesh is mesh else (
-        lambda params: jax.device_put(params, tree_shardings(param_logical_axes(model_cfg), params, rollout_mesh)))
-    return TokenEngine(SwarmRollout(rcfg, model_cfg, worker_cfg=worker_cfg, mesh=rollout_mesh),
-                       SwarmRollout(greedy(rcfg), model_cfg, worker_cfg=worker_cfg, mesh=mesh),
+    publish = None if rollout_mesh is mesh else (lambda params: jax.device_put(
+        params, tree_shardings(param_logical_axes(cfgs.orchestrator), params, rollout_mesh)))
+    return TokenEngine(SwarmRollout(rcfg, cfgs, mesh=rollout_mesh), SwarmRollout(greedy(rcfg), cfgs, mesh=mesh),
                        batch=eval_batch, publish=publish)
 
 
 def greedy(rcfg: RolloutConfig, budget: int | None = None) -> RolloutConfig:
     """Evaluation rollouts: greedy decoding for both roles, the budget replaced."""
-    g = SamplingConfig(temperature=0.0)
     return dataclasses.replace(rcfg, env=dataclasses.replace(rcfg.env, budget=budget),
-                               orch_sampling=g, worker_sampling=g)
+                               sampling=Roles.both(SamplingConfig(temperature=0.0)))
 
 
 def sample_eval_tasks(key: Array, env, sizes: list[int] | tuple[int, ...], episodes: int) -> list[dict]:
