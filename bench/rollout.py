@@ -125,9 +125,9 @@ class HostRollout:
                     del pending[r]
         return cache
 
-    def __call__(self, params, worker_params, eps, orch_scripts, worker_scripts):
+    def __call__(self, roles: Roles, eps, orch_scripts, worker_scripts):
         cfg, B, K = self.cfg, self.B, self.cfg.max_subagents
-        params, worker_params = unstack_layers(params), unstack_layers(worker_params)
+        params, worker_params = unstack_layers(roles.orchestrator), unstack_layers(roles.subagents)
         o_cache = init_cache(self.mcfg, B, cfg.contexts.orchestrator + self.max_chunk)
         w_cache = init_cache(self.mcfg, B * K, cfg.contexts.subagents + self.max_chunk)
         o_fed, w_fed = np.zeros(B, np.int32), np.zeros(B * K, np.int32)
@@ -230,9 +230,9 @@ def main(argv=None):
 
     host = HostRollout(cfg, mcfg, args.batch)
     t0 = time.perf_counter()
-    host_out, rounds = host(params, params, eps, orch, workers)
+    host_out, rounds = host(Roles.both(params), eps, orch, workers)
     host_first = time.perf_counter() - t0
-    host_s = time_best(lambda: host(params, params, eps, orch, workers), args.repeats)
+    host_s = time_best(lambda: host(Roles.both(params), eps, orch, workers), args.repeats)
 
     jit_out = to_outcomes(cfg, text_result(cfg, result))
     same = all(a == b for a, b in zip(jit_out, host_out))

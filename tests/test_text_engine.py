@@ -82,7 +82,7 @@ def _run_both(setup, episodes, scripts, rcfg, mesh=None, *, host=True, device=Tr
             rollout.close()
     if not device:
         return want, None
-    got = _engine(setup, rcfg, mesh)(params, worker_params, episodes, jax.random.key(0), scripts=scripts)
+    got = _engine(setup, rcfg, mesh)(Roles(params, worker_params), episodes, jax.random.key(0), scripts=scripts)
     return want, got
 
 

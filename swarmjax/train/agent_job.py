@@ -66,7 +66,7 @@ from swarmjax.train.job_engines import ENGINES, judged, text_rollout
 from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, say, write_summary
 from swarmjax.train.loop import JobRun, open_checkpoint
 from swarmjax.train.parl import PARLTrainConfig
-from swarmjax.train.policy import PolicySource, prepare_policy, read_policy
+from swarmjax.train.policy import PolicySource, prepare_policy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.sft import SFTConfig
 from swarmjax.train.streams import held_out, task_stream
@@ -464,28 +464,28 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     ``judge``: score the episodes with this judge reward instead of the job's (its
     ``hf_path`` set: the run's own frozen judge copy stays in its checkpoint)."""
     job.validate()
-    cfg, chat = read_policy(workdir)
-    task = resolve_task(job.task)
-    learner = Learner(cfg, job.rl.update)
-    step, state, meta = open_checkpoint(workdir, which, shapes=_state_shapes(job, learner, cfg), learner=learner,
-                                        identity=job.identity(), checked=AgentRun.checked)
-    runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
-    ctx = EnvContext(chat, runner, role=job.role, max_subagents=job.max_subagents,
-                     summarize=job.rl.rollout.context.strategy == "summary")
+    if split not in ("validation", "test"):
+        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
     if sampled and job.engine != "host":
         raise ValueError("sampled evaluations run on the host engine: set engine='host'")
-    sampler = HostEngine(text_rollout(job, cfg, chat, greedy=not sampled), lambda p: make_env(task, p, ctx)) \
-        if sampled else ENGINES[job.engine].build(job, task, ctx, cfg, None)
-    engine = judged(job.judge if judge is None else judge, task, sampler, cfg, state, chat, None)
-    t0 = time.perf_counter()
-    given = problems
-    problems = held_out(task, split, job.seed, job.eval_episodes) if given is None else list(given)
+    run = AgentRun(job, workdir, fresh=False, progress=False)
+    task = run.task
     try:
-        episodes = evaluate(engine, rollout_params(state), problems,
-                            jax.random.fold_in(jax.random.key(job.seed), 1), on_result=on_result)
+        step, state, meta = open_checkpoint(workdir, which, shapes=run.state_shapes(), learner=run.learner,
+                                            identity=run.identity, checked=AgentRun.checked)
+        if sampled:                  # the training rollout's temperatures (its greedy twin left out)
+            run.engine.close()
+            run.engine = HostEngine(text_rollout(job, run.cfg, run.chat, greedy=False),
+                                    lambda p: make_env(task, p, run.ctx))
+        run.engine = judged(job.judge if judge is None else judge, task, run.engine, run.cfg, state, run.chat,
+                            run.mesh)
+        t0 = time.perf_counter()
+        given = problems
+        problems = run.splits[split] if given is None else list(given)
+        episodes = evaluate(run.engine, rollout_params(state), problems, jax.random.fold_in(run.key, 1),
+                            mesh=run.mesh, on_result=on_result)
     finally:
-        runner.close()
-        engine.close()
+        run.close()
     sizes = per_size(task, problems, episodes)
     out = {"step": step, **labelled_figures("final", {**mean_figures(episodes), "sizes": sizes}),
            "episodes": {k: v.tolist() for k, v in episodes.items()},
