@@ -102,7 +102,8 @@ def run_mode(mode: str, job: AgentJob, params, steps: int) -> dict:
         return tasks_of(j), [str(j)]
 
     def collect_step(j, tasks, p, workers):
-        return collect(trainer.engine, Roles(p, workers), tasks, jax.random.split(jax.random.fold_in(key, 10_000 + j))[1],
+        return collect(trainer.engine, Roles(p, workers), tasks,
+                       jax.random.split(jax.random.fold_in(key, 10_000 + j))[1],
                        parl, step=j)
 
     rollouts = AsyncRollouts(AsyncConfig(depth=1), draw=draw, stream_state=lambda: drawn["j"], collect=collect_step,

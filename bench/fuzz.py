@@ -82,11 +82,14 @@ class Size:
 
 SIZES: dict[str, Size] = {
     "tiny": Size(WideSearchConfig(num_entities=4, num_values=3, min_task_size=1, max_task_size=2,
-                                  max_subagents=2, subagent_steps=2, budget=5, contexts=Roles(14, 7)), subagent_lanes=40),
+                                  max_subagents=2, subagent_steps=2, budget=5, contexts=Roles(14, 7)),
+                  subagent_lanes=40),
     "small": Size(WideSearchConfig(num_entities=8, num_values=6, min_task_size=1, max_task_size=4,
-                                   max_subagents=3, subagent_steps=3, budget=12, contexts=Roles(40, 14)), subagent_lanes=24),
+                                   max_subagents=3, subagent_steps=3, budget=12, contexts=Roles(40, 14)),
+                   subagent_lanes=24),
     "medium": Size(WideSearchConfig(num_entities=24, num_values=12, min_task_size=1, max_task_size=8,
-                                    max_subagents=4, subagent_steps=4, budget=None, contexts=Roles(96, 24)), subagent_lanes=20),
+                                    max_subagents=4, subagent_steps=4, budget=None, contexts=Roles(96, 24)),
+                    subagent_lanes=20),
     "largest": Size(WideSearchConfig(budget=None), subagent_lanes=64),
 }
 

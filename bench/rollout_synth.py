@@ -155,7 +155,8 @@ def main(argv=None):
     jit_s = time_best(run_jit, args.repeats)
 
     host = TextRollout(mcfg, rcfg, stop_ids=chat.stop_ids, pad_id=tok.token_id(chat.pad_token))
-    run_host = lambda: host(Roles.both(params), [dt.orchestrator(r) for r in RECORDS], [None] * len(RECORDS),  # noqa: E731
+    run_host = lambda: host(Roles.both(params), [dt.orchestrator(r) for r in RECORDS],  # noqa: E731
+                            [None] * len(RECORDS),
                             jax.random.key(0), scripts=scripts)
     t0 = time.perf_counter()
     want = run_host()

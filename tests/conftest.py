@@ -51,15 +51,15 @@ def spread(params, scale=8.0):
 
 
 # The test files that take the longest on the 2-core CPU machine (a clean clone's whole
-# suite with `--durations`, summed per file: about 35-245 s each), heaviest first. `pytest
+# suite with `--durations=0`, summed per file: 20-200 s each), heaviest first. `pytest
 # -n 2 --dist loadfile` hands whole files to the two workers in collection order, so these
 # go first and the short files fill in behind them (longest-processing-time-first). xdist's
 # default order (files with the most tests first) put the few-test, minute-long files
 # (multihost, resume, learning) last: one worker ran 997 s of tests, the other 775 s, then waited.
-HEAVY_FIRST = ("test_examples.py", "test_text_job.py", "test_resume.py", "test_job.py", "test_learning.py",
-               "test_text_engine.py", "test_text_rollout.py", "test_swarm.py", "test_update.py", "test_text_parl.py",
-               "test_sft.py", "test_colab.py", "test_device_calls.py", "test_plan.py", "test_token_host_env.py",
-               "test_synth_engine.py")
+HEAVY_FIRST = ("test_text_parl.py", "test_job.py", "test_examples.py", "test_resume.py", "test_learning.py",
+               "test_text_engine.py", "test_text_rollout.py", "test_swarm.py", "test_device_calls.py", "test_plan.py",
+               "test_colab.py", "test_update.py", "test_synth_engine.py", "test_sft.py", "test_text_job.py",
+               "test_cli.py", "test_token_host_env.py")
 
 
 def pytest_configure(config):

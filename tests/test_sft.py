@@ -134,7 +134,8 @@ def test_bad_sft_config():
     with pytest.raises(ValueError, match="did not finish"):
         make_demos(WideSearchConfig(budget=3), 8, seed=0)
     with pytest.raises(ValueError, match="contexts.orchestrator 40"):       # 3-way split of 4 needs 42 tokens
-        make_demos(dataclasses.replace(ENV, contexts=Roles(40, ENV.contexts.subagents)), 200, seed=0, spawn_fraction=0.5)
+        make_demos(dataclasses.replace(ENV, contexts=Roles(40, ENV.contexts.subagents)), 200, seed=0,
+                   spawn_fraction=0.5)
 
 
 def test_prefix_role_stats_equal_role_stats():

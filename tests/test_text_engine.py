@@ -172,7 +172,7 @@ def test_budget_is_an_argument_of_the_one_program(setup, scripted):
     task, model, params, worker_params = setup
     eps, scripts, want = scripted
     engine = _engine(setup, SCRIPTED)
-    engine(Roles(params, worker_params), eps, jax.random.key(0), scripts=scripts)          # the config's budget: compiled
+    engine(Roles(params, worker_params), eps, jax.random.key(0), scripts=scripts)     # the config's budget: compiled
     compiled = dict(engine._jitted)
     got = engine(Roles(params, worker_params), eps, jax.random.key(0), scripts=scripts, budget=None, greedy=True)
     assert engine._jitted == compiled

@@ -334,7 +334,8 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
     envs = [task.orchestrator(ep, summarize=True) for ep in eps]
     written = [[task.chat.assistant_ids("", [{"name": "summarize", "arguments": {"summary": f"part {b}.{k}"}}])
                 for k in range(4)] for b in range(2)]            # the summarisers' turns, forced
-    res = engine(Roles(params, frozen), envs, eps, jax.random.key(0), scripts=TextScripts(orch=serial, summarizers=written))
+    res = engine(Roles(params, frozen), envs, eps, jax.random.key(0),
+                 scripts=TextScripts(orch=serial, summarizers=written))
     assert res.rewards["r_perf"].tolist() == [1.0, 1.0] and res.spawned.tolist() == [0, 0] and not any(res.subagents)
     for b in range(2):
         trace, sums = res.orchestrators[b], res.summarizers[b]

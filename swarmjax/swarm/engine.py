@@ -8,8 +8,8 @@ not waiting appends one token to its context:
 * B x K sub-agent slots (each runs at most once per episode) decode as one batch
   with the frozen params; a running slot holds one of ``L`` KV-cache lanes
   ``[L, W + 1]`` from a pool (:mod:`swarmjax.swarm.lanes`; ``L`` = ``subagent_lanes``
-  per data shard, by default half its B x K slots), so the sub-agent forward costs what the running sub-agents need, not K
-  per episode;
+  per data shard, by default half its B x K slots), so the sub-agent forward costs
+  what the running sub-agents need, not K per episode;
 * tokens the environment says (tool replies, results, sub-agent task prompts)
   go through the model into the cache exactly like sampled ones, but are not
   sampled and are masked out of the loss;
@@ -321,8 +321,8 @@ def _step_model(params, cfg: ModelConfig, cache: KVCache, logits: Array, tok: Ar
     return lax.cond(jnp.any(emit), run, lambda args: args, (cache, logits))
 
 
-def rollout(params: Roles, cfgs: Roles[ModelConfig], rcfg: RolloutConfig, tasks: wsj.Tasks, key: Array, *, scripts: Scripts | None = None,
-            constrain=None, groups: int = 1) -> RolloutResult:
+def rollout(params: Roles, cfgs: Roles[ModelConfig], rcfg: RolloutConfig, tasks: wsj.Tasks, key: Array, *,
+            scripts: Scripts | None = None, constrain=None, groups: int = 1) -> RolloutResult:
     """Run B episodes to the end (traceable; :class:`SwarmRollout` jits it).
 
     Args:

@@ -272,10 +272,10 @@ def decode_segment(params: Roles, cfgs: Roles[ModelConfig], sampling: Roles[Samp
                 ko, kw = row_keys(key, orch_agents, orch_start + c.i), row_keys(key, work_agents, work_start + c.i)
             else:
                 key, ko, kw = jax.random.split(c.key, 3)
-            o = _advance(params.orchestrator, cfgs.orchestrator, sampling.orchestrator, c.orch, c.i, ko, orch_limit, stop_ids,
-                         orch_forced, o_rope)
-            w = _advance(params.subagents, cfgs.subagents, sampling.subagents, c.work, c.i, kw, work_limit, stop_ids,
-                         work_forced, w_rope)
+            o = _advance(params.orchestrator, cfgs.orchestrator, sampling.orchestrator, c.orch, c.i, ko,
+                         orch_limit, stop_ids, orch_forced, o_rope)
+            w = _advance(params.subagents, cfgs.subagents, sampling.subagents, c.work, c.i, kw, work_limit,
+                         stop_ids, work_forced, w_rope)
             return _Carry(i=c.i + 1, key=key, orch=o, work=w)
 
     active_o, active_w = orch_limit > 0, work_limit > 0

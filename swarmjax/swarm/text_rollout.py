@@ -269,7 +269,8 @@ class TextRollout:
         when the reply (or the new segment) does not fit: the episode ends."""
         a, rcfg = ep.orch, self.rcfg
         ccfg = rcfg.context
-        limit = rcfg.contexts.orchestrator if ccfg.threshold is None else min(ccfg.threshold, rcfg.contexts.orchestrator)
+        limit = rcfg.contexts.orchestrator if ccfg.threshold is None else min(ccfg.threshold,
+                                                                               rcfg.contexts.orchestrator)
         if len(a.trace) + len(reply) + 1 > limit and len(a.trace.segments) < ccfg.max_compactions:
             trace = a.trace.arrays()
             req = summarizer_task(a.env, trace["ids"]) if ccfg.summarizer == "frozen" else None
@@ -390,7 +391,8 @@ class TextRollout:
         stats["env_s"] += time.perf_counter() - t0
         for ep, prompt in zip(eps, prompts):
             if not self._hear(ep.orch, np.asarray(prompt, np.int32)):
-                raise ValueError(f"a prompt of {len(prompt)} ids does not fit contexts.orchestrator={rcfg.contexts.orchestrator}")
+                raise ValueError(f"a prompt of {len(prompt)} ids does not fit "
+                                 f"contexts.orchestrator={rcfg.contexts.orchestrator}")
             ep.orch.reset = True
             self._next_turn(ep)
 

@@ -90,4 +90,5 @@ def make_demos(cfg: WideSearchConfig, count: int, seed: int, *, spawn_fraction: 
         out = episode_demo(cfg, Episode.sample(cfg, rng), rng, spawn_fraction, max_chunk)
         orch.append((out.orch_tokens, out.sampled))
         work += list(zip(out.worker_tokens, out.worker_sampled))
-    return pack_rows(orch, cfg.contexts.orchestrator, pad), pack_rows(work or [([pad], [False])], cfg.contexts.subagents, pad)
+    return (pack_rows(orch, cfg.contexts.orchestrator, pad),
+            pack_rows(work or [([pad], [False])], cfg.contexts.subagents, pad))

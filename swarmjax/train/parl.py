@@ -99,7 +99,8 @@ class PARLTrainer:
 
     def __init__(self, model_cfg: ModelConfig | Roles[ModelConfig], cfg: PARLTrainConfig, *,
                  mesh: Mesh | None = None, rollout_mesh: Mesh | None = None, eval_batch: int | None = None):
-        """``model_cfg``: both roles' model config, or a ``Roles`` of the two. ``rollout_mesh``: the rollout's own devices (asynchronous jobs,
+        """``model_cfg``: both roles' model config, or a ``Roles`` of the two.
+        ``rollout_mesh``: the rollout's own devices (asynchronous jobs,
         :mod:`swarmjax.train.async_rl`); default: the learner's ``mesh`` (the greedy
         rollout's). ``eval_batch``: the evaluations' call size (None: all at once)."""
         cfgs = Roles.of(model_cfg)
