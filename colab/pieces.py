@@ -1,5 +1,7 @@
 # %% [markdown]
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/YOUR-ORG/swarmjax/blob/main/colab/pieces.ipynb)
+# *To open in Colab:* upload this notebook (*File > Upload notebook*) and a clone of the
+# repository unzipped in `/content/swarmjax`, or open it from your fork on GitHub
+# (`python colab/sync.py --org OWNER` puts an Open-in-Colab badge for it here).
 #
 # # swarmjax pieces: model, sampler, GSPO, the learner, sharding
 #
@@ -31,7 +33,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "").replace(
     "--xla_force_host_platform_device_count=8", "") + " --xla_force_host_platform_device_count=8").strip()
 
 # %%
-ORG = "YOUR-ORG"      # GitHub owner of the swarmjax repository
+ORG = ""              # GitHub owner of your swarmjax repository ("": a local clone)
 REF = "main"          # branch, tag or commit to install
 JAX_MIN = "0.7"       # pyproject.toml's requirement, jax>=0.7 (tests/test_colab.py keeps them equal)
 
@@ -69,10 +71,11 @@ def release(version):
 
 def source_tree():
     """A swarmjax checkout: the one an installed swarmjax runs from (an editable install,
-    CI), or one around the working directory; None on a plain Colab runtime."""
+    CI), or one around the working directory or in its ``swarmjax`` folder (a clone
+    uploaded to Colab's /content); None on a plain Colab runtime."""
     spec = importlib.util.find_spec("swarmjax")
     places = [pathlib.Path(spec.origin).resolve().parent.parent] if spec and spec.origin else []
-    places += [pathlib.Path.cwd(), *pathlib.Path.cwd().parents]
+    places += [pathlib.Path.cwd(), pathlib.Path.cwd() / "swarmjax", *pathlib.Path.cwd().parents]
     for d in places:
         project = d / "pyproject.toml"
         if project.is_file() and (d / "configs").is_dir() and 'name = "swarmjax"' in project.read_text():
@@ -91,8 +94,9 @@ def accelerator():
 SRC = source_tree()
 if importlib.util.find_spec("swarmjax") is not None:
     print(f"swarmjax {installed('swarmjax')} is installed{f' from {SRC}' if SRC else ''}: nothing to install")
-elif SRC is None and ORG == "YOUR-ORG":
-    raise ValueError("set ORG, on the first line of this cell, to the GitHub owner of the swarmjax repository")
+elif SRC is None and not ORG:
+    raise ValueError("no swarmjax to install: unzip a clone of the repository in /content/swarmjax, or set ORG "
+                     "(the first line of this cell) to the GitHub owner of your swarmjax repository")
 else:
     pip = [sys.executable, "-m", "pip", "install", "-q"]
     jax_version = installed("jax")

@@ -10,6 +10,10 @@ and Colab's notebook metadata for a TPU runtime (``"accelerator": "TPU"``, ``"co
     python colab/sync.py --check     # exit 1 if a committed .ipynb differs from its .py
     python colab/sync.py --org NAME  # set the GitHub owner (badge and install cell), then write
 
+With ``ORG = ""`` (the repository's own sources) a notebook names no GitHub owner: its
+first cell says how to open it (an upload, with a clone beside it) instead of a badge
+that would point at a repository that may not exist; ``--org`` puts the badge there.
+
 Needs ``jupytext`` and ``nbformat`` (``pip install -e ".[test]"``).
 """
 
@@ -34,6 +38,7 @@ METADATA = {
 BADGE = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
          "(https://colab.research.google.com/github/{org}/swarmjax/blob/main/colab/{name}.ipynb)")
 ORG_LINE = re.compile(r'^ORG = "([^"]*)"', re.M)
+UPLOAD = "# *To open in Colab:* upload this notebook"        # the first cell's opening without an owner
 
 
 def org_of(source: str) -> str:
@@ -44,12 +49,18 @@ def org_of(source: str) -> str:
     return m.group(1)
 
 
+def opening(name: str, org: str) -> str:
+    """What the first cell of notebook ``name`` must hold: the Open-in-Colab badge of
+    ``org``'s repository, or without an owner the upload line."""
+    return BADGE.format(org=org, name=name) if org else UPLOAD
+
+
 def check_source(name: str, source: str) -> None:
-    """ValueError unless the source opens with its Open-in-Colab badge for its own ORG."""
-    badge = BADGE.format(org=org_of(source), name=name)
+    """ValueError unless the source opens with a markdown cell holding :func:`opening`."""
+    want = opening(name, org_of(source))
     first = source.split("# %%", 2)[1] if source.startswith("# %%") else ""
-    if not first.startswith(" [markdown]") or badge not in first:
-        raise ValueError(f"colab/{name}.py must open with a markdown cell holding the badge {badge}")
+    if not first.startswith(" [markdown]") or want not in first:
+        raise ValueError(f"colab/{name}.py must open with a markdown cell holding {want!r}")
 
 
 def build(name: str, source: str | None = None) -> str:
@@ -81,7 +92,12 @@ def set_org(org: str) -> None:
         path = HERE / f"{name}.py"
         text = path.read_text()
         old = org_of(text)
-        text = text.replace(BADGE.format(org=old, name=name), BADGE.format(org=org, name=name))
+        if old:
+            text = text.replace(BADGE.format(org=old, name=name), BADGE.format(org=org, name=name))
+        else:                                   # the upload paragraph (the first cell's opening) becomes the badge
+            start = text.index(UPLOAD)
+            end = text.index("\n#\n", start)
+            text = text[:start] + "# " + BADGE.format(org=org, name=name) + text[end:]
         text = ORG_LINE.sub(f'ORG = "{org}"', text)
         path.write_text(text)
 

@@ -226,7 +226,8 @@ def curves(workdir: PathLike, keys: tuple[str, ...] = ("reward", "item_f1", "cri
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
+    except ImportError:                # a dependency: only a broken install lacks it
+        say("curves.png not written: matplotlib does not import (pip install matplotlib)")
         return
     workdir = epath.Path(workdir)
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
