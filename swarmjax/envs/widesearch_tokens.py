@@ -61,7 +61,6 @@ from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.widesearch import (PROTOCOL, Agent, Episode, Outcome, Stage, Vocab, WideSearchConfig, _say,
                                       episode_process, score)
 from swarmjax.envs.scoring import delegation_counts, item_f1
-from swarmjax.roles import Roles
 
 STOP_IDS = (PROTOCOL.index("<eos>"),)     # any id will do: every turn is one token long
 
@@ -71,7 +70,7 @@ def rollout_config(cfg: WideSearchConfig, **overrides: Any):
     token world: one token per turn segment, the config's contexts, budget and
     sub-agent turns (``overrides``: any other field, e.g. ``subagent_lanes``)."""
     from swarmjax.swarm.text_rollout import TextRolloutConfig
-    return TextRolloutConfig(**{**dict(contexts=Roles(cfg.contexts.orchestrator, cfg.contexts.subagents),
+    return TextRolloutConfig(**{**dict(contexts=cfg.contexts,
                                        max_turn_tokens=1, subagent_turns=cfg.subagent_steps,
                                        budget=cfg.budget), **overrides})
 

@@ -64,7 +64,7 @@ from swarmjax.train.engines import HostEngine
 from swarmjax.train.frame import CheckpointConfig
 from swarmjax.train.job_engines import ENGINES, judged, text_rollout
 from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, say, write_summary
-from swarmjax.train.loop import JobRun, open_checkpoint
+from swarmjax.train.loop import JobRun, check_split, open_checkpoint
 from swarmjax.train.parl import PARLTrainConfig
 from swarmjax.train.policy import PolicySource, prepare_policy
 from swarmjax.train.preemption import Preempted, PreemptionWatch
@@ -464,8 +464,7 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     ``judge``: score the episodes with this judge reward instead of the job's (its
     ``hf_path`` set: the run's own frozen judge copy stays in its checkpoint)."""
     job.validate()
-    if split not in ("validation", "test"):
-        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
+    check_split(split)
     if sampled and job.engine != "host":
         raise ValueError("sampled evaluations run on the host engine: set engine='host'")
     run = AgentRun(job, workdir, fresh=False, progress=False)

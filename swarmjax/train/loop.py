@@ -207,14 +207,19 @@ def open_checkpoint(workdir: str, which: str, *, shapes: Any, learner: Any, iden
     return step, state, meta
 
 
+def check_split(split: str) -> None:
+    """One-line ValueError unless ``split`` is a held-out split a checkpoint is evaluated on."""
+    if split not in ("validation", "test"):
+        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
+
+
 def evaluate_checkpoint(run: JobRun, workdir: str, *, which: str = "latest", split: str = "test") -> dict:
     """Evaluate checkpoint ``which`` of the run in ``workdir`` (:func:`open_checkpoint`:
     the fields :attr:`JobRun.checked` the same) on the held-out ``split`` of ``run``'s
     config (greedy, as the run's own evaluations), and the start's policy when the state
     holds it (:meth:`JobRun.start_state`): what :meth:`JobRun.report` makes of them, with
     ``step``. Writes nothing."""
-    if split not in ("validation", "test"):
-        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
+    check_split(split)
     step, state, meta = open_checkpoint(workdir, which, shapes=run.state_shapes(), learner=run.learner,
                                         identity=run.identity, checked=run.checked)
     run.ready(state, meta)
