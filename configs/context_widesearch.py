@@ -15,7 +15,10 @@ at most ~920 ids).
 This job is the warm start the context experiment (``experiments/context.py``) shares
 between its arms: one policy warm-started on three ways of working on the same tasks:
 the serial agent (demonstrations longer than its context are left out and counted), the
-serial agent with ``summarize``, and the orchestrator that delegates. RL is then a
+serial agent with ``summarize``, and the orchestrator that delegates consecutive chunks
+of up to 4 entities and answers in the order they come back (sub-agents have 6 turns: a
+chunk's lookups, the answer and one spare). A batch is 35% serial rows (with or without
+summaries), 35% orchestrator rows and 30% sub-agent rows (``sft.shares``). RL is then a
 single agent's with the context strategy of ``rl.rollout.context`` (``none`` here; the
 experiment's arms set ``discard_all``, ``keep_last_round`` or ``summary``, past 1024 ids).
 The warm start (600 steps of 16 rows of up to 1280 ids) took ~2 minutes on one H200 and
@@ -34,20 +37,22 @@ from swarmjax.swarm.text_rollout import TextRolloutConfig
 from swarmjax.train.agent import TextRLConfig, TextSFTConfig
 from swarmjax.train.agent_job import AgentJob
 
+CHUNK = 4                    # the demonstrations' largest chunk: n = 16 over the K = 4 sub-agents
 ENV = WideSearchConfig(num_entities=24, num_values=24, min_task_size=1, max_task_size=16, max_subagents=4,
-                       subagent_steps=5, budget=None)
+                       subagent_steps=CHUNK + 2, budget=None)   # a chunk's lookups, its answer and one spare turn
 CONTEXT = 1280               # every agent's context (ids)
 THRESHOLD = 1024             # a context strategy acts past this: a summary turn (<= ~110 ids) still fits
 
 
 def get_config() -> AgentJob:
     return AgentJob(
-        task=WideSearchTask(ENV, split_fraction=1.0, max_chunk=4, summary_every=4, page_words=40),
+        task=WideSearchTask(ENV, split_fraction=1.0, max_chunk=CHUNK, summary_every=4, page_words=40),
         chat="qwen3", tokenizer_vocab=1024, max_subagents=ENV.max_subagents,
         model=ModelConfig(hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
                           intermediate_size=384),
         sft=TextSFTConfig(steps=600, batch=16, demos=1024, bucket=128, mix=("single+summary", "orchestrator"),
-                          overlong="skip", optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=600)),
+                          overlong="skip", shares=(("single", 0.35), ("orchestrator", 0.35), ("subagent", 0.3)),
+                          optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=600)),
         rl=TextRLConfig(steps=0, tasks_per_step=4, group_size=8, dynamic_sampling=True, bucket=128,
                         update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
                                             optim=OptimConfig(learning_rate=2e-4, decay_steps=40)),

@@ -127,7 +127,7 @@ def test_scripted_shapes(engines):
     for ep, parts in zip(eps[1:5], (8, 4, 2, 16)):
         o, _ = split_scripts(ep, parts)
         orch.append(o)
-        workers.append([scripts.worker(cfg, ep, ep.task[i::parts]) for i in range(min(parts, 8))])
+        workers.append([scripts.worker(cfg, ep, c) for c in scripts.chunks(ep.task, parts)[:8]])
     # a worker with 6 lookups (> S_sub = 5 steps) next to a good one
     ep = eps[5]
     orch.append(v.encode(f"<spawn> e{ep.task[0]} </spawn> <spawn> e{ep.task[1]} </spawn> <wait> <answer> </answer>"))

@@ -190,7 +190,10 @@ def test_wide_search_tasks_are_builtin(tmp_path, name, roles):
                 assert played.last.done and played.last.rewards["r_perf"] == 1.0, (role, p)
                 spawned += len(played.subagents)
                 if played.subagents:
-                    assert role == "orchestrator" and played.last.rewards["returned"] == len(p.task)
+                    r = played.last.rewards
+                    assert role == "orchestrator" and r["returned"] == len(p.task)
+                    if name == "widesearch":       # every delegated item came back right and was copied
+                        assert r["sub_correct"] == r["sub_truth"] == r["copy_correct"] == r["copy_truth"] == len(p.task)
                     assert all(s.last.done for s in played.subagents)
         if "single" not in roles:
             with pytest.raises(TaskError, match="orchestrator only"):
@@ -240,6 +243,8 @@ def test_summary_demonstrations_pages_and_a_mixed_warm_start(tmp_path):
         mixed = demonstrations(task, problems, ctx, np.random.default_rng(1), limits,
                                mix=[mix_context("orchestrator", ctx), mix_context("single", ctx)])
         assert len(alone) > len(problems) and len(mixed) > 2 * len(alone) and mixed.skipped == alone.skipped == 0
+        assert set(alone.kinds.tolist()) == {"single"} and set(mixed.kinds.tolist()) == {"single", "orchestrator",
+                                                                                         "subagent"}
         fits = alone.tokens.shape[1]                  # every summarised segment fits; long serial ones do not
         small = TextRolloutConfig(contexts=Roles(fits, 4096), max_turn_tokens=512)
         with pytest.raises(ValueError, match="more than its context"):
@@ -289,3 +294,56 @@ def test_the_stateful_example_task_scores_its_demonstrations(tmp_path):
             assert lazy.last.done and lazy.last.rewards["r_perf"] == 0.0 and lazy.last.rewards["stored"] == 0.0
     finally:
         runner.close()
+
+
+def test_handoff_figures_say_which_stage_lost_the_items():
+    """handoff_counts: the sub-agents' returns scored against what they were assigned, the
+    answer against what came back; episode_figures turns them into return_f1 and
+    copy_fidelity (nan without returns, and means that skip those episodes)."""
+    from swarmjax.envs.widesearch import Episode, handoff_counts
+    from swarmjax.train.agent_eval import episode_figures, mean_figures
+
+    ep = Episode(table=list(range(10)), task=[1, 2, 3, 4])
+    # two sub-agents: entities 1, 2 (2 returned wrong) and 3 (returned right); 4 done by the orchestrator
+    c = handoff_counts(ep, [[1, 2], [3]], [(1, 1), (2, 5), (3, 3)], [(1, 1), (2, 2), (3, 7), (4, 4)])
+    assert (c["sub_correct"], c["sub_answered"], c["sub_truth"]) == (2, 3, 3)
+    # came back: (1,1) (2,5) (3,3); the answer copied only (1,1)
+    assert (c["copy_correct"], c["copy_answered"], c["copy_truth"]) == (1, 3, 3)
+    none = handoff_counts(ep, [], [], [(1, 1)])
+    assert none["sub_truth"] == none["copy_truth"] == 0
+
+    class Res:                                        # the fields episode_figures reads, two episodes
+        length = np.ones(2)
+        rewards = {k: np.asarray([c[k], none[k]], np.float32) for k in c} | {"r_perf": np.asarray([0.75, 0.4])}
+        end_reason = orch_steps = spawned = finished = critical_steps = total_steps = np.zeros(2)
+        orchestrators = [type("T", (), {"segments": [], "dropped": 0, "peak": 1})()] * 2
+        subagents = [[], []]
+    figs = episode_figures(Res())
+    assert figs["return_f1"][0] == pytest.approx(2 / 3) and np.isnan(figs["return_f1"][1])
+    assert figs["copy_fidelity"][0] == pytest.approx(1 / 3) and np.isnan(figs["copy_fidelity"][1])
+    means = mean_figures(figs)
+    assert means["return_f1"] == pytest.approx(2 / 3) and means["accuracy"] == pytest.approx(0.575)
+
+
+def test_row_shares_draw_each_kind_of_row_as_asked():
+    """sft.shares: rows drawn so that each kind makes up its share of a batch, however many
+    rows of each kind the demonstrations hold; a kind without a share (or a share without
+    rows) and a bad config are one-line errors."""
+    from swarmjax.train.agent import TextSFTConfig
+    from swarmjax.train.demos import Demos, share_weights
+    from swarmjax.train.sft import RoleRows
+
+    kinds = np.asarray(["subagent"] * 80 + ["orchestrator"] * 5 + ["single"] * 15)
+    w = share_weights(kinds, {"orchestrator": 0.4, "single": 0.3, "subagent": 0.3})
+    assert w.sum() == pytest.approx(1.0) and w[80] == pytest.approx(0.4 / 5)
+    tokens = np.arange(100, dtype=np.int32)[:, None].repeat(4, 1)
+    d = Demos(tokens, np.ones_like(tokens, bool), np.ones_like(tokens, bool), kinds=kinds, weights=w)
+    draw, rng = RoleRows(d, 64, 4).sampler(), np.random.default_rng(0)
+    drawn = np.concatenate([draw(rng)[0][:, 0] for _ in range(200)])
+    assert np.mean(kinds[drawn] == "orchestrator") == pytest.approx(0.4, abs=0.02)
+    with pytest.raises(ValueError, match="give a share to each kind"):
+        share_weights(kinds, {"orchestrator": 0.5, "single": 0.5})
+    with pytest.raises(ValueError, match="sft.shares"):
+        TextSFTConfig(shares=(("critic", 1.0),))
+    with pytest.raises(ValueError, match="sft.shares"):
+        TextSFTConfig(shares=(("single", 1.0),), per_role=True)

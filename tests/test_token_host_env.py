@@ -176,7 +176,7 @@ def scripted_episodes(cfg):
     plans = [(scripts.serial(cfg, eps[0]), [])]
     for ep, parts in zip(eps[1:5], (8, 4, 2, 16)):
         o, _ = scripts.split(cfg, ep, parts)
-        plans.append((o, [scripts.worker(cfg, ep, ep.task[i::parts]) for i in range(min(parts, 8))]))
+        plans.append((o, [scripts.worker(cfg, ep, c) for c in scripts.chunks(ep.task, parts)[:8]]))
     ep = eps[5]
     plans.append((v.encode(f"<spawn> e{ep.task[0]} </spawn> <spawn> e{ep.task[1]} </spawn> <wait> <answer> </answer>"),
                   [[v["<lookup>"], v.entity(ep.task[0])] * 6, scripts.worker(cfg, ep, ep.task[1:2])]))

@@ -44,10 +44,19 @@ def delegate(cfg: WideSearchConfig, ep: Episode, chunks: Sequence[Sequence[int]]
     return orch + wait + answer(cfg, ep, answer_entities), [worker(cfg, ep, c) for c in chunks]
 
 
+def chunks(task: Sequence[int], parts: int) -> list[list[int]]:
+    """``task`` cut into ``parts`` consecutive chunks whose sizes differ by at most one
+    (the larger first; empty ones when ``parts`` > n): concatenated in order, the
+    sub-agents' answers are the task's order."""
+    size, extra = divmod(len(task), parts)
+    starts = [k * size + min(k, extra) for k in range(parts + 1)]
+    return [list(task[starts[k]:starts[k + 1]]) for k in range(parts)]
+
+
 def split(cfg: WideSearchConfig, ep: Episode, parts: int) -> tuple[list[int], list[list[int]]]:
-    """:func:`delegate` over ``parts`` round-robin chunks of the task, answering the whole
-    task; with n = 16 and 8 parts: 1 + 3 + 1 = 5 critical steps."""
-    return delegate(cfg, ep, [ep.task[i::parts] for i in range(parts)])
+    """:func:`delegate` over ``parts`` consecutive :func:`chunks` of the task, answering
+    the whole task; with n = 16 and 8 parts: 1 + 3 + 1 = 5 critical steps."""
+    return delegate(cfg, ep, chunks(ep.task, parts))
 
 
 def random_chunks(ep: Episode, max_chunk: int, max_parts: int, rng: random.Random) -> list[list[int]]:

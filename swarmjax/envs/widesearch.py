@@ -399,6 +399,30 @@ def score(ep: Episode, answer: Sequence[tuple[int, int]] | None) -> tuple[int, i
     return correct, len(pairs), len(ep.task)
 
 
+def handoff_counts(ep: Episode, assigned: Sequence[Sequence[int]], returned: Sequence[tuple[int, int]],
+                   answer: Sequence[tuple[int, int]]) -> dict[str, int]:
+    """Where a delegated episode's items go, as :func:`score`'s counts for
+    :func:`~swarmjax.envs.scoring.item_f1`:
+
+    - ``sub_*``: the (entity, value) pairs the sub-agents returned (distinct, every line)
+      against the asked-for entities they were assigned (``assigned``: each assignment's
+      entity ids): how well the sub-agents did their part;
+    - ``copy_*``: the answer's pairs for entities that came back against the pairs that
+      came back (R = the distinct returned pairs of asked-for entities, truth = its
+      entities): how faithfully the orchestrator copied them, right or wrong.
+
+    An episode that returned nothing has ``sub_truth`` or ``copy_truth`` 0 (no figure)."""
+    asked = set(ep.task)
+    given = asked & {e for ents in assigned for e in ents}
+    back = set(returned)
+    ref = {(e, v) for e, v in back if e in asked}
+    ref_entities = {e for e, _ in ref}
+    copied = {(e, v) for e, v in set(answer) if e in ref_entities}
+    return {"sub_correct": sum(e in given and ep.table[e] == v for e, v in back), "sub_answered": len(back),
+            "sub_truth": len(given), "copy_correct": len(copied & ref), "copy_answered": len(copied),
+            "copy_truth": len(ref_entities)}
+
+
 def scripted(tokens: Sequence[int]) -> Policy:
     """A policy that emits ``tokens`` in order (then ``<eos>``), ignoring the context."""
     it = iter(tokens)

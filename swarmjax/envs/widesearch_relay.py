@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from swarmjax.envs import scripts
 from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.envs.device_api import CALL_ERROR_TEXT
 from swarmjax.envs.orchestration import ASSIGN, CREATE
@@ -169,10 +170,10 @@ class RelayTask(TaskNames):
 
     def split_script(self, ep: Episode, parts: int, *, create_first: bool = False
                      ) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
-        """Create ``parts`` sub-agents and assign each a round-robin chunk (in one turn;
+        """Create ``parts`` sub-agents and assign each a consecutive chunk (in one turn;
         with ``create_first`` the creations take a turn of their own), then answer; the
         sub-agents' serial scripts. The token world's :func:`~swarmjax.envs.scripts.split`."""
-        chunks = [ep.task[i::parts] for i in range(parts)]
+        chunks = scripts.chunks(ep.task, parts)
         creates = [(CREATE, {"name": self.agent_names[k]}) for k in range(parts)]
         assigns = [(ASSIGN, {"agent": self.agent_names[k], "prompt": "Please find " + " and ".join(
             self.entity_names[e] for e in c)}) for k, c in enumerate(chunks)]
@@ -345,7 +346,7 @@ class RelayWideSearchTask(WideSearchProblems):
     is what :class:`~swarmjax.swarm.text_engine.TextSwarm` runs inside ``jit``.
 
     Demonstrations: the serial script, or (:meth:`WideSearchProblems.split_parts`) one
-    turn creating sub-agents and assigning each a round-robin chunk
+    turn creating sub-agents and assigning each a consecutive chunk
     (:meth:`RelayTask.split_script`). ``max_calls``, ``max_mentions``, ``max_pairs``:
     :class:`RelayTask`'s limits.
     """

@@ -33,11 +33,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from swarmjax.envs import scripts
 from swarmjax.envs.context_notes import SUMMARIZE, summarize_tool
 from swarmjax.envs.orchestration import ASSIGN, CREATE, Orchestration
 from swarmjax.envs.task import Demo, EnvContext, Task
 from swarmjax.envs.tool_env import ToolAgentEnv
-from swarmjax.envs.widesearch import Episode, WideSearchConfig, score
+from swarmjax.envs.widesearch import Episode, WideSearchConfig, handoff_counts, score
 from swarmjax.envs.scoring import delegation_counts, item_f1
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.runner import ToolRunner
@@ -187,10 +188,14 @@ class WideSearchText(TaskNames):
                 "answered": answered, "truth": truth}
 
     def verify(self, ep: Episode, answer: str, orch: Orchestration) -> dict[str, float]:
-        """:meth:`answer_terms` and the counts PARL's channels need (module docstring)."""
-        counts = delegation_counts(ep.task, (self.mentioned(prompt) for _, prompt in orch.history),
-                                   (e for text in orch.answers for e, _ in self.parse_pairs(text)))
-        return {**self.answer_terms(ep, answer), **counts}
+        """:meth:`answer_terms`, the counts PARL's channels need (module docstring) and
+        where the delegated items went (:func:`~swarmjax.envs.widesearch.handoff_counts`:
+        the sub-agents' returns, the orchestrator's copy of them)."""
+        assigned = [self.mentioned(prompt) for _, prompt in orch.history]
+        returned = [pair for text in orch.answers for pair in self.parse_pairs(text)]
+        counts = delegation_counts(ep.task, assigned, (e for e, _ in returned))
+        return {**self.answer_terms(ep, answer), **counts,
+                **handoff_counts(ep, assigned, returned, self.parse_pairs(answer))}
 
     # ---------------------------------------------------------------- scripted policies
 
@@ -227,9 +232,10 @@ class WideSearchText(TaskNames):
 
     def split_script(self, ep: Episode, parts: int, *, system_prompt: str = "Look up each entity."
                      ) -> tuple[list[list[int]], list[list[list[int]]]]:
-        """Create ``parts`` sub-agents and assign each a round-robin chunk in ONE turn,
-        then answer: the token world's :func:`~swarmjax.envs.scripts.split`."""
-        chunks = [ep.task[i::parts] for i in range(parts)]
+        """Create ``parts`` sub-agents and assign each a consecutive chunk of the task
+        (:func:`~swarmjax.envs.scripts.chunks`) in ONE turn, then answer in the order the
+        results come back (the task's order): the token world's :func:`~swarmjax.envs.scripts.split`."""
+        chunks = scripts.chunks(ep.task, parts)
         calls = [(CREATE, {"name": f"worker{k}", "system_prompt": system_prompt})
                  for k in range(parts)]
         calls += [(ASSIGN, {"agent": f"worker{k}", "prompt": self.task_text(c)}) for k, c in enumerate(chunks)]

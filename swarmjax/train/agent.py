@@ -40,13 +40,14 @@ from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import TextRolloutConfig
 from swarmjax.swarm.text_types import SwarmConfig
 from swarmjax.train.async_rl import AsyncConfig
-from swarmjax.train.demos import Demos, pack_rows
+from swarmjax.train.demos import Demos, pack_rows, share_weights
 from swarmjax.train.subagents import SubagentRefresh
 from swarmjax.train.sft import RoleRows, sft_step, warm_start_loop
 
 SUBAGENTS = ("frozen", "shared")
 OVERLONG = ("error", "skip")           # what the warm start does with a demonstration longer than its context
 SEGMENT_WEIGHTS = ("segment", "episode")
+ROW_KINDS = ("single", "orchestrator", "subagent")   # whose conversation a warm-start row is
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,12 @@ class TextSFTConfig:
     overlong: a demonstration with a conversation longer than its context: ``"error"``,
       or ``"skip"`` (left out; the agent job prints the count and keeps it in its summary,
       ``warm_start_data``).
+    shares: (kind, share) pairs: the expected share of each kind of row in a batch
+      (kinds ``"single"``, ``"orchestrator"``: the top agent's conversations in that role;
+      ``"subagent"``: its sub-agents'), e.g. ``(("orchestrator", 0.35), ("single", 0.35),
+      ("subagent", 0.3))`` so that an orchestrator's one conversation per demonstration is
+      not outnumbered by its sub-agents' and the serial ways' (empty: every row alike).
+      Not with ``per_role``.
     """
 
     steps: int = 600
@@ -75,10 +82,16 @@ class TextSFTConfig:
     mix: tuple[str, ...] = ()
     overlong: str = "error"
     per_role: bool = False
+    shares: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         if min(self.steps, self.batch, self.demos, self.bucket) < 1:
             raise ValueError("sft steps, batch, demos and bucket must be >= 1")
+        kinds = [k for k, _ in self.shares]
+        if self.shares and (self.per_role or len(set(kinds)) < len(kinds)
+                            or not set(kinds) <= set(ROW_KINDS) or min(v for _, v in self.shares) <= 0):
+            raise ValueError(f"sft.shares: distinct kinds of {', '.join(ROW_KINDS)} with shares > 0, "
+                             f"not with sft.per_role; got {self.shares!r}")
         if self.overlong not in OVERLONG:
             raise ValueError(f"unknown sft.overlong {self.overlong!r}; known: {', '.join(OVERLONG)}")
         for way in self.mix:
@@ -185,7 +198,8 @@ class TextRLConfig:
 def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Generator,
                    limits: TextRolloutConfig | None = None, *, mix: Sequence[EnvContext] = (),
                    overlong: str = "error", scripts: Sequence[tuple[Any, Demo]] | None = None,
-                   per_role: bool = False) -> Demos | tuple[Demos, Demos] | None:
+                   per_role: bool = False, shares: Sequence[tuple[str, float]] = ()
+                   ) -> Demos | tuple[Demos, Demos] | None:
     """Every agent's conversation of the task's demonstrations of ``problems`` in
     ``ctx.role`` (with the ``summarize`` tool when ``ctx.summarize``: each segment of a
     conversation a summary restarted is a row of its own), played through fresh
@@ -196,7 +210,9 @@ def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Ge
     for several ways of working. ``scripts``: (problem, :class:`Demo`) pairs that replace
     ``ctx``'s demonstrations (a task's ``demonstration_set``; ``problems`` are then the
     mix's). ``per_role``: (the top agents' rows [N, T], their sub-agents' rows [M, W]),
-    each padded to its own longest, the sub-agents' in spawn order.
+    each padded to its own longest, the sub-agents' in spawn order. Each row's kind is
+    recorded (``Demos.kinds``); ``shares``: the batch share of each kind
+    (:func:`~swarmjax.train.demos.share_weights`, ``TextSFTConfig.shares``).
 
     With ``limits`` (the RL rollout's config) a turn longer than ``max_turn_tokens`` is an
     error (the rollout could never produce it), and so is a conversation longer than its
@@ -224,17 +240,19 @@ def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Ge
                              "'skip' (nothing is cut)")
         skipped += over is not None
         if over is None:
-            rows.append(mine)
+            rows.append([(ids, mask, first, c.role if first else "subagent") for ids, mask, first in mine])
     if not rows:
         return None
     pad = int(ctx.chat.ids[ctx.chat.pad_token][0])
 
     def pack(rs, skipped=0):
-        return pack_rows(rs, max(len(ids) for ids, _ in rs), pad=pad, skipped=skipped)
+        return pack_rows([r[:2] for r in rs], max(len(r[0]) for r in rs), pad=pad, skipped=skipped,
+                         kinds=[r[2] for r in rs])
     if not per_role:
-        return pack([(ids, mask) for mine in rows for ids, mask, _ in mine], skipped)
-    top = [(ids, mask) for mine in rows for ids, mask, first in mine if first]
-    subs = [(ids, mask) for mine in rows for ids, mask, first in mine[::-1] if not first]
+        data = pack([(ids, mask, kind) for mine in rows for ids, mask, _, kind in mine], skipped)
+        return dataclasses.replace(data, weights=share_weights(data.kinds, dict(shares))) if shares else data
+    top = [(ids, mask, kind) for mine in rows for ids, mask, first, kind in mine if first]
+    subs = [(ids, mask, kind) for mine in rows for ids, mask, first, kind in mine[::-1] if not first]
     if not subs:
         raise ValueError("sft.per_role: no demonstration starts a sub-agent (the second role has no rows); raise "
                          "the task's share of delegating demonstrations, or set sft.per_role=False")

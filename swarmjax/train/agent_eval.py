@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from swarmjax.envs.scoring import item_f1
 from swarmjax.envs.task import problem_size, reward_terms
 from swarmjax.roles import Roles
 from swarmjax.swarm.text_rollout import END_ANSWER, END_CONTEXT, TextRolloutResult
@@ -24,6 +25,11 @@ from swarmjax.train.logs import change
 # with a judge: its score, judge - verifier (> 0: it overrates), and whether its verdict
 # (score > 0.5) is the verifier's (score > 0.5)
 JUDGE_FIGURES = ("judge", "judge_gap", "judge_agreement")
+# with an orchestrator whose verifier reports where delegated items went
+# (:func:`~swarmjax.envs.widesearch.handoff_counts`): the sub-agents' return item-F1
+# against what they were assigned, and the answer's item-F1 against what came back
+# (nan for an episode without returns; their means skip those)
+HANDOFF_FIGURES = ("return_f1", "copy_fidelity")
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
            "subagents", "finished_subagents", "no_spawn", "critical_steps", "total_steps", "compactions",
            "context_dropped", "peak_context", "subagent_peak_context")
@@ -48,6 +54,7 @@ def evaluate(engine: Engine, params: Roles, problems: list, key: jax.Array, *,
     figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
     if getattr(engine, "judge", None) is not None:          # a judged engine: its score beside the truth
         figures.update({k: np.full((per,), np.nan, np.float32) for k in JUDGE_FIGURES})
+    figures.update({k: np.full((per,), np.nan, np.float32) for k in HANDOFF_FIGURES})
     local = params if whole else _rollout_params(params, mesh)
     size = engine.batch or max(len(mine), 1)
     for c, at in enumerate(range(0, len(mine), size)):
@@ -61,7 +68,8 @@ def evaluate(engine: Engine, params: Roles, problems: list, key: jax.Array, *,
             on_result(res, call, start + at)
     if not whole:
         figures = allgather(figures)                                   # [procs, per]
-    return {k: v.reshape(-1)[:n] for k, v in figures.items()}
+    figures = {k: v.reshape(-1)[:n] for k, v in figures.items()}
+    return {k: v for k, v in figures.items() if k not in HANDOFF_FIGURES or not np.isnan(v).all()}
 
 
 def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
@@ -72,7 +80,9 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
     of context; sub-agents started and finished (returned before their turn limit),
     whether it started none (``no_spawn``), critical and total steps; the orchestrator's
     compactions (:mod:`swarmjax.swarm.context`), the ids they took out of its conversation,
-    its longest segment (ids), and its sub-agents' longest conversation (0 without any)."""
+    its longest segment (ids), and its sub-agents' longest conversation (0 without any);
+    :data:`HANDOFF_FIGURES` where the verifier counts them (nan in an episode without
+    returns)."""
     r = reward_terms(res.rewards, len(res.length))
     out = {"accuracy": r.get("r_verifier", r["r_perf"]), "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
            "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
@@ -86,7 +96,13 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
     if "judge" in r:                    # a judged engine's episodes: the judge's score and its gap to the truth
         truth = r.get("r_verifier", r["r_perf"])
         out.update(judge=r["judge"], judge_gap=r["judge"] - truth, judge_agreement=(r["judge"] > 0.5) == (truth > 0.5))
-    return {k: np.asarray(out[k], np.float32) for k in FIGURES + (JUDGE_FIGURES if "judge" in r else ())}
+    if "sub_truth" in r:                # where the delegated items went
+        for name, term in zip(HANDOFF_FIGURES, ("sub", "copy")):
+            truth = r[f"{term}_truth"]
+            f1 = item_f1(r[f"{term}_correct"], r[f"{term}_answered"], truth, truth > 0)
+            out[name] = np.where(truth > 0, f1, np.nan)
+    keys = FIGURES + (JUDGE_FIGURES if "judge" in r else ()) + (HANDOFF_FIGURES if "sub_truth" in r else ())
+    return {k: np.asarray(out[k], np.float32) for k in keys}
 
 
 def by_size(sizes: np.ndarray, per_episode: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -98,8 +114,15 @@ def by_size(sizes: np.ndarray, per_episode: dict[str, np.ndarray]) -> dict[str, 
 
 def mean_figures(per_episode: dict[str, np.ndarray]) -> dict[str, float]:
     """The mean over episodes of each figure (float32, reduced by XLA as an on-device
-    mean is: the token engine's figures are those it reported on the device)."""
-    return {k: float(jnp.mean(jnp.asarray(v, jnp.float32))) for k, v in per_episode.items()}
+    mean is: the token engine's figures are those it reported on the device);
+    :data:`HANDOFF_FIGURES` over the episodes that have them (nan when none has)."""
+    def mean(k, v):
+        v = jnp.asarray(v, jnp.float32)
+        if k not in HANDOFF_FIGURES:
+            return float(jnp.mean(v))
+        has = ~jnp.isnan(v)
+        return float(jnp.sum(jnp.where(has, v, 0.0)) / jnp.sum(has)) if bool(has.any()) else float("nan")
+    return {k: mean(k, v) for k, v in per_episode.items()}
 
 
 def rollout_figures(res: TextRolloutResult) -> dict[str, float]:
@@ -153,10 +176,10 @@ def agent_summary_table(summary: dict) -> str:
     """The start/end table of an agent job's summary (markdown; the rows it has), with a
     verdict per figure that has a better direction ("better", "worse", "same")."""
     names = [n for n in ("initial", "final") if n in summary]
-    keys = FIGURES + tuple(k for k in JUDGE_FIGURES if any(k in summary[n] for n in names))
+    keys = FIGURES + tuple(k for k in JUDGE_FIGURES + HANDOFF_FIGURES if any(k in summary[n] for n in names))
     rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name in names:
-        rows.append(f"| {name} | " + " | ".join(f"{summary[name].get(k, 0.0):.3f}" for k in keys) + " |")
+        rows.append(f"| {name} | " + " | ".join(f"{summary[name].get(k, float('nan')):.3f}" for k in keys) + " |")
     if len(names) == 2:
         rows.append("\n" + "; ".join(change(k, summary["initial"].get(k, 0.0), summary["final"].get(k, 0.0),
                                             higher_is_better=up) for k, up in _HIGHER_IS_BETTER.items()))

@@ -55,6 +55,7 @@ from swarmjax.swarm.context import check_env
 from swarmjax.text.runner import ToolRunner
 from swarmjax.train import token_world
 from swarmjax.train.agent import SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, mix_context, warm_start
+from swarmjax.train.demos import row_shares
 from swarmjax.train.agent_eval import (agent_summary_table, evaluate, labelled_figures, mean_figures, per_size,
                                        start_figures)
 from swarmjax.train.agent_rl import rollout_params
@@ -416,12 +417,16 @@ def text_warm_start(run: AgentRun, log: JobLog, watch: PreemptionWatch) -> tuple
     scripts = own(scfg.demos, job.seed, ctx.chat) if callable(own) else None
     problems = stream.take(scfg.demos) if scripts is None else [p for p, _ in scripts] if scfg.mix else []
     data = demonstrations(task, problems, ctx, rng, job.rl.rollout, mix=[mix_context(w, ctx) for w in scfg.mix],
-                          overlong=scfg.overlong, scripts=scripts, per_role=scfg.per_role)
+                          overlong=scfg.overlong, scripts=scripts, per_role=scfg.per_role, shares=scfg.shares)
     if data is None:
         raise ValueError(f"the warm start needs demonstrations: task {task_name(task)} gives none for role "
                          f"{job.role!r}; set sft=None to start RL from the policy as loaded")
     first = data[0] if scfg.per_role else data
-    counts = {"rows": len(first) + (len(data[1]) if scfg.per_role else 0), "skipped_demos": first.skipped}
+    counts = {"rows": len(first) + (len(data[1]) if scfg.per_role else 0), "skipped_demos": first.skipped,
+              **row_shares(data if scfg.per_role else (data,))}
+    say("warm start rows: " + ", ".join(f"{k.removeprefix('rows_')} {v}" for k, v in counts.items()
+                                        if k.startswith("rows_")) + (
+        "; batch shares " + ", ".join(f"{k} {v:.2f}" for k, v in scfg.shares) if scfg.shares else ""))
     if first.skipped:
         say(f"warm start: {first.skipped} demonstrations longer than their context left out "
             f"(sft.overlong='skip'); {counts['rows']} rows")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -30,12 +31,17 @@ from swarmjax.envs.widesearch import Episode, WideSearchConfig, scripted, simula
 class Demos:
     """Right-padded trajectories of one role: tokens, token_mask, loss_mask [N, T];
     ``skipped``: demonstrations left out because a conversation did not fit its context
-    (``TextSFTConfig.overlong="skip"``)."""
+    (``TextSFTConfig.overlong="skip"``); ``kinds``: each row's kind [N] (the agent whose
+    conversation it is: ``"single"``, ``"orchestrator"`` or ``"subagent"``; None: not
+    recorded), ``weights``: the probability a batch draws each row [N] (None: uniform;
+    :func:`share_weights`)."""
 
     tokens: np.ndarray
     token_mask: np.ndarray
     loss_mask: np.ndarray
     skipped: int = 0
+    kinds: np.ndarray | None = None
+    weights: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -69,8 +75,29 @@ def episode_demo(cfg: WideSearchConfig, ep: Episode, rng: random.Random, spawn_f
     return out
 
 
-def pack_rows(rows, length: int, pad: int, *, skipped: int = 0) -> Demos:
-    """(ids, own-ids mask) rows right-padded with ``pad`` into :class:`Demos` [N, length]."""
+def share_weights(kinds: np.ndarray, shares: dict[str, float]) -> np.ndarray:
+    """Row-draw probabilities [N] under which each kind of row makes up its share of a
+    batch in expectation: ``p_i = shares[k_i] / count(k_i)``, with the shares normalised.
+    Raises when a kind with a share has no rows, or a kind with rows has no share."""
+    kinds = np.asarray(kinds)
+    present = set(kinds.tolist())
+    if present - set(shares) or set(shares) - present:
+        raise ValueError(f"sft.shares names {sorted(shares)} but the demonstrations' rows are "
+                         f"{sorted(present)}: give a share to each kind of row there is")
+    total = sum(shares.values())
+    counts = {k: int((kinds == k).sum()) for k in present}
+    return np.asarray([shares[k] / total / counts[k] for k in kinds.tolist()], np.float64)
+
+
+def row_shares(data: Sequence[Demos]) -> dict[str, int]:
+    """The rows of each kind in ``data`` (``{"rows_<kind>": count}``; none without kinds)."""
+    kinds = [k for d in data if d.kinds is not None for k in d.kinds.tolist()]
+    return {f"rows_{k}": kinds.count(k) for k in sorted(set(kinds))}
+
+
+def pack_rows(rows, length: int, pad: int, *, skipped: int = 0, kinds: list[str] | None = None) -> Demos:
+    """(ids, own-ids mask) rows right-padded with ``pad`` into :class:`Demos` [N, length]
+    (``kinds``: each row's, :class:`Demos`)."""
     tokens = np.full((len(rows), length), pad, np.int32)
     token_mask = np.zeros((len(rows), length), bool)
     loss_mask = np.zeros((len(rows), length), bool)
@@ -78,7 +105,7 @@ def pack_rows(rows, length: int, pad: int, *, skipped: int = 0) -> Demos:
         tokens[i, :len(toks)] = toks
         token_mask[i, :len(toks)] = True
         loss_mask[i, :len(toks)] = said
-    return Demos(tokens, token_mask, loss_mask, skipped)
+    return Demos(tokens, token_mask, loss_mask, skipped, None if kinds is None else np.asarray(kinds))
 
 
 def make_demos(cfg: WideSearchConfig, count: int, seed: int, *, spawn_fraction: float = 0.25,

@@ -243,8 +243,9 @@ class RoleRows:
     - ``bucketed``: the rows grouped by length rounded up to a multiple of ``bucket``
       (:func:`length_buckets`), a batch from one group (:func:`sample_bucketed`) cut to its
       length;
-    - else rows drawn uniformly, cut to the batch's longest row rounded up to a multiple of
-      ``bucket`` (a ``bucket`` of at least the padded length: the whole width).
+    - else rows drawn uniformly (or by ``demos.weights``), cut to the batch's longest row
+      rounded up to a multiple of ``bucket`` (a ``bucket`` of at least the padded length:
+      the whole width).
 
     ``head``: the ids every row opens with that the step runs once (its ``heads``); the
     batch leaves them out."""
@@ -268,7 +269,8 @@ class RoleRows:
         rounded = np.minimum(-(-d.token_mask.sum(1) // self.bucket) * self.bucket, d.tokens.shape[1])
 
         def draw(rng):
-            idx = rng.integers(0, len(d.tokens), self.batch)
+            idx = rng.integers(0, len(d.tokens), self.batch) if d.weights is None \
+                else rng.choice(len(d.tokens), self.batch, p=d.weights)
             L = int(rounded[idx].max())
             return tuple(x[idx, P:L] for x in (d.tokens, d.token_mask, d.loss_mask))
         return draw
