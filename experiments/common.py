@@ -85,6 +85,8 @@ def run_and_report(script: str, args, run_seed, report, own: list[str]) -> None:
     elif args.jobs > 1 and len(args.seeds) > 1:
         run_seeds_side_by_side(script, args.seeds, args.jobs, args.runs, [
             *own, "--runs", args.runs, "--out", args.out, "--jobs", "1", *(a for o in args.set for a in ("--set", o))])
+        if args.no_report:
+            return
         results = [load(s) for s in args.seeds]
     else:
         results = [run_seed(s, args) for s in args.seeds]

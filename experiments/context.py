@@ -1,56 +1,62 @@
 """The K2.5 context-management table on a task whose binding constraint is the context.
 
-    python experiments/context.py                      # seeds 0 1 2, one after the other
-    python experiments/context.py --jobs 3             # the seeds side by side
-    python experiments/context.py --warm-only --jobs 3    # the warm starts alone (e.g. on an accelerator)
-    python experiments/context.py --set sft.steps=5 --rl-steps 1 --episodes 2   # a try of the pipeline
+    python experiments/context.py                          # seeds 0-4, one after the other
+    python experiments/context.py --jobs 2                 # two seeds side by side
+    python experiments/context.py --warm-only --jobs 5     # the warm starts alone (e.g. on an accelerator)
+    python experiments/context.py --set sft.steps=5 --rl-steps 1 --episodes 2 --seeds 0   # a try of the pipeline
 
-Claims (Kimi K2.5, arXiv 2602.02276, BrowseComp: single agent 60.6, discard-all context
-management 74.9, Agent Swarm 78.4; ReSum, arXiv 2509.13313: summaries help untrained,
-+4.5%, and more after ReSum-GRPO, +8.2%): swarm > discard_all > single agent; summary >
-none untrained, and ReSum-GRPO improves on it.
+Claim (Kimi K2.5, arXiv 2602.02276, BrowseComp: single agent 60.6, discard-all context
+management 74.9, Agent Swarm 78.4): where one agent's context cannot hold the task, a swarm
+whose sub-agents each hold a part of it ("context sharding") answers better than the single
+agent with or without reactive context management (ReSum's summaries, arXiv 2509.13313;
+discard-all), in fewer critical steps.
 
 Per seed, on ``configs/context_widesearch.py`` (wide search with pages for lookup results,
-every agent limited to 1280 ids):
+every agent limited to 1280 ids: a serial agent's context holds ~2/3 of what n = 16 needs,
+a sub-agent's holds its chunk of 4 with room to spare):
 
 1. ``warm_s<seed>``: the config's job (its warm start: one policy for the serial agent,
    the serial agent with ``summarize`` and the orchestrator), exported as a Hugging Face
    checkpoint (``warm_s<seed>/hf``) that the other runs load (``--warm-only`` stops
-   there: the warm starts can run on an accelerator, the rest where ``hf/`` is copied);
-   ``single_s<seed>``: that policy as a single agent (no RL: the strategies' arms);
-2. ``resum_s<seed>``: RL as a single agent with the ``summary`` strategy (ReSum-GRPO: an
-   episode's segments are rows that share its advantage);
-3. ``parl_s<seed>``: RL as an orchestrator with frozen sub-agents (PARL reward);
-4. greedy evaluations on ``--episodes`` tasks of each size in ``--sizes`` of
-   the arms: the warm start as a single agent with ``none``, ``discard_all``,
-   ``keep_last_round`` and ``summary`` (untrained), and as an orchestrator (``swarm``);
-   ``resum_grpo`` and ``parl_swarm`` after their RL.
+   there); ``single_s<seed>``: that policy as a single agent (no RL);
+2. ``parl_s<seed>``: ``--rl-steps`` PARL steps of the orchestrator with frozen sub-agents
+   (the default PARL reward: r_parallel ``novel`` and r_finish, 0.3 annealed to 0 over 70
+   steps; 0.005 a step of any agent, 0.004 a critical step);
+3. greedy evaluations of ``--episodes`` tasks of each size in ``--sizes`` (the same tasks
+   for every arm of a seed): the warm start as a single agent with ``none``,
+   ``summary`` and ``discard_all`` (past 1024 ids), and as an orchestrator (``swarm``);
+   ``parl_swarm`` after PARL. Columns: item-F1, ran out of context, critical steps, peak
+   context, the sub-agents' own return item-F1 and the orchestrator's copy fidelity (its
+   answer against what came back), compactions.
 
-Outputs: ``<runs>/results_s<seed>.json`` (every arm's figures per size), then
-``<out>/context.md`` (the table: mean and worst seed per arm and size) and
-``<out>/context.png`` (the RL arms' training curves, mean over seeds). Runs found finished
-are reused. ``--set`` overrides go to every job of the experiment.
+Outputs: ``<runs>/results_s<seed>.json`` (every arm's figures per size, and the command
+and every override it ran with), then ``<out>/context.md`` (mean and worst seed per arm and
+size) and ``<out>/context.png`` (item-F1 and critical steps by size; PARL's training
+curves). Runs found finished are reused, interrupted ones resume. ``--set`` overrides go
+to every job of the experiment.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
+import sys
 import time
 
-from common import ROOT, plot_rl_means, run_seeds_side_by_side, seeds_parser, train_missing
+from common import ROOT, rl_curve, run_and_report, save_figure, seeds_parser, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "context_widesearch.py")
-STRATEGIES = ("none", "discard_all", "keep_last_round", "summary")
-ARMS = ("none", "discard_all", "keep_last_round", "summary", "resum_grpo", "swarm", "parl_swarm")
-# (figure, header, worst of the seeds)
-COLUMNS = (("accuracy", "item-F1", min), ("answered", "answered", min), ("context_ended", "ran out of context", max),
-           ("critical_steps", "critical steps", max), ("peak_context", "peak context", max),
-           ("subagent_peak_context", "sub-agent peak", max), ("compactions", "compactions", max),
-           ("context_dropped", "ids dropped", max))
-CURVES = ("accuracy", "reward", "compactions", "peak_context")
+SINGLE = ("none", "summary", "discard_all")           # the single agent's context strategies
+ARMS = (*SINGLE, "swarm", "parl_swarm")
+# (figure, header, worst of the seeds, format)
+COLUMNS = (("accuracy", "item-F1", min, "{:.3f}"), ("context_ended", "ran out of context", max, "{:.2f}"),
+           ("critical_steps", "critical steps", max, "{:.1f}"), ("peak_context", "peak context", max, "{:.0f}"),
+           ("return_f1", "sub-agents' return F1", min, "{:.3f}"),
+           ("copy_fidelity", "copy fidelity", min, "{:.3f}"), ("compactions", "compactions", max, "{:.1f}"))
+CURVES = ("accuracy", "critical_steps", "subagents", "reward")
 
 
 def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
@@ -62,21 +68,16 @@ def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
     base = apply_overrides(load_config(CONFIG, AgentJob), [*overrides, f"seed={seed}"])
     base = dataclasses.replace(base, eval_episodes=2)    # the jobs' own evaluations; the table's are run_seed's
     warm = os.path.join(runs, f"warm_s{seed}")
-    hf = os.path.join(warm, "hf")
-
-    def rl(job, strategy: str = "none", **rl_fields):
-        return dataclasses.replace(_with_strategy(job, strategy).rl, steps=rl_steps, **rl_fields)
-
-    from_warm = dataclasses.replace(base, hf_path=hf, chat=base.chat, sft=None)
-    jobs = {"warm": (base, warm),
+    from_warm = dataclasses.replace(base, hf_path=os.path.join(warm, "hf"), chat=base.chat, sft=None)
+    update = from_warm.rl.update
+    update = dataclasses.replace(update, optim=dataclasses.replace(update.optim, decay_steps=max(
+        rl_steps * update.num_minibatches, 1)))
+    parl = PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=max(min(70, rl_steps), 1), parallel="novel",
+                      parallel_target=base.max_subagents, step_cost=0.005, critical_cost=0.004)
+    return {"warm": (base, warm),
             "single": (from_warm, os.path.join(runs, f"single_s{seed}")),
-            "resum": (dataclasses.replace(from_warm, rl=rl(from_warm, strategy="summary")),
-                      os.path.join(runs, f"resum_s{seed}")),
-            "parl": (dataclasses.replace(from_warm, role="orchestrator", rl=rl(
-                from_warm, parl=PARLConfig(lambda1=0.1, lambda2=0.1, anneal_steps=max(rl_steps, 1), parallel="novel",
-                                           parallel_target=8, step_cost=0.0))),
-                     os.path.join(runs, f"parl_s{seed}"))}
-    return jobs
+            "parl": (dataclasses.replace(from_warm, role="orchestrator", rl=dataclasses.replace(
+                from_warm.rl, steps=rl_steps, parl=parl, update=update)), os.path.join(runs, f"parl_s{seed}"))}
 
 
 def _with_strategy(job, strategy: str):
@@ -95,6 +96,11 @@ def _problems(job, n: int, count: int, seed: int) -> list:
     return [Episode.sample(cfg, rng, n=n) for _ in range(count)]
 
 
+def _mean(xs) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
 def run_seed(seed: int, args) -> dict:
     """Train what is missing for ``seed`` and evaluate every arm; writes and returns
     ``results_s<seed>.json``."""
@@ -104,14 +110,16 @@ def run_seed(seed: int, args) -> dict:
     if os.path.exists(out_file):
         return json.load(open(out_file))
     jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
-    clock = train_missing(jobs, ("warm",) if args.warm_only else ("warm", "single", "resum", "parl"), f"context s{seed}")
+    clock = train_missing(jobs, ("warm",) if args.warm_only else ("warm", "single", "parl"), f"context s{seed}")
     if args.warm_only:
         return {}
-    single, resum, parl = jobs["single"], jobs["resum"], jobs["parl"]
-    arms = {s: (_with_strategy(single[0], s), single[1], "0") for s in STRATEGIES}
-    arms.update(resum_grpo=(resum[0], resum[1], "latest"), swarm=(parl[0], parl[1], "0"),
-                parl_swarm=(parl[0], parl[1], "latest"))
-    results = {"seed": seed, "sizes": args.sizes, "episodes": args.episodes, "train_s": clock, "arms": {}}
+    single, parl = jobs["single"], jobs["parl"]
+    arms = {s: (_with_strategy(single[0], s), single[1], "0") for s in SINGLE}
+    arms.update(swarm=(parl[0], parl[1], "0"), parl_swarm=(parl[0], parl[1], "latest"))
+    results = {"seed": seed, "sizes": args.sizes, "episodes": args.episodes, "rl_steps": args.rl_steps,
+               "overrides": args.set, "command": " ".join(["python", "experiments/context.py", *sys.argv[1:]]),
+               "rl": {"tasks_per_step": parl[0].rl.tasks_per_step, "group_size": parl[0].rl.group_size},
+               "train_s": clock, "arms": {}}
     partial = out_file + ".partial"
     if os.path.exists(partial):                      # arms an interrupted attempt evaluated
         results["arms"] = json.load(open(partial))["arms"]
@@ -122,13 +130,15 @@ def run_seed(seed: int, args) -> dict:
         t0 = time.perf_counter()                     # every size in one call: one compiled rollout
         problems = [p for n in args.sizes for p in _problems(job, n, E, seed)]
         got = evaluate_agent_checkpoint(job, workdir, which=which, problems=problems)["episodes"]
-        results["arms"][arm] = {str(n): {k: sum(v[i * E:(i + 1) * E]) / E for k, v in got.items()}
+        results["arms"][arm] = {str(n): {k: _mean(v[i * E:(i + 1) * E].tolist()) for k, v in got.items()}
                                 for i, n in enumerate(args.sizes)}
         results["arms"][arm]["eval_s"] = time.perf_counter() - t0
         for n in args.sizes:
             r = results["arms"][arm][str(n)]
-            print(f"[context s{seed}] {arm} n={n}: item-F1 {r['accuracy']:.3f}, peak context "
-                  f"{r['peak_context']:.0f}, compactions {r['compactions']:.2f}", flush=True)
+            print(f"[context s{seed}] {arm} n={n}: item-F1 {r['accuracy']:.3f}, critical steps "
+                  f"{r['critical_steps']:.1f}, peak context {r['peak_context']:.0f}, return F1 "
+                  f"{r.get('return_f1', float('nan')):.3f}, copy {r.get('copy_fidelity', float('nan')):.3f}",
+                  flush=True)
         with open(partial, "w") as f:
             json.dump(results, f, indent=1)
     with open(out_file, "w") as f:
@@ -136,63 +146,83 @@ def run_seed(seed: int, args) -> dict:
     return results
 
 
-def load_results(runs: str, seed: int) -> dict:
-    """A seed's ``results_s<seed>.json`` (or the arms an interrupted attempt finished)."""
-    path = os.path.join(runs, f"results_s{seed}.json")
-    return json.load(open(path if os.path.exists(path) else path + ".partial"))
+def _cell(results: list[dict], arm: str, n: int, key: str, worst, fmt: str) -> str:
+    xs = [r["arms"][arm][str(n)].get(key, float("nan")) for r in results]
+    xs = [x for x in xs if not math.isnan(x)]
+    return f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(worst(xs))})" if xs else "-"
 
 
 def report(results: list[dict], args) -> str:
-    """``<out>/context.md`` (tables) and ``context.png`` (RL curves); returns the markdown."""
-    seeds = [r["seed"] for r in results]
-    lines = [f"Seeds {', '.join(map(str, seeds))}; {results[0]['episodes']} held-out tasks per size and seed, "
-             "greedy, no budget; every agent's context as in `configs/context_widesearch.py`. "
-             "Each cell: mean over seeds (worst seed).", ""]
-    for n in results[0]["sizes"]:
-        lines += [f"**n = {n}**", "", "| arm | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+    """``<out>/context.md`` (tables) and ``context.png``; returns the markdown."""
+    results = [r for r in results if r]
+    first = results[0]
+    arms = [a for a in ARMS if all(a in r["arms"] for r in results)]
+    lines = [f"Seeds {', '.join(str(r['seed']) for r in results)}; {first['episodes']} held-out tasks per size "
+             f"and seed, greedy, no budget; PARL {first['rl_steps']} steps of {first['rl']['tasks_per_step']} tasks x "
+             f"{first['rl']['group_size']} rollouts. Command: `{first['command']}`"
+             + (f" (overrides: {', '.join(first['overrides'])})" if first["overrides"] else "")
+             + ". Each cell: mean over seeds (worst seed); '-': no episode has the figure (no sub-agent "
+             "returned).", ""]
+    for n in first["sizes"]:
+        lines += [f"**n = {n}**", "", "| arm | " + " | ".join(h for _, h, _, _ in COLUMNS) + " |",
                   "|---|" + "---|" * len(COLUMNS)]
-        for arm in ARMS:
-            if any(arm not in r["arms"] for r in results):     # an attempt cut short: not every seed has it
-                continue
-            cells = []
-            for key, _, worst in COLUMNS:
-                xs = [r["arms"][arm][str(n)][key] for r in results]
-                fmt = "{:.3f}" if key in ("accuracy", "answered", "context_ended") else "{:.1f}" \
-                    if key in ("critical_steps", "compactions") else "{:.0f}"
-                cells.append(f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(worst(xs))})")
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines += [f"| {arm} | " + " | ".join(_cell(results, arm, n, *c[:1], *c[2:]) for c in COLUMNS) + " |"
+                  for arm in arms]
         lines.append("")
+    per_seed = {arm: " / ".join(f"{r['arms'][arm][str(first['sizes'][-1])]['accuracy']:.3f}" for r in results)
+                for arm in arms}
+    lines.append(f"Item-F1 per seed at n = {first['sizes'][-1]}: "
+                 + "; ".join(f"{arm} {v}" for arm, v in per_seed.items()) + ".")
     md = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "context.md"), "w") as f:
         f.write(md + "\n")
-    plot_rl_means({label: [os.path.join(args.runs, f"{name}_s{s}") for s in seeds]
-                   for name, label in (("resum", "ReSum-GRPO"), ("parl", "PARL swarm"))}, CURVES,
-                  "context experiment: RL arms, mean over seeds", os.path.join(args.out, "context.png"))
+    _plot(results, arms, args)
     return md
+
+
+def _plot(results: list[dict], arms: list[str], args) -> None:
+    """item-F1 and critical steps by task size (mean over seeds, the worst seed dashed) and
+    PARL's training curves (mean over seeds)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = results[0]["sizes"]
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
+    for i, arm in enumerate(arms):
+        for ax, key, worst in ((axes[0], "accuracy", min), (axes[1], "critical_steps", max)):
+            xs = [[r["arms"][arm][str(n)][key] for r in results] for n in sizes]
+            ax.plot(sizes, [sum(x) / len(x) for x in xs], "o-", color=f"C{i}", label=arm)
+            ax.plot(sizes, [worst(x) for x in xs], ":", color=f"C{i}")
+    axes[0].set(title="item-F1 (mean; dotted: worst seed)", xlabel="entities n")
+    axes[1].set(title="critical steps (mean; dotted: worst seed)", xlabel="entities n")
+    dirs = [os.path.join(args.runs, f"parl_s{r['seed']}") for r in results]
+    for ax, key in zip(axes[2:], ("accuracy", "critical_steps")):
+        curves = [rl_curve(d, key) for d in dirs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+        curves = [c for c in curves if c[0]]
+        if curves:
+            T = min(len(c[1]) for c in curves)
+            ax.plot(curves[0][0][:T], [sum(c[1][t] for c in curves) / len(curves) for t in range(T)], color="C4")
+        ax.set(title=f"PARL {key} (training batch)", xlabel="RL step")
+    save_figure(fig, axes, "context-bound wide search: swarm against single agents", os.path.join(args.out,
+                                                                                                 "context.png"))
 
 
 def main() -> None:
     p = seeds_parser(__doc__, "runs/experiments/context")
-    p.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16])
-    p.add_argument("--episodes", type=int, default=12, help="held-out tasks per size")
-    p.add_argument("--rl-steps", type=int, default=10, help="RL steps of the two RL arms")
+    p.set_defaults(seeds=[0, 1, 2, 3, 4])
+    p.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 12, 16])
+    p.add_argument("--episodes", type=int, default=48, help="held-out tasks per size")
+    p.add_argument("--rl-steps", type=int, default=100, help="PARL steps of the swarm")
     p.add_argument("--warm-only", action="store_true", help="only the warm starts (e.g. on an accelerator; the rest "
                                                              "then runs where their hf/ directories are copied)")
     args = p.parse_args()
-    os.makedirs(args.runs, exist_ok=True)
-    if args.report_only:
-        results = [load_results(args.runs, s) for s in args.seeds]
-    elif args.jobs > 1 and len(args.seeds) > 1:       # one process per seed, then the report here
-        run_seeds_side_by_side(__file__, args.seeds, args.jobs, args.runs, [
-            "--sizes", *map(str, args.sizes), "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps),
-            "--runs", args.runs, "--out", args.out, "--jobs", "1", *(a for o in args.set for a in ("--set", o)),
-            *(["--warm-only"] if args.warm_only else [])])
-        results = [] if args.warm_only else [load_results(args.runs, s) for s in args.seeds]
-    else:
-        results = [run_seed(s, args) for s in args.seeds]
-    if not args.no_report and not args.warm_only:
-        print(report(results, args))
+    if args.warm_only:
+        args.no_report = True
+    own = ["--sizes", *map(str, args.sizes), "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps),
+           *(["--warm-only"] if args.warm_only else [])]
+    run_and_report(__file__, args, run_seed, report, own)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,30 @@ def test_forward_matches_numpy_reference(tiny_cfg, tiny_params, rng):
     assert out.max_logits.shape == (tiny_cfg.num_layers, tiny_cfg.num_heads)
 
 
+def test_long_rows_attend_by_causal_blocks_with_the_same_outputs(tiny_cfg, tiny_params, rng, monkeypatch):
+    """Rows of 2 attention blocks or more attend a block of queries at a time over the keys
+    up to the block's end (no cache: training, scoring, prefills): logits, max logits and
+    the prefill's cache as one whole-row softmax gives them, with padding and an uneven
+    last block."""
+    from swarmjax.models import transformer
+
+    monkeypatch.setattr(transformer, "ATTENTION_BLOCK", 4)
+    tokens = jnp.asarray(rng.randint(0, tiny_cfg.vocab_size, (2, 11)))
+    mask = jnp.asarray(np.arange(11)[None] < np.array([[11], [7]]))          # the second row right-padded
+    blocked = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask, return_max_logits=True)
+    cache = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask, cache=init_cache(tiny_cfg, 2, 12),
+                                cache_index=0).cache
+    monkeypatch.setattr(transformer, "ATTENTION_BLOCK", 64)                   # one whole-row softmax
+    whole = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask, return_max_logits=True)
+    ref_cache = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask,
+                                    cache=init_cache(tiny_cfg, 2, 12), cache_index=0).cache
+    np.testing.assert_allclose(blocked.logits[0], whole.logits[0], atol=1e-5)
+    np.testing.assert_allclose(blocked.logits[1, :7], whole.logits[1, :7], atol=1e-5)
+    np.testing.assert_allclose(blocked.max_logits, whole.max_logits, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(ref_cache)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_max_logits_not_computed_unless_requested(tiny_cfg, tiny_params):
     tokens = jnp.zeros((1, 4), jnp.int32)
     assert forward_jit(tiny_params, tiny_cfg, tokens).max_logits is None
