@@ -18,11 +18,12 @@ the serial agent (demonstrations longer than its context are left out and counte
 serial agent with ``summarize``, and the orchestrator that delegates consecutive chunks
 of up to 4 entities and answers in the order they come back (sub-agents have 6 turns: a
 chunk's lookups, the answer and one spare). A batch is 35% serial rows (with or without
-summaries), 35% orchestrator rows and 30% sub-agent rows (``sft.shares``). RL is then a
-single agent's with the context strategy of ``rl.rollout.context`` (``none`` here; the
-experiment's arms set ``discard_all``, ``keep_last_round`` or ``summary``, past 1024 ids).
-The warm start (600 steps of 16 rows of up to 1280 ids) took ~2 minutes on one H200 and
-takes ~7 s a step on a 2-core CPU with two runs side by side.
+summaries), 35% orchestrator rows and 30% sub-agent rows (``sft.shares``). RL (2 tasks x 8
+rollouts a step) is then a single agent's with the context strategy of
+``rl.rollout.context`` (``none`` here; the experiment's arms set ``discard_all`` or
+``summary``, past 1024 ids), or the orchestrator's (``--set role=orchestrator``). The warm
+start is 600 steps of 16 rows of up to 1280 ids (~4 s a step alone on a 2-core CPU at
+~290 GFLOP/s).
 """
 
 from swarmjax.envs.widesearch import WideSearchConfig
@@ -53,7 +54,7 @@ def get_config() -> AgentJob:
         sft=TextSFTConfig(steps=600, batch=16, demos=1024, bucket=128, mix=("single+summary", "orchestrator"),
                           overlong="skip", shares=(("single", 0.35), ("orchestrator", 0.35), ("subagent", 0.3)),
                           optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=600)),
-        rl=TextRLConfig(steps=0, tasks_per_step=4, group_size=8, dynamic_sampling=True, bucket=128,
+        rl=TextRLConfig(steps=0, tasks_per_step=2, group_size=8, dynamic_sampling=True, bucket=128,
                         update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
                                             optim=OptimConfig(learning_rate=2e-4, decay_steps=40)),
                         rollout=TextRolloutConfig(contexts=Roles(CONTEXT, CONTEXT), max_turn_tokens=320,
