@@ -17,7 +17,10 @@ between its arms: one policy warm-started on three ways of working on the same t
 the serial agent (demonstrations longer than its context are left out and counted), the
 serial agent with ``summarize``, and the orchestrator that delegates consecutive chunks
 of up to 4 entities and answers in the order they come back (sub-agents have 6 turns: a
-chunk's lookups, the answer and one spare). A batch is 35% serial rows (with or without
+chunk's lookups, the answer and one spare). A quarter of the problems are needle
+questions ("which of these entities has the value X?": one line answers it; the serial
+demonstrations search in a random order and stop at it, the orchestrator's delegate the
+whole list and answer the one line). A batch is 35% serial rows (with or without
 summaries), 35% orchestrator rows and 30% sub-agent rows (``sft.shares``). RL (2 tasks x 8
 rollouts a step) is then a single agent's with the context strategy of
 ``rl.rollout.context`` (``none`` here; the experiment's arms set ``discard_all`` or
@@ -47,7 +50,8 @@ THRESHOLD = 1024             # a context strategy acts past this: a summary turn
 
 def get_config() -> AgentJob:
     return AgentJob(
-        task=WideSearchTask(ENV, split_fraction=1.0, max_chunk=CHUNK, summary_every=4, page_words=40),
+        task=WideSearchTask(ENV, split_fraction=1.0, max_chunk=CHUNK, summary_every=4, page_words=40,
+                            needle_fraction=0.25),
         chat="qwen3", tokenizer_vocab=1024, max_subagents=ENV.max_subagents,
         model=ModelConfig(hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
                           intermediate_size=384),

@@ -3,7 +3,8 @@
     python experiments/context.py                          # seeds 0-4, one after the other
     python experiments/context.py --jobs 2                 # two seeds side by side
     python experiments/context.py --warm-only --jobs 5     # the warm starts alone (e.g. on an accelerator)
-    python experiments/context.py --set sft.steps=5 --rl-steps 1 --episodes 2 --seeds 0   # a try of the pipeline
+    python experiments/context.py --set sft.steps=5 --set sft.demos=64 --rl-steps 1 --episodes 2 --seeds 0 \
+        --sizes 4 --needle-sizes 4 --runs /tmp/context_try --out /tmp/context_try   # a try of the pipeline
 
 Claim (Kimi K2.5, arXiv 2602.02276, BrowseComp: single agent 60.6, discard-all context
 management 74.9, Agent Swarm 78.4): where one agent's context cannot hold the task, a swarm
@@ -27,7 +28,12 @@ a sub-agent's holds its chunk of 4 with room to spare):
    ``summary`` and ``discard_all`` (past 1024 ids), and as an orchestrator (``swarm``);
    ``parl_swarm`` after PARL. Columns: item-F1, ran out of context, critical steps, peak
    context, the sub-agents' own return item-F1 and the orchestrator's copy fidelity (its
-   answer against what came back), compactions.
+   answer against what came back), compactions;
+4. the same arms on ``--episodes`` needle questions of each size in ``--needle-sizes``
+   ("which of these entities has the value X?", a quarter of the training problems),
+   sampled at the rollout's temperature: one line answers them, so an agent that discards
+   its results and starts again can still find it (K2.5's order single < discard-all <
+   swarm is possible there, unlike in wide search, which needs every result).
 
 Outputs: ``<runs>/results_s<seed>.json`` (every arm's figures per size, and the command
 and every override it ran with), then ``<out>/context.md`` (mean and worst seed per arm and
@@ -86,14 +92,14 @@ def _with_strategy(job, strategy: str):
         job.rl, rollout=dataclasses.replace(job.rl.rollout, context=ctx)))
 
 
-def _problems(job, n: int, count: int, seed: int) -> list:
-    """``count`` tasks of ``n`` entities (the same for every arm of a seed)."""
+def _problems(job, n: int, count: int, seed: int, *, needle: bool = False) -> list:
+    """``count`` wide-search tasks (or needle questions) of ``n`` entities, the same for
+    every arm of a seed."""
     from swarmjax.envs.task import resolve_task
-    from swarmjax.envs.widesearch import Episode
 
-    cfg = resolve_task(job.task).cfg
-    rng = random.Random(1_000_003 * (seed + 1) + n)
-    return [Episode.sample(cfg, rng, n=n) for _ in range(count)]
+    task = resolve_task(job.task)
+    rng = random.Random(1_000_003 * (seed + 1) + n + (7_919 if needle else 0))
+    return [task.episode(rng, n, needle=needle) for _ in range(count)]
 
 
 def _mean(xs) -> float:
@@ -116,68 +122,84 @@ def run_seed(seed: int, args) -> dict:
     single, parl = jobs["single"], jobs["parl"]
     arms = {s: (_with_strategy(single[0], s), single[1], "0") for s in SINGLE}
     arms.update(swarm=(parl[0], parl[1], "0"), parl_swarm=(parl[0], parl[1], "latest"))
-    results = {"seed": seed, "sizes": args.sizes, "episodes": args.episodes, "rl_steps": args.rl_steps,
+    results = {"seed": seed, "sizes": args.sizes, "needle_sizes": args.needle_sizes, "episodes": args.episodes,
+               "rl_steps": args.rl_steps,
                "overrides": args.set, "command": " ".join(["python", "experiments/context.py", *sys.argv[1:]]),
                "rl": {"tasks_per_step": parl[0].rl.tasks_per_step, "group_size": parl[0].rl.group_size},
                "train_s": clock, "arms": {}}
     partial = out_file + ".partial"
     if os.path.exists(partial):                      # arms an interrupted attempt evaluated
-        results["arms"] = json.load(open(partial))["arms"]
+        old = json.load(open(partial))
+        results.update({k: old[k] for k in ("arms", "needle") if k in old})
     E = args.episodes
-    for arm, (job, workdir, which) in arms.items():
-        if arm in results["arms"]:
-            continue
-        t0 = time.perf_counter()                     # every size in one call: one compiled rollout
-        problems = [p for n in args.sizes for p in _problems(job, n, E, seed)]
-        got = evaluate_agent_checkpoint(job, workdir, which=which, problems=problems)["episodes"]
-        results["arms"][arm] = {str(n): {k: _mean(v[i * E:(i + 1) * E].tolist()) for k, v in got.items()}
-                                for i, n in enumerate(args.sizes)}
-        results["arms"][arm]["eval_s"] = time.perf_counter() - t0
-        for n in args.sizes:
-            r = results["arms"][arm][str(n)]
-            print(f"[context s{seed}] {arm} n={n}: item-F1 {r['accuracy']:.3f}, critical steps "
-                  f"{r['critical_steps']:.1f}, peak context {r['peak_context']:.0f}, return F1 "
-                  f"{r.get('return_f1', float('nan')):.3f}, copy {r.get('copy_fidelity', float('nan')):.3f}",
-                  flush=True)
-        with open(partial, "w") as f:
-            json.dump(results, f, indent=1)
+    for table, sizes, needle in (("arms", args.sizes, False), ("needle", args.needle_sizes, True)):
+        results.setdefault(table, {})
+        for arm, (job, workdir, which) in arms.items():
+            if arm in results[table] or not sizes:
+                continue
+            t0 = time.perf_counter()                     # every size in one call: one compiled rollout
+            problems = [p for n in sizes for p in _problems(job, n, E, seed, needle=needle)]
+            got = evaluate_agent_checkpoint(job, workdir, which=which, problems=problems, sampled=needle)["episodes"]
+            results[table][arm] = {str(n): {k: _mean(v[i * E:(i + 1) * E]) for k, v in got.items()}
+                                   for i, n in enumerate(sizes)}
+            results[table][arm]["eval_s"] = time.perf_counter() - t0
+            for n in sizes:
+                r = results[table][arm][str(n)]
+                print(f"[context s{seed}] {'needle ' if needle else ''}{arm} n={n}: item-F1 {r['accuracy']:.3f}, "
+                      f"critical steps {r['critical_steps']:.1f}, peak context {r['peak_context']:.0f}, return F1 "
+                      f"{r.get('return_f1', float('nan')):.3f}, copy {r.get('copy_fidelity', float('nan')):.3f}",
+                      flush=True)
+            with open(partial, "w") as f:
+                json.dump(results, f, indent=1)
     with open(out_file, "w") as f:
         json.dump(results, f, indent=1)
     return results
 
 
-def _cell(results: list[dict], arm: str, n: int, key: str, worst, fmt: str) -> str:
-    xs = [r["arms"][arm][str(n)].get(key, float("nan")) for r in results]
+def _cell(results: list[dict], table: str, arm: str, n: int, key: str, worst, fmt: str) -> str:
+    xs = [r[table][arm][str(n)].get(key, float("nan")) for r in results]
     xs = [x for x in xs if not math.isnan(x)]
     return f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(worst(xs))})" if xs else "-"
+
+
+def _tables(results: list[dict], table: str, sizes: list[int]) -> list[str]:
+    """One markdown table per size of ``table`` ("arms": wide search, "needle")."""
+    arms = [a for a in ARMS if all(a in r.get(table, {}) for r in results)]
+    lines = []
+    for n in sizes:
+        lines += [f"**n = {n}**", "", "| arm | " + " | ".join(h for _, h, _, _ in COLUMNS) + " |",
+                  "|---|" + "---|" * len(COLUMNS)]
+        lines += [f"| {arm} | " + " | ".join(_cell(results, table, arm, n, key, worst, fmt)
+                                             for key, _, worst, fmt in COLUMNS) + " |" for arm in arms]
+        lines.append("")
+    if arms and sizes:
+        lines.append(f"Item-F1 per seed at n = {sizes[-1]}: " + "; ".join(
+            f"{arm} " + " / ".join(f"{r[table][arm][str(sizes[-1])]['accuracy']:.3f}" for r in results)
+            for arm in arms) + ".")
+        lines.append("")
+    return lines
 
 
 def report(results: list[dict], args) -> str:
     """``<out>/context.md`` (tables) and ``context.png``; returns the markdown."""
     results = [r for r in results if r]
     first = results[0]
-    arms = [a for a in ARMS if all(a in r["arms"] for r in results)]
     lines = [f"Seeds {', '.join(str(r['seed']) for r in results)}; {first['episodes']} held-out tasks per size "
-             f"and seed, greedy, no budget; PARL {first['rl_steps']} steps of {first['rl']['tasks_per_step']} tasks x "
+             f"and seed, no budget; PARL {first['rl_steps']} steps of {first['rl']['tasks_per_step']} tasks x "
              f"{first['rl']['group_size']} rollouts. Command: `{first['command']}`"
              + (f" (overrides: {', '.join(first['overrides'])})" if first["overrides"] else "")
              + ". Each cell: mean over seeds (worst seed); '-': no episode has the figure (no sub-agent "
-             "returned).", ""]
-    for n in first["sizes"]:
-        lines += [f"**n = {n}**", "", "| arm | " + " | ".join(h for _, h, _, _ in COLUMNS) + " |",
-                  "|---|" + "---|" * len(COLUMNS)]
-        lines += [f"| {arm} | " + " | ".join(_cell(results, arm, n, *c[:1], *c[2:]) for c in COLUMNS) + " |"
-                  for arm in arms]
-        lines.append("")
-    per_seed = {arm: " / ".join(f"{r['arms'][arm][str(first['sizes'][-1])]['accuracy']:.3f}" for r in results)
-                for arm in arms}
-    lines.append(f"Item-F1 per seed at n = {first['sizes'][-1]}: "
-                 + "; ".join(f"{arm} {v}" for arm, v in per_seed.items()) + ".")
+             "returned).", "", "**Wide search** (greedy):", ""]
+    lines += _tables(results, "arms", first["sizes"])
+    if first.get("needle_sizes"):
+        lines += ["**Needle questions** (sampled at the rollout's temperature; item-F1 is the share "
+                  "answered right):", ""]
+        lines += _tables(results, "needle", first["needle_sizes"])
     md = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "context.md"), "w") as f:
         f.write(md + "\n")
-    _plot(results, arms, args)
+    _plot(results, [a for a in ARMS if all(a in r["arms"] for r in results)], args)
     return md
 
 
@@ -188,17 +210,21 @@ def _plot(results: list[dict], arms: list[str], args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = results[0]["sizes"]
-    fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
-    for i, arm in enumerate(arms):
-        for ax, key, worst in ((axes[0], "accuracy", min), (axes[1], "critical_steps", max)):
-            xs = [[r["arms"][arm][str(n)][key] for r in results] for n in sizes]
+    fig, axes = plt.subplots(1, 5, figsize=(21, 3.6))
+    panels = ((axes[0], "arms", "accuracy", min, "wide search: item-F1"),
+              (axes[1], "arms", "critical_steps", max, "wide search: critical steps"),
+              (axes[2], "needle", "accuracy", min, "needle: answered right"))
+    for ax, table, key, worst, title in panels:
+        sizes = results[0]["sizes" if table == "arms" else "needle_sizes"]
+        for i, arm in enumerate(arms):
+            if not sizes or any(arm not in r.get(table, {}) for r in results):
+                continue
+            xs = [[r[table][arm][str(n)][key] for r in results] for n in sizes]
             ax.plot(sizes, [sum(x) / len(x) for x in xs], "o-", color=f"C{i}", label=arm)
             ax.plot(sizes, [worst(x) for x in xs], ":", color=f"C{i}")
-    axes[0].set(title="item-F1 (mean; dotted: worst seed)", xlabel="entities n")
-    axes[1].set(title="critical steps (mean; dotted: worst seed)", xlabel="entities n")
+        ax.set(title=f"{title} (dotted: worst seed)", xlabel="entities n")
     dirs = [os.path.join(args.runs, f"parl_s{r['seed']}") for r in results]
-    for ax, key in zip(axes[2:], ("accuracy", "critical_steps")):
+    for ax, key in zip(axes[3:], ("accuracy", "critical_steps")):
         curves = [rl_curve(d, key) for d in dirs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
         curves = [c for c in curves if c[0]]
         if curves:
@@ -213,6 +239,8 @@ def main() -> None:
     p = seeds_parser(__doc__, "runs/experiments/context")
     p.set_defaults(seeds=[0, 1, 2, 3, 4])
     p.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 12, 16])
+    p.add_argument("--needle-sizes", type=int, nargs="*", default=[8, 16],
+                   help="sizes of the needle questions (sampled episodes; none: no needle table)")
     p.add_argument("--episodes", type=int, default=48, help="held-out tasks per size")
     p.add_argument("--rl-steps", type=int, default=100, help="PARL steps of the swarm")
     p.add_argument("--warm-only", action="store_true", help="only the warm starts (e.g. on an accelerator; the rest "
@@ -220,7 +248,7 @@ def main() -> None:
     args = p.parse_args()
     if args.warm_only:
         args.no_report = True
-    own = ["--sizes", *map(str, args.sizes), "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps),
+    own = ["--sizes", *map(str, args.sizes), "--needle-sizes", *map(str, args.needle_sizes), "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps),
            *(["--warm-only"] if args.warm_only else [])]
     run_and_report(__file__, args, run_seed, report, own)
 

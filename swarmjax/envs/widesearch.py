@@ -160,16 +160,36 @@ class Vocab:
 
 @dataclasses.dataclass
 class Episode:
-    """One task: the hidden table (entity -> value) and the entities asked for."""
+    """One task: the hidden table (entity -> value) and the entities asked for; ``target``:
+    a needle question's entity (the one of the task whose value the question names; its
+    value is no other task entity's), None when every task entity's value is asked."""
 
     table: list[int]
     task: list[int]
+    target: int | None = None
 
     @classmethod
     def sample(cls, cfg: WideSearchConfig, rng: random.Random, n: int | None = None) -> "Episode":
         n = rng.randint(cfg.min_task_size, cfg.max_task_size) if n is None else n
         table = [rng.randrange(cfg.num_values) for _ in range(cfg.num_entities)]
         return cls(table=table, task=rng.sample(range(cfg.num_entities), n))
+
+    @classmethod
+    def needle(cls, cfg: WideSearchConfig, rng: random.Random, n: int | None = None) -> "Episode":
+        """A needle question ("which of these entities has value X?"): a sampled task, its
+        target at a uniform position, the other task entities' values redrawn where they
+        equal the target's (needs ``num_values`` >= 2)."""
+        ep = cls.sample(cfg, rng, n)
+        target = rng.choice(ep.task)
+        for e in ep.task:
+            while e != target and ep.table[e] == ep.table[target]:
+                ep.table[e] = rng.randrange(cfg.num_values)
+        return cls(table=ep.table, task=ep.task, target=target)
+
+    def asked(self) -> list[int]:
+        """The entities whose (entity, value) pairs a right answer holds: the task's, or the
+        needle question's target alone."""
+        return self.task if self.target is None else [self.target]
 
 
 @dataclasses.dataclass
@@ -392,11 +412,12 @@ def simulate(cfg: WideSearchConfig, ep: Episode, orch: Policy, worker: Policy,
 
 def score(ep: Episode, answer: Sequence[tuple[int, int]] | None) -> tuple[int, int, int]:
     """Verifier: (correct, answered, truth) item counts. ``answered`` counts distinct
-    pairs; a pair is correct when its entity was asked for and its value is the table's."""
+    pairs; a pair is correct when its entity was asked for (:meth:`Episode.asked`) and its
+    value is the table's."""
     pairs = set(answer or ())
-    asked = set(ep.task)
+    asked = set(ep.asked())
     correct = sum(e in asked and ep.table[e] == v for e, v in pairs)
-    return correct, len(pairs), len(ep.task)
+    return correct, len(pairs), len(asked)
 
 
 def handoff_counts(ep: Episode, assigned: Sequence[Sequence[int]], returned: Sequence[tuple[int, int]],
@@ -408,13 +429,14 @@ def handoff_counts(ep: Episode, assigned: Sequence[Sequence[int]], returned: Seq
       against the asked-for entities they were assigned (``assigned``: each assignment's
       entity ids): how well the sub-agents did their part;
     - ``copy_*``: the answer's pairs for entities that came back against the pairs that
-      came back (R = the distinct returned pairs of asked-for entities, truth = its
-      entities): how faithfully the orchestrator copied them, right or wrong.
+      came back (R = the distinct returned pairs of the entities a right answer holds,
+      :meth:`Episode.asked`, truth = its entities): how faithfully the orchestrator
+      copied them, right or wrong.
 
     An episode that returned nothing has ``sub_truth`` or ``copy_truth`` 0 (no figure)."""
-    asked = set(ep.task)
-    given = asked & {e for ents in assigned for e in ents}
+    given = set(ep.task) & {e for ents in assigned for e in ents}
     back = set(returned)
+    asked = set(ep.asked())
     ref = {(e, v) for e, v in back if e in asked}
     ref_entities = {e for e, _ in ref}
     copied = {(e, v) for e, v in set(answer) if e in ref_entities}

@@ -54,6 +54,7 @@ ORCH_SYSTEM = ("You find the value of every entity the user lists. lookup(entity
                "values, answer with one line per entity: <entity>: <value>")
 WORKER_SYSTEM = ("You look up the value of every entity you are given, one lookup per turn, then "
                  "answer with one line per entity: <entity>: <value>")
+NEEDLE = "Which of them has the value {value}? Answer with its line only."   # a needle question's user line
 _LINE = re.compile(r"^\s*(.+?)\s*:\s*(.+?)\s*$")
 
 
@@ -139,6 +140,11 @@ class WideSearchText(TaskNames):
     def task_text(self, entities: Sequence[int]) -> str:
         return "Entities: " + ", ".join(self.entity_names[e] for e in entities)
 
+    def question(self, ep: Episode) -> str:
+        """The user turn of an episode: its entities, and a needle question's line."""
+        text = self.task_text(ep.task)
+        return text if ep.target is None else text + "\n" + NEEDLE.format(value=self.value_names[ep.table[ep.target]])
+
     def lookup_tool(self, ep: Episode) -> Tool:
         names, values = self.entity_names, self.value_names
         index = {n: i for i, n in enumerate(names)}
@@ -161,7 +167,7 @@ class WideSearchText(TaskNames):
         orch = Orchestration(lambda system: self.worker(ep, system), max_subagents=self.cfg.max_subagents)
         env = ToolAgentEnv(self.chat, [self.lookup_tool(ep)], runner=self.runner,
                            messages=lambda ep: [{"role": "system", "content": ORCH_SYSTEM},
-                                                {"role": "user", "content": self.task_text(ep.task)}],
+                                                {"role": "user", "content": self.question(ep)}],
                            verify=lambda ep, answer: self.verify(ep, answer, orch),
                            orchestration=orch, per_turn={"lookup": 1}, summarize=summarize)
         return env
@@ -178,7 +184,7 @@ class WideSearchText(TaskNames):
         reports :meth:`answer_terms` (``summarize``: as :meth:`orchestrator`)."""
         return ToolAgentEnv(self.chat, [self.lookup_tool(ep)], runner=self.runner,
                             messages=lambda ep: [{"role": "system", "content": WORKER_SYSTEM},
-                                                 {"role": "user", "content": self.task_text(ep.task)}],
+                                                 {"role": "user", "content": self.question(ep)}],
                             verify=self.answer_terms, per_turn={"lookup": 1}, summarize=summarize)
 
     def answer_terms(self, ep: Episode, answer: str) -> dict[str, float]:
@@ -204,22 +210,30 @@ class WideSearchText(TaskNames):
         return self.chat.assistant_ids(content, [{"name": n, "arguments": a} for n, a in calls]).tolist()
 
     def answer_turn(self, ep: Episode, entities: Sequence[int] | None = None) -> list[int]:
-        ents = ep.task if entities is None else entities
+        ents = ep.asked() if entities is None else entities
         return self.turn_ids(format_pairs(self.entity_names, self.value_names,
                                           [(e, ep.table[e]) for e in ents]))
 
-    def serial_script(self, ep: Episode) -> list[list[int]]:
-        """The orchestrator looks every entity up itself, then answers: n + 1 turns."""
-        return [self.turn_ids(calls=[("lookup", {"entity": self.entity_names[e]})]) for e in ep.task] \
+    @staticmethod
+    def lookups(ep: Episode, order: Sequence[int] | None = None) -> list[int]:
+        """The entities a serial agent looks up, in ``order`` (default the task's): all of
+        them, or for a needle question up to its target."""
+        order = list(ep.task if order is None else order)
+        return order if ep.target is None else order[:order.index(ep.target) + 1]
+
+    def serial_script(self, ep: Episode, order: Sequence[int] | None = None) -> list[list[int]]:
+        """The orchestrator looks the entities up itself (:meth:`lookups`), then answers:
+        n + 1 turns for wide search."""
+        return [self.turn_ids(calls=[("lookup", {"entity": self.entity_names[e]})]) for e in self.lookups(ep, order)] \
             + [self.answer_turn(ep)]
 
-    def summary_script(self, ep: Episode, every: int) -> list[list[int]]:
+    def summary_script(self, ep: Episode, every: int, order: Sequence[int] | None = None) -> list[list[int]]:
         """:meth:`serial_script` that calls ``summarize`` after every ``every`` lookups
         while entities are left (the ``"summary"`` context strategy): the summary is the
         answer lines of every entity found so far, so each segment opens with the task
-        and what the earlier ones found; n + 1 + (n - 1) // every turns."""
+        and what the earlier ones found; n + 1 + (n - 1) // every turns for wide search."""
         turns, found = [], []
-        for i, e in enumerate(ep.task):
+        for i, e in enumerate(self.lookups(ep, order)):
             if i and i % every == 0:
                 text = format_pairs(self.entity_names, self.value_names, [(f, ep.table[f]) for f in found])
                 turns.append(self.turn_ids(calls=[(SUMMARIZE, {"summary": text})]))
@@ -228,6 +242,8 @@ class WideSearchText(TaskNames):
         return turns + [self.answer_turn(ep)]
 
     def worker_script(self, ep: Episode, entities: Sequence[int]) -> list[list[int]]:
+        """A sub-agent looks up every entity of its chunk and answers them all (for a
+        needle question too: the orchestrator picks the line)."""
         return self.serial_script(Episode(table=ep.table, task=list(entities)))
 
     def split_script(self, ep: Episode, parts: int, *, system_prompt: str = "Look up each entity."
@@ -261,7 +277,11 @@ class WideSearchProblems(Task):
     def sample(self, rng: np.random.Generator, count: int, *, split: str = "train") -> list[Episode]:
         """``count`` episodes: a random table and task of ``min..max_task_size`` entities."""
         py = random.Random(int(rng.integers(2 ** 63)))
-        return [Episode.sample(self.cfg, py) for _ in range(count)]
+        return [self.episode(py) for _ in range(count)]
+
+    def episode(self, rng: random.Random, n: int | None = None) -> Episode:
+        """One episode of ``n`` entities (default: a size drawn from the config's range)."""
+        return Episode.sample(self.cfg, rng, n)
 
     def size(self, problem: Episode) -> int:
         """The entities asked for."""
@@ -294,15 +314,27 @@ class WideSearchTask(WideSearchProblems):
     :meth:`WideSearchText.summary_script`), or (orchestrators,
     :meth:`WideSearchProblems.split_parts`) one turn delegating chunks of the task.
     ``page_words``: the length of ``lookup``'s pages (:class:`WideSearchText`).
+    ``needle_fraction``: the share of needle questions among the problems ("which of
+    these entities has value X?", :meth:`Episode.needle`: one pair is the answer, so an
+    agent that lost its earlier results can still find it; demonstrations search them in
+    a random order and stop at the target).
     """
 
     summary_every: int = 8
     page_words: int = 0
+    needle_fraction: float = 0.0
 
     def __post_init__(self):
         super().__post_init__()
-        if self.summary_every < 1 or self.page_words < 0:
-            raise ValueError("summary_every must be >= 1 and page_words >= 0")
+        if self.summary_every < 1 or self.page_words < 0 or not 0.0 <= self.needle_fraction <= 1.0:
+            raise ValueError("summary_every must be >= 1, page_words >= 0 and needle_fraction in [0, 1]")
+
+    def episode(self, rng: random.Random, n: int | None = None, *, needle: bool | None = None) -> Episode:
+        """One episode of ``n`` entities: a needle question (:meth:`Episode.needle`) when
+        ``needle``, or (None) with probability ``needle_fraction``."""
+        if needle is None:
+            needle = self.needle_fraction > 0 and rng.random() < self.needle_fraction
+        return Episode.needle(self.cfg, rng, n) if needle else Episode.sample(self.cfg, rng, n)
 
     def env(self, problem: Episode, ctx: EnvContext) -> ToolAgentEnv:
         world = WideSearchText(self.cfg, ctx.chat, ctx.runner, seed=self.names_seed, page_words=self.page_words)
@@ -316,7 +348,11 @@ class WideSearchTask(WideSearchProblems):
         if parts:
             turns, workers = world.split_script(problem, parts)
             return Demo(turns, workers)
-        return Demo(world.summary_script(problem, self.summary_every) if summarize else world.serial_script(problem))
+        # a needle question is searched in a random order (a fresh start after a discard
+        # then tries other entities first), wide search in the task's
+        order = None if problem.target is None else [problem.task[i] for i in rng.permutation(len(problem.task))]
+        return Demo(world.summary_script(problem, self.summary_every, order) if summarize
+                    else world.serial_script(problem, order))
 
     def corpus(self, *, seed: int = 0) -> list[str]:
         """:func:`text_corpus`, and the tools' JSON schemas (the system turns render them:
@@ -326,7 +362,10 @@ class WideSearchTask(WideSearchProblems):
         tools = [world.lookup_tool(ep), *Orchestration(lambda _: None).tools(), summarize_tool()]
         pages = [page(e, "", self.page_words, seed=self.names_seed) for e in range(self.cfg.num_entities)] \
             if self.page_words else []
-        return text_corpus(self.cfg, seed=self.names_seed) + [json.dumps(t.schema()) for t in tools] * 20 + pages
+        questions = [NEEDLE.format(value=v) for v in _names(self.cfg.num_values, self.names_seed + 1, "value")] \
+            if self.needle_fraction else []
+        return text_corpus(self.cfg, seed=self.names_seed) + [json.dumps(t.schema()) for t in tools] * 20 + pages \
+            + questions
 
 
 def text_corpus(cfg: WideSearchConfig, *, seed: int = 0, episodes: int = 200) -> list[str]:
