@@ -347,3 +347,47 @@ def test_row_shares_draw_each_kind_of_row_as_asked():
         TextSFTConfig(shares=(("critic", 1.0),))
     with pytest.raises(ValueError, match="sft.shares"):
         TextSFTConfig(shares=(("single", 1.0),), per_role=True)
+
+
+def test_needle_questions_have_one_answer_line_every_way_of_working_finds(tmp_path):
+    """A needle question ("which of these has value X?"): its target's value is no other task
+    entity's, the user turn names the value, and the demonstrations of every way of working
+    (serial in a random order up to the target, with summaries, delegated) answer the one
+    line right; the orchestrator's sub-agents return their whole chunks and its copy is
+    scored against the target's returned pair."""
+    import random
+
+    from swarmjax.envs.api import play
+    from swarmjax.envs.task import EnvContext, demonstration, make_env
+    from swarmjax.envs.widesearch import WideSearchConfig, score
+    from swarmjax.envs.widesearch_text import WideSearchTask, WideSearchText
+    from swarmjax.text.chat import chat_format
+    from swarmjax.text.runner import ToolRunner
+
+    task = WideSearchTask(WideSearchConfig(num_entities=12, num_values=6, max_task_size=8, max_subagents=4),
+                          split_fraction=1.0, max_chunk=4, summary_every=3, page_words=5, needle_fraction=0.5)
+    chat = chat_format("qwen3", TextTokenizer.from_dir(train_bpe_tokenizer(task.corpus(), str(tmp_path / "bpe"),
+                                                                            vocab_size=600, chat_format="qwen3")))
+    eps = [task.episode(random.Random(i), 8, needle=True) for i in range(8)]
+    assert all(sum(ep.table[e] == ep.table[ep.target] for e in ep.task) == 1 for ep in eps)
+    assert score(eps[0], [(eps[0].target, eps[0].table[eps[0].target])]) == (1, 1, 1)
+    mixed = task.sample(np.random.default_rng(0), 64)
+    assert 10 < sum(p.target is not None for p in mixed) < 54             # needle_fraction of the stream
+    world = WideSearchText(task.cfg, chat, None)
+    assert world.value_names[eps[0].table[eps[0].target]] in world.question(eps[0])
+    runner, rng, lookups = ToolRunner([]), np.random.default_rng(0), []
+    try:
+        for ep in eps:
+            for role, summarize in (("single", False), ("single", True), ("orchestrator", False)):
+                ctx = EnvContext(chat, runner, role=role, summarize=summarize, max_subagents=4)
+                demo = demonstration(task, ep, chat, rng, role, summarize=summarize)
+                played = play(make_env(task, ep, ctx), ep, demo.turns, workers=demo.workers)
+                r = played.last.rewards
+                assert r["r_perf"] == 1.0 and r["truth"] == 1, (role, summarize)
+                if role == "orchestrator":
+                    assert r["sub_correct"] == r["sub_truth"] == 8 and r["copy_correct"] == r["copy_truth"] == 1
+                elif not summarize:
+                    lookups.append(played.last.rewards["tool_calls"])
+    finally:
+        runner.close()
+    assert min(lookups) < 8 and len(set(lookups)) > 1          # stops at the target, wherever the order puts it
