@@ -45,6 +45,10 @@ class Experiment:
     variant: tuple[str, ...] = ()
     # metrics.jsonl keys whose mean over all PARL steps goes into the table
     train_means: tuple[str, ...] = ()
+    # overrides of the base job itself, its warm start included: then it runs in
+    # <runs>/<name>/base_s<seed> (the "default" arm) instead of --base, and every arm
+    # starts from its warm start with the same overrides
+    base: tuple[str, ...] = ()
 
 
 EXPERIMENTS = {
@@ -55,7 +59,13 @@ EXPERIMENTS = {
         source="Kimi K2.5 technical report, arXiv 2602.02276, section on PARL (r_parallel "
                "against serial collapse)",
         arms={"default": (), "no_r_parallel": ("rl.parl.lambda1=0.0",)},
-        curves=("subagents", "critical_steps", "accuracy", "reward")),
+        curves=("subagents", "no_spawn", "critical_steps", "accuracy"),
+        # where collapse can happen and parallel work still pays: a warm start that
+        # delegates 3% of its demonstrations, no budget, and only critical steps cost
+        # (0.01 each: serial n = 16 costs 0.17, 8 x 2 costs 0.05), so that 8 x 2 is the
+        # better plan at n = 16 with or without r_parallel
+        base=("sft.spawn_fraction=0.03", "task.cfg.budget=None", "rl.parl.step_cost=0.0",
+              "rl.parl.critical_cost=0.01")),
     "budget": Experiment(
         claim="Training under a critical-step budget below the serial cost is what makes "
               "parallel plans necessary; without it the step costs alone must carry that "
@@ -82,12 +92,12 @@ EXPERIMENTS = {
               "spawning, r_finish for sub-agents that return.",
         source="Kimi K2.5 technical report, arXiv 2602.02276, section on PARL (r_finish against "
                "spurious parallelism)",
-        arms={"default": (), "no_r_finish": ("rl.parl.lambda2=0.0",),
-              # K2.5's r_parallel pays for instantiating sub-agents; ours (default "parallel")
-              # only for entities finished sub-agents returned: without r_finish, with theirs
-              "no_r_finish_spawned": ("rl.parl.lambda2=0.0", "rl.parl.parallel='spawned'",
-                                      "rl.parl.parallel_target=8")},
-        curves=("subagents", "finished_subagents", "critical_steps", "accuracy"),
+        # r_parallel in K2.5's instantiation form (paid per sub-agent spawned, not per result
+        # returned as our default "parallel" is), with and without r_finish
+        arms={"spawned": ("rl.parl.parallel='spawned'", "rl.parl.parallel_target=8"),
+              "spawned_no_r_finish": ("rl.parl.parallel='spawned'", "rl.parl.parallel_target=8",
+                                      "rl.parl.lambda2=0.0")},
+        curves=("subagents", "finished/spawned", "critical_steps", "accuracy"),
         train_means=("subagents", "finished_subagents", "accuracy"),
         # sub-agents that can fail: a worker has 2 steps, so it finishes one lookup and its
         # return; a chunk of 2 entities (half the warm start's delegations) is stopped.
@@ -124,6 +134,8 @@ def _train(workdir: str, seed: int, overrides: tuple[str, ...], log: str) -> Non
 
 def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str, jobs: int) -> dict:
     """Run what is missing; returns {arm: {seed: workdir}}."""
+    if exp.base:                                      # the experiment's own base job
+        base = os.path.join(runs, name, "base_s{seed}")
     own = lambda arm: arm != "default" or bool(exp.variant)       # arms run here (not the base job)
     dirs = {arm: {s: (os.path.join(runs, name, f"{arm}_s{s}") if own(arm) else base.format(seed=s))
                   for s in seeds} for arm in exp.arms}
@@ -132,8 +144,8 @@ def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str,
         d = base.format(seed=s)
         if not done(d):
             os.makedirs(os.path.dirname(os.path.abspath(d)), exist_ok=True)
-            print(f"[{name}] default job, seed {s} -> {d}", flush=True)
-            _train(d, s, (), d.rstrip("/") + ".log")
+            print(f"[{name}] {'base' if exp.base else 'default'} job, seed {s} -> {d}", flush=True)
+            _train(d, s, exp.base, d.rstrip("/") + ".log")
     todo = [(arm, s) for arm in exp.arms if own(arm) for s in seeds if not done(dirs[arm][s])]
     transfer = exp.variant + (("warm_start_match=('policy',)",) if exp.variant else ())
 
@@ -142,8 +154,8 @@ def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str,
         d = dirs[arm][s]
         os.makedirs(os.path.dirname(d), exist_ok=True)
         print(f"[{name}] {arm}, seed {s} -> {d}", flush=True)
-        _train(d, s, exp.arms[arm] + transfer + (f"warm_start_from='{os.path.abspath(base.format(seed=s))}'",),
-               d + ".log")
+        _train(d, s, exp.base + exp.arms[arm] + transfer +
+               (f"warm_start_from='{os.path.abspath(base.format(seed=s))}'",), d + ".log")
 
     with ThreadPoolExecutor(max(jobs, 1)) as pool:
         list(pool.map(one, todo))
@@ -162,9 +174,15 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / max(len(xs), 1)
 
 
+# curves computed from a step's metrics
+DERIVED = {"finished/spawned": lambda r: r["finished_subagents"] / r["subagents"] if r["subagents"] else float("nan")}
+
+
 def _curve(d: str, key: str) -> tuple[list[int], list[float]]:
     rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
     rows = [r for r in rows if r.get("stage") == "rl"]
+    if key in DERIVED:
+        return [r["step"] + 1 for r in rows], [DERIVED[key](r) for r in rows]
     return [r["step"] + 1 for r in rows], [float(r.get(key, 0.0 if key.startswith("async/") else "nan"))
                                            for r in rows]             # a synchronous run: staleness 0
 
@@ -194,6 +212,10 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
                                   ("no other override" if exp.variant else "the default job"))
                      for a, ov in exp.arms.items())
     lines = [f"### {name}", "", f"**Claim.** {exp.claim}", "", f"**Source.** {exp.source}", ""]
+    if exp.base:
+        lines += ["**Base job** (`configs/parl_widesearch_cpu.py` with these overrides, its warm start "
+                  "included; every arm starts from its warm start with them): " +
+                  ", ".join(f"`--set {o}`" for o in exp.base), ""]
     if exp.variant:
         lines += ["**Task variant** (every arm, PARL stage only, from the default job's warm start): " +
                   ", ".join(f"`--set {o}`" for o in exp.variant), ""]
@@ -241,7 +263,7 @@ def _plot(exp: Experiment, name: str, dirs: dict, path: str, smooth: int = 10) -
         for arm, by_seed in dirs.items():
             ys = [np.asarray(_curve(d, key)[1]) for d in by_seed.values()]
             n = min(len(y) for y in ys)
-            y = np.mean([y[:n] for y in ys], axis=0)
+            y = np.nanmean([y[:n] for y in ys], axis=0)
             y = np.convolve(y, np.ones(smooth) / smooth, mode="valid") if n >= smooth else y
             ax.plot(np.arange(len(y)) + (smooth if n >= smooth else 1), y, label=arm)
         ax.set_title(f"{key} (training batch, mean of {len(next(iter(dirs.values())))} seeds)", fontsize=8)
