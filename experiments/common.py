@@ -6,12 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "parl_widesearch_cpu.py")
+
+
+def invocation(script: str) -> str:
+    """The command line that ran ``script`` (every experiment records it beside its results
+    and prints it in its report, so each published figure names the command and overrides
+    that made it)."""
+    return " ".join(["python", os.path.relpath(os.path.abspath(script), ROOT), *map(shlex.quote, sys.argv[1:])])
 
 
 def save_figure(fig, axes, title: str, path: str) -> None:

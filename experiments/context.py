@@ -49,10 +49,9 @@ import json
 import math
 import os
 import random
-import sys
 import time
 
-from common import ROOT, rl_curve, run_and_report, save_figure, seeds_parser, train_missing
+from common import ROOT, invocation, rl_curve, run_and_report, save_figure, seeds_parser, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "context_widesearch.py")
 SINGLE = ("none", "summary", "discard_all")           # the single agent's context strategies
@@ -124,7 +123,7 @@ def run_seed(seed: int, args) -> dict:
     arms.update(swarm=(parl[0], parl[1], "0"), parl_swarm=(parl[0], parl[1], "latest"))
     results = {"seed": seed, "sizes": args.sizes, "needle_sizes": args.needle_sizes, "episodes": args.episodes,
                "rl_steps": args.rl_steps,
-               "overrides": args.set, "command": " ".join(["python", "experiments/context.py", *sys.argv[1:]]),
+               "overrides": args.set, "command": invocation(__file__),
                "rl": {"tasks_per_step": parl[0].rl.tasks_per_step, "group_size": parl[0].rl.group_size},
                "train_s": clock, "arms": {}}
     partial = out_file + ".partial"

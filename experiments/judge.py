@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from common import ROOT, plot_rl_means, rl_curve, run_and_report, seeds_parser, train_missing
+from common import ROOT, invocation, plot_rl_means, rl_curve, run_and_report, seeds_parser, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
 ARMS = ("verifier", "judge", "penalty")
@@ -211,7 +211,8 @@ def run_seed(seed: int, args) -> dict:
     clock.update(train_missing(jobs, ("judge", "penalty"), f"judge s{seed}"))
     task = resolve_task(jobs["verifier"][0].task)
     problems = held_out(task, "test", seed, args.episodes)
-    results = {"seed": seed, "episodes": len(problems), "train_s": clock, "judge": judge, "arms": {}}
+    results = {"seed": seed, "episodes": len(problems), "command": invocation(__file__), "overrides": args.set,
+               "train_s": clock, "judge": judge, "arms": {}}
     for arm in ARMS:
         job, workdir = jobs[arm]
         results["arms"][arm] = {mode: _summary(final_episodes(job, workdir, eval_judge, problems,
@@ -232,7 +233,8 @@ def report(results: list[dict], args) -> str:
     """``<out>/judge.md`` and ``judge.png``; returns the markdown."""
     seeds = [r["seed"] for r in results]
     ag = lambda key, k: [r["judge"]["agreement"][key][k] for r in results if key in r["judge"]["agreement"]]  # noqa
-    lines = [f"Seeds {', '.join(map(str, seeds))}. Each cell: mean over seeds (worst seed).", "",
+    lines = [f"Command: `{results[0].get('command', 'python experiments/judge.py')}`. Seeds "
+             f"{', '.join(map(str, seeds))}. Each cell: mean over seeds (worst seed).", "",
              "**The judge** (held-out sampled answers of the warm start and the verifier-trained policy; "
              "`p(yes) > 0.5` against the verdict):", "",
              "| rubric | answers | agreement | true-positive rate | true-negative rate | right answers "

@@ -30,7 +30,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from common import CONFIG, ROOT, experiment_parser, save_figure
+from common import CONFIG, ROOT, experiment_parser, invocation, save_figure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +211,8 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
     arms = "; ".join(f"`{a}`: " + (", ".join(f"`--set {o}`" for o in ov) or
                                   ("no other override" if exp.variant else "the default job"))
                      for a, ov in exp.arms.items())
-    lines = [f"### {name}", "", f"**Claim.** {exp.claim}", "", f"**Source.** {exp.source}", ""]
+    lines = [f"### {name}", "", f"**Claim.** {exp.claim}", "", f"**Source.** {exp.source}", "",
+             f"**Command.** `{invocation(__file__)}`", ""]
     if exp.base:
         lines += ["**Base job** (`configs/parl_widesearch_cpu.py` with these overrides, its warm start "
                   "included; every arm starts from its warm start with them): " +

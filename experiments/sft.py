@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from common import CONFIG, ROOT, experiment_parser, save_figure
+from common import CONFIG, ROOT, experiment_parser, invocation, save_figure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +146,7 @@ def report(exp: SFTExperiment, name: str, sweep: dict, tuned: dict, out: str, se
     fmt = lambda v: "n/a" if v != v else (f"{v:.0f}" if abs(v) >= 100 else f"{v:.3f}")
     model = ", ".join(f"`{k}={v}`" for k, v in exp.model.items()) or "the default model"
     lines = [f"### {name}", "", f"**Claim.** {exp.claim}", "", f"**Source.** {exp.source}", "",
+             f"**Command.** `{invocation(__file__)}`", "",
              f"**Setup.** The warm start (SFT) of `configs/parl_widesearch_cpu.py`, {model}, "
              f"{exp.steps} steps (cosine decay over them), held-out demonstrations evaluated every "
              f"{exp.eval_every} steps. Arms (`sft.optim` fields): " +

@@ -29,7 +29,7 @@ import json
 import os
 import time
 
-from common import ROOT, plot_rl_means, run_and_report, seeds_parser, train_missing
+from common import ROOT, invocation, plot_rl_means, run_and_report, seeds_parser, train_missing
 
 CONFIG = os.path.join(ROOT, "configs", "synth_tools_cpu.py")
 SETS = (("seen", ("seen",)), ("held_out", ("validation", "test")))   # (name in the table, the task set's splits)
@@ -73,7 +73,8 @@ def run_seed(seed: int, args) -> dict:
     arms = ("single",) if args.no_swarm else ("single", "swarm")
     clock = train_missing(jobs, ("warm", *arms), f"synth s{seed}")
     task = resolve_task(jobs["single"][0].task)
-    results = {"seed": seed, "episodes": args.episodes, "train_s": clock, "arms": {}}
+    results = {"seed": seed, "episodes": args.episodes, "command": invocation(__file__), "overrides": args.set,
+               "train_s": clock, "arms": {}}
     for arm in arms:
         job, workdir = jobs[arm]
         for when, which in (("before", "0"), ("after", "latest")):
@@ -99,7 +100,8 @@ def report(results: list[dict], args) -> str:
     seeds = [r["seed"] for r in results]
     cell = lambda xs, fmt="{:.3f}": f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(min(xs))})"   # noqa: E731
     arms = sorted({k.split("/")[0] for k in results[0]["arms"]}, key=lambda a: a != "single")
-    lines = [f"Seeds {', '.join(map(str, seeds))}; {results[0]['episodes']} tasks per set and seed, greedy. "
+    lines = [f"Command: `{results[0].get('command', 'python experiments/synth.py')}`.",
+             f"Seeds {', '.join(map(str, seeds))}; {results[0]['episodes']} tasks per set and seed, greedy. "
              "Each cell: mean over seeds (worst seed). *seen*: tasks of the training environments that no "
              "training step used; *held-out*: environments (and tools) no training task used.", "",
              "| arm | seen, before RL | seen, after RL | held-out, before RL | held-out, after RL |",
