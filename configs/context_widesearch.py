@@ -62,6 +62,6 @@ def get_config() -> AgentJob:
                         update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,
                                             optim=OptimConfig(learning_rate=2e-4, decay_steps=40)),
                         rollout=TextRolloutConfig(contexts=Roles(CONTEXT, CONTEXT), max_turn_tokens=320,
-                                                  subagent_lanes=4, subagent_turns=ENV.subagent_steps,
+                                                  subagent_lanes=32, subagent_turns=ENV.subagent_steps,
                                                   context=ContextConfig("none", threshold=THRESHOLD))),
         eval_episodes=8, eval_every=0, seed=0)
