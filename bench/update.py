@@ -23,6 +23,11 @@ and with the head given once (``Learner.update(head=)``, cascade attention), and
 ``head_speedup`` = whole / head step seconds. The text PARL job's batches look like
 ``--sizes 1m --batch 32 --seq 1280 --head 512``.
 
+``--attention-blocks``: the same update (Muon) with the causal self-attention of long rows
+by query blocks (the default, ``models.transformer.ATTENTION_BLOCK``) and with one softmax
+over whole rows; ``blocks_speedup`` = whole / blocked step seconds (the text jobs' warm
+starts look like ``--sizes 1m --batch 16 --seq 1280``).
+
 ``--mesh D,F,T``: the same steps on a (data, fsdp, tensor) mesh (on a CPU, simulated
 devices: the script asks for as many), params sharded by the logical rules, plus Muon
 left to XLA (``muon_gathered``: the optimizer not given the mesh, so Newton-Schulz
@@ -99,6 +104,21 @@ def bench_head(cfg, args) -> dict:
     return {"head": P, "whole_step_s": whole_s, "head_step_s": head_s, "head_speedup": whole_s / head_s}
 
 
+def bench_blocks(cfg, batch: TrajectoryBatch, repeats: int) -> dict:
+    """The update with attention by query blocks (default) and over whole rows."""
+    from swarmjax.models import transformer
+
+    optim = OptimConfig(name="muon", qk_clip_tau=0.0)
+    _, blocked_s = time_update(cfg, optim, batch, repeats)
+    block, transformer.ATTENTION_BLOCK = transformer.ATTENTION_BLOCK, 1 << 30    # one block: whole rows
+    try:
+        _, whole_s = time_update(cfg, optim, batch, repeats)
+    finally:
+        transformer.ATTENTION_BLOCK = block
+    return {"attention_block": block, "blocked_step_s": blocked_s, "whole_attention_step_s": whole_s,
+            "blocks_speedup": whole_s / blocked_s}
+
+
 def bench_size(name: str, args, peak: float) -> dict:
     cfg = preset(name)
     if args.dtype:
@@ -112,6 +132,8 @@ def bench_size(name: str, args, peak: float) -> dict:
     _, adamw_s = time_update(cfg, OptimConfig(name="adamw", qk_clip_tau=0.0), batch, args.repeats, mesh=mesh)
     _, clip_s = time_update(cfg, OptimConfig(name="muon", qk_clip_tau=100.0), batch, args.repeats, mesh=mesh)
     out = bench_head(cfg, args) if args.head else {}
+    if args.attention_blocks:
+        out.update(bench_blocks(cfg, batch, args.repeats))
     if mesh:
         _, gathered_s = time_update(cfg, muon, batch, args.repeats, mesh=mesh, gathered=True)
         out.update(mesh=list(args.mesh), muon_gathered_step_s=gathered_s, spread_over_gathered=muon_s / gathered_s)
@@ -130,6 +152,8 @@ def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--head", type=int, default=0, help="also time rows sharing this many leading ids")
+    p.add_argument("--attention-blocks", action="store_true",
+                   help="also time the update with attention over whole rows instead of by query blocks")
     p.add_argument("--mesh", type=mesh_shape, default=None,
                    help="data,fsdp,tensor: time the steps on this mesh (and Muon left to XLA beside it)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
@@ -157,6 +181,9 @@ def main() -> None:
             print(f"{name}: Muon on mesh {tuple(r['mesh'])}: spread {r['step_s']:.3f} s, gathered by XLA "
                   f"{r['muon_gathered_step_s']:.3f} s, spread/gathered {r['spread_over_gathered']:.3f}, "
                   f"muon/adamw {r['muon_over_adamw']:.3f}")
+        if "blocks_speedup" in r:
+            print(f"{name}: attention by blocks of {r['attention_block']} queries {r['blocked_step_s']:.3f} s, "
+                  f"over whole rows {r['whole_attention_step_s']:.3f} s, speedup {r['blocks_speedup']:.2f}x")
         if "head" in r:
             print(f"{name}: rows sharing {r['head']} leading ids: whole {r['whole_step_s']:.3f} s, "
                   f"head= {r['head_step_s']:.3f} s, speedup {r['head_speedup']:.2f}x")
