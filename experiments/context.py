@@ -27,8 +27,9 @@ a sub-agent's holds its chunk of 4 with room to spare):
    for every arm of a seed): the warm start as a single agent with ``none``,
    ``summary`` and ``discard_all`` (past 1024 ids), and as an orchestrator (``swarm``);
    ``parl_swarm`` after PARL. Columns: item-F1, ran out of context, critical steps, peak
-   context, the sub-agents' own return item-F1 and the orchestrator's copy fidelity (its
-   answer against what came back), compactions;
+   context, the share of the task the orchestrator delegated, the sub-agents' own return
+   item-F1 and the orchestrator's copy fidelity (its answer against what came back),
+   compactions;
 4. the same arms on ``--episodes`` needle questions of each size in ``--needle-sizes``
    ("which of these entities has the value X?", a quarter of the training problems),
    sampled at the rollout's temperature: one line answers them, so an agent that discards
@@ -59,7 +60,7 @@ ARMS = (*SINGLE, "swarm", "parl_swarm")
 # (figure, header, worst of the seeds, format)
 COLUMNS = (("accuracy", "item-F1", min, "{:.3f}"), ("context_ended", "ran out of context", max, "{:.2f}"),
            ("critical_steps", "critical steps", max, "{:.1f}"), ("peak_context", "peak context", max, "{:.0f}"),
-           ("return_f1", "sub-agents' return F1", min, "{:.3f}"),
+           ("delegated", "delegated", min, "{:.2f}"), ("return_f1", "sub-agents' return F1", min, "{:.3f}"),
            ("copy_fidelity", "copy fidelity", min, "{:.3f}"), ("compactions", "compactions", max, "{:.1f}"))
 CURVES = ("accuracy", "critical_steps", "subagents", "reward")
 

@@ -319,6 +319,7 @@ def test_handoff_figures_say_which_stage_lost_the_items():
         orchestrators = [type("T", (), {"segments": [], "dropped": 0, "peak": 1})()] * 2
         subagents = [[], []]
     figs = episode_figures(Res())
+    assert figs["delegated"][0] == pytest.approx(3 / 4) and figs["delegated"][1] == 0.0
     assert figs["return_f1"][0] == pytest.approx(2 / 3) and np.isnan(figs["return_f1"][1])
     assert figs["copy_fidelity"][0] == pytest.approx(1 / 3) and np.isnan(figs["copy_fidelity"][1])
     means = mean_figures(figs)

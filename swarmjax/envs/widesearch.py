@@ -425,6 +425,8 @@ def handoff_counts(ep: Episode, assigned: Sequence[Sequence[int]], returned: Seq
     """Where a delegated episode's items go, as :func:`score`'s counts for
     :func:`~swarmjax.envs.scoring.item_f1`:
 
+    - ``task_entities``: the task's entities (``sub_truth`` of them were assigned: how much
+      of the task the orchestrator delegated);
     - ``sub_*``: the (entity, value) pairs the sub-agents returned (distinct, every line)
       against the asked-for entities they were assigned (``assigned``: each assignment's
       entity ids): how well the sub-agents did their part;
@@ -442,7 +444,7 @@ def handoff_counts(ep: Episode, assigned: Sequence[Sequence[int]], returned: Seq
     copied = {(e, v) for e, v in set(answer) if e in ref_entities}
     return {"sub_correct": sum(e in given and ep.table[e] == v for e, v in back), "sub_answered": len(back),
             "sub_truth": len(given), "copy_correct": len(copied & ref), "copy_answered": len(copied),
-            "copy_truth": len(ref_entities)}
+            "copy_truth": len(ref_entities), "task_entities": len(ep.task)}
 
 
 def scripted(tokens: Sequence[int]) -> Policy:

@@ -26,10 +26,11 @@ from swarmjax.train.logs import change
 # (score > 0.5) is the verifier's (score > 0.5)
 JUDGE_FIGURES = ("judge", "judge_gap", "judge_agreement")
 # with an orchestrator whose verifier reports where delegated items went
-# (:func:`~swarmjax.envs.widesearch.handoff_counts`): the sub-agents' return item-F1
-# against what they were assigned, and the answer's item-F1 against what came back
-# (nan for an episode without returns; their means skip those)
-HANDOFF_FIGURES = ("return_f1", "copy_fidelity")
+# (:func:`~swarmjax.envs.widesearch.handoff_counts`): the share of the task's entities it
+# assigned to sub-agents, the sub-agents' return item-F1 against what they were assigned,
+# and the answer's item-F1 against what came back (nan for an episode without
+# assignments or returns; their means skip those)
+HANDOFF_FIGURES = ("delegated", "return_f1", "copy_fidelity")
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
            "subagents", "finished_subagents", "no_spawn", "critical_steps", "total_steps", "compactions",
            "context_dropped", "peak_context", "subagent_peak_context")
@@ -97,7 +98,8 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
         truth = r.get("r_verifier", r["r_perf"])
         out.update(judge=r["judge"], judge_gap=r["judge"] - truth, judge_agreement=(r["judge"] > 0.5) == (truth > 0.5))
     if "sub_truth" in r:                # where the delegated items went
-        for name, term in zip(HANDOFF_FIGURES, ("sub", "copy")):
+        out["delegated"] = np.where(r["task_entities"] > 0, r["sub_truth"] / np.maximum(r["task_entities"], 1), np.nan)
+        for name, term in zip(HANDOFF_FIGURES[1:], ("sub", "copy")):
             truth = r[f"{term}_truth"]
             f1 = item_f1(r[f"{term}_correct"], r[f"{term}_answered"], truth, truth > 0)
             out[name] = np.where(truth > 0, f1, np.nan)
