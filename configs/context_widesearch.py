@@ -20,8 +20,10 @@ of up to 4 entities and answers in the order they come back (sub-agents have 6 t
 chunk's lookups, the answer and one spare). A quarter of the problems are needle
 questions ("which of these entities has the value X?": one line answers it; the serial
 demonstrations search in a random order and stop at it, the orchestrator's delegate the
-whole list and answer the one line). A batch is 35% serial rows (with or without
-summaries), 35% orchestrator rows and 30% sub-agent rows (``sft.shares``). RL (2 tasks x 8
+whole list and answer the one line). A batch is 12% serial rows, 33% rows of the
+serial agent with summaries, 30% orchestrator rows and 25% sub-agent rows (``sft.shares``:
+each way of working at least the share that drawing rows alike would give it: 10%, 33%
+and 14%). RL (2 tasks x 8
 rollouts a step) is then a single agent's with the context strategy of
 ``rl.rollout.context`` (``none`` here; the experiment's arms set ``discard_all`` or
 ``summary``, past 1024 ids), or the orchestrator's (``--set role=orchestrator``). The warm
@@ -56,7 +58,8 @@ def get_config() -> AgentJob:
         model=ModelConfig(hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32,
                           intermediate_size=384),
         sft=TextSFTConfig(steps=600, batch=16, demos=1024, bucket=128, mix=("single+summary", "orchestrator"),
-                          overlong="skip", shares=(("single", 0.35), ("orchestrator", 0.35), ("subagent", 0.3)),
+                          overlong="skip", shares=(("single", 0.12), ("single+summary", 0.33), ("orchestrator", 0.3),
+                                                  ("subagent", 0.25)),
                           optim=OptimConfig(learning_rate=3e-3, warmup_steps=20, decay_steps=600)),
         rl=TextRLConfig(steps=0, tasks_per_step=2, group_size=8, dynamic_sampling=True, bucket=128,
                         update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=4,

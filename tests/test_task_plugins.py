@@ -243,8 +243,8 @@ def test_summary_demonstrations_pages_and_a_mixed_warm_start(tmp_path):
         mixed = demonstrations(task, problems, ctx, np.random.default_rng(1), limits,
                                mix=[mix_context("orchestrator", ctx), mix_context("single", ctx)])
         assert len(alone) > len(problems) and len(mixed) > 2 * len(alone) and mixed.skipped == alone.skipped == 0
-        assert set(alone.kinds.tolist()) == {"single"} and set(mixed.kinds.tolist()) == {"single", "orchestrator",
-                                                                                         "subagent"}
+        assert set(alone.kinds.tolist()) == {"single+summary"}
+        assert set(mixed.kinds.tolist()) == {"single", "single+summary", "orchestrator", "subagent"}
         fits = alone.tokens.shape[1]                  # every summarised segment fits; long serial ones do not
         small = TextRolloutConfig(contexts=Roles(fits, 4096), max_turn_tokens=512)
         with pytest.raises(ValueError, match="more than its context"):

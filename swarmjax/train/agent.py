@@ -47,7 +47,9 @@ from swarmjax.train.sft import RoleRows, sft_step, warm_start_loop
 SUBAGENTS = ("frozen", "shared")
 OVERLONG = ("error", "skip")           # what the warm start does with a demonstration longer than its context
 SEGMENT_WEIGHTS = ("segment", "episode")
-ROW_KINDS = ("single", "orchestrator", "subagent")   # whose conversation a warm-start row is
+# whose conversation a warm-start row is: the top agent's in a role (with the summarize
+# tool: "+summary") or a sub-agent's
+ROW_KINDS = ("single", "single+summary", "orchestrator", "orchestrator+summary", "subagent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +68,13 @@ class TextSFTConfig:
     overlong: a demonstration with a conversation longer than its context: ``"error"``,
       or ``"skip"`` (left out; the agent job prints the count and keeps it in its summary,
       ``warm_start_data``).
-    shares: (kind, share) pairs: the expected share of each kind of row in a batch
-      (kinds ``"single"``, ``"orchestrator"``: the top agent's conversations in that role;
-      ``"subagent"``: its sub-agents'), e.g. ``(("orchestrator", 0.35), ("single", 0.35),
-      ("subagent", 0.3))`` so that an orchestrator's one conversation per demonstration is
-      not outnumbered by its sub-agents' and the serial ways' (empty: every row alike).
-      Not with ``per_role``.
+    shares: (kind, share) pairs: the expected share of each kind of row in a batch (kinds
+      :data:`ROW_KINDS`: the top agent's conversations in a way of working, ``"single"``,
+      ``"single+summary"``, ``"orchestrator"``, ...; ``"subagent"``: its sub-agents'), e.g.
+      ``(("single", 0.15), ("single+summary", 0.3), ("orchestrator", 0.3), ("subagent",
+      0.25))`` so that an orchestrator's one conversation per demonstration is not
+      outnumbered by its sub-agents' and the serial ways' (empty: every row alike). Not
+      with ``per_role``.
     """
 
     steps: int = 600
@@ -240,7 +243,8 @@ def demonstrations(task: Any, problems: list, ctx: EnvContext, rng: np.random.Ge
                              "'skip' (nothing is cut)")
         skipped += over is not None
         if over is None:
-            rows.append([(ids, mask, first, c.role if first else "subagent") for ids, mask, first in mine])
+            way = c.role + ("+summary" if c.summarize else "")
+            rows.append([(ids, mask, first, way if first else "subagent") for ids, mask, first in mine])
     if not rows:
         return None
     pad = int(ctx.chat.ids[ctx.chat.pad_token][0])
