@@ -31,9 +31,9 @@ from swarmjax.envs.widesearch import Episode, WideSearchConfig, scripted, simula
 class Demos:
     """Right-padded trajectories of one role: tokens, token_mask, loss_mask [N, T];
     ``skipped``: demonstrations left out because a conversation did not fit its context
-    (``TextSFTConfig.overlong="skip"``); ``kinds``: each row's kind [N] (the agent whose
-    conversation it is: ``"single"``, ``"orchestrator"`` or ``"subagent"``; None: not
-    recorded), ``weights``: the probability a batch draws each row [N] (None: uniform;
+    (``TextSFTConfig.overlong="skip"``); ``kinds``: each row's kind [N] (whose
+    conversation it is: a top agent's way of working, e.g. ``"single+summary"``, or
+    ``"subagent"``: ``swarmjax.train.agent.ROW_KINDS``; None: not recorded), ``weights``: the probability a batch draws each row [N] (None: uniform;
     :func:`share_weights`)."""
 
     tokens: np.ndarray
