@@ -24,7 +24,7 @@ and with the head given once (``Learner.update(head=)``, cascade attention), and
 ``--sizes 1m --batch 32 --seq 1280 --head 512``.
 
 ``--attention-blocks``: the same update (Muon) with the causal self-attention of long rows
-by query blocks (the default, ``models.transformer.ATTENTION_BLOCK``) and with one softmax
+by query blocks (the default, ``models.attention.ATTENTION_BLOCK``) and with one softmax
 over whole rows; ``blocks_speedup`` = whole / blocked step seconds (the text jobs' warm
 starts look like ``--sizes 1m --batch 16 --seq 1280``).
 
@@ -106,15 +106,15 @@ def bench_head(cfg, args) -> dict:
 
 def bench_blocks(cfg, batch: TrajectoryBatch, repeats: int) -> dict:
     """The update with attention by query blocks (default) and over whole rows."""
-    from swarmjax.models import transformer
+    from swarmjax.models import attention
 
     optim = OptimConfig(name="muon", qk_clip_tau=0.0)
     _, blocked_s = time_update(cfg, optim, batch, repeats)
-    block, transformer.ATTENTION_BLOCK = transformer.ATTENTION_BLOCK, 1 << 30    # one block: whole rows
+    block, attention.ATTENTION_BLOCK = attention.ATTENTION_BLOCK, 1 << 30    # one block: whole rows
     try:
         _, whole_s = time_update(cfg, optim, batch, repeats)
     finally:
-        transformer.ATTENTION_BLOCK = block
+        attention.ATTENTION_BLOCK = block
     return {"attention_block": block, "blocked_step_s": blocked_s, "whole_attention_step_s": whole_s,
             "blocks_speedup": whole_s / blocked_s}
 

@@ -75,15 +75,15 @@ def test_long_rows_attend_by_causal_blocks_with_the_same_outputs(tiny_cfg, tiny_
     up to the block's end (no cache: training, scoring, prefills): logits, max logits and
     the prefill's cache as one whole-row softmax gives them, with padding and an uneven
     last block."""
-    from swarmjax.models import transformer
+    from swarmjax.models import attention, transformer
 
-    monkeypatch.setattr(transformer, "ATTENTION_BLOCK", 4)
+    monkeypatch.setattr(attention, "ATTENTION_BLOCK", 4)
     tokens = jnp.asarray(rng.randint(0, tiny_cfg.vocab_size, (2, 11)))
     mask = jnp.asarray(np.arange(11)[None] < np.array([[11], [7]]))          # the second row right-padded
     blocked = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask, return_max_logits=True)
     cache = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask, cache=init_cache(tiny_cfg, 2, 12),
                                 cache_index=0).cache
-    monkeypatch.setattr(transformer, "ATTENTION_BLOCK", 64)                   # one whole-row softmax
+    monkeypatch.setattr(attention, "ATTENTION_BLOCK", 64)                   # one whole-row softmax
     whole = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask, return_max_logits=True)
     ref_cache = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask,
                                     cache=init_cache(tiny_cfg, 2, 12), cache_index=0).cache

@@ -41,19 +41,16 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
+from swarmjax.models import attention
+from swarmjax.models.attention import NEG, cascade, causal_blocks, write_slots  # noqa: F401  (write_slots re-exported)
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.moe import MoE
 from swarmjax.models.rope import (apply_rope, rope_attention_factor, rope_inv_freq,  # noqa: F401  (re-exported)
                                   rope_table, rope_tables)
 
 Array = jax.Array
-_NEG = float(np.finfo(np.float32).min)
-# queries per block of the causal self-attention of rows of 2 blocks or more
-# (:func:`_causal_blocks`; 128 was the fastest of 128 / 256 / whole rows at 16 x 1280 on a CPU)
-ATTENTION_BLOCK = 128
 _INIT = nn.initializers.normal(stddev=0.02)
 
 
@@ -158,8 +155,8 @@ class Attention(nn.Module):
         # run without transposing the cache (b-t-k einsum outputs were ~7x slower).
         qg = (q.reshape(B, T, K, G, H) * jnp.asarray(H ** -0.5, dt)).transpose(0, 2, 3, 1, 4)
         keys, values = k.swapaxes(1, 2), v.swapaxes(1, 2)                 # [B, K, T, H]
-        if cache_k is None and prefix_k is None and T >= 2 * ATTENTION_BLOCK:   # long rows: by query blocks
-            out, max_logit = _causal_blocks(qg, keys, values, mask, dt, self.want_max)
+        if cache_k is None and prefix_k is None and T >= 2 * attention.ATTENTION_BLOCK:   # long rows: by query blocks
+            out, max_logit = causal_blocks(qg, keys, values, mask, dt, self.want_max)
         else:
             if cache_k is None:
                 logits = jnp.einsum("BKGTH,BKSH->BKGTS", qg, keys.astype(dt),
@@ -170,13 +167,13 @@ class Attention(nn.Module):
                 values = write_slots(cache_v, values.astype(cache_v.dtype), cache_index)  # [B, K, S, H]
                 logits = jnp.einsum("BKGTH,BKHS->BKGTS", qg, keys.astype(dt),
                                     preferred_element_type=jnp.float32)      # [B, K, G, T, S]
-            logits = jnp.where(mask[:, None, None], logits, _NEG)
+            logits = jnp.where(mask[:, None, None], logits, NEG)
             if prefix_k is None:
                 max_logit = logits.max(axis=(0, 3, 4)).reshape(N) if self.want_max else None  # [N]
                 probs = jax.nn.softmax(logits, axis=-1).astype(dt)
                 out = jnp.einsum("BKGTS,BKSH->BKGTH", probs, values.astype(dt))  # [B, K, G, T, H]
             else:
-                out, max_logit = _cascade(qg, logits, values, prefix_k, prefix_v, prefix_mask, dt, self.want_max)
+                out, max_logit = cascade(qg, logits, values, prefix_k, prefix_v, prefix_mask, dt, self.want_max)
         out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
         # "BTNH,NHD->BTD", contracting N then H as they are laid out (jnp.einsum orders
         # contracted letters alphabetically, H before N: XLA then transposes both operands)
@@ -184,77 +181,6 @@ class Attention(nn.Module):
         if cfg.has_o_bias:
             y = y + _param(self, "o_bias", (D,), ("embed",), nn.initializers.zeros).astype(dt)
         return y, keys, values, max_logit
-
-
-def _causal_blocks(qg, keys, values, mask, dt, want_max):
-    """Causal self-attention :data:`ATTENTION_BLOCK` queries at a time: block ``[t0, t1)``
-    attends over keys ``[0, t1)`` only (the keys after it are masked for all of its
-    queries), so the [T, T] logits are never held at once and the upper blocks are never
-    computed: ~T^2 / 2 instead of T^2 scores, and each block's logits stay in cache. The
-    same outputs as one softmax over the whole masked row (``mask [B, T, T]`` must be
-    causal, as :func:`forward`'s is without a cache).
-
-    qg [B, K, G, T, H] (scaled queries), keys, values [B, K, T, H]. Returns out
-    [B, K, G, T, H] and the max masked logit per head [N] (or None)."""
-    B, K, G, T, H = qg.shape
-    outs, maxes = [], []
-    for t0 in range(0, T, ATTENTION_BLOCK):
-        t1 = min(t0 + ATTENTION_BLOCK, T)
-        logits = jnp.einsum("BKGTH,BKSH->BKGTS", qg[:, :, :, t0:t1], keys[:, :, :t1].astype(dt),
-                            preferred_element_type=jnp.float32)                  # [B, K, G, t1 - t0, t1]
-        logits = jnp.where(mask[:, None, None, t0:t1, :t1], logits, _NEG)
-        if want_max:
-            maxes.append(logits.max(axis=(0, 3, 4)))                                # [K, G]
-        probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-        outs.append(jnp.einsum("BKGTS,BKSH->BKGTH", probs, values[:, :, :t1].astype(dt)))
-    max_logit = jnp.max(jnp.stack(maxes), axis=0).reshape(K * G) if want_max else None
-    return jnp.concatenate(outs, axis=3), max_logit
-
-
-def _cascade(qg, logits, values, prefix_k, prefix_v, prefix_mask, dt, want_max):
-    """Attention over a shared prefix and the rows' own keys in one softmax, merged by
-    log-sum-exp instead of concatenating the logits (which cost 2.5x in a prefill).
-
-    qg [B, K, G, T, H] (scaled queries), logits [B, K, G, T, S] (own keys, masked),
-    values [B, K, S, H], prefix_k [K, H, P], prefix_v [K, P, H], prefix_mask [B, T, P].
-    The prefix part runs kv-head-major ([K, B*G*T, H] x [K, H, P]): one matmul per kv
-    head for the whole batch, the prefix read once. Returns out [B, K, G, T, H] and the
-    max logit per head [N] (or None)."""
-    B, K, G, T, H = qg.shape
-    P = prefix_k.shape[-1]
-    q = qg.transpose(1, 0, 2, 3, 4).reshape(K, B * G * T, H)
-    shared = jnp.einsum("KMH,KHP->KMP", q, prefix_k.astype(dt),
-                        preferred_element_type=jnp.float32).reshape(K, B, G, T, P)
-    shared = jnp.where(prefix_mask[None, :, None], shared, _NEG)                      # [K, B, G, T, P]
-    m = jnp.maximum(shared.max(-1).transpose(1, 0, 2, 3), logits.max(-1))              # [B, K, G, T]
-    e_own = jnp.exp(logits - m[..., None])
-    e_shared = jnp.exp(shared - m.transpose(1, 0, 2, 3)[..., None])
-    denom = e_own.sum(-1) + e_shared.sum(-1).transpose(1, 0, 2, 3)                     # [B, K, G, T]
-    out_shared = jnp.einsum("KMP,KPH->KMH", e_shared.reshape(K, B * G * T, P).astype(dt), prefix_v.astype(dt))
-    out = jnp.einsum("BKGTS,BKSH->BKGTH", e_own.astype(dt), values.astype(dt)) + \
-        out_shared.reshape(K, B, G, T, H).transpose(1, 0, 2, 3, 4)
-    max_logit = m.max(axis=(0, 3)).reshape(K * G) if want_max else None
-    return out / denom[..., None].astype(dt), max_logit
-
-
-def write_slots(buf: Array, new: Array, index: Array, axis: int = -2) -> Array:
-    """Write a chunk into a cache buffer along its slot axis (``axis``, negative).
-
-    buf [B, ..., S, H], new [B, ..., T, H] (``axis=-2``; or [B, ..., H, S] and
-    [B, ..., H, T] with ``axis=-1``); index: a scalar slot for every row, or [B]
-    per-row slots (rows of a swarm rollout advance at different rates).
-    """
-    def start(ndim, i):
-        at = [0] * ndim
-        at[ndim + axis] = i
-        return tuple(at)
-
-    if jnp.ndim(index) == 0:
-        return lax.dynamic_update_slice(buf, new, start(buf.ndim, index))
-    # vmap of dynamic_update_slice stays in place inside a decode loop (measured on
-    # XLA:CPU: as fast as one shared slot); a one-hot select or ``.at[].set`` rewrote
-    # the whole buffer every step (2x slower per swarm tick).
-    return jax.vmap(lambda b, n, i: lax.dynamic_update_slice(b, n, start(b.ndim, i)))(buf, new, index)
 
 
 class MLP(nn.Module):
