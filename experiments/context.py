@@ -62,7 +62,6 @@ COLUMNS = (("accuracy", "item-F1", min, "{:.3f}"), ("context_ended", "ran out of
            ("critical_steps", "critical steps", max, "{:.1f}"), ("peak_context", "peak context", max, "{:.0f}"),
            ("delegated", "delegated", min, "{:.2f}"), ("return_f1", "sub-agents' return F1", min, "{:.3f}"),
            ("copy_fidelity", "copy fidelity", min, "{:.3f}"), ("compactions", "compactions", max, "{:.1f}"))
-CURVES = ("accuracy", "critical_steps", "subagents", "reward")
 
 
 def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
@@ -157,9 +156,8 @@ def run_seed(seed: int, args) -> dict:
 
 
 def _cell(results: list[dict], table: str, arm: str, n: int, key: str, worst, fmt: str) -> str:
-    xs = [r[table][arm][str(n)].get(key, float("nan")) for r in results]
-    xs = [x for x in xs if not math.isnan(x)]
-    return f"{fmt.format(sum(xs) / len(xs))} ({fmt.format(worst(xs))})" if xs else "-"
+    xs = [x for r in results if not math.isnan(x := r[table][arm][str(n)].get(key, float("nan")))]
+    return f"{fmt.format(_mean(xs))} ({fmt.format(worst(xs))})" if xs else "-"
 
 
 def _tables(results: list[dict], table: str, sizes: list[int]) -> list[str]:
@@ -248,8 +246,8 @@ def main() -> None:
     args = p.parse_args()
     if args.warm_only:
         args.no_report = True
-    own = ["--sizes", *map(str, args.sizes), "--needle-sizes", *map(str, args.needle_sizes), "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps),
-           *(["--warm-only"] if args.warm_only else [])]
+    own = ["--sizes", *map(str, args.sizes), "--needle-sizes", *map(str, args.needle_sizes),
+           "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps), *(["--warm-only"] if args.warm_only else [])]
     run_and_report(__file__, args, run_seed, report, own)
 
 

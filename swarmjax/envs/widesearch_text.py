@@ -187,9 +187,10 @@ class WideSearchText(TaskNames):
                                                  {"role": "user", "content": self.question(ep)}],
                             verify=self.answer_terms, per_turn={"lookup": 1}, summarize=summarize)
 
-    def answer_terms(self, ep: Episode, answer: str) -> dict[str, float]:
-        """Item-F1 of the answer (``r_perf``) and its pair counts."""
-        correct, answered, truth = score(ep, self.parse_pairs(answer))
+    def answer_terms(self, ep: Episode, answer: str | list[tuple[int, int]]) -> dict[str, float]:
+        """Item-F1 of the answer (its text, or its pairs already read) (``r_perf``) and its
+        pair counts."""
+        correct, answered, truth = score(ep, self.parse_pairs(answer) if isinstance(answer, str) else answer)
         return {"r_perf": float(item_f1(correct, answered, truth, True)), "correct": correct,
                 "answered": answered, "truth": truth}
 
@@ -200,8 +201,8 @@ class WideSearchText(TaskNames):
         assigned = [self.mentioned(prompt) for _, prompt in orch.history]
         returned = [pair for text in orch.answers for pair in self.parse_pairs(text)]
         counts = delegation_counts(ep.task, assigned, (e for e, _ in returned))
-        return {**self.answer_terms(ep, answer), **counts,
-                **handoff_counts(ep, assigned, returned, self.parse_pairs(answer))}
+        pairs = self.parse_pairs(answer)
+        return {**self.answer_terms(ep, pairs), **counts, **handoff_counts(ep, assigned, returned, pairs)}
 
     # ---------------------------------------------------------------- scripted policies
 

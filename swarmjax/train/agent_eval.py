@@ -118,13 +118,8 @@ def mean_figures(per_episode: dict[str, np.ndarray]) -> dict[str, float]:
     """The mean over episodes of each figure (float32, reduced by XLA as an on-device
     mean is: the token engine's figures are those it reported on the device);
     :data:`HANDOFF_FIGURES` over the episodes that have them (nan when none has)."""
-    def mean(k, v):
-        v = jnp.asarray(v, jnp.float32)
-        if k not in HANDOFF_FIGURES:
-            return float(jnp.mean(v))
-        has = ~jnp.isnan(v)
-        return float(jnp.sum(jnp.where(has, v, 0.0)) / jnp.sum(has)) if bool(has.any()) else float("nan")
-    return {k: mean(k, v) for k, v in per_episode.items()}
+    return {k: float((jnp.nanmean if k in HANDOFF_FIGURES else jnp.mean)(jnp.asarray(v, jnp.float32)))
+            for k, v in per_episode.items()}
 
 
 def rollout_figures(res: TextRolloutResult) -> dict[str, float]:
