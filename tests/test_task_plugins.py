@@ -328,7 +328,8 @@ def test_handoff_figures_say_which_stage_lost_the_items():
 
 def test_row_shares_draw_each_kind_of_row_as_asked():
     """sft.shares: rows drawn so that each kind makes up its share of a batch, however many
-    rows of each kind the demonstrations hold; a kind without a share (or a share without
+    rows of each kind the demonstrations hold, in mixed batches or batches of one length
+    (sft.by_length); a kind without a share (or a share without
     rows) and a bad config are one-line errors."""
     from swarmjax.train.agent import TextSFTConfig
     from swarmjax.train.demos import Demos, share_weights
@@ -342,6 +343,17 @@ def test_row_shares_draw_each_kind_of_row_as_asked():
     draw, rng = RoleRows(d, 64, 4).sampler(), np.random.default_rng(0)
     drawn = np.concatenate([draw(rng)[0][:, 0] for _ in range(200)])
     assert np.mean(kinds[drawn] == "orchestrator") == pytest.approx(0.4, abs=0.02)
+    # by length (sft.by_length): each batch from one length bucket, each kind still at its share
+    lengths = np.where(kinds == "subagent", 2, 8)[:, None]
+    tokens = np.arange(100, dtype=np.int32)[:, None].repeat(8, 1)
+    d = Demos(tokens, np.arange(8)[None] < lengths, np.ones_like(tokens, bool), kinds=kinds, weights=w)
+    draw = RoleRows(d, 64, 2, bucketed=True).sampler()
+    batches = [draw(rng)[0] for _ in range(400)]
+    assert all(len(set(kinds[b[:, 0]] == "subagent")) == 1 for b in batches)    # one bucket a batch
+    assert {b.shape[1] for b in batches} == {2, 8}                               # cut to its length
+    drawn = np.concatenate([b[:, 0] for b in batches])
+    assert np.mean(kinds[drawn] == "orchestrator") == pytest.approx(0.4, abs=0.04)
+    assert np.mean(kinds[drawn] == "subagent") == pytest.approx(0.3, abs=0.04)
     with pytest.raises(ValueError, match="give a share to each kind"):
         share_weights(kinds, {"orchestrator": 0.5, "single": 0.5})
     with pytest.raises(ValueError, match="sft.shares"):

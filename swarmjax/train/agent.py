@@ -75,6 +75,13 @@ class TextSFTConfig:
       0.25))`` so that an orchestrator's one conversation per demonstration is not
       outnumbered by its sub-agents' and the serial ways' (empty: every row alike). Not
       with ``per_role``.
+    by_length: each batch's rows from one length bucket (a multiple of ``bucket``), the
+      bucket and its rows drawn so that every row is as likely as in a mixed batch
+      (:func:`~swarmjax.train.sft.sample_bucketed`): rows of mixed lengths (sub-agents'
+      short conversations beside an orchestrator's long one) are not all padded to the
+      longest, for fewer ids a step (one compiled step per bucket length). The loss is
+      still each batch's mean over its ids, so a short batch's ids weigh more than in a
+      mixed one.
     """
 
     steps: int = 600
@@ -86,6 +93,7 @@ class TextSFTConfig:
     overlong: str = "error"
     per_role: bool = False
     shares: tuple[tuple[str, float], ...] = ()
+    by_length: bool = False
 
     def __post_init__(self):
         if min(self.steps, self.batch, self.demos, self.bucket) < 1:
@@ -305,8 +313,8 @@ def warm_start(params: Any, cfg: ModelConfig, data: Demos | tuple[Demos, Demos],
     rng = np.random.default_rng(seed)
     if not scfg.per_role:
         params, opt_state, step = sft_step(params, cfg, scfg.optim, roles=("agent",), mesh=mesh)
-        return warm_start_loop(params, step, opt_state, (RoleRows(data, scfg.batch, scfg.bucket),), scfg.steps,
-                               rng, on_step, mesh=mesh)
+        rows = RoleRows(data, scfg.batch, scfg.bucket, bucketed=scfg.by_length)
+        return warm_start_loop(params, step, opt_state, (rows,), scfg.steps, rng, on_step, mesh=mesh)
     orch, work = data
     heads = tuple(jnp.asarray(d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]) for d in (orch, work))
     params, opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads, mesh=mesh)

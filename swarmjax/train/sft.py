@@ -152,14 +152,24 @@ def length_buckets(demos: Demos, width: int) -> dict[int, np.ndarray]:
     return {int(L): np.flatnonzero(rounded == L) for L in np.unique(rounded)}
 
 
-def sample_bucketed(buckets: dict[int, np.ndarray], batch: int, rng: np.random.Generator
-                    ) -> tuple[np.ndarray, int]:
-    """``batch`` indices from one bucket, the bucket picked with probability proportional
-    to its size (every demonstration equally likely overall). Returns (indices, length)."""
+def sample_bucketed(buckets: dict[int, np.ndarray], batch: int, rng: np.random.Generator,
+                    weights: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """``batch`` indices from one bucket. Without ``weights`` [N] the bucket is picked with
+    probability proportional to its size (every demonstration equally likely overall);
+    with them, P(bucket) = sum of its rows' weights and P(row | bucket) = w_row / that sum,
+    so each draw picks row i with probability w_i as an ungrouped draw does. Returns
+    (indices, length)."""
     lengths = sorted(buckets)
-    sizes = np.array([len(buckets[L]) for L in lengths], np.float64)
-    L = lengths[rng.choice(len(lengths), p=sizes / sizes.sum())]
-    return buckets[L][rng.integers(0, len(buckets[L]), batch)], L
+    if weights is None:
+        mass = np.array([len(buckets[L]) for L in lengths], np.float64)
+    else:
+        mass = np.array([weights[buckets[L]].sum() for L in lengths], np.float64)
+    L = lengths[rng.choice(len(lengths), p=mass / mass.sum())]
+    rows = buckets[L]
+    if weights is None:
+        return rows[rng.integers(0, len(rows), batch)], L
+    w = weights[rows].astype(np.float64)
+    return rows[rng.choice(len(rows), batch, p=w / w.sum())], L
 
 
 def evaluate(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, batch: int = 64) -> dict[str, float]:
@@ -241,8 +251,8 @@ class RoleRows:
     step draws its batch of ``batch`` rows [B, T] from ``demos``:
 
     - ``bucketed``: the rows grouped by length rounded up to a multiple of ``bucket``
-      (:func:`length_buckets`), a batch from one group (:func:`sample_bucketed`) cut to its
-      length;
+      (:func:`length_buckets`), a batch from one group (:func:`sample_bucketed`, each row
+      as likely as ungrouped: by ``demos.weights`` when set) cut to its length;
     - else rows drawn uniformly (or by ``demos.weights``), cut to the batch's longest row
       rounded up to a multiple of ``bucket`` (a ``bucket`` of at least the padded length:
       the whole width).
@@ -263,7 +273,7 @@ class RoleRows:
             buckets = length_buckets(d, self.bucket)
 
             def draw(rng):
-                idx, L = sample_bucketed(buckets, self.batch, rng)
+                idx, L = sample_bucketed(buckets, self.batch, rng, d.weights)
                 return tuple(x[idx, P:L] for x in (d.tokens, d.token_mask, d.loss_mask))
             return draw
         rounded = np.minimum(-(-d.token_mask.sum(1) // self.bucket) * self.bucket, d.tokens.shape[1])
