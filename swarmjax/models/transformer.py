@@ -46,6 +46,8 @@ from jax import lax
 from swarmjax.models import attention
 from swarmjax.models.attention import NEG, cascade, causal_blocks, write_slots  # noqa: F401  (write_slots re-exported)
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.lora import LoraConfig, delta
+from swarmjax.models.lora import attach as attach_lora
 from swarmjax.models.moe import MoE
 from swarmjax.models.rope import (apply_rope, rope_attention_factor, rope_inv_freq,  # noqa: F401  (re-exported)
                                   rope_table, rope_tables)
@@ -95,6 +97,17 @@ def _param(module: nn.Module, name: str, shape, logical, init=_INIT):
                         module.cfg.jnp_param_dtype)
 
 
+def _adapted(module: nn.Module, name: str, x: Array, y: Array, adapter: Array | None) -> Array:
+    """``y`` (= x W of weight ``name``) plus the row's LoRA update when the params carry
+    an adapter of ``name`` (:mod:`swarmjax.models.lora`: ``name_lora_a`` / ``_b``)."""
+    lora = module.lora
+    if lora is None or not module.has_variable("params", f"{name}_lora_a"):
+        return y
+    a, b = (module.get_variable("params", f"{name}_lora_{ab}") for ab in "ab")
+    key = module.make_rng("lora") if lora.dropout > 0 and module.has_rng("lora") else None
+    return y + delta(x, a, b, adapter, lora.scale, dropout=lora.dropout, key=key)
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * scale, computed in float32."""
 
@@ -125,10 +138,11 @@ class Attention(nn.Module):
 
     cfg: ModelConfig
     want_max: bool = False
+    lora: LoraConfig | None = None
 
     @nn.compact
     def __call__(self, x, cos, sin, mask, cache_k=None, cache_v=None, cache_index=None,
-                 prefix_k=None, prefix_v=None, prefix_mask=None):
+                 prefix_k=None, prefix_v=None, prefix_mask=None, adapter=None):
         cfg = self.cfg
         dt = cfg.jnp_dtype
         B, T, D = x.shape
@@ -137,9 +151,9 @@ class Attention(nn.Module):
         wk = _param(self, "k_proj", (D, K, H), ("embed", "kv_heads", "head_dim"))
         wv = _param(self, "v_proj", (D, K, H), ("embed", "kv_heads", "head_dim"))
         wo = _param(self, "o_proj", (N, H, D), ("heads", "head_dim", "embed"))
-        q = jnp.einsum("BTD,DNH->BTNH", x, wq.astype(dt))   # [B, T, N, H]
-        k = jnp.einsum("BTD,DKH->BTKH", x, wk.astype(dt))   # [B, T, K, H]
-        v = jnp.einsum("BTD,DKH->BTKH", x, wv.astype(dt))   # [B, T, K, H]
+        q = _adapted(self, "q_proj", x, jnp.einsum("BTD,DNH->BTNH", x, wq.astype(dt)), adapter)   # [B, T, N, H]
+        k = _adapted(self, "k_proj", x, jnp.einsum("BTD,DKH->BTKH", x, wk.astype(dt)), adapter)   # [B, T, K, H]
+        v = _adapted(self, "v_proj", x, jnp.einsum("BTD,DKH->BTKH", x, wv.astype(dt)), adapter)   # [B, T, K, H]
         if cfg.attention_bias:
             zeros = nn.initializers.zeros
             q = q + _param(self, "q_bias", (N, H), ("heads", "head_dim"), zeros).astype(dt)
@@ -177,7 +191,8 @@ class Attention(nn.Module):
         out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
         # "BTNH,NHD->BTD", contracting N then H as they are laid out (jnp.einsum orders
         # contracted letters alphabetically, H before N: XLA then transposes both operands)
-        y = lax.dot_general(out, wo.astype(dt), (((2, 3), (0, 1)), ((), ())))          # [B, T, D]
+        y = _adapted(self, "o_proj", out, lax.dot_general(out, wo.astype(dt), (((2, 3), (0, 1)), ((), ()))),
+                     adapter)                                                        # [B, T, D]
         if cfg.has_o_bias:
             y = y + _param(self, "o_bias", (D,), ("embed",), nn.initializers.zeros).astype(dt)
         return y, keys, values, max_logit
@@ -187,15 +202,17 @@ class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     cfg: ModelConfig
+    lora: LoraConfig | None = None
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, adapter=None):
         dt, D, F = self.cfg.jnp_dtype, self.cfg.hidden_size, self.cfg.intermediate_size
         gate = _param(self, "gate_proj", (D, F), ("embed", "mlp"))
         up = _param(self, "up_proj", (D, F), ("embed", "mlp"))
         down = _param(self, "down_proj", (F, D), ("mlp", "embed"))
-        h = jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt))   # [B, T, F]
-        return h @ down.astype(dt)
+        h = jax.nn.silu(_adapted(self, "gate_proj", x, x @ gate.astype(dt), adapter)) * \
+            _adapted(self, "up_proj", x, x @ up.astype(dt), adapter)                  # [B, T, F]
+        return _adapted(self, "down_proj", h, h @ down.astype(dt), adapter)
 
 
 class Block(nn.Module):
@@ -207,18 +224,20 @@ class Block(nn.Module):
     cfg: ModelConfig
     want_max: bool = False
     sharding: Any = None
+    lora: LoraConfig | None = None
 
     @nn.compact
     def __call__(self, x, cos, sin, mask, cache_k=None, cache_v=None, cache_index=None,
-                 prefix_k=None, prefix_v=None, prefix_mask=None):
+                 prefix_k=None, prefix_v=None, prefix_mask=None, adapter=None):
         h = RMSNorm(self.cfg, name="input_norm")(x)
         with jax.named_scope("attention"):
-            a, k, v, max_logit = Attention(self.cfg, self.want_max, name="attn")(
-                h, cos, sin, mask, cache_k, cache_v, cache_index, prefix_k, prefix_v, prefix_mask)
+            a, k, v, max_logit = Attention(self.cfg, self.want_max, self.lora, name="attn")(
+                h, cos, sin, mask, cache_k, cache_v, cache_index, prefix_k, prefix_v, prefix_mask, adapter)
         x = x + a
-        mlp = MoE(self.cfg, self.sharding, name="mlp") if self.cfg.is_moe else MLP(self.cfg, name="mlp")
+        h = RMSNorm(self.cfg, name="post_attn_norm")(x)
         with jax.named_scope("mlp"):
-            x = x + mlp(RMSNorm(self.cfg, name="post_attn_norm")(x))
+            x = x + (MoE(self.cfg, self.sharding, name="mlp")(h) if self.cfg.is_moe else
+                     MLP(self.cfg, self.lora, name="mlp")(h, adapter))
         return x, k, v, max_logit
 
 
@@ -377,7 +396,9 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             rope_table: tuple[Array, Array] | None = None,
             prefix: KVCache | None = None, prefix_rows: Array | None = None,
             remat: str = "none", activation_sharding: Any = None,
-            return_hidden: bool = False) -> ForwardOutput:
+            return_hidden: bool = False, lora: dict[str, Any] | None = None,
+            lora_config: LoraConfig | None = None, adapter: Array | None = None,
+            lora_key: Array | None = None) -> ForwardOutput:
     """Run the decoder.
 
     Args:
@@ -422,6 +443,13 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
       return_hidden: static; return the final-normed hidden state [B, T, D] instead of
         logits (the head is not applied): a learner computes log-probs from it a chunk
         of positions at a time (:func:`swarmjax.rl.losses.chunked_token_logprobs`).
+      lora: optional LoRA adapters (:func:`swarmjax.models.lora.init_lora`: per target
+        a [L, A, in..., R], b [L, A, R, out...]) over the frozen ``params``, with
+        ``lora_config`` (static: rank, alpha, dropout): each targeted map computes
+        x W + (alpha / R) (x A_i) B_i.
+      adapter: [B] int, the adapter of each row (-1: the bare base); None: adapter 0
+        for every row.
+      lora_key: a PRNG key for the adapters' dropout (training); None: no dropout.
 
     Returns:
       :class:`ForwardOutput` with float32 logits [B, T, V] ([B, n, V] with ``logits_to_keep=n``).
@@ -438,18 +466,26 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
     else:
         cos, sin = (jnp.take(t, positions, axis=0, mode="fill") for t in rope_table)
     mask_new = token_mask[:, None, :] & jnp.tril(jnp.ones((T, T), bool))[None]   # [B, T, T]
-    block = Block(cfg, return_max_logits, activation_sharding)
+    if lora is not None:
+        if lora_config is None:
+            raise ValueError("forward(lora=...) needs lora_config (its rank, alpha and dropout)")
+        params = {**params, "layers": _with_lora(params["layers"], lora)}
+    block = Block(cfg, return_max_logits, activation_sharding, lora_config if lora is not None else None)
+    rngs = lambda l: {} if lora_key is None else {"rngs": {"lora": jax.random.fold_in(lora_key, l)}}
+    layer_ids = jnp.arange(cfg.num_layers)
 
     if cache is None:
         if prefix is not None:
             raise ValueError("forward(prefix=...) needs a cache (the rows' own slots after the prefix)")
 
-        def body(x, layer_params):
-            x, _, _, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask_new)
+        def body(x, layer):
+            layer_params, l = layer
+            x, _, _, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask_new, adapter=adapter,
+                                             **rngs(l))
             return pin(x), max_logit
         if remat != "none":
             body = jax.checkpoint(body, policy=remat_policy(remat), prevent_cse=False)   # inside scan: no CSE guard
-        x, max_logits = lax.scan(body, x, params["layers"])                # max_logits [L, N]
+        x, max_logits = lax.scan(body, x, (params["layers"], layer_ids))   # max_logits [L, N]
         new_cache = None
     else:
         empty = isinstance(cache_index, int) and cache_index == 0
@@ -470,10 +506,12 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             # A prefill on a mesh over stacked weights: one layer at a time under lax.scan,
             # each layer's weights gathered inside its step (unrolled, XLA issued every
             # layer's FSDP all-gather at once: the whole model on each device).
-            def body(x, layer_params):
-                x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask, None, None, index)
+            def body(x, layer):
+                layer_params, l = layer
+                x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask, None, None, index,
+                                                 adapter=adapter, **rngs(l))
                 return pin(x), (k, v, max_logit)
-            x, (ks, vs, stacked_max) = lax.scan(body, x, layers)          # ks, vs [L, B, K, T, H]
+            x, (ks, vs, stacked_max) = lax.scan(body, x, (layers, layer_ids))   # ks, vs [L, B, K, T, H]
             layers, maxes = (), [] if stacked_max is None else list(stacked_max)
             new_k = [lax.dynamic_update_slice(c, k.swapaxes(2, 3).astype(c.dtype), (0, 0, 0, 0))
                      for c, k in zip(cache.k, ks)]
@@ -482,7 +520,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             ck, cv = (None, None) if empty else (cache.k[l], cache.v[l])
             shared = () if prefix is None else (prefix.k[l][0], prefix.v[l][0], prefix_mask)
             x, k, v, max_logit = block.apply({"params": layer_params}, x, cos, sin, mask,
-                                             ck, cv, index, *shared)
+                                             ck, cv, index, *shared, adapter=adapter, **rngs(l))
             if empty:
                 k = lax.dynamic_update_slice(cache.k[l], k.swapaxes(2, 3).astype(cache.k[l].dtype),
                                              (0, 0, 0, 0))
@@ -502,6 +540,14 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
         return ForwardOutput(logits=None, cache=new_cache, max_logits=max_logits, hidden=x)
     logits = jnp.einsum("BTD,DV->BTV", x, output_head(params).astype(dt), preferred_element_type=jnp.float32)
     return ForwardOutput(logits=logits.astype(jnp.float32), cache=new_cache, max_logits=max_logits)
+
+
+def _with_lora(layers: Any, lora: dict[str, Any]) -> Any:
+    """``layers`` (stacked, or a tuple of per-layer trees) with ``lora``'s adapters beside
+    their weights (:func:`swarmjax.models.lora.attach`), sliced per layer for a tuple."""
+    if isinstance(layers, (list, tuple)):
+        return tuple(attach_lora(lp, jax.tree.map(lambda a, l=l: a[l], lora)) for l, lp in enumerate(layers))
+    return attach_lora(layers, lora)
 
 
 def forward_after_head(params: dict[str, Any], cfg: ModelConfig, head: Array, tokens: Array, *,
@@ -535,4 +581,4 @@ def output_head(params: dict[str, Any]) -> Array:
 
 # ``forward`` compiled once per (config, shapes): for callers outside their own jit.
 forward_jit = jax.jit(forward, static_argnums=1, static_argnames=("return_max_logits", "logits_to_keep", "remat", "activation_sharding",
-                                                   "return_hidden"))
+                                                   "return_hidden", "lora_config"))
