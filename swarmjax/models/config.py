@@ -43,6 +43,59 @@ class YarnScaling:
                              f"got {self.original_max_position_embeddings!r}")
 
 
+# target -> (module, its input dims, its output dims) as names of ModelConfig sizes
+LORA_TARGETS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "q_proj": ("attn", ("hidden_size",), ("num_heads", "head_dim")),
+    "k_proj": ("attn", ("hidden_size",), ("num_kv_heads", "head_dim")),
+    "v_proj": ("attn", ("hidden_size",), ("num_kv_heads", "head_dim")),
+    "o_proj": ("attn", ("num_heads", "head_dim"), ("hidden_size",)),
+    "gate_proj": ("mlp", ("hidden_size",), ("intermediate_size",)),
+    "up_proj": ("mlp", ("hidden_size",), ("intermediate_size",)),
+    "down_proj": ("mlp", ("intermediate_size",), ("hidden_size",)),
+}
+LORA_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+LORA_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters of rank ``rank`` on the ``targets`` (weight names of the model's
+    attention and MLP: :data:`LORA_TARGETS`), scaled by ``alpha / rank``; ``dropout``: the
+    probability of dropping each input of an adapter's path in training (the base path
+    keeps all of them), as PEFT's ``lora_dropout``."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = LORA_ATTENTION + LORA_MLP
+
+    def __post_init__(self):
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"lora.rank must be an int >= 1, got {self.rank!r}")
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
+        unknown = [t for t in self.targets if t not in LORA_TARGETS]
+        if not self.targets or unknown or len(set(self.targets)) < len(self.targets):
+            raise ValueError(f"lora.targets: distinct names of the model's linear maps, one or more of "
+                             f"{', '.join(LORA_TARGETS)}; got {self.targets!r}" +
+                             (f" ({', '.join(map(repr, unknown))} matches no module)" if unknown else ""))
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def check(self, cfg: "ModelConfig") -> None:
+        """A one-line error for targets this model cannot carry (a mixture of experts has
+        no dense MLP weights: its experts are not LoRA targets yet)."""
+        dense = [t for t in self.targets if LORA_TARGETS[t][0] == "mlp"]
+        if cfg.is_moe and dense:
+            raise ValueError(f"lora.targets {dense}: this model's MLP is a mixture of experts, whose "
+                             f"experts take no adapters yet; target {', '.join(LORA_ATTENTION)}")
+
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture of a Qwen3-style decoder.
@@ -86,6 +139,9 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     expert_capacity: float = 2.0
+    # LoRA adapters over the frozen weights (swarmjax.models.lora): the params then hold
+    # them under "lora", and every forward adds them (the base takes no gradient)
+    lora: LoraConfig | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -112,6 +168,8 @@ class ModelConfig:
                                  f"got {self.moe_intermediate_size!r}")
             if self.expert_capacity < 0:
                 raise ValueError(f"ModelConfig.expert_capacity must be >= 0, got {self.expert_capacity!r}")
+        if self.lora is not None:
+            self.lora.check(self)
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"ModelConfig.rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
         if self.rope_type == "llama3" and not (isinstance(self.rope_scaling, tuple)
@@ -189,7 +247,7 @@ class ModelConfig:
 
 
 _REPR_IF_SET = ("o_bias", "num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
-                "expert_capacity")
+                "expert_capacity", "lora")
 
 
 # Named presets. The ~1M and ~30M sizes are the benchmark sizes of bench/sampler.py.

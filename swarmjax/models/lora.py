@@ -29,68 +29,16 @@ weights). Dimension letters as in :mod:`swarmjax.models.transformer`; A adapters
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from swarmjax.models.config import ModelConfig
+from swarmjax.models.config import LORA_TARGETS as TARGETS
+from swarmjax.models.config import LoraConfig, ModelConfig  # noqa: F401  (re-exported)
 
 Array = jax.Array
-
-# target -> (module, its input dims, its output dims) as names of ModelConfig sizes
-TARGETS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "q_proj": ("attn", ("hidden_size",), ("num_heads", "head_dim")),
-    "k_proj": ("attn", ("hidden_size",), ("num_kv_heads", "head_dim")),
-    "v_proj": ("attn", ("hidden_size",), ("num_kv_heads", "head_dim")),
-    "o_proj": ("attn", ("num_heads", "head_dim"), ("hidden_size",)),
-    "gate_proj": ("mlp", ("hidden_size",), ("intermediate_size",)),
-    "up_proj": ("mlp", ("hidden_size",), ("intermediate_size",)),
-    "down_proj": ("mlp", ("intermediate_size",), ("hidden_size",)),
-}
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP = ("gate_proj", "up_proj", "down_proj")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraConfig:
-    """Low-rank adapters of rank ``rank`` on the ``targets`` (weight names of the model's
-    attention and MLP: :data:`TARGETS`), scaled by ``alpha / rank``; ``dropout``: the
-    probability of dropping each input of an adapter's path in training (the base path
-    keeps all of them), as PEFT's ``lora_dropout``."""
-
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: tuple[str, ...] = ATTENTION + MLP
-
-    def __post_init__(self):
-        if not isinstance(self.rank, int) or self.rank < 1:
-            raise ValueError(f"lora.rank must be an int >= 1, got {self.rank!r}")
-        if not self.alpha > 0:
-            raise ValueError(f"lora.alpha must be > 0, got {self.alpha!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
-        unknown = [t for t in self.targets if t not in TARGETS]
-        if not self.targets or unknown or len(set(self.targets)) < len(self.targets):
-            raise ValueError(f"lora.targets: distinct names of the model's linear maps, one or more of "
-                             f"{', '.join(TARGETS)}; got {self.targets!r}" +
-                             (f" ({', '.join(map(repr, unknown))} matches no module)" if unknown else ""))
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
-    def check(self, cfg: ModelConfig) -> None:
-        """A one-line error for targets this model cannot carry (a mixture of experts has
-        no dense MLP weights: its experts are not LoRA targets yet)."""
-        dense = [t for t in self.targets if TARGETS[t][0] == "mlp"]
-        if cfg.is_moe and dense:
-            raise ValueError(f"lora.targets {dense}: this model's MLP is a mixture of experts, whose "
-                             f"experts take no adapters yet; target {', '.join(ATTENTION)}")
-
 
 def target_shapes(cfg: ModelConfig, target: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(in dims, out dims) of ``target``'s weight in ``cfg``."""
@@ -98,11 +46,14 @@ def target_shapes(cfg: ModelConfig, target: str) -> tuple[tuple[int, ...], tuple
     return tuple(getattr(cfg, n) for n in ins), tuple(getattr(cfg, n) for n in outs)
 
 
-def init_lora(cfg: ModelConfig, lcfg: LoraConfig, key: Array, *, adapters: int = 1,
-              dtype: Any = jnp.float32) -> dict[str, Any]:
-    """``adapters`` fresh adapters of every target (module docstring: a [L, A, in..., R]
-    uniform in +-1/sqrt(fan_in), b [L, A, R, out...] zeros): each adds nothing yet."""
-    lcfg.check(cfg)
+def init_lora(cfg: ModelConfig, key: Array, *, adapters: int = 1, dtype: Any = None) -> dict[str, Any]:
+    """``adapters`` fresh adapters of every target of ``cfg.lora`` (module docstring: a
+    [L, A, in..., R] uniform in +-1/sqrt(fan_in), b [L, A, R, out...] zeros; the params'
+    dtype by default): each adds nothing yet."""
+    lcfg = cfg.lora
+    if lcfg is None:
+        raise ValueError("init_lora: the model config has no lora (ModelConfig.lora=LoraConfig(...))")
+    dtype = cfg.jnp_param_dtype if dtype is None else dtype
     L, R, out = cfg.num_layers, lcfg.rank, {}
     for i, t in enumerate(lcfg.targets):
         ins, outs = target_shapes(cfg, t)
@@ -153,9 +104,13 @@ def delta(x: Array, a: Array, b: Array, adapter: Array | None, scale: float, *,
     return (y * jnp.asarray(scale, y.dtype)).reshape(B, T, *outs)
 
 
-def merge(params: dict[str, Any], lora: dict[str, Any], scale: float, *, index: int = 0) -> dict[str, Any]:
-    """The params with adapter ``index`` folded into its weights: W + scale A_i B_i (per
-    layer; W's dtype kept): the model that adapter makes, for export or QK-Clip."""
+def merge(params: dict[str, Any], cfg: ModelConfig, *, index: int = 0) -> dict[str, Any]:
+    """The params of ``cfg`` with its adapter ``index`` (``params["lora"]``) folded into
+    the weights: W + (alpha / R) A_i B_i per layer, W's dtype kept, no "lora" left: the
+    model that adapter makes (for ``cfg.replace(lora=None)``), for export or QK-Clip."""
+    scale = cfg.lora.scale
+    params = dict(params)
+    lora = params.pop("lora")
     layers = dict(params["layers"])
     for module, targets in lora.items():
         sub = dict(layers[module])

@@ -45,9 +45,9 @@ from jax import lax
 
 from swarmjax.models import attention
 from swarmjax.models.attention import NEG, cascade, causal_blocks, write_slots  # noqa: F401  (write_slots re-exported)
-from swarmjax.models.config import ModelConfig
-from swarmjax.models.lora import LoraConfig, delta
+from swarmjax.models.config import LORA_TARGETS, ModelConfig
 from swarmjax.models.lora import attach as attach_lora
+from swarmjax.models.lora import delta, init_lora
 from swarmjax.models.moe import MoE
 from swarmjax.models.rope import (apply_rope, rope_attention_factor, rope_inv_freq,  # noqa: F401  (re-exported)
                                   rope_table, rope_tables)
@@ -100,7 +100,7 @@ def _param(module: nn.Module, name: str, shape, logical, init=_INIT):
 def _adapted(module: nn.Module, name: str, x: Array, y: Array, adapter: Array | None) -> Array:
     """``y`` (= x W of weight ``name``) plus the row's LoRA update when the params carry
     an adapter of ``name`` (:mod:`swarmjax.models.lora`: ``name_lora_a`` / ``_b``)."""
-    lora = module.lora
+    lora = module.cfg.lora
     if lora is None or not module.has_variable("params", f"{name}_lora_a"):
         return y
     a, b = (module.get_variable("params", f"{name}_lora_{ab}") for ab in "ab")
@@ -138,7 +138,6 @@ class Attention(nn.Module):
 
     cfg: ModelConfig
     want_max: bool = False
-    lora: LoraConfig | None = None
 
     @nn.compact
     def __call__(self, x, cos, sin, mask, cache_k=None, cache_v=None, cache_index=None,
@@ -202,7 +201,6 @@ class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     cfg: ModelConfig
-    lora: LoraConfig | None = None
 
     @nn.compact
     def __call__(self, x, adapter=None):
@@ -224,20 +222,19 @@ class Block(nn.Module):
     cfg: ModelConfig
     want_max: bool = False
     sharding: Any = None
-    lora: LoraConfig | None = None
 
     @nn.compact
     def __call__(self, x, cos, sin, mask, cache_k=None, cache_v=None, cache_index=None,
                  prefix_k=None, prefix_v=None, prefix_mask=None, adapter=None):
         h = RMSNorm(self.cfg, name="input_norm")(x)
         with jax.named_scope("attention"):
-            a, k, v, max_logit = Attention(self.cfg, self.want_max, self.lora, name="attn")(
+            a, k, v, max_logit = Attention(self.cfg, self.want_max, name="attn")(
                 h, cos, sin, mask, cache_k, cache_v, cache_index, prefix_k, prefix_v, prefix_mask, adapter)
         x = x + a
         h = RMSNorm(self.cfg, name="post_attn_norm")(x)
         with jax.named_scope("mlp"):
             x = x + (MoE(self.cfg, self.sharding, name="mlp")(h) if self.cfg.is_moe else
-                     MLP(self.cfg, self.lora, name="mlp")(h, adapter))
+                     MLP(self.cfg, name="mlp")(h, adapter))
         return x, k, v, max_logit
 
 
@@ -268,7 +265,8 @@ def _init_block(cfg: ModelConfig, key: Array):
 
 def init_params(cfg: ModelConfig, key: Array) -> dict[str, Any]:
     """Random parameters (normal(0.02) weights, unit norms, zero biases) as a plain
-    nested dict of arrays with stacked ``[L, ...]`` layer weights."""
+    nested dict of arrays with stacked ``[L, ...]`` layer weights; with ``cfg.lora``
+    fresh adapters under ``"lora"`` (:func:`swarmjax.models.lora.init_lora`)."""
     return _init_jit(cfg, key)
 
 
@@ -283,6 +281,8 @@ def _init_jit(cfg: ModelConfig, key: Array) -> dict[str, Any]:
               "layers": layers}
     if not cfg.tie_embeddings:
         params["lm_head"] = _INIT(k_head, (cfg.hidden_size, cfg.vocab_size), pdt)
+    if cfg.lora is not None:
+        params["lora"] = init_lora(cfg, jax.random.fold_in(key, 7))
     return params
 
 
@@ -304,6 +304,13 @@ def param_logical_axes(cfg: ModelConfig) -> dict[str, Any]:
                                    is_leaf=lambda x: isinstance(x, P))}
     if not cfg.tie_embeddings:
         axes["lm_head"] = P(*_TOP_LOGICAL["lm_head"])
+    if cfg.lora is not None:        # an adapter's in and out dims split as its weight's
+        axes["lora"] = {}
+        for t in cfg.lora.targets:
+            module = LORA_TARGETS[t][0]
+            spec, n_in = per_layer[module][t], len(LORA_TARGETS[t][1])
+            axes["lora"].setdefault(module, {})[t] = {"a": P("layers", "adapters", *spec[:n_in], "lora_rank"),
+                                                      "b": P("layers", "adapters", "lora_rank", *spec[n_in:])}
     return axes
 
 
@@ -396,8 +403,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
             rope_table: tuple[Array, Array] | None = None,
             prefix: KVCache | None = None, prefix_rows: Array | None = None,
             remat: str = "none", activation_sharding: Any = None,
-            return_hidden: bool = False, lora: dict[str, Any] | None = None,
-            lora_config: LoraConfig | None = None, adapter: Array | None = None,
+            return_hidden: bool = False, adapter: Array | None = None,
             lora_key: Array | None = None) -> ForwardOutput:
     """Run the decoder.
 
@@ -443,17 +449,22 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
       return_hidden: static; return the final-normed hidden state [B, T, D] instead of
         logits (the head is not applied): a learner computes log-probs from it a chunk
         of positions at a time (:func:`swarmjax.rl.losses.chunked_token_logprobs`).
-      lora: optional LoRA adapters (:func:`swarmjax.models.lora.init_lora`: per target
-        a [L, A, in..., R], b [L, A, R, out...]) over the frozen ``params``, with
-        ``lora_config`` (static: rank, alpha, dropout): each targeted map computes
-        x W + (alpha / R) (x A_i) B_i.
-      adapter: [B] int, the adapter of each row (-1: the bare base); None: adapter 0
+      adapter: with ``cfg.lora`` (the params' ``"lora"``: per target a [L, A, in..., R],
+        b [L, A, R, out...], :func:`swarmjax.models.lora.init_lora`; every targeted map
+        computes x W + (alpha / R) (x A_i) B_i and the rest of the params take no
+        gradient): [B] int, the adapter of each row (-1: the bare base); None: adapter 0
         for every row.
       lora_key: a PRNG key for the adapters' dropout (training); None: no dropout.
 
     Returns:
       :class:`ForwardOutput` with float32 logits [B, T, V] ([B, n, V] with ``logits_to_keep=n``).
     """
+    if cfg.lora is not None:
+        if "lora" not in params:
+            raise ValueError("ModelConfig.lora is set but the params hold no adapters (params['lora']: "
+                             "swarmjax.models.lora.init_lora)")
+        base = jax.lax.stop_gradient({k: v for k, v in params.items() if k != "lora"})   # frozen
+        params = {**base, "layers": _with_lora(base["layers"], params["lora"])}
     B, T = tokens.shape
     token_mask = jnp.ones((B, T), bool) if token_mask is None else token_mask.astype(bool)
     positions = default_positions(token_mask) if positions is None else positions
@@ -466,11 +477,7 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
     else:
         cos, sin = (jnp.take(t, positions, axis=0, mode="fill") for t in rope_table)
     mask_new = token_mask[:, None, :] & jnp.tril(jnp.ones((T, T), bool))[None]   # [B, T, T]
-    if lora is not None:
-        if lora_config is None:
-            raise ValueError("forward(lora=...) needs lora_config (its rank, alpha and dropout)")
-        params = {**params, "layers": _with_lora(params["layers"], lora)}
-    block = Block(cfg, return_max_logits, activation_sharding, lora_config if lora is not None else None)
+    block = Block(cfg, return_max_logits, activation_sharding)
     rngs = lambda l: {} if lora_key is None else {"rngs": {"lora": jax.random.fold_in(lora_key, l)}}
     layer_ids = jnp.arange(cfg.num_layers)
 
@@ -581,4 +588,4 @@ def output_head(params: dict[str, Any]) -> Array:
 
 # ``forward`` compiled once per (config, shapes): for callers outside their own jit.
 forward_jit = jax.jit(forward, static_argnums=1, static_argnames=("return_max_logits", "logits_to_keep", "remat", "activation_sharding",
-                                                   "return_hidden", "lora_config"))
+                                                   "return_hidden"))

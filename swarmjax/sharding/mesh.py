@@ -33,6 +33,8 @@ DEFAULT_RULES: dict[str, Any] = {
     "norm": None,
     "seq": None,
     "cache_seq": None,
+    "adapters": None,            # LoRA: the adapters over one base, each whole on every device
+    "lora_rank": None,
 }
 
 
