@@ -90,3 +90,26 @@ def test_bad_lora_configs_are_one_line_errors():
                      lora=LoraConfig(targets=("q_proj", "up_proj")))
     with pytest.raises(ValueError, match="params hold no adapters"):
         forward(init_params(BASE, jax.random.key(0)), CFG, jnp.zeros((1, 2), jnp.int32))
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_a_training_step_moves_only_the_adapters(name):
+    """Warm-start steps on a LoRA model: the base weights stay bit for bit, the adapters
+    move (B at once, A from the second step), and the optimizer holds state for the
+    adapters alone."""
+    from swarmjax.optim import OptimConfig
+    from swarmjax.train.sft import sft_step
+
+    params = init_params(CFG, jax.random.key(0))
+    new_params, opt_state, step = sft_step(params, CFG, OptimConfig(name=name, learning_rate=1e-2), roles=("agent",))
+    state_leaves = sum(x.size for x in jax.tree.leaves(opt_state) if hasattr(x, "size") and x.ndim)
+    adapter_size = sum(x.size for x in jax.tree.leaves(params["lora"]))
+    assert state_leaves <= 2 * adapter_size + 8                        # moments of the adapters only
+    tokens = jax.random.randint(jax.random.key(1), (2, 6), 0, CFG.vocab_size)
+    ones = jnp.ones((2, 6), bool)
+    after, opt_state, _ = step(new_params, opt_state, (tokens, ones, ones))
+    after, _, _ = step(after, opt_state, (tokens, ones, ones))       # A moves once B is not zero
+    for k in ("embed", "final_norm", "layers"):
+        jax.tree.map(np.testing.assert_array_equal, after[k], params[k])
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), after["lora"], params["lora"])
+    assert all(m > 0 for m in jax.tree.leaves(moved))

@@ -83,9 +83,15 @@ class OptimConfig:
 
 def muon_dimension_numbers(params: Any, per_head: bool = False) -> Any:
     """Tree like ``params``: ``MuonDimensionNumbers`` on hidden projections, None elsewhere
-    (None = AdamW). The leading ``layers`` axis is a batch axis, never flattened in."""
+    (None = AdamW). The leading ``layers`` axis is a batch axis, never flattened in. A LoRA
+    adapter's a [L, A, in..., R] and b [L, A, R, out...] (``params["lora"]``) are
+    matrices too, one per layer and adapter: in x R and R x out."""
     def label(path, x):
-        rank, whole, head = _HIDDEN.get(getattr(path[-1], "key", None), (None, None, None))
+        keys = [getattr(k, "key", None) for k in path]
+        if keys[0] == "lora" and keys[-1] in ("a", "b") and x.ndim >= 4:
+            return _D(tuple(range(2, x.ndim - 1)), (x.ndim - 1,)) if keys[-1] == "a" else \
+                _D((2,), tuple(range(3, x.ndim)))
+        rank, whole, head = _HIDDEN.get(keys[-1], (None, None, None))
         if rank is None or x.ndim != rank:
             return None
         return head if per_head else whole
@@ -284,19 +290,30 @@ OPTIMIZERS: dict[str, Callable[[OptimConfig, Callable], optax.GradientTransforma
 
 
 def make_optimizer(cfg: OptimConfig, dimension_numbers: Callable[[Any], Any] | None = None, *,
-                   mesh: Mesh | None = None) -> optax.GradientTransformation:
+                   mesh: Mesh | None = None, frozen_base: bool = False) -> optax.GradientTransformation:
     """Global-norm clipping, then the configured optimizer.
 
     ``dimension_numbers`` maps a param tree to Muon dimension numbers (None leaves
     use AdamW); default :func:`muon_dimension_numbers` for swarmjax's transformer.
     ``mesh``: the mesh the params live on; Muon orthogonalises its matrices spread
     over it (:func:`newton_schulz`) instead of gathering them on every device.
+    ``frozen_base``: LoRA (``ModelConfig.lora``): only ``params["lora"]`` is trained; the
+    rest gets zero updates and no optimizer state (``optax.partition`` with
+    ``optax.set_to_zero``).
     """
     dims = dimension_numbers or (lambda p: muon_dimension_numbers(p, cfg.muon_per_head))
     opt = OPTIMIZERS[cfg.name](cfg, dims, mesh=mesh)
     if cfg.max_grad_norm:
         opt = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt)
-    return float32_state(opt) if cfg.float32_state else opt
+    opt = float32_state(opt) if cfg.float32_state else opt
+    if frozen_base:
+        opt = optax.partition({"adapters": opt, "frozen": optax.set_to_zero()}, adapter_labels)
+    return opt
+
+
+def adapter_labels(params: Any) -> Any:
+    """``"adapters"`` on the leaves of ``params["lora"]``, ``"frozen"`` on the rest."""
+    return {k: jax.tree.map(lambda _, k=k: "adapters" if k == "lora" else "frozen", v) for k, v in params.items()}
 
 
 def _upcast(tree: Any) -> Any:

@@ -150,7 +150,7 @@ class Learner:
                  mesh: Mesh | None = None, rules=DEFAULT_RULES,
                  optimizer: optax.GradientTransformation | None = None):
         self.model_cfg, self.cfg, self.mesh, self.rules = model_cfg, cfg, mesh, rules
-        self.optimizer = optimizer or make_optimizer(cfg.optim, mesh=mesh)
+        self.optimizer = optimizer or make_optimizer(cfg.optim, mesh=mesh, frozen_base=model_cfg.lora is not None)
         self._update: dict[tuple[int, int | None], Callable] = {}
 
     # ------------------------------------------------------------------ sharding
