@@ -20,8 +20,9 @@ CFG = BASE.replace(lora=LoraConfig(rank=4, alpha=8.0))
 def _with(params, key, n):
     """``params`` with ``n`` adapters of non-zero B (a fresh one adds nothing)."""
     lora = init_lora(CFG, key, adapters=n)
-    lora = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.fold_in(key, x.size), x.shape), lora)
-    return {**params, "lora": lora}
+    noise = lambda path, x: x if path[-1].key.endswith("_clip") else \
+        x + 0.05 * jax.random.normal(jax.random.fold_in(key, x.size), x.shape)
+    return {**params, "lora": jax.tree_util.tree_map_with_path(noise, lora)}
 
 
 def test_fresh_adapters_add_nothing_and_trained_ones_equal_the_merged_model():
@@ -111,5 +112,29 @@ def test_a_training_step_moves_only_the_adapters(name):
     after, _, _ = step(after, opt_state, (tokens, ones, ones))       # A moves once B is not zero
     for k in ("embed", "final_norm", "layers"):
         jax.tree.map(np.testing.assert_array_equal, after[k], params[k])
-    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), after["lora"], params["lora"])
-    assert all(m > 0 for m in jax.tree.leaves(moved))
+    moved = jax.tree_util.tree_map_with_path(lambda p, a, b: (p[-1].key, float(jnp.abs(a - b).max())),
+                                             after["lora"], params["lora"])
+    moved = jax.tree.leaves(moved, is_leaf=lambda x: isinstance(x, tuple))
+    assert all(m > 0 for k, m in moved if k in "ab") and all(m == 0 for k, m in moved if k.endswith("_clip"))
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qk_clip_rescales_the_merged_model_and_leaves_the_base(qk_norm):
+    """QK-Clip on a LoRA model lowers its per-head query/key factors, not the frozen
+    weights, and the merged model equals QK-Clip applied to the merged weights."""
+    from swarmjax.optim import qk_clip
+
+    cfg = CFG.replace(qk_norm=qk_norm)
+    params = _with(init_params(cfg.replace(lora=None), jax.random.key(0)), jax.random.key(10), 1)
+    params["lora"]["attn"].update(q_clip=jnp.ones((2, 4)), k_clip=jnp.ones((2, 2)))
+    max_logits = jnp.array([[50.0, 250.0, 10.0, 120.0], [5.0, 6.0, 7.0, 300.0]])    # [L, N]
+    clipped, m = qk_clip(params, max_logits, cfg, tau=100.0)
+    assert int(m["qk_clip_heads"]) == 3
+    jax.tree.map(np.testing.assert_array_equal, clipped["layers"], params["layers"])
+    base_cfg = cfg.replace(lora=None)
+    want, _ = qk_clip(merge(params, cfg), max_logits, base_cfg, tau=100.0)
+    tokens = jax.random.randint(jax.random.key(11), (2, 6), 0, CFG.vocab_size)
+    np.testing.assert_allclose(forward(clipped, cfg, tokens).logits, forward(want, base_cfg, tokens).logits,
+                               atol=2e-5)
+    np.testing.assert_allclose(forward(merge(clipped, cfg), base_cfg, tokens).logits,
+                               forward(want, base_cfg, tokens).logits, atol=2e-5)

@@ -49,12 +49,16 @@ def target_shapes(cfg: ModelConfig, target: str) -> tuple[tuple[int, ...], tuple
 def init_lora(cfg: ModelConfig, key: Array, *, adapters: int = 1, dtype: Any = None) -> dict[str, Any]:
     """``adapters`` fresh adapters of every target of ``cfg.lora`` (module docstring: a
     [L, A, in..., R] uniform in +-1/sqrt(fan_in), b [L, A, R, out...] zeros; the params'
-    dtype by default): each adds nothing yet."""
+    dtype by default): each adds nothing yet. Beside them ``attn.q_clip`` [L, N] and
+    ``attn.k_clip`` [L, K], ones: per-head factors on the queries and keys that QK-Clip
+    lowers instead of the frozen weights (:func:`swarmjax.optim.qk_clip`; not trained)."""
     lcfg = cfg.lora
     if lcfg is None:
         raise ValueError("init_lora: the model config has no lora (ModelConfig.lora=LoraConfig(...))")
     dtype = cfg.jnp_param_dtype if dtype is None else dtype
-    L, R, out = cfg.num_layers, lcfg.rank, {}
+    L, R = cfg.num_layers, lcfg.rank
+    out: dict[str, Any] = {"attn": {"q_clip": jnp.ones((L, cfg.num_heads), dtype),         # QK-Clip's factors
+                                    "k_clip": jnp.ones((L, cfg.num_kv_heads), dtype)}}
     for i, t in enumerate(lcfg.targets):
         ins, outs = target_shapes(cfg, t)
         bound = 1.0 / math.sqrt(math.prod(ins))
@@ -72,7 +76,10 @@ def attach(layers: dict[str, Any], lora: dict[str, Any] | None) -> dict[str, Any
     for module, targets in lora.items():
         sub = dict(out[module])
         for t, ab in targets.items():
-            sub[f"{t}_lora_a"], sub[f"{t}_lora_b"] = ab["a"], ab["b"]
+            if isinstance(ab, dict):
+                sub[f"{t}_lora_a"], sub[f"{t}_lora_b"] = ab["a"], ab["b"]
+            else:                                   # q_clip / k_clip
+                sub[t] = ab
         out[module] = sub
     return out
 
@@ -115,6 +122,8 @@ def merge(params: dict[str, Any], cfg: ModelConfig, *, index: int = 0) -> dict[s
     for module, targets in lora.items():
         sub = dict(layers[module])
         for t, ab in targets.items():
+            if not isinstance(ab, dict):
+                continue
             w = sub[t]                                                      # [L, in..., out...]
             a, b = ab["a"][:, index], ab["b"][:, index]                     # [L, in..., R], [L, R, out...]
             L, R = a.shape[0], a.shape[-1]
@@ -122,4 +131,22 @@ def merge(params: dict[str, Any], cfg: ModelConfig, *, index: int = 0) -> dict[s
                              b.reshape(L, R, -1).astype(jnp.float32)) * scale
             sub[t] = (w.astype(jnp.float32) + upd.reshape(w.shape)).astype(w.dtype)
         layers[module] = sub
+    layers["attn"] = _fold_clip(layers["attn"], lora["attn"]["q_clip"], lora["attn"]["k_clip"], cfg)
     return {**params, "layers": layers}
+
+
+def _fold_clip(attn: dict[str, Any], q: Array, k: Array, cfg: ModelConfig) -> dict[str, Any]:
+    """QK-Clip's per-head factors (q [L, N], k [L, K]) folded into the merged weights as
+    :func:`swarmjax.optim.qk_clip` folds them without LoRA: the q/k norm scales (one
+    factor a layer with qk-norm) or the projections and their biases."""
+    attn = dict(attn)
+    scale = lambda x, f: (x.astype(jnp.float32) * f).astype(x.dtype)
+    if cfg.qk_norm:
+        attn["q_norm"] = {"scale": scale(attn["q_norm"]["scale"], q[:, :1])}
+        attn["k_norm"] = {"scale": scale(attn["k_norm"]["scale"], k[:, :1])}
+        return attn
+    attn["q_proj"] = scale(attn["q_proj"], q[:, None, :, None])
+    attn["k_proj"] = scale(attn["k_proj"], k[:, None, :, None])
+    if cfg.attention_bias:
+        attn["q_bias"], attn["k_bias"] = scale(attn["q_bias"], q[:, :, None]), scale(attn["k_bias"], k[:, :, None])
+    return attn

@@ -161,6 +161,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = RMSNorm(cfg, "head_dim", name="q_norm")(q)
             k = RMSNorm(cfg, "head_dim", name="k_norm")(k)
+        if self.has_variable("params", "q_clip"):      # LoRA: QK-Clip's factors, the weights frozen
+            q = q * self.get_variable("params", "q_clip")[:, None].astype(dt)   # [N, 1]
+            k = k * self.get_variable("params", "k_clip")[:, None].astype(dt)   # [K, 1]
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
 
@@ -305,7 +308,7 @@ def param_logical_axes(cfg: ModelConfig) -> dict[str, Any]:
     if not cfg.tie_embeddings:
         axes["lm_head"] = P(*_TOP_LOGICAL["lm_head"])
     if cfg.lora is not None:        # an adapter's in and out dims split as its weight's
-        axes["lora"] = {}
+        axes["lora"] = {"attn": {"q_clip": P("layers", "heads"), "k_clip": P("layers", "kv_heads")}}
         for t in cfg.lora.targets:
             module = LORA_TARGETS[t][0]
             spec, n_in = per_layer[module][t], len(LORA_TARGETS[t][1])

@@ -312,8 +312,12 @@ def make_optimizer(cfg: OptimConfig, dimension_numbers: Callable[[Any], Any] | N
 
 
 def adapter_labels(params: Any) -> Any:
-    """``"adapters"`` on the leaves of ``params["lora"]``, ``"frozen"`` on the rest."""
-    return {k: jax.tree.map(lambda _, k=k: "adapters" if k == "lora" else "frozen", v) for k, v in params.items()}
+    """``"adapters"`` on the adapters' a and b (``params["lora"]``), ``"frozen"`` on the
+    rest (the base, and QK-Clip's factors, which only QK-Clip changes)."""
+    def label(path, _):
+        keys = [getattr(k, "key", None) for k in path]
+        return "adapters" if keys[0] == "lora" and keys[-1] in ("a", "b") else "frozen"
+    return jax.tree_util.tree_map_with_path(label, params)
 
 
 def _upcast(tree: Any) -> Any:

@@ -55,9 +55,26 @@ def qk_clip(params: dict[str, Any], max_logits: Array, cfg: ModelConfig, *, tau:
     Returns:
       (new params, metrics: ``qk_clip_heads`` number of heads over tau,
       ``max_attn_logit`` the largest logit seen).
+
+    With LoRA (``cfg.lora``) the frozen weights stay: the same factors multiply the
+    adapters' per-head query and key scales (``params["lora"]["attn"]["q_clip"]`` [L, N],
+    ``["k_clip"]`` [L, K], applied after the projection and its norm), so the merged
+    model's queries and keys are rescaled exactly as its weights would be.
     """
     L, K, G = cfg.num_layers, cfg.num_kv_heads, cfg.num_groups
     gamma = clip_factors(max_logits, tau)                              # [L, N]
+    metrics = {"qk_clip_heads": jnp.sum(gamma < 1.0), "max_attn_logit": jnp.max(max_logits)}
+    if cfg.lora is not None:
+        if cfg.qk_norm:
+            g = jnp.min(gamma, axis=1, keepdims=True)                   # [L, 1]
+            q_factor, k_factor = jnp.broadcast_to(g ** alpha, gamma.shape), jnp.broadcast_to(g ** (1.0 - alpha), (L, K))
+        else:
+            k_factor = jnp.min(gamma.reshape(L, K, G), axis=2) ** (1.0 - alpha)   # [L, K]
+            q_factor = gamma / jnp.repeat(k_factor, G, axis=1)                 # [L, N]
+        lora_attn = dict(params["lora"]["attn"])
+        for name, f in (("q_clip", q_factor), ("k_clip", k_factor)):
+            lora_attn[name] = (lora_attn[name] * f).astype(lora_attn[name].dtype)
+        return {**params, "lora": {**params["lora"], "attn": lora_attn}}, metrics
     attn = dict(params["layers"]["attn"])
     dt = lambda x: x.dtype
 
@@ -78,5 +95,4 @@ def qk_clip(params: dict[str, Any], max_logits: Array, cfg: ModelConfig, *, tau:
 
     new = dict(params)
     new["layers"] = dict(params["layers"], attn=attn)
-    metrics = {"qk_clip_heads": jnp.sum(gamma < 1.0), "max_attn_logit": jnp.max(max_logits)}
     return new, metrics
