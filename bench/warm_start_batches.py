@@ -42,17 +42,16 @@ def main() -> None:
     from common import matmul_peak_flops
     from swarmjax.config_file import apply_overrides, load_config
     from swarmjax.models.transformer import init_params
-    from swarmjax.train.agent import demonstrations, mix_context
-    from swarmjax.train.agent_job import AgentJob, AgentRun
+    from swarmjax.train.agent_job import AgentJob, AgentRun, warm_start_demos
     from swarmjax.train.sft import RoleRows, length_buckets, sft_step
 
     job = apply_overrides(load_config(args.config, AgentJob), [f"sft.demos={args.demos}"])
     scfg = job.sft
+    if scfg.per_role:
+        raise SystemExit(f"{args.config}: sft.per_role draws its rows by role, not by length")
     run = AgentRun(job, tempfile.mkdtemp(prefix="swarmjax-bench-"), progress=False)
     try:
-        data = demonstrations(run.task, run.stream.take(scfg.demos), run.ctx, np.random.default_rng(0),
-                              job.rl.rollout, mix=[mix_context(w, run.ctx) for w in scfg.mix],
-                              overlong=scfg.overlong, shares=scfg.shares)
+        data = warm_start_demos(run)                 # the job's own warm-start rows
     finally:
         run.close()
     buckets = length_buckets(data, scfg.bucket)
