@@ -69,6 +69,7 @@ def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
     from swarmjax.config_file import apply_overrides, load_config
     from swarmjax.rl.parl import PARLConfig
     from swarmjax.train.agent_job import AgentJob
+    from swarmjax.train.frame import CheckpointConfig
 
     base = apply_overrides(load_config(CONFIG, AgentJob), [*overrides, f"seed={seed}"])
     base = dataclasses.replace(base, eval_episodes=2)    # the jobs' own evaluations; the table's are run_seed's
@@ -81,8 +82,12 @@ def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
                       parallel_target=base.max_subagents, step_cost=0.005, critical_cost=0.004)
     return {"warm": (base, warm),
             "single": (from_warm, os.path.join(runs, f"single_s{seed}")),
-            "parl": (dataclasses.replace(from_warm, role="orchestrator", rl=dataclasses.replace(
-                from_warm.rl, steps=rl_steps, parl=parl, update=update)), os.path.join(runs, f"parl_s{seed}"))}
+            # checkpointed every 10 PARL steps, a stopped run losing at most 10 (not part of its
+            # identity); all kept: the swarm arm is its step 0
+            "parl": (dataclasses.replace(from_warm, role="orchestrator",
+                                         checkpoint=CheckpointConfig(every=10, keep_last=rl_steps // 10 + 2),
+                                         rl=dataclasses.replace(from_warm.rl, steps=rl_steps, parl=parl,
+                                                                update=update)), os.path.join(runs, f"parl_s{seed}"))}
 
 
 def _with_strategy(job, strategy: str):

@@ -324,6 +324,9 @@ def test_handoff_figures_say_which_stage_lost_the_items():
     assert figs["copy_fidelity"][0] == pytest.approx(1 / 3) and np.isnan(figs["copy_fidelity"][1])
     means = mean_figures(figs)
     assert means["return_f1"] == pytest.approx(2 / 3) and means["accuracy"] == pytest.approx(0.575)
+    alone = mean_figures({k: v[1:] for k, v in figs.items()})     # no episode with returns: no figure
+    assert "return_f1" not in alone and "copy_fidelity" not in alone and alone["delegated"] == 0.0
+    assert json.loads(json.dumps(alone)) == alone                  # what a checkpoint's metadata needs
 
 
 def test_row_shares_draw_each_kind_of_row_as_asked():

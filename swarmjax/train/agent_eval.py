@@ -117,9 +117,10 @@ def by_size(sizes: np.ndarray, per_episode: dict[str, np.ndarray]) -> dict[str, 
 def mean_figures(per_episode: dict[str, np.ndarray]) -> dict[str, float]:
     """The mean over episodes of each figure (float32, reduced by XLA as an on-device
     mean is: the token engine's figures are those it reported on the device);
-    :data:`HANDOFF_FIGURES` over the episodes that have them (nan when none has)."""
+    :data:`HANDOFF_FIGURES` over the episodes that have them, left out when none has (no
+    NaN reaches a summary or a checkpoint's metadata)."""
     return {k: float((jnp.nanmean if k in HANDOFF_FIGURES else jnp.mean)(jnp.asarray(v, jnp.float32)))
-            for k, v in per_episode.items()}
+            for k, v in per_episode.items() if k not in HANDOFF_FIGURES or not np.isnan(v).all()}
 
 
 def rollout_figures(res: TextRolloutResult) -> dict[str, float]:

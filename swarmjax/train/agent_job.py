@@ -55,7 +55,7 @@ from swarmjax.swarm.context import check_env
 from swarmjax.text.runner import ToolRunner
 from swarmjax.train import token_world
 from swarmjax.train.agent import SUBAGENTS, TextRLConfig, TextSFTConfig, demonstrations, mix_context, warm_start
-from swarmjax.train.demos import row_shares
+from swarmjax.train.demos import Demos, row_shares
 from swarmjax.train.agent_eval import (agent_summary_table, evaluate, labelled_figures, mean_figures, per_size,
                                        start_figures)
 from swarmjax.train.agent_rl import rollout_params
@@ -401,15 +401,13 @@ def _tok_s(m: dict) -> dict:
     return {**m, "tok_s": m["sampled_tokens"] / max(m["rollout_s"], 1e-9)}
 
 
-def text_warm_start(run: AgentRun, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict[str, int]]:
-    """The warm start of a text job's ``run`` from the policy as loaded (or a random
-    model): the task's demonstrations for the job's role and ``sft.mix`` (the task's
-    ``demonstration_set`` when it has one, else its demonstrations of the train stream's
-    first problems, or with an RL seed of its own the seed's stream's), then
-    :func:`warm_start`: (params, the demonstrations' ``rows`` and ``skipped_demos``);
-    raises :class:`Preempted` at the end of the SFT step where a SIGTERM arrived."""
+def warm_start_demos(run: AgentRun) -> Demos | tuple[Demos, Demos]:
+    """The rows a text job's warm start trains on (:func:`text_warm_start`): the task's
+    demonstrations for the job's role and ``sft.mix`` (the task's ``demonstration_set``
+    when it has one, else its demonstrations of the train stream's first problems, or
+    with an RL seed of its own the seed's stream's), played through its environments;
+    the orchestrator's and the sub-agents' apart with ``sft.per_role``."""
     job, task, ctx = run.job, run.task, run.ctx
-    params = init_params(run.cfg, run.key) if run.params is None else run.params
     stream = run.stream if job.rl_seed is None else task_stream(task, "train", job.seed)
     rng, scfg = np.random.default_rng(job.seed), job.sft
     say(f"warm start: playing {scfg.demos} demonstrations of {type(task).__name__} through its environments")
@@ -421,6 +419,16 @@ def text_warm_start(run: AgentRun, log: JobLog, watch: PreemptionWatch) -> tuple
     if data is None:
         raise ValueError(f"the warm start needs demonstrations: task {task_name(task)} gives none for role "
                          f"{job.role!r}; set sft=None to start RL from the policy as loaded")
+    return data
+
+
+def text_warm_start(run: AgentRun, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict[str, int]]:
+    """The warm start of a text job's ``run`` from the policy as loaded (or a random
+    model): :func:`warm_start_demos`, then :func:`warm_start`: (params, the demonstrations' ``rows`` and ``skipped_demos``);
+    raises :class:`Preempted` at the end of the SFT step where a SIGTERM arrived."""
+    job, scfg = run.job, run.job.sft
+    params = init_params(run.cfg, run.key) if run.params is None else run.params
+    data = warm_start_demos(run)
     first = data[0] if scfg.per_role else data
     counts = {"rows": len(first) + (len(data[1]) if scfg.per_role else 0), "skipped_demos": first.skipped,
               **row_shares(data if scfg.per_role else (data,))}

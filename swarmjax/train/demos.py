@@ -33,7 +33,8 @@ class Demos:
     ``skipped``: demonstrations left out because a conversation did not fit its context
     (``TextSFTConfig.overlong="skip"``); ``kinds``: each row's kind [N] (whose
     conversation it is: a top agent's way of working, e.g. ``"single+summary"``, or
-    ``"subagent"``: ``swarmjax.train.agent.ROW_KINDS``; None: not recorded), ``weights``: the probability a batch draws each row [N] (None: uniform;
+    ``"subagent"``: ``swarmjax.train.agent.ROW_KINDS``; None: not recorded);
+    ``weights``: the probability a batch draws each row [N] (None: uniform;
     :func:`share_weights`)."""
 
     tokens: np.ndarray
