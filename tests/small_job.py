@@ -92,6 +92,25 @@ def sigterm_in_rl_step(at: int = 0):
         loop.rl_step = rl_step
 
 
+@contextlib.contextmanager
+def sigterm_in_warm_step(at: int):
+    """Within the block, a SIGTERM to this process once warm-start step ``at`` (1-based)
+    has run, before its safe point (:meth:`swarmjax.train.warm_steps.WarmSteps.after`)."""
+    from swarmjax.train.warm_steps import WarmSteps
+
+    after = WarmSteps.after
+
+    def preempted(self, done, *args):
+        if done == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return after(self, done, *args)
+    WarmSteps.after = preempted
+    try:
+        yield
+    finally:
+        WarmSteps.after = after
+
+
 def two_processes(argv: list[str], *, timeout: int = 600) -> list[str]:
     """``python -m swarmjax.cli *argv`` as one job over two local processes of 2 devices
     each (jax.distributed on a free 127.0.0.1 port, the suite's compiler flags); asserts

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 import pytest
 
-from small_job import CONFIG, SMALL_JOB, TIMING, free_port, rows, subprocess_xla_flags
+from small_job import CONFIG, SMALL_JOB, TIMING, free_port, rows, sigterm_in_warm_step, subprocess_xla_flags
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides, load_config
 from swarmjax.train.agent_eval import FIGURES
@@ -222,6 +222,28 @@ def test_bad_config_is_one_line(tmp_path, override, message, capsys):
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not os.path.exists(tmp_path / "x")                          # nothing ran
+
+
+@pytest.mark.slow
+def test_a_warm_start_stopped_by_sigterm_continues_exactly(tmp_path, small, two_steps, capsys):
+    """SIGTERM during the warm start (step 3 of 6, saves every 2): exit 143 with its own
+    checkpoint at 3; ``--resume never`` refuses the workdir, ``--resume`` continues it, and
+    the run's logs and params equal an uninterrupted run's."""
+    run, saves = tmp_path / "warm", "checkpoint.warm_every=2"
+    with sigterm_in_warm_step(3):
+        assert train(run, small, "rl.steps=2", saves) == PREEMPTED_EXIT_CODE
+    assert "checkpoint at step 3 saved" in capsys.readouterr().err
+    assert os.listdir(run / "warm_start_steps") == ["3"] and len(rows(run / "metrics.jsonl", "sft")) == 3
+    assert train(run, small, "rl.steps=2", saves) == 2
+    assert "holds a warm start stopped at step 3" in capsys.readouterr().err
+    assert train(run, small, "rl.steps=2", saves, resume=True) == 0
+    assert "continuing from its checkpoint at step 3" in capsys.readouterr().err
+    assert not os.path.exists(run / "warm_start_steps")                # done: warm_start/ holds it
+    for stage in ("sft", "rl"):
+        assert rows(run / "metrics.jsonl", stage) == rows(two_steps / "metrics.jsonl", stage)
+    a, _ = final_state(two_steps, small, 2)
+    b, _ = final_state(run, small, 2)
+    assert all(jax.tree.leaves(jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)))
 
 
 def test_resume_without_checkpoint(tmp_path, capsys):

@@ -2,6 +2,7 @@
 agent's tokens, and a short SFT run improves both roles."""
 
 import dataclasses
+import os
 import random
 
 import jax
@@ -210,3 +211,46 @@ def test_chunked_warm_start_loss_equals_the_whole_one():
     assert float(chunked[0][1][0]["agent_acc"]) == float(whole[0][1][0]["agent_acc"])
     for a, b in zip(jax.tree.leaves(chunked[1]), jax.tree.leaves(whole[1])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+class _Notice:
+    """A preemption watch whose notice arrives at its ``at``-th safe point."""
+
+    def __init__(self, at: int):
+        self.at, self.calls = at, 0
+
+    def reached(self) -> bool:
+        self.calls += 1
+        return self.calls == self.at
+
+
+def test_a_stopped_warm_start_continues_exactly(tmp_path):
+    """A warm start stopped by a preemption notice after step 3 of 6 (saves every 2: its
+    save at 3 forced) and continued from its own checkpoint takes the uninterrupted run's
+    steps: the same losses, the same params (optimizer state and batch sampler restored).
+    Another identity's continue is refused; a fresh start removes the saves."""
+    from swarmjax.train.preemption import Preempted
+    from swarmjax.train.warm_steps import WarmSteps
+
+    cfg = ModelConfig(vocab_size=V.size, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                      head_dim=8, intermediate_size=32)
+    scfg = SFTConfig(steps=6, batch=4, demos=32, eval_demos=8, optim=OptimConfig(learning_rate=1e-2))
+    run = lambda saves: train_sft(init_params(cfg, jax.random.key(0)), cfg, ENV, scfg, saves=saves)
+    whole, whole_report = run(None)
+    me = {"sft": "6 steps"}
+    saves = WarmSteps(str(tmp_path), 2, resume=False, identity=me, watch=_Notice(3))
+    with pytest.raises(Preempted, match="its checkpoint at step 3 saved") as stop:
+        run(saves)
+    saves.close()
+    assert stop.value.warm_step == 3 and sorted(os.listdir(tmp_path / "warm_start_steps")) == ["3"]
+    with pytest.raises(ValueError, match="differs from the run's in sft"):
+        run(WarmSteps(str(tmp_path), 2, resume=True, identity={"sft": "7 steps"}))
+    again = WarmSteps(str(tmp_path), 2, resume=True, identity=me)
+    assert again.step == 3
+    params, report = run(again)
+    again.close()
+    assert [m["loss"] for m in report["history"]] == [m["loss"] for m in whole_report["history"][3:]]
+    assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
+                                            params, whole)))
+    WarmSteps(str(tmp_path), 2, resume=False, identity=me)
+    assert not os.path.exists(tmp_path / "warm_start_steps")

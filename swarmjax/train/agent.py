@@ -292,7 +292,7 @@ def _played_rows(played: Played, limits: TextRolloutConfig | None, *, role: str 
 
 
 def warm_start(params: Any, cfg: ModelConfig, data: Demos | tuple[Demos, Demos], scfg: TextSFTConfig, seed: int,
-               on_step: Callable[[int, dict], None] | None = None, *, mesh: Any = None) -> Any:
+               on_step: Callable[[int, dict], None] | None = None, *, mesh: Any = None, saves: Any = None) -> Any:
     """Masked next-token training on ``data`` (the agents' own ids) with the one
     warm-start step (:func:`swarmjax.train.sft.sft_step`; QK-Clip after every step with
     ``optim.qk_clip_tau > 0``), batches drawn with ``np.random.default_rng(seed)``:
@@ -309,16 +309,18 @@ def warm_start(params: Any, cfg: ModelConfig, data: Demos | tuple[Demos, Demos],
 
     ``mesh``: params and optimizer state sharded as the learner shards them, batch rows
     over the data axes (every process passes the same ``params`` and ``data``, and they
-    step together). Returns the params (sharded over ``mesh`` when given)."""
+    step together). ``saves``: the job's warm-start checkpoints, continued from and saved
+    to (:func:`~swarmjax.train.sft.warm_start_loop`). Returns the params (sharded over
+    ``mesh`` when given)."""
     rng = np.random.default_rng(seed)
     if not scfg.per_role:
         params, opt_state, step = sft_step(params, cfg, scfg.optim, roles=("agent",), mesh=mesh)
         rows = RoleRows(data, scfg.batch, scfg.bucket, bucketed=scfg.by_length)
-        return warm_start_loop(params, step, opt_state, (rows,), scfg.steps, rng, on_step, mesh=mesh)
+        return warm_start_loop(params, step, opt_state, (rows,), scfg.steps, rng, on_step, mesh=mesh, saves=saves)
     orch, work = data
     heads = tuple(jnp.asarray(d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]) for d in (orch, work))
     params, opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads, mesh=mesh)
     W = int(work.token_mask.sum(1).max())              # sub-agent rows: cut to the longest
     roles = (RoleRows(orch, scfg.batch, scfg.bucket, bucketed=True, head=len(heads[0])),
              RoleRows(work, scfg.batch, W, head=len(heads[1])))
-    return warm_start_loop(params, step, opt_state, roles, scfg.steps, rng, on_step, mesh=mesh)
+    return warm_start_loop(params, step, opt_state, roles, scfg.steps, rng, on_step, mesh=mesh, saves=saves)

@@ -68,7 +68,7 @@ from swarmjax.train.logs import JobLog, curves, log_line, progress_bar, say, wri
 from swarmjax.train.loop import JobRun, check_split, open_checkpoint
 from swarmjax.train.parl import PARLTrainConfig
 from swarmjax.train.policy import PolicySource, prepare_policy
-from swarmjax.train.preemption import Preempted, PreemptionWatch
+from swarmjax.train.warm_steps import WarmSteps
 from swarmjax.train.sft import SFTConfig
 from swarmjax.train.streams import held_out, task_stream
 from swarmjax.train.warm_start import check_warm_start, load_warm_start, save_warm_start
@@ -281,6 +281,7 @@ class AgentRun(JobRun):
         self.eval_every, self.log_every = job.eval_every, job.log_every
         self.steps = self.rl.steps
         self.checkpoint_every = 0 if job.checkpoint is None else job.checkpoint.every
+        self.warm_every, self.warm_identity = self.checkpointing(job).warm_every, job.warm_identity()
         self.log_keys = ("reward", "accuracy", "critical_steps" if job.role == "orchestrator" else "tool_calls",
                          "subagents")
         self.stream = task_stream(task, "train", self.rl_seed)
@@ -296,9 +297,10 @@ class AgentRun(JobRun):
     def state_shapes(self) -> Any:
         return _state_shapes(self.job, self.learner, self.cfg)
 
-    def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
-        """The warm start (``job.sft``: :data:`WARM_STARTS`, or the one ``warm_start_from``
-        names) from the policy as loaded, or a random model."""
+    def start(self, log: JobLog, saves: WarmSteps) -> tuple[Any, dict]:
+        """The warm start (``job.sft``: :data:`WARM_STARTS`, continued from and saved to
+        ``saves``, or the one ``warm_start_from`` names) from the policy as loaded, or a
+        random model."""
         job, clock = self.job, time.perf_counter()
         meta = {"job": self.identity, "warm_start_s": 0.0, "rl_seed": self.rl_seed,
                 "held_out": {s: len(p) for s, p in self.splits.items()}}
@@ -311,7 +313,7 @@ class AgentRun(JobRun):
         elif job.sft is None:
             params = init_params(self.cfg, self.key) if self.params is None else self.params
         else:
-            params, meta["warm_start_data"] = WARM_STARTS[type(job.sft)](self, log, watch)
+            params, meta["warm_start_data"] = WARM_STARTS[type(job.sft)](self, log, saves)
             meta["warm_start_s"] = time.perf_counter() - clock
         state = self.learner.init(params, _frozen(job, params))
         if job.sft is not None:    # every run's workdir holds its warm start, laid out on the learner's mesh
@@ -422,10 +424,11 @@ def warm_start_demos(run: AgentRun) -> Demos | tuple[Demos, Demos]:
     return data
 
 
-def text_warm_start(run: AgentRun, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict[str, int]]:
+def text_warm_start(run: AgentRun, log: JobLog, saves: WarmSteps) -> tuple[Any, dict[str, int]]:
     """The warm start of a text job's ``run`` from the policy as loaded (or a random
-    model): :func:`warm_start_demos`, then :func:`warm_start`: (params, the demonstrations' ``rows`` and ``skipped_demos``);
-    raises :class:`Preempted` at the end of the SFT step where a SIGTERM arrived."""
+    model): :func:`warm_start_demos`, then :func:`warm_start` (continued from and saved to
+    ``saves``): (params, the demonstrations' ``rows`` and ``skipped_demos``); raises
+    :class:`Preempted` at the end of the SFT step where a SIGTERM arrived, once saved."""
     job, scfg = run.job, run.job.sft
     params = init_params(run.cfg, run.key) if run.params is None else run.params
     data = warm_start_demos(run)
@@ -438,7 +441,7 @@ def text_warm_start(run: AgentRun, log: JobLog, watch: PreemptionWatch) -> tuple
     if first.skipped:
         say(f"warm start: {first.skipped} demonstrations longer than their context left out "
             f"(sft.overlong='skip'); {counts['rows']} rows")
-    bar = progress_bar(scfg.steps, "warm start", run.progress)
+    bar = progress_bar(scfg.steps, "warm start", run.progress, initial=saves.step or 0)
     acc = "orch_acc" if scfg.per_role else "agent_acc"           # teacher-forced tokens
 
     def on_sft(i, m):
@@ -447,15 +450,14 @@ def text_warm_start(run: AgentRun, log: JobLog, watch: PreemptionWatch) -> tuple
         bar.set_postfix(loss=f"{m['loss']:.3f}", tok_acc=f"{m[acc]:.3f}")
         log_line(run.progress, job.log_every * 10, i, scfg.steps, "warm start", m,
                  ("loss", "orch_acc", "worker_acc") if scfg.per_role else ("loss", "agent_acc"))
-        if watch.reached():
-            bar.close()
-            raise Preempted(None, run.workdir)
-    params = warm_start(params, run.cfg, data, scfg, job.seed, on_sft, mesh=run.mesh)
-    bar.close()
+    try:
+        params = warm_start(params, run.cfg, data, scfg, job.seed, on_sft, mesh=run.mesh, saves=saves)
+    finally:
+        bar.close()
     return params, counts
 
 
-# the sft config's type -> (run, log, watch) -> (warm-started params, what the summary reports of its data)
+# the sft config's type -> (run, log, saves) -> (warm-started params, what the summary reports of its data)
 WARM_STARTS: dict[type, Callable[..., tuple[Any, dict]]] = {TextSFTConfig: text_warm_start,
                                                             SFTConfig: token_world.token_warm_start}
 

@@ -23,6 +23,7 @@ from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.preemption import PreemptionWatch
 
 RESUME_MODES = ("never", "latest", "auto")
+WARM_STEPS = "warm_start_steps"          # <workdir>/<this>: a warm start's own checkpoints (warm_steps.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +36,14 @@ class CheckpointConfig:
                                    # at every evaluation and at the last step)
     keep_last: int = 2             # plus the best one by mean validation item-F1
     async_save: bool = True
+    warm_every: int = 100          # warm-start steps between its own checkpoints (0: only at a
+                                   # preemption notice; the newest kept until it ends: warm_steps.py)
 
     def __post_init__(self):
         if self.every < 1 or self.keep_last < 1:
             raise ValueError("checkpoint.every and checkpoint.keep_last must be >= 1")
+        if self.warm_every < 0:
+            raise ValueError(f"checkpoint.warm_every must be >= 0, got {self.warm_every}")
 
 
 def resume_mode(resume: bool | str | None) -> str:
@@ -56,11 +61,16 @@ def resume_mode(resume: bool | str | None) -> str:
 def check_resume(mode: str, latest: int | None, workdir: Any, checkpoints: Any, *, stage: str = "PARL") -> None:
     """Refuse what resume ``mode`` does not allow: "never" on a workdir whose
     ``checkpoints`` directory holds a finished checkpoint (``latest``: its ``stage``
-    step), "latest" on one that holds none."""
+    step) or a warm start's own (:mod:`swarmjax.train.warm_steps`), "latest" on one
+    that holds neither."""
+    warm = None if latest is not None else finished_step(os.path.join(str(workdir), WARM_STEPS))
     if latest is not None and mode == "never":
         raise ValueError(f"{workdir} already holds checkpoints (newest: {stage} step {latest}); "
                          "pass --resume auto to continue that run, or use a new --workdir")
-    if mode == "latest" and latest is None:
+    if warm is not None and mode == "never":
+        raise ValueError(f"{workdir} holds a warm start stopped at step {warm}; "
+                         "pass --resume auto to continue it, or use a new --workdir")
+    if mode == "latest" and latest is None and warm is None:
         raise ValueError(f"--resume: no finished checkpoint in {checkpoints} "
                          "(--resume auto starts afresh when there is none)")
 

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 
 from swarmjax.train.agent_job import AgentJob, AgentRun
-from swarmjax.train.frame import finished_step, run_checkpointed
+from swarmjax.train.frame import finished_step, resume_mode, run_checkpointed
 from swarmjax.train.loop import JobRun, evaluate_checkpoint as evaluate_run, run_loop
 
 __all__ = ["RUNS", "evaluate_checkpoint", "job_table", "run_job", "run_type"]
@@ -53,7 +53,8 @@ def run_job(job: Any, workdir: str, *, progress: bool = True, resume: bool | str
 
     ``resume``: "never" / False (default: refuses a workdir holding checkpoints or a
     finished run), "latest" / True (continue; an error without a checkpoint) or "auto"
-    (continue when there is one). The config is validated and the workdir checked before
+    (continue when there is one); without an RL checkpoint both continue a warm start
+    from its own checkpoints (:mod:`swarmjax.train.warm_steps`). The config is validated and the workdir checked before
     anything is created in it. ``handle_sigterm``: on SIGTERM stop at the next safe point
     (a checkpoint there) and raise :class:`~swarmjax.train.preemption.Preempted`."""
     Run = run_type(job)
@@ -61,7 +62,7 @@ def run_job(job: Any, workdir: str, *, progress: bool = True, resume: bool | str
 
     def run(ckpt, latest, watch):
         return run_loop(Run(job, str(workdir), fresh=latest is None, progress=progress), str(workdir), ckpt, latest,
-                        watch, progress)
+                        watch, progress, resume_warm=resume_mode(resume) != "never")
     return run_checkpointed(job, str(workdir), resume, run, best_metric=Run.best_metric,
                             handle_sigterm=handle_sigterm, stage=Run.title, checkpoint=Run.checkpointing(job))
 

@@ -48,7 +48,9 @@ class JobLog:
     ``resume_step``: the files are first cut back to the lines written before that
     step began (:func:`truncate`; ``keep_final`` keeps the final evaluation of a run
     that had already finished), then appended to, so a resumed run's logs equal an
-    uninterrupted run's. TensorBoard event files go to ``tb/sft`` and ``tb/rl`` when
+    uninterrupted run's. A warm start continued from its own checkpoint after
+    ``warm_step`` steps (:mod:`swarmjax.train.warm_steps`) keeps its lines before that
+    step in the same way. TensorBoard event files go to ``tb/sft`` and ``tb/rl`` when
     ``tensorboardX`` is installed; a resume hides the RL events it recomputes
     (TensorBoard's ``purge_step``). In an object store they are written to a local
     directory and copied to ``tb/`` at :meth:`sync` and :meth:`close` (tensorboardX's own
@@ -62,7 +64,7 @@ class JobLog:
     NAMES = ("metrics.jsonl", "eval.jsonl", "traces.jsonl")
 
     def __init__(self, workdir: PathLike, resume_step: int | None, enabled: bool = True, *,
-                 keep_final: bool = False, append: bool | None = None):
+                 keep_final: bool = False, append: bool | None = None, warm_step: int | None = None):
         self.enabled = enabled
         self.workdir = epath.Path(workdir)
         self.append = is_local(workdir) if append is None else append
@@ -73,15 +75,16 @@ class JobLog:
         if not enabled:
             return
         self.workdir.mkdir(parents=True, exist_ok=True)
+        cont = resume_step is not None or warm_step is not None
         for name in self.NAMES:
             path = self.workdir / name
-            kept = [] if resume_step is None else truncate(path, resume_step, keep_final=keep_final)
+            kept = [] if not cont else truncate(path, resume_step or 0, keep_final=keep_final, sft_before=warm_step)
             if self.append:
-                self.files[name] = path.open("a" if resume_step is not None else "w")
+                self.files[name] = path.open("a" if cont else "w")
             else:
                 self.lines[name] = kept
                 _write_lines(path, kept)
-        if resume_step is None and (self.workdir / "tb").exists():
+        if not cont and (self.workdir / "tb").exists():
             (self.workdir / "tb").rmtree()          # events of an attempt that never checkpointed
         try:
             from tensorboardX import SummaryWriter
@@ -97,7 +100,7 @@ class JobLog:
             # x axis is steps done (training step i is drawn at i + 1, with the evaluation
             # after it); a resume from checkpoint s recomputes from s + 1, so the events
             # from there on are hidden (purge_step) and the curves equal an uninterrupted run's
-            self.tb = {"sft": SummaryWriter(str(tb / "sft")),
+            self.tb = {"sft": SummaryWriter(str(tb / "sft"), purge_step=warm_step),
                        "rl": SummaryWriter(str(tb / "rl"),
                                            purge_step=None if resume_step is None else resume_step + 1)}
         except (ImportError, OSError, ValueError) as e:     # e.g. gs:// without google-cloud-storage
@@ -153,14 +156,17 @@ class JobLog:
             self.staged = None
 
 
-def keep_line(row: dict, step: int, *, keep_final: bool = False) -> bool:
+def keep_line(row: dict, step: int, *, keep_final: bool = False, sft_before: int | None = None) -> bool:
     """Whether a log line belongs to the run up to PARL step ``step``: SFT and warm-start
-    lines always, a training step before ``step``, a periodic evaluation or trace at
+    lines always (with ``sft_before``, a warm start continued from that many steps: its
+    steps before), a training step before ``step``, a periodic evaluation or trace at
     ``step`` or before; a "final" evaluation only with ``keep_final`` (resuming a run
     that had finished at ``step``: otherwise it is the end of a shorter run, which the
     resumed run replaces by its own)."""
     if "stage" in row:                                    # metrics.jsonl
-        return row["stage"] == "sft" or row["step"] < step
+        if row["stage"] == "sft":
+            return sft_before is None or row["step"] < sft_before
+        return row["step"] < step
     if "policy" in row:                                   # eval.jsonl
         label, at = row["policy"], row["step"]
     else:                                                 # traces: <label>-s<step>-n<n>-<b>
@@ -171,11 +177,11 @@ def keep_line(row: dict, step: int, *, keep_final: bool = False) -> bool:
     return label == "warm_start" or at <= step
 
 
-def truncate(path: PathLike, step: int, *, keep_final: bool = False) -> list[str]:
+def truncate(path: PathLike, step: int, *, keep_final: bool = False, sft_before: int | None = None) -> list[str]:
     """Keep only the lines of ``path`` written before PARL step ``step`` (see
-    :func:`keep_line`); returns them. A torn last line (the process was killed while
-    writing it) is dropped. The file is replaced in one rename where the filesystem
-    has one, so a kill during the truncation leaves the old or the new file."""
+    :func:`keep_line`, also for ``sft_before``); returns them. A torn last line (the
+    process was killed while writing it) is dropped. The file is replaced in one rename
+    where the filesystem has one, so a kill during the truncation leaves the old or the new file."""
     path = epath.Path(path)
     if not path.exists():
         return []
@@ -187,7 +193,7 @@ def truncate(path: PathLike, step: int, *, keep_final: bool = False) -> list[str
             row = json.loads(line)
         except json.JSONDecodeError:
             continue                                      # torn by a kill mid-write
-        if keep_line(row, step, keep_final=keep_final):
+        if keep_line(row, step, keep_final=keep_final, sft_before=sft_before):
             rows.append(line if line.endswith("\n") else line + "\n")
     _write_lines(path, rows)
     return rows

@@ -48,6 +48,7 @@ from swarmjax.train.frame import CheckpointConfig, check_identity
 from swarmjax.train.logs import SignalWatch, JobLog, log_line, progress_bar
 from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.subagents import refresh_subagents
+from swarmjax.train.warm_steps import WarmSteps
 
 __all__ = ["JobRun", "evaluate_checkpoint", "open_checkpoint", "restore", "run_loop"]
 
@@ -72,6 +73,9 @@ class JobRun:
     log_keys: the figures of the log lines.
     checkpoint_every: 0: checkpoints at evaluations and preemptions only; else a save
       is offered after every step (the checkpointer keeps every ``every``-th).
+    warm_every, warm_identity: warm-start steps between its checkpoints (0: only at a
+      preemption notice) and what they are checked against on a continue
+      (:class:`~swarmjax.train.warm_steps.WarmSteps`).
 
     Class attributes, what the job frame and ``swarmjax eval`` read
     (:mod:`swarmjax.train.jobs`): ``best_metric`` (the checkpoints' score that picks the
@@ -99,6 +103,8 @@ class JobRun:
     start_splits: tuple[str, ...] = ("validation", "test")
     log_keys: tuple[str, ...] = ("reward", "accuracy")
     checkpoint_every: int = 0
+    warm_every: int = 0
+    warm_identity: dict[str, str] = {}
     best_metric: str = "accuracy"
     checked: tuple[str, ...] | None = None
 
@@ -129,9 +135,10 @@ class JobRun:
         """The learner state's shapes (``jax.eval_shape``), to restore a checkpoint into."""
         raise NotImplementedError
 
-    def start(self, log: JobLog, watch: PreemptionWatch) -> tuple[Any, dict]:
-        """A fresh run's RL state (the warm start done) and its meta: at least
-        ``job`` and ``warm_start_s``. Raises :class:`Preempted` at a safe point."""
+    def start(self, log: JobLog, saves: WarmSteps) -> tuple[Any, dict]:
+        """A fresh run's RL state (the warm start done, continued from and saved to
+        ``saves``) and its meta: at least ``job`` and ``warm_start_s``. Raises
+        :class:`Preempted` at a safe point."""
         raise NotImplementedError
 
     def ready(self, state: Any, meta: dict) -> None:
@@ -232,10 +239,12 @@ def evaluate_checkpoint(run: JobRun, workdir: str, *, which: str = "latest", spl
 
 
 def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, watch: PreemptionWatch,
-             progress: bool) -> dict:
+             progress: bool, *, resume_warm: bool = False) -> dict:
     """Start (or continue from checkpoint ``latest``) and train ``run`` (module
     docstring); returns :meth:`JobRun.summary`. Raises :class:`Preempted` once a
-    SIGTERM's checkpoint is written."""
+    SIGTERM's checkpoint is written. ``resume_warm``: without ``latest``, continue the
+    warm start from its own checkpoints (:mod:`swarmjax.train.warm_steps`; False: they
+    are removed)."""
     clock = time.perf_counter()
     steps = run.steps
     if latest is not None:
@@ -246,7 +255,8 @@ def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, 
         log = JobLog(workdir, meta["step"], run.primary,
                          keep_final="final" in meta["evals"] and meta["step"] >= steps)
     else:
-        log = JobLog(workdir, None, run.primary)
+        saves = WarmSteps(workdir, run.warm_every, resume=resume_warm, identity=run.warm_identity, watch=watch)
+        log = JobLog(workdir, None, run.primary, warm_step=saves.step)
     rollouts = None
     try:
         def evaluate(step: int, state: Any, *, start: bool = False) -> dict | None:
@@ -285,7 +295,11 @@ def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, 
             ckpt.save(step, state, meta, metrics=None if evals is None else run.score(evals), force=force)
 
         if latest is None:
-            state, meta = run.start(log, watch)
+            try:
+                state, meta = run.start(log, saves)
+            finally:
+                saves.close()
+            saves.remove()                              # done: <workdir>/warm_start holds it
             meta.update(step=0, wall_clock_s=0.0, evals={})
             run.ready(state, meta)
             save(0, state, evaluate(0, state, start=True))   # RL's start survives a crash in RL

@@ -40,12 +40,14 @@ PREEMPTED_EXIT_CODE = 143
 
 class Preempted(Exception):
     """Raised by a job that stopped for a preemption notice, after its checkpoint (if
-    any: ``step`` is None when it stopped in the warm start) is on disk."""
+    any: ``step`` is None when it stopped in the warm start, ``warm_step`` then the
+    warm start's steps saved, :mod:`swarmjax.train.warm_steps`) is on disk."""
 
-    def __init__(self, step: int | None, workdir: str, *, stage: str = "PARL"):
-        self.step, self.workdir = step, workdir
-        where = ("during the warm start: nothing to keep, the rerun starts the warm start again"
-                 if step is None else f"checkpoint at {stage} step {step} saved")
+    def __init__(self, step: int | None, workdir: str, *, stage: str = "PARL", warm_step: int | None = None):
+        self.step, self.workdir, self.warm_step = step, workdir, warm_step
+        where = (f"checkpoint at {stage} step {step} saved" if step is not None else
+                 "during the warm start: nothing to keep, the rerun starts the warm start again"
+                 if warm_step is None else f"during the warm start: its checkpoint at step {warm_step} saved")
         super().__init__(f"preempted (SIGTERM) {where}; continue with --resume auto on {workdir}")
 
 

@@ -288,15 +288,22 @@ class RoleRows:
 
 def warm_start_loop(params: Any, step: Callable, opt_state: Any, roles: Sequence[RoleRows], steps: int,
                     rng: np.random.Generator, on_step: Callable[[int, dict[str, float]], None] | None = None, *,
-                    mesh: Any = None, extra: Callable[[int, Any], dict[str, float]] | None = None) -> Any:
+                    mesh: Any = None, extra: Callable[[int, Any], dict[str, float]] | None = None,
+                    saves: Any = None) -> Any:
     """The one warm-start loop of every job: ``steps`` calls of ``step`` (:func:`sft_step`'s,
     over the roles in order), each on one batch per role drawn from ``rng`` in the roles'
     order (:meth:`RoleRows.sampler`). ``mesh``: each batch's rows placed over the data axes
     (every process draws the same rows). ``extra(i, params)``: figures added to step
     ``i``'s metrics (e.g. held-out accuracy). ``on_step(i, metrics)`` after each step.
+    ``saves``: the job's :class:`~swarmjax.train.warm_steps.WarmSteps`: the loop starts
+    from its newest save (params, optimizer state, ``rng``) and offers it every step
+    (``saves.after``: it saves on its period and stops the loop at a preemption notice).
     Returns the params."""
     draws = [r.sampler() for r in roles]
-    for i in range(steps):
+    start = 0
+    if saves is not None:
+        start, params, opt_state = saves.restore(params, opt_state, rng)
+    for i in range(start, steps):
         batches = [d(rng) for d in draws]
         if mesh is None:
             batches = [tuple(jnp.asarray(x) for x in b) for b in batches]
@@ -309,19 +316,23 @@ def warm_start_loop(params: Any, step: Callable, opt_state: Any, roles: Sequence
             metrics.update(extra(i, params))
         if on_step is not None:
             on_step(i, metrics)
+        if saves is not None:
+            saves.after(i + 1, params, opt_state, rng)
     return params
 
 
 def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTConfig,
               on_step: Callable[[int, dict[str, float]], None] | None = None, *,
-              eval_every: int = 0) -> tuple[Any, dict[str, Any]]:
+              eval_every: int = 0, saves: Any = None) -> tuple[Any, dict[str, Any]]:
     """Warm-start ``params`` on demonstrations. Returns the trained params and a report:
     the loss history and held-out per-role accuracy before and after.
 
     Steps: :func:`sft_step` (QK-Clip after each with ``scfg.optim.qk_clip_tau > 0``,
     ``max_attn_logit`` and ``qk_clip_heads`` logged). ``eval_every > 0`` adds the
     held-out per-role figures (``heldout_orch_acc``, ``heldout_worker_nll``...) to the
-    metrics of every ``eval_every``-th step (and to ``report["evals"]``: (step, figures))."""
+    metrics of every ``eval_every``-th step (and to ``report["evals"]``: (step, figures)).
+    ``saves``: continue from and save to a job's warm-start checkpoints
+    (:func:`warm_start_loop`; ``report["history"]`` then holds the steps this call ran)."""
     train_o, train_w = make_demos(env, scfg.demos, scfg.seed, spawn_fraction=scfg.spawn_fraction,
                                   max_chunk=scfg.max_chunk)
     eval_o, eval_w = make_demos(env, scfg.eval_demos, scfg.seed + 1_000_003,
@@ -343,6 +354,6 @@ def train_sft(params: Any, cfg: ModelConfig, env: WideSearchConfig, scfg: SFTCon
     T = train_w.tokens.shape[1]
     roles = (RoleRows(train_o, scfg.batch, scfg.bucket, bucketed=True), RoleRows(train_w, scfg.batch, T))
     params = warm_start_loop(params, step, opt_state, roles, scfg.steps, np.random.default_rng(scfg.seed), logged,
-                             extra=held_out)
+                             extra=held_out, saves=saves)
     report["after"] = evaluate(params, cfg, eval_o, eval_w)
     return params, report

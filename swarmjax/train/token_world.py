@@ -29,7 +29,6 @@ from swarmjax.train.async_rl import split_devices
 from swarmjax.train.engines import TokenEngine
 from swarmjax.train.logs import log_line, progress_bar
 from swarmjax.train.parl import PARLTrainConfig, token_engine_over
-from swarmjax.train.preemption import Preempted
 from swarmjax.train.sft import SFTConfig, train_sft
 
 __all__ = ["check", "token_engine", "token_traces", "token_warm_start"]
@@ -95,26 +94,27 @@ def token_engine(job: Any, task: Any, ctx: Any, cfg: Any, mesh: Any) -> TokenEng
                              eval_batch=job.eval_episodes // len(task.eval_sizes))
 
 
-def token_warm_start(run: Any, log: Any, watch: Any) -> tuple[Any, dict[str, float]]:
+def token_warm_start(run: Any, log: Any, saves: Any) -> tuple[Any, dict[str, float]]:
     """The warm start of a token job's ``run`` (:class:`~swarmjax.train.agent_job.AgentRun`):
     :func:`~swarmjax.train.sft.train_sft` from a model initialised with
     ``fold_in(key(seed), 0)`` on the task's rules with the budget lifted. Returns (params,
-    the held-out per-role token accuracy after it). Raises :class:`Preempted` at the end
-    of the step where a SIGTERM arrived (nothing saved)."""
+    the held-out per-role token accuracy after it); continued from and saved to ``saves``
+    (:class:`~swarmjax.train.warm_steps.WarmSteps`), which raises :class:`Preempted` at
+    the end of the step where a SIGTERM arrived, once saved."""
     job, scfg = run.job, run.job.sft
-    bar = progress_bar(scfg.steps, "warm start (SFT)", run.progress)
+    bar = progress_bar(scfg.steps, "warm start (SFT)", run.progress, initial=saves.step or 0)
 
     def on_sft(i, m):
         log.write("metrics.jsonl", {"stage": "sft", "step": i, **m})
         bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.2f}", worker_acc=f"{m['worker_acc']:.2f}")
         bar.update()
         log_line(run.progress, job.log_every * 10, i, scfg.steps, "warm start", m, ("loss", "orch_acc", "worker_acc"))
-        if watch.reached():                       # safe point: nothing to save yet
-            bar.close()
-            raise Preempted(None, str(run.workdir))
     params = init_params(run.cfg, jax.random.fold_in(run.key, 0))
-    warm, report = train_sft(params, run.cfg, dataclasses.replace(run.task.cfg, budget=None), scfg, on_sft)
-    bar.close()
+    try:
+        warm, report = train_sft(params, run.cfg, dataclasses.replace(run.task.cfg, budget=None), scfg, on_sft,
+                                 saves=saves)
+    finally:
+        bar.close()
     return warm, {k: v for k, v in report["after"].items() if k.endswith("_acc")}
 
 
