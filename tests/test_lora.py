@@ -138,3 +138,27 @@ def test_qk_clip_rescales_the_merged_model_and_leaves_the_base(qk_norm):
                                atol=2e-5)
     np.testing.assert_allclose(forward(merge(clipped, cfg), base_cfg, tokens).logits,
                                forward(want, base_cfg, tokens).logits, atol=2e-5)
+
+
+def test_frozen_copies_are_the_adapters_alone_over_one_base():
+    """A LoRA job's frozen trees (sub-agents, judge, KL reference) hold the adapters
+    alone; the rollout's sub-agents are them over the trained policy's base arrays (held
+    once), and a refresh copies the adapters."""
+    from swarmjax.config_file import apply_overrides
+    from swarmjax.rl.update import Learner
+    from swarmjax.train.agent_job import AgentJob, _frozen
+    from swarmjax.train.agent_rl import rollout_params
+    from swarmjax.train.subagents import refresh_subagents
+
+    job = apply_overrides(AgentJob(role="orchestrator", lora=CFG.lora), ["rl.update.loss.kl_beta=0.01"])
+    params = _with(init_params(CFG, jax.random.key(0)), jax.random.key(1), 1)
+    frozen = _frozen(job, params)
+    assert {k: set(v) for k, v in frozen.items()} == {"subagents": {"lora"}, "reference": {"lora"}}
+    state = Learner(CFG, job.rl.update).init(params, frozen)
+    roles = rollout_params(state)
+    assert roles.subagents["layers"] is state.params["layers"] and roles.subagents["embed"] is state.params["embed"]
+    assert roles.subagents["lora"] is state.frozen["subagents"]["lora"]
+    moved = state.replace(params={**state.params, "lora": _with(params, jax.random.key(2), 1)["lora"]})
+    fresh = refresh_subagents(moved, "subagents").frozen["subagents"]
+    assert set(fresh) == {"lora"}
+    jax.tree.map(np.testing.assert_array_equal, fresh["lora"], moved.params["lora"])

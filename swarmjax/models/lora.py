@@ -150,3 +150,16 @@ def _fold_clip(attn: dict[str, Any], q: Array, k: Array, cfg: ModelConfig) -> di
     if cfg.attention_bias:
         attn["q_bias"], attn["k_bias"] = scale(attn["q_bias"], q[:, :, None]), scale(attn["k_bias"], k[:, :, None])
     return attn
+
+
+def frozen_part(params: dict[str, Any]) -> dict[str, Any]:
+    """What a frozen copy of ``params`` (sub-agents, KL reference, judge) must hold: with
+    adapters only ``{"lora": ...}`` (the base is frozen anyway and is shared, so a copy
+    costs the adapters' few MB), else all of ``params``."""
+    return {"lora": params["lora"]} if "lora" in params else params
+
+
+def over_base(frozen: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """A frozen copy (:func:`frozen_part`) made whole over ``params``' base: the same base
+    arrays (held once) with the copy's adapters; a whole copy as it is."""
+    return {**params, "lora": frozen["lora"]} if set(frozen) == {"lora"} else frozen

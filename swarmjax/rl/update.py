@@ -42,6 +42,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.lora import over_base
 from swarmjax.models.transformer import (forward, forward_after_head, output_head, param_logical_axes,
                                          remat_policy)
 from swarmjax.optim.muon import OptimConfig, make_optimizer
@@ -334,7 +335,7 @@ class Learner:
         if self.cfg.loss.kl_beta > 0:
             if not state.frozen or "reference" not in state.frozen:
                 raise ValueError("loss.kl_beta > 0 needs state.frozen['reference'] params")
-            ref_logp = lax.stop_gradient(logp_of(state.frozen["reference"]))
+            ref_logp = lax.stop_gradient(logp_of(over_base(state.frozen["reference"], state.params)))
 
         # 2.-4. sequential minibatch steps; per-step outputs stacked: [n_mini] each
         xs = jax.tree.map(lambda x: _strided_split(x, n_mini), (batch, old_logp, ref_logp))

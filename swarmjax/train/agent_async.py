@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from swarmjax.models.lora import over_base
 from swarmjax.rl.update import TrainState
 from swarmjax.roles import Roles
 from swarmjax.train.agent import TextRLConfig
@@ -36,7 +37,7 @@ def async_rollouts(rcfg: TextRLConfig, engine: Engine, state: TrainState, *, dra
         return jax.device_put(params, jax.sharding.SingleDeviceSharding(devices[0]))
 
     def collect_step(j, problems, params, frozen):        # frozen None: the sub-agents decode with the policy
-        return collect(engine, Roles(params, params if frozen is None else frozen), problems, engine.step_key(key, j),
+        return collect(engine, Roles(params, params if frozen is None else over_base(frozen, params)), problems, engine.step_key(key, j),
                        rcfg, step=j, subagents=subagents)
 
     rollouts = AsyncRollouts(rcfg.async_rollout, draw=draw, stream_state=stream_state, collect=collect_step,

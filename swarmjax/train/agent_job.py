@@ -46,7 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.envs.task import ROLES, EnvContext, make_env, resolve_task, task_name
-from swarmjax.models.config import ModelConfig
+from swarmjax.models.config import LoraConfig, ModelConfig
+from swarmjax.models.lora import frozen_part, init_lora, over_base
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.judge import JudgeReward, judge_corpus
 from swarmjax.rl.update import Learner
@@ -113,6 +114,10 @@ class AgentJob:
       all of them): ``("policy",)`` transfers a warm start to a variant of the task.
     checkpoint: how often RL checkpoints and how many are kept (None: at every evaluation
       and preemption, the last two and the best kept).
+    lora: train low-rank adapters over the frozen policy (:class:`~swarmjax.models.config.LoraConfig`:
+      rank, alpha, dropout, targets), in the warm start and in RL (None: the whole model).
+      Frozen copies (sub-agents, KL reference, judge) are then the adapters alone over the
+      one base the trained policy decodes with (:func:`~swarmjax.models.lora.over_base`).
     """
 
     task: Any = "arith"
@@ -132,6 +137,7 @@ class AgentJob:
     tool_timeout_s: float = 10.0
     mesh: MeshConfig | None = None
     judge: JudgeReward | None = None
+    lora: LoraConfig | None = None
     engine: str = "host"
     seed: int = 0
     rl_seed: int | None = None
@@ -151,7 +157,8 @@ class AgentJob:
         same = dataclasses.replace(self, rl=dataclasses.replace(self.rl, steps=0), eval_every=0, log_every=0,
                                    task=task_name(resolve_task(self.task)), mesh=None, warm_start_from=None)
         # no judge, the host engine, no RL seed of its own: left out, so runs saved before those fields resume
-        unset = {"judge": self.judge is None, "engine": self.engine == "host", "rl_seed": self.rl_seed is None,
+        unset = {"judge": self.judge is None, "lora": self.lora is None, "engine": self.engine == "host",
+                 "rl_seed": self.rl_seed is None,
                  "warm_start_from": True, "warm_start_match": True, "checkpoint": True}
         return {f.name: repr(getattr(same, f.name)) for f in dataclasses.fields(same) if not unset.get(f.name)}
 
@@ -159,7 +166,7 @@ class AgentJob:
         """What determines the warm start (:mod:`swarmjax.train.warm_start`), as reprs: the
         task, the policy, the role and the SFT config, the seed."""
         return {"task": repr(self.task), "policy": repr(self.policy()), "role": repr(self.role),
-                "sft": repr(self.sft), "seed": repr(self.seed)}
+                "sft": repr(self.sft), "seed": repr(self.seed), **({} if self.lora is None else {"lora": repr(self.lora)})}
 
     def validate(self) -> None:
         """One-line errors for a config that cannot run (the policy's paths read, nothing
@@ -214,12 +221,13 @@ def _frozen(job: AgentJob, params: Any) -> dict | None:
     """The frozen trees of the RL state: a copy of ``params`` for frozen sub-agents and a
     frozen summariser (``rl.rollout.context.summarizer="frozen"``), and one for the judge."""
     frozen = {}
+    copy = lambda: jax.tree.map(jnp.copy, frozen_part(params))      # LoRA: the adapters alone, over one base
     if job.role == "orchestrator" and job.subagents == "frozen" or _context(job, "summarizer") == "frozen":
-        frozen["subagents"] = jax.tree.map(jnp.copy, params)
+        frozen["subagents"] = copy()
     if job.judge is not None and job.judge.hf_path is None:
-        frozen["judge"] = jax.tree.map(jnp.copy, params)
+        frozen["judge"] = copy()
     if job.rl.update.loss.kl_beta > 0:                  # the KL term's reference: the policy RL starts from
-        frozen["reference"] = jax.tree.map(jnp.copy, params)
+        frozen["reference"] = copy()
     return frozen or None
 
 
@@ -268,6 +276,10 @@ class AgentRun(JobRun):
                 lambda: prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus, write=False))
         else:                                     # the task's own ids: the model as configured
             cfg, self.params, chat = job.model, None, None
+        if job.lora is not None:                  # adapters over the frozen policy (fresh: they add nothing yet)
+            cfg = cfg.replace(lora=job.lora)
+            if self.params is not None:
+                self.params = {**self.params, "lora": init_lora(cfg, jax.random.fold_in(jax.random.key(job.seed), 7))}
         self.cfg, self.chat = cfg, chat
         say(f"policy: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.vocab_size} ids"
             f"{'' if chat is None else ', chat format ' + chat.name}{'' if job.hf_path is None else ', from ' + job.hf_path}"
@@ -356,7 +368,7 @@ class AgentRun(JobRun):
         refresh replaced."""
         job = self.job
         kept = job.role == "orchestrator" and job.subagents == "frozen" and not job.rl.refresh_subagents.enabled
-        return state.replace(params=state.frozen["subagents"]) if kept else None
+        return state.replace(params=over_base(state.frozen["subagents"], state.params)) if kept else None
 
     def report(self, step: int, start: dict | None, final: dict, meta: dict, split: str, seconds: float) -> dict:
         """The checkpoint's figures and the start's (:meth:`start_state` evaluated, or on the

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from swarmjax.envs.task import reward_terms
+from swarmjax.models.lora import over_base
 from swarmjax.rl.advantages import compute_advantages, overlong_penalty, uniform_groups
 from swarmjax.rl.parl import parl_reward
 from swarmjax.rl.trajectory import TrajectoryBatch, shared_head
@@ -33,9 +34,11 @@ from swarmjax.train.engines import Engine
 def rollout_params(state: TrainState) -> Roles:
     """The params a rollout decodes with: the trained ones for the orchestrator; for the
     sub-agents the frozen copy ``state.frozen["subagents"]`` when the state has one, else
-    the trained ones (co-trained sub-agents; a single agent has none)."""
-    frozen = state.frozen["subagents"] if state.frozen and "subagents" in state.frozen else state.params
-    return Roles(state.params, frozen)
+    the trained ones (co-trained sub-agents; a single agent has none). With LoRA the
+    frozen copy is adapters alone, over the trained params' base (the same arrays)."""
+    if state.frozen and "subagents" in state.frozen:
+        return Roles(state.params, over_base(state.frozen["subagents"], state.params))
+    return Roles(state.params, state.params)
 
 
 def episode_rewards(res: TextRolloutResult, rcfg: TextRLConfig, step: int = 0

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from swarmjax.envs.task import EnvContext, check_device_twin, device_twin, make_env, problem_size, problem_text
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.lora import over_base
 from swarmjax.models.hf import from_hf
 from swarmjax.rl.judge import Judge, JudgeReward
 from swarmjax.roles import Roles
@@ -51,7 +52,8 @@ def build_judge(reward: JudgeReward, cfg: ModelConfig, chat, state: Any, *, mesh
     several = jax.process_count() > 1
     rows = None if several else mesh
     if reward.hf_path is None:
-        frozen = local_replica(state.frozen["judge"], mesh) if several else state.frozen["judge"]
+        judge = over_base(state.frozen["judge"], state.params)              # LoRA: its adapters over the base
+        frozen = local_replica(judge, mesh) if several else judge
         return Judge(reward.judge, cfg, jax.tree.map(jnp.copy, frozen), chat, mesh=rows)
     tokenizer = read_tokenizer(reward.hf_path, what="judge.hf_path")
     judge_cfg, params = from_hf(reward.hf_path)

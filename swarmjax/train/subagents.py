@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from swarmjax.models.lora import frozen_part
+
 
 @dataclasses.dataclass(frozen=True)
 class SubagentRefresh:
@@ -41,7 +43,8 @@ class SubagentRefresh:
 
 def refresh_subagents(state: Any, name: str) -> Any:
     """``state`` (a ``TrainState``) with ``frozen[name]`` replaced by a copy of its params
-    (a copy: the learner's update donates the state's buffers; same shardings)."""
+    (a copy: the learner's update donates the state's buffers; same shardings); with LoRA
+    a copy of the adapters alone (:func:`~swarmjax.models.lora.frozen_part`)."""
     if not state.frozen or name not in state.frozen:
         raise ValueError(f"refresh_subagents: the state has no frozen {name!r} sub-agents to refresh")
-    return state.replace(frozen={**state.frozen, name: jax.tree.map(jnp.copy, state.params)})
+    return state.replace(frozen={**state.frozen, name: jax.tree.map(jnp.copy, frozen_part(state.params))})
