@@ -42,7 +42,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.lora import over_base
+from swarmjax.models.lora import frozen_part, over_base
 from swarmjax.models.transformer import (forward, forward_after_head, output_head, param_logical_axes,
                                          remat_policy)
 from swarmjax.optim.muon import OptimConfig, make_optimizer
@@ -162,11 +162,15 @@ class Learner:
         """NamedShardings of every leaf of ``state`` (requires a mesh)."""
         ps = self._param_shardings(state.params)
         replicated = NamedSharding(self.mesh, PartitionSpec())
-        # frozen model copies shard like the params; anything else is replicated
-        frozen = None if state.frozen is None else {
-            k: (self._param_shardings(v) if _same_structure(v, state.params)
-                else jax.tree.map(lambda _: replicated, v))
-            for k, v in state.frozen.items()}
+        # frozen model copies shard like the params (LoRA: adapters alone, like the params'
+        # adapters); anything else is replicated
+        def frozen_shardings(v):
+            if _same_structure(v, state.params):
+                return self._param_shardings(v)
+            if isinstance(v, dict) and set(v) == {"lora"} and _same_structure(v, frozen_part(state.params)):
+                return {"lora": ps["lora"]}
+            return jax.tree.map(lambda _: replicated, v)
+        frozen = None if state.frozen is None else {k: frozen_shardings(v) for k, v in state.frozen.items()}
         return TrainState(step=replicated, params=ps,
                           opt_state=state_shardings_like(state.opt_state, state.params, ps, self.mesh),
                           frozen=frozen)

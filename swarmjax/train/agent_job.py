@@ -309,6 +309,21 @@ class AgentRun(JobRun):
     def state_shapes(self) -> Any:
         return _state_shapes(self.job, self.learner, self.cfg)
 
+    def start_params(self) -> Any:
+        """The params the warm start (or RL without one) starts from: the policy as
+        loaded, else the seed's random model (the token world's warm start: its own key)."""
+        if self.params is not None:
+            return self.params
+        token_sft = not self.kind.text and self.job.sft is not None
+        return init_params(self.cfg, jax.random.fold_in(self.key, 0) if token_sft else self.key)
+
+    def lora_base(self) -> Any | None:
+        """With ``lora``, the frozen base every step trains over (:meth:`start_params`
+        without the adapters), laid out as the learner lays out params; else None."""
+        if self.job.lora is None:
+            return None
+        return {k: v for k, v in self.start_params().items() if k != "lora"}
+
     def start(self, log: JobLog, saves: WarmSteps) -> tuple[Any, dict]:
         """The warm start (``job.sft``: :data:`WARM_STARTS`, continued from and saved to
         ``saves``, or the one ``warm_start_from`` names) from the policy as loaded, or a
@@ -323,7 +338,7 @@ class AgentRun(JobRun):
                                            jax.eval_shape(lambda: init_params(self.cfg, self.key)))
             meta["warm_start_data"], identity = warm.get("sft_accuracy") or None, warm["identity"]
         elif job.sft is None:
-            params = init_params(self.cfg, self.key) if self.params is None else self.params
+            params = self.start_params()
         else:
             params, meta["warm_start_data"] = WARM_STARTS[type(job.sft)](self, log, saves)
             meta["warm_start_s"] = time.perf_counter() - clock
@@ -442,7 +457,7 @@ def text_warm_start(run: AgentRun, log: JobLog, saves: WarmSteps) -> tuple[Any, 
     ``saves``): (params, the demonstrations' ``rows`` and ``skipped_demos``); raises
     :class:`Preempted` at the end of the SFT step where a SIGTERM arrived, once saved."""
     job, scfg = run.job, run.job.sft
-    params = init_params(run.cfg, run.key) if run.params is None else run.params
+    params = run.start_params()
     data = warm_start_demos(run)
     first = data[0] if scfg.per_role else data
     counts = {"rows": len(first) + (len(data[1]) if scfg.per_role else 0), "skipped_demos": first.skipped,
@@ -498,7 +513,7 @@ def evaluate_agent_checkpoint(job: AgentJob, workdir: str, *, which: str = "late
     task = run.task
     try:
         step, state, meta = open_checkpoint(workdir, which, shapes=run.state_shapes(), learner=run.learner,
-                                            identity=run.identity, checked=AgentRun.checked)
+                                            identity=run.identity, checked=AgentRun.checked, base=run.lora_base())
         if sampled:                  # the training rollout's temperatures (its greedy twin left out)
             run.engine.close()
             run.engine = HostEngine(text_rollout(job, run.cfg, run.chat, greedy=False),

@@ -50,7 +50,7 @@ from swarmjax.train.preemption import Preempted, PreemptionWatch
 from swarmjax.train.subagents import refresh_subagents
 from swarmjax.train.warm_steps import WarmSteps
 
-__all__ = ["JobRun", "evaluate_checkpoint", "open_checkpoint", "restore", "run_loop"]
+__all__ = ["JobRun", "adapters_only", "evaluate_checkpoint", "open_checkpoint", "restore", "run_loop"]
 
 
 class JobRun:
@@ -135,6 +135,11 @@ class JobRun:
         """The learner state's shapes (``jax.eval_shape``), to restore a checkpoint into."""
         raise NotImplementedError
 
+    def lora_base(self) -> Any | None:
+        """A LoRA run's frozen base params (its checkpoints hold the adapters alone); None
+        for a run that trains the whole model."""
+        return None
+
     def start(self, log: JobLog, saves: WarmSteps) -> tuple[Any, dict]:
         """A fresh run's RL state (the warm start done, continued from and saved to
         ``saves``) and its meta: at least ``job`` and ``warm_start_s``. Raises
@@ -185,28 +190,46 @@ class JobRun:
         """Release the run's tools and engines (after the loop, on any exit)."""
 
 
-def restore(ckpt: Checkpointer, step: int, shapes: Any, learner: Any) -> tuple[Any, dict]:
+def adapters_only(state: Any) -> Any:
+    """What a checkpoint holds of a ``TrainState`` (or its shapes, or its shardings): with
+    LoRA params (``params["lora"]``) the adapters alone, the frozen base being the run's
+    own (its ``hf_path``, or its seed's random model: :meth:`JobRun.lora_base`); any other
+    state whole."""
+    params = getattr(state, "params", None)
+    if isinstance(params, dict) and "lora" in params:
+        return state.replace(params={"lora": params["lora"]})
+    return state
+
+
+def restore(ckpt: Checkpointer, step: int, shapes: Any, learner: Any, *, base: Any = None) -> tuple[Any, dict]:
     """(state, meta) of checkpoint ``step``, laid out as ``shapes`` on the ``learner``'s
     mesh (its state shardings), else on the first device: any device count reads a
-    checkpoint whatever wrote it."""
+    checkpoint whatever wrote it. ``base``: a LoRA run's frozen base params, which its
+    checkpoints leave out (:func:`adapters_only`): the state gets them back."""
     shardings = jax.sharding.SingleDeviceSharding(jax.devices()[0]) if learner.mesh is None else \
         learner.state_shardings(shapes)
-    return ckpt.restore(step, abstract_state(shapes, shardings))
+    if base is None:
+        return ckpt.restore(step, abstract_state(shapes, shardings))
+    single = isinstance(shardings, jax.sharding.Sharding)
+    state, meta = ckpt.restore(step, abstract_state(adapters_only(shapes), shardings if single else
+                                                    adapters_only(shardings)))
+    base = jax.device_put(base, shardings if single else {k: shardings.params[k] for k in base})
+    return state.replace(params={**base, "lora": state.params["lora"]}), meta
 
 
 def open_checkpoint(workdir: str, which: str, *, shapes: Any, learner: Any, identity: dict[str, str],
-                    checked: tuple[str, ...] | None) -> tuple[int, Any, dict]:
+                    checked: tuple[str, ...] | None, base: Any = None) -> tuple[int, Any, dict]:
     """(step, state, meta) of checkpoint ``which`` ("latest", "best" or a step) of the run
     in ``workdir``, opened read-only (it may run beside the training job) and restored as
     ``shapes`` on ``learner``'s mesh (:func:`restore`); ValueError when there is none, or
     when the run that wrote it differs from ``identity`` (a config's) in a field of
-    ``checked`` (None: any field)."""
+    ``checked`` (None: any field). ``base``: a LoRA run's base params (:func:`restore`)."""
     directory = epath.Path(workdir) / "checkpoints"
     if not directory.is_dir():
         raise ValueError(f"no checkpoints in {workdir}")
     with Checkpointer(str(directory), save_every=1, read_only=True) as ckpt:
         step = ckpt.step_of(which)
-        state, meta = restore(ckpt, step, shapes, learner)
+        state, meta = restore(ckpt, step, shapes, learner, base=base)
     saved = meta.get("job", {})
     differ = [k for k in (identity if checked is None else checked) if saved.get(k) != identity.get(k)]
     if differ:
@@ -228,7 +251,7 @@ def evaluate_checkpoint(run: JobRun, workdir: str, *, which: str = "latest", spl
     ``step``. Writes nothing."""
     check_split(split)
     step, state, meta = open_checkpoint(workdir, which, shapes=run.state_shapes(), learner=run.learner,
-                                        identity=run.identity, checked=run.checked)
+                                        identity=run.identity, checked=run.checked, base=run.lora_base())
     run.ready(state, meta)
     log = JobLog(workdir, None, False)                  # nothing written
     clock = time.perf_counter()
@@ -248,7 +271,7 @@ def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, 
     clock = time.perf_counter()
     steps = run.steps
     if latest is not None:
-        state, meta = restore(ckpt, latest, run.state_shapes(), run.learner)
+        state, meta = restore(ckpt, latest, run.state_shapes(), run.learner, base=run.lora_base())
         check_identity(run.identity, meta.get("job", {}), "--resume", run.may_change)
         run.stream.restore(meta["stream"])
         # a run that had finished keeps its final evaluation lines (nothing recomputes them)
@@ -292,7 +315,8 @@ def run_loop(run: JobRun, workdir: str, ckpt: Checkpointer, latest: int | None, 
                 meta["stream"] = meta["async"].pop("stream")
             clock = now
             log.sync()
-            ckpt.save(step, state, meta, metrics=None if evals is None else run.score(evals), force=force)
+            ckpt.save(step, adapters_only(state), meta, metrics=None if evals is None else run.score(evals),
+                      force=force)
 
         if latest is None:
             try:

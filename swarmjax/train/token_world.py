@@ -23,7 +23,6 @@ from typing import Any
 import jax
 
 from swarmjax.envs.widesearch import Vocab
-from swarmjax.models.transformer import init_params
 from swarmjax.sharding.mesh import MeshConfig, make_mesh
 from swarmjax.train.async_rl import split_devices
 from swarmjax.train.engines import TokenEngine
@@ -109,7 +108,7 @@ def token_warm_start(run: Any, log: Any, saves: Any) -> tuple[Any, dict[str, flo
         bar.set_postfix(loss=f"{m['loss']:.3f}", orch_acc=f"{m['orch_acc']:.2f}", worker_acc=f"{m['worker_acc']:.2f}")
         bar.update()
         log_line(run.progress, job.log_every * 10, i, scfg.steps, "warm start", m, ("loss", "orch_acc", "worker_acc"))
-    params = init_params(run.cfg, jax.random.fold_in(run.key, 0))
+    params = run.start_params()
     try:
         warm, report = train_sft(params, run.cfg, dataclasses.replace(run.task.cfg, budget=None), scfg, on_sft,
                                  saves=saves)
