@@ -303,3 +303,37 @@ def test_unsupported_options_are_one_line_errors(tmp_path, edit, message):
         from_hf(str(tmp_path))
     assert message in str(e.value) and "\n" not in str(e.value)
     assert str(e.value).startswith(str(tmp_path / "config.json"))
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_a_peft_adapter_round_trip_matches_peft(name, tmp_path):
+    """Adapters written as a PEFT directory (swarmjax.models.peft_io) load with
+    ``peft.PeftModel.from_pretrained`` on the base checkpoint and give swarmjax's logits;
+    read back they are the same adapters; the merged model is the same model too."""
+    peft = pytest.importorskip("peft")
+    from swarmjax.models.config import LoraConfig
+    from swarmjax.models.lora import init_lora, merge
+    from swarmjax.models.peft_io import read_peft, write_peft
+
+    model = _hf_model(name)
+    model.save_pretrained(tmp_path / "base")
+    cfg, params = from_hf(str(tmp_path / "base"))
+    cfg = cfg.replace(lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "o_proj", "down_proj")))
+    lora = init_lora(cfg, jax.random.key(1))
+    lora = jax.tree_util.tree_map_with_path(          # non-zero B: the adapter changes the logits
+        lambda p, x: x if p[-1].key.endswith("_clip") else x + 0.1 * jax.random.normal(
+            jax.random.fold_in(jax.random.key(2), x.size), x.shape), lora)
+    ours = forward_jit({**params, "lora": lora}, cfg, jnp.asarray(TOKENS)).logits
+    assert float(jnp.abs(ours - forward_jit(params, cfg.replace(lora=None), jnp.asarray(TOKENS)).logits).max()) > 1e-2
+    write_peft(cfg, lora, str(tmp_path / "adapter"), base_model=str(tmp_path / "base"))
+    theirs = peft.PeftModel.from_pretrained(model, str(tmp_path / "adapter")).eval()
+    np.testing.assert_allclose(ours, _hf_logits(theirs, TOKENS), atol=1e-4, rtol=1e-4)
+    lcfg, back = read_peft(str(tmp_path / "adapter"), cfg.replace(lora=None))
+    assert lcfg == cfg.lora
+    jax.tree.map(np.testing.assert_array_equal, back, lora)
+    merged = merge({**params, "lora": lora}, cfg)
+    np.testing.assert_allclose(forward_jit(merged, cfg.replace(lora=None), jnp.asarray(TOKENS)).logits, ours,
+                               atol=1e-4, rtol=1e-4)
+    # an adapter for another base: one line
+    with pytest.raises(ValueError, match="another base model"):
+        read_peft(str(tmp_path / "adapter"), cfg.replace(lora=None, hidden_size=32, head_dim=8))
