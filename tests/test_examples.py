@@ -145,3 +145,44 @@ def test_mesh_and_two_processes_match_one_device(checkpoint, tmp_path, capsys):
     assert "checkpoint at RL step 2" in evaluated and "| final |" in evaluated
     assert main(_args(two, checkpoint, short, *judged, "mesh=None", "rl.steps=3") + ["--resume", "auto"]) == 0
     assert [r["step"] for r in _lines(two, "metrics.jsonl") if r["stage"] == "rl"] == [0, 1, 2]
+
+
+def test_a_lora_orchestrator_checkpoints_adapters_and_exports_merged_and_as_peft(checkpoint, tmp_path, capsys):
+    """The example as an orchestrator trained as LoRA adapters over the user's checkpoint
+    (frozen sub-agents: a snapshot of the adapters over the same base): its checkpoints
+    hold the adapters alone; exported merged, transformers gives swarmjax's logits of base +
+    adapters; exported as a PEFT adapter, ``PeftModel`` over the checkpoint gives them too,
+    and ``swarmjax sample --adapter`` decodes as the merged export does."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from swarmjax.models.config import LoraConfig
+    from swarmjax.models.hf import from_hf
+    from swarmjax.models.transformer import forward_jit
+
+    run = str(tmp_path / "lora")
+    assert main(_args(run, checkpoint, "role='orchestrator'", "sft.steps=8", "lora.rank=4", "lora.alpha=8.0")) == 0
+    state, meta = restored_states((run,), lambda ckpt, s: (ckpt.read(s),), 2)[0]
+    assert set(state["params"]) == {"lora"} and set(state["frozen"]["subagents"]) == {"lora"}
+    assert meta["lora"]["hf_path"] == checkpoint and meta["lora"]["config"]["rank"] == 4
+    cfg, base = from_hf(checkpoint)
+    cfg = cfg.replace(lora=LoraConfig(rank=4, alpha=8.0))
+    tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 12))
+    ours = np.asarray(forward_jit({**base, "lora": state["params"]["lora"]}, cfg, jax.numpy.asarray(tokens)).logits)
+    assert np.abs(ours - np.asarray(forward_jit(base, cfg.replace(lora=None), jax.numpy.asarray(tokens)).logits)
+                  ).max() > 1e-4                                           # the adapters moved the policy
+    merged, adapter = str(tmp_path / "merged"), str(tmp_path / "adapter")
+    assert main(["export", "--workdir", run, "--out", merged]) == 0
+    assert main(["export", "--workdir", run, "--out", adapter, "--adapter"]) == 0
+    with torch.no_grad():
+        whole = AutoModelForCausalLM.from_pretrained(merged).eval()
+        np.testing.assert_allclose(whole(torch.tensor(tokens)).logits.numpy(), ours, atol=1e-4, rtol=1e-4)
+        peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(checkpoint), adapter).eval()
+        np.testing.assert_allclose(peft(torch.tensor(tokens)).logits.numpy(), ours, atol=1e-4, rtol=1e-4)
+    replies = []
+    for argv in (["--hf", merged], ["--hf", checkpoint, "--adapter", adapter]):
+        capsys.readouterr()
+        assert main(["sample", *argv, "--chat", "7 m in cm?", "--temperature", "0", "--max-new-tokens", "12"]) == 0
+        replies.append(capsys.readouterr().out.split("->", 1)[1].split("(ended")[0])
+    assert replies[0] == replies[1]

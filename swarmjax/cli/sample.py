@@ -30,6 +30,8 @@ class SampleJob:
       ``hf_path``'s tokenizer) in place of ``prompts``; ``system`` an optional system turn;
       ``chat_format`` a key of ``CHAT_FORMATS`` (None: read from the template);
       ``thinking``: Qwen3's ``enable_thinking``.
+    adapter: a PEFT LoRA adapter directory over ``hf_path`` (``swarmjax export --adapter``,
+      or one ``peft`` wrote), decoded as adapters over the base (not merged).
     """
 
     model: ModelConfig = PRESETS["1m"]
@@ -45,6 +47,7 @@ class SampleJob:
     tokenizer_path: str | None = None
     chat_format: str | None = None
     thinking: bool = False
+    adapter: str | None = None
 
 
 def _parse_ids(text: str) -> tuple[int, ...]:
@@ -60,6 +63,7 @@ def _parse_ids(text: str) -> tuple[int, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="Python file whose get_config() returns a SampleJob")
     p.add_argument("--hf", dest="hf_path", help="Hugging Face checkpoint directory (Qwen3/Llama)")
+    p.add_argument("--adapter", help="a PEFT LoRA adapter directory over the --hf checkpoint")
     p.add_argument("--preset", choices=sorted(PRESETS), help="random model size when no --hf")
     p.add_argument("--prompt", action="append", type=_parse_ids,
                    help="token ids, e.g. '1 2 3' (repeat for a batch)")
@@ -94,7 +98,7 @@ def job_from_args(args: argparse.Namespace) -> SampleJob:
         changes["model"] = PRESETS[args.preset]
     if args.prompt:
         changes["prompts"] = tuple(args.prompt)
-    for name in ("chat", "system", "tokenizer_path", "chat_format"):
+    for name in ("chat", "system", "tokenizer_path", "chat_format", "adapter"):
         if getattr(args, name):
             changes[name] = tuple(args.chat) if name == "chat" else getattr(args, name)
     if args.thinking:
@@ -112,6 +116,8 @@ def job_from_args(args: argparse.Namespace) -> SampleJob:
     job = dataclasses.replace(job, **changes)
     if job.chat and args.prompt:
         raise ValueError("give --chat texts or --prompt ids, not both")
+    if job.adapter and not job.hf_path:
+        raise ValueError("--adapter adapts a checkpoint: give its base with --hf DIR")
     if job.chat and not (job.tokenizer_path or job.hf_path):
         raise ValueError("--chat needs a tokenizer: --hf DIR (its tokenizer) or --tokenizer DIR")
     if args.batch:
@@ -161,6 +167,12 @@ def run(args: argparse.Namespace) -> int:
     if job.hf_path:
         cfg, params = from_hf(job.hf_path)
         source = job.hf_path
+        if job.adapter:
+            from swarmjax.models.peft_io import read_peft
+
+            lora, params["lora"] = read_peft(job.adapter, cfg)
+            cfg = cfg.replace(lora=lora)
+            source += f" + LoRA adapter {job.adapter} (rank {lora.rank}, {', '.join(lora.targets)})"
     else:
         cfg = job.model
         params = init_params(cfg, jax.random.key(job.seed))

@@ -331,6 +331,9 @@ class AgentRun(JobRun):
         job, clock = self.job, time.perf_counter()
         meta = {"job": self.identity, "warm_start_s": 0.0, "rl_seed": self.rl_seed,
                 "held_out": {s: len(p) for s, p in self.splits.items()}}
+        if job.lora is not None:            # the checkpoints hold the adapters: what they adapt (export reads it)
+            meta["lora"] = {"config": {**dataclasses.asdict(job.lora), "targets": list(job.lora.targets)},
+                            "hf_path": job.hf_path, "seed": job.seed}
         identity = None                     # a reused warm start keeps the identity it was made with
         if job.warm_start_from is not None:
             say(f"warm start: reusing the one in {job.warm_start_from}")

@@ -22,18 +22,25 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from swarmjax.models.config import DTYPES, ModelConfig
-from swarmjax.models.hf import CONFIG_FILE, GENERATION_CONFIG, to_hf
+from swarmjax.models.config import DTYPES, LoraConfig, ModelConfig
+from swarmjax.models.hf import CONFIG_FILE, GENERATION_CONFIG, from_hf, to_hf
+from swarmjax.models.lora import merge
+from swarmjax.models.peft_io import write_peft
+from swarmjax.models.transformer import init_params
 from swarmjax.text.chat import ChatFormat
 from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.policy import TOKENIZER_DIR, copy_tokenizer, read_policy
 
 
-def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | None = None) -> dict[str, Any]:
+def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | None = None,
+               adapter: bool = False) -> dict[str, Any]:
     """Write checkpoint ``which`` ("latest", "best" or a step) of the text run in
     ``workdir`` to ``out`` as a Hugging Face checkpoint (module docstring), the params cast
-    to ``dtype`` ("float32", "bfloat16"; None: as trained). Returns what was written:
-    ``step``, ``eos_token_id``, ``dtype``, ``files``."""
+    to ``dtype`` ("float32", "bfloat16"; None: as trained). A LoRA run's checkpoint (its
+    adapters alone) is merged into its base (the run's ``hf_path``, or its seed's random
+    model); with ``adapter`` it is written as a PEFT adapter directory instead
+    (:func:`swarmjax.models.peft_io.write_peft`, over the run's ``hf_path``). Returns what
+    was written: ``step``, ``eos_token_id``, ``dtype``, ``files``."""
     cfg, chat = read_policy(workdir)
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPES)}")
@@ -42,12 +49,38 @@ def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | No
         raise ValueError(f"no checkpoints in {workdir}")
     with Checkpointer(str(directory), save_every=1, read_only=True) as ckpt:
         step = ckpt.step_of(which)
-        state, _ = ckpt.read(step)
-    params = state["params"]
+        state, meta = ckpt.read(step)
+    params, lora = state["params"], meta.get("lora")
+    if adapter:
+        if lora is None:
+            raise ValueError(f"--adapter: the run in {workdir} trained the whole model, not LoRA adapters")
+        if lora["hf_path"] is None:
+            raise ValueError(f"--adapter: the run in {workdir} adapted a random model (no hf_path), which no "
+                             "adapter can be loaded onto: export the merged model")
+        lcfg = LoraConfig(**{**lora["config"], "targets": tuple(lora["config"]["targets"])})
+        files = write_peft(cfg.replace(lora=lcfg), params["lora"], out, base_model=lora["hf_path"])
+        copy_tokenizer(str(epath.Path(workdir) / TOKENIZER_DIR), str(out))
+        return {"step": step, "eos_token_id": [int(i) for i in chat.stop_ids], "dtype": "float32",
+                "files": sorted({*files, *(p.name for p in epath.Path(out).iterdir())})}
+    if lora is not None:
+        params = merge({**_lora_base(cfg, lora), "lora": params["lora"]},
+                       cfg.replace(lora=LoraConfig(**{**lora["config"], "targets": tuple(lora["config"]["targets"])})))
     if dtype is not None:
         cfg = cfg.replace(param_dtype=dtype)
         params = jax.tree.map(lambda x: jnp.asarray(x, DTYPES[dtype]), params)
     return {"step": step, **write_hf_checkpoint(cfg, params, chat, str(epath.Path(workdir) / TOKENIZER_DIR), out)}
+
+
+def _lora_base(cfg: ModelConfig, lora: dict[str, Any]) -> dict[str, Any]:
+    """The frozen base a LoRA run adapted (its checkpoint meta's ``lora``): its ``hf_path``'s
+    weights, or its seed's random model (as the job made it)."""
+    if lora["hf_path"] is not None:
+        base_cfg, params = from_hf(lora["hf_path"], param_dtype=cfg.param_dtype)
+        if base_cfg.replace(lora=None) != cfg.replace(lora=None):
+            raise ValueError(f"the run's base {lora['hf_path']} is no longer the model it trained on "
+                             "(its config differs)")
+        return params
+    return init_params(cfg.replace(lora=None), jax.random.key(lora["seed"]))
 
 
 def write_hf_checkpoint(cfg: ModelConfig, params: Any, chat: ChatFormat, tokenizer_dir: str, out: str
