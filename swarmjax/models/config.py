@@ -62,12 +62,15 @@ class LoraConfig:
     """Low-rank adapters of rank ``rank`` on the ``targets`` (weight names of the model's
     attention and MLP: :data:`LORA_TARGETS`), scaled by ``alpha / rank``; ``dropout``: the
     probability of dropping each input of an adapter's path in training (the base path
-    keeps all of them), as PEFT's ``lora_dropout``."""
+    keeps all of them), as PEFT's ``lora_dropout``; ``optimizer``: the optimizer of the
+    adapters (a name of ``swarmjax.optim.OPTIMIZERS``, AdamW by default as for LoRA
+    elsewhere; None: the job's own), with the job's other optimizer settings."""
 
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] = LORA_ATTENTION + LORA_MLP
+    optimizer: str | None = "adamw"
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or self.rank < 1:

@@ -290,7 +290,7 @@ OPTIMIZERS: dict[str, Callable[[OptimConfig, Callable], optax.GradientTransforma
 
 
 def make_optimizer(cfg: OptimConfig, dimension_numbers: Callable[[Any], Any] | None = None, *,
-                   mesh: Mesh | None = None, frozen_base: bool = False) -> optax.GradientTransformation:
+                   mesh: Mesh | None = None, frozen_base: bool | str = False) -> optax.GradientTransformation:
     """Global-norm clipping, then the configured optimizer.
 
     ``dimension_numbers`` maps a param tree to Muon dimension numbers (None leaves
@@ -299,8 +299,11 @@ def make_optimizer(cfg: OptimConfig, dimension_numbers: Callable[[Any], Any] | N
     over it (:func:`newton_schulz`) instead of gathering them on every device.
     ``frozen_base``: LoRA (``ModelConfig.lora``): only ``params["lora"]`` is trained; the
     rest gets zero updates and no optimizer state (``optax.partition`` with
-    ``optax.set_to_zero``).
+    ``optax.set_to_zero``); a name (``LoraConfig.optimizer``, e.g. "adamw") trains the
+    adapters with that optimizer instead of ``cfg.name``.
     """
+    if isinstance(frozen_base, str):
+        cfg = dataclasses.replace(cfg, name=frozen_base)
     dims = dimension_numbers or (lambda p: muon_dimension_numbers(p, cfg.muon_per_head))
     opt = OPTIMIZERS[cfg.name](cfg, dims, mesh=mesh)
     if cfg.max_grad_norm:

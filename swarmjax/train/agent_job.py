@@ -47,6 +47,7 @@ import numpy as np
 
 from swarmjax.envs.task import ROLES, EnvContext, make_env, resolve_task, task_name
 from swarmjax.models.config import LoraConfig, ModelConfig
+from swarmjax.models.hf import hf_config
 from swarmjax.models.lora import frozen_part, init_lora, over_base
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.judge import JudgeReward, judge_corpus
@@ -184,6 +185,13 @@ class AgentJob:
             raise ValueError("eval_episodes and max_subagents must be >= 1, eval_every and log_every >= 0")
         if self.tool_timeout_s <= 0:
             raise ValueError(f"tool_timeout_s must be > 0, got {self.tool_timeout_s}")
+        if self.lora is not None:
+            from swarmjax.optim.muon import OPTIMIZERS
+
+            if self.lora.optimizer is not None and self.lora.optimizer not in OPTIMIZERS:
+                raise ValueError(f"lora.optimizer {self.lora.optimizer!r}: one of {', '.join(OPTIMIZERS)}, or None "
+                                 "for the job's own")
+            self.lora.check(self.policy().model if self.hf_path is None else hf_config(self.hf_path))
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; known: {', '.join(ENGINES)}")
         ENGINES[self.engine].check(self, task)
