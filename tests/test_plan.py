@@ -194,3 +194,22 @@ def test_muon_orthogonalises_spread_over_the_mesh(mesh):
         compiled, _ = plan_update(Learner(cfg, update, mesh=fsdp, optimizer=opt), 8, 16)
         temp[name] = xla_total(compiled)[1]
     assert temp["spread"] < 0.5 * temp["gathered"], temp
+
+
+def test_a_lora_plan_keeps_optimizer_state_and_sub_agents_to_the_adapters(mesh):
+    """LoRA beside full training of one model: the params plus the adapters, the optimizer
+    state of the adapters alone, and frozen sub-agents that hold only their adapters (the
+    base weights held once): each equal to what the real sharded arrays hold on a device."""
+    from swarmjax.models.config import LoraConfig
+    from swarmjax.train.plan_swarm import plan_swarm
+
+    lora = CFG.replace(lora=LoraConfig(rank=4))
+    full, low = (plan_memory(c, mesh, batch=8, seq=64) for c in (CFG, lora))
+    state = Learner(lora, UpdateConfig(), mesh=mesh).init(init_params(lora, jax.random.key(0)))
+    on_device0 = lambda tree: sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards
+                                  if s.device == jax.devices()[0])
+    assert low.params == on_device0(state.params) == full.params + on_device0(state.params["lora"])
+    assert low.opt_state == on_device0(state.opt_state) < full.opt_state
+    swarm = {c.lora is None: plan_swarm(c, mesh, episodes=8, subagents=2, context=64) for c in (CFG, lora)}
+    assert swarm[True].sub_params == full.params                        # a second copy of the base
+    assert swarm[False].sub_params == on_device0(state.params["lora"])   # the adapters alone

@@ -7,6 +7,7 @@
     swarmjax plan --hf ~/ckpt/Qwen3-0.6B --mesh 8,1,1 --batch 16 --seq 1024 --warm-batch 16   # and the warm start
     swarmjax plan --model qwen3-0.6b,qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --subagents 8,32 \
         --subagent-context 4096 --remat block      # the whole RL step with the swarm rollout, a table
+    swarmjax plan --model qwen3-8b --mesh 1,8,1 --batch 32 --seq 2048 --subagents 8 --lora 16   # LoRA beside full
 
 Compiles the learner update, the rollout (and with --warm-batch the warm start's step) ahead of time from
 abstract shapes on simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
@@ -15,7 +16,8 @@ the total fits v5e / v5p / v6e / H100 (:mod:`swarmjax.train.plan`). With ``--sub
 the swarm rollout too: B orchestrator rows and B x K sub-agent rows (or a pool of
 ``--subagent-lanes``), their caches, the frozen sub-agent weights and one tick of their
 decoding (:mod:`swarmjax.train.plan_swarm`). Several models or K give one plan each and
-a summary table.
+a summary table. ``--lora R`` adds LoRA training of rank R beside each (the optimizer
+state of the adapters alone; frozen sub-agents as adapters over the same base weights).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rollout-batch", type=int, help="rows decoded at once (default --batch)")
     p.add_argument("--dtype", help="override the preset's compute and param dtype (float32, bfloat16)")
     p.add_argument("--optimizer", choices=("muon", "adamw"), default="muon")
+    p.add_argument("--lora", type=_ints, default=(),
+                   help="also plan LoRA training of these ranks (adapters on every linear map, AdamW), "
+                        "beside full training; several comma-separated")
     p.add_argument("--loss", default="gspo", help="a loss preset (swarmjax.rl.losses.loss_preset), e.g. gspo, grpo")
     p.add_argument("--minibatches", type=int, default=4, help="optimizer steps per update")
     p.add_argument("--microbatches", type=int, default=1, help="gradient accumulation per minibatch")
@@ -107,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     _simulated_cpu_devices(devices)
     import jax
 
-    from swarmjax.models.config import preset
+    from swarmjax.models.config import LoraConfig, preset
     from swarmjax.models.hf import hf_config
     from swarmjax.optim import OptimConfig
     from swarmjax.rl.losses import loss_preset
@@ -134,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
     data, fsdp, tensor = args.mesh
     mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices=jax.devices()[:devices])
     summary = []
+    if any(r < 1 for r in args.lora):
+        raise ValueError(f"--lora ranks must be >= 1, got {args.lora}")
+    models = [(f"{name} LoRA r{r}" if r else name, cfg.replace(lora=LoraConfig(rank=r)) if r else cfg)
+              for name, cfg in models for r in (0, *args.lora)]
     for name, cfg in models:
         plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
                            rollout_batch=args.rollout_batch, prompt=args.prompt,

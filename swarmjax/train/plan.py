@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.lora import frozen_part
 from swarmjax.models.transformer import abstract_params, init_cache
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.trajectory import TrajectoryBatch
@@ -148,7 +149,7 @@ def abstract_train_state(learner: Learner) -> TrainState:
     """The learner's state as shapes with their shardings (the reference model in
     ``frozen`` when the loss has a KL term)."""
     params = abstract_params(learner.model_cfg)
-    frozen = {"reference": params} if learner.cfg.loss.kl_beta > 0 else None
+    frozen = {"reference": frozen_part(params)} if learner.cfg.loss.kl_beta > 0 else None   # LoRA: adapters
     state = jax.eval_shape(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p,
                                                 opt_state=learner.optimizer.init(p), frozen=frozen), params)
     return with_shardings(state, learner.state_shardings(state))
@@ -315,9 +316,9 @@ def format_summary(plans: list[tuple[str, Any, MemoryPlan]]) -> str:
     """One line a (model, sub-agents K, plan): the update's, the rollout's (the swarm's
     with K) and the step's per-device GiB, and the devices the step fits (90%)."""
     g = lambda n: f"{n / GIB:8.2f}"
-    lines = [f"{'model':<14}{'K':>4}{'update':>9}{'rollout':>9}{'total':>9}  fits (90% of memory)"]
+    lines = [f"{'model':<22}{'K':>4}{'update':>9}{'rollout':>9}{'total':>9}  fits (90% of memory)"]
     for name, k, p in plans:
         rollout = p.rollout_total if p.swarm is None else p.swarm.total
         fits = ", ".join(d for d in DEVICE_MEMORY if p.fits(d)) or "none"
-        lines.append(f"{name:<14}{'-' if k is None else k:>4}{g(p.update_total)}{g(rollout)}{g(p.total)}  {fits}")
+        lines.append(f"{name:<22}{'-' if k is None else k:>4}{g(p.update_total)}{g(rollout)}{g(p.total)}  {fits}")
     return "\n".join(lines)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.lora import frozen_part, over_base
 from swarmjax.models.transformer import abstract_params, cache_logical_axes, init_cache, param_logical_axes
 from swarmjax.sharding.mesh import batch_sharding, tree_shardings
 from swarmjax.swarm.text_device import Rows
@@ -95,7 +96,8 @@ def plan_swarm(cfg: ModelConfig, mesh: Mesh, *, episodes: int, subagents: int, c
         ``B x K``, as the jitted text swarm runs today).
       chunk, wide_rows: the engine's chunk width F and the fraction of rows fed a chunk in
         one tick (:class:`~swarmjax.swarm.text_engine.TextSwarm`).
-      subagent_model: the sub-agents' model (None: a frozen copy of ``cfg``).
+      subagent_model: the sub-agents' model (None: a frozen copy of ``cfg``; with
+        ``cfg.lora`` a copy of its adapters over the same base weights, held once).
       resident: bytes a device keeps from the rest of the step (optimizer state,
         reference model), added to ``total``.
     """
@@ -112,6 +114,9 @@ def plan_swarm(cfg: ModelConfig, mesh: Mesh, *, episodes: int, subagents: int, c
         return with_shardings(p, tree_shardings(param_logical_axes(c), p, mesh))
 
     params = [weights(c) for c, _, _ in roles]
+    shared = sub_rows and subagent_model is None and cfg.lora is not None
+    if shared:                  # LoRA: the sub-agents are their adapters over the orchestrator's base arrays
+        params[1] = frozen_part(params[1])
     rows = [abstract_rows(c, mesh, n, x) for c, n, x in roles]
     traces = [jax.ShapeDtypeStruct((n, x), jnp.int32, sharding=batch_sharding(mesh, 2, batch_size=n))
               for _, n, x in roles]
@@ -126,6 +131,8 @@ def plan_swarm(cfg: ModelConfig, mesh: Mesh, *, episodes: int, subagents: int, c
 
     def tick(params, rows, traces):
         out = []
+        if shared:
+            params = [params[0], over_base(params[1], params[0])]
         for p, m, r, ids in zip(params, models, rows, traces):
             rope = r.rope(m.cfg, m.context)
             r = forward_rows(p, m, r, ids, jnp.ones(r.pos.shape, jnp.int32), 1, rope)      # every row: one id
