@@ -468,6 +468,9 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
                              "swarmjax.models.lora.init_lora)")
         base = jax.lax.stop_gradient({k: v for k, v in params.items() if k != "lora"})   # frozen
         params = {**base, "layers": _with_lora(base["layers"], params["lora"])}
+    elif "lora" in params:          # adapters a config without lora would silently leave out
+        raise ValueError("the params hold LoRA adapters (params['lora']) but ModelConfig.lora is None: pass "
+                         "the config they were made with, or merge them (swarmjax.models.lora.merge)")
     B, T = tokens.shape
     token_mask = jnp.ones((B, T), bool) if token_mask is None else token_mask.astype(bool)
     positions = default_positions(token_mask) if positions is None else positions
