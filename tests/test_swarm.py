@@ -373,3 +373,36 @@ def test_reset_and_groups():
 def test_vocab_too_small_is_a_clear_error():
     with pytest.raises(ValueError, match="vocab_size"):
         SwarmRollout(RolloutConfig(env=SMALL), model_for(SMALL).replace(vocab_size=10))
+
+
+def test_one_base_under_the_orchestrator_and_its_sub_agents():
+    """A LoRA orchestrator and sub-agents that are another adapter over the same base, in
+    the token swarm: the two roles' params hold one copy of the base (the same device
+    buffers), and the episodes (ids, sub-agents' ids, log-probs) are those of two separate
+    models with the adapters merged into their weights."""
+    from swarmjax.models.config import LoraConfig
+    from swarmjax.models.lora import frozen_part, init_lora, merge, over_base
+
+    cfg, base_cfg = SMALL, model_for(SMALL)
+    lcfg = base_cfg.replace(lora=LoraConfig(rank=4))
+    params = jax.tree.map(lambda x: x * 6 if x.ndim >= 2 else x, init_params(base_cfg, jax.random.key(1)))
+
+    def adapters(seed):            # trained-looking adapters: B not zero
+        fresh = init_lora(lcfg, jax.random.key(seed))
+        return jax.tree_util.tree_map_with_path(lambda p, x: x if p[-1].key.endswith("_clip") else
+                                                x + jax.random.normal(jax.random.key(seed + x.size), x.shape), fresh)
+    orch = {**params, "lora": adapters(2)}
+    roles = Roles(orch, over_base({"lora": adapters(3)}, orch))
+    buffers = {x.unsafe_buffer_pointer(): x.nbytes for x in jax.tree.leaves(roles)}
+    base_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    assert sum(buffers.values()) == base_bytes + 2 * sum(x.nbytes for x in jax.tree.leaves(frozen_part(orch)))
+    greedy = RolloutConfig(env=cfg, sampling=Roles.both(SamplingConfig(temperature=0.0)))
+    tasks = wsj.reset(jax.random.key(3), cfg, 8)
+    scripts = spawn_then_sample(cfg, episodes(tasks))     # sub-agents spawned, then every id sampled
+    got = SwarmRollout(greedy, lcfg)(roles, tasks, jax.random.key(4), scripts=scripts)
+    want = SwarmRollout(greedy, base_cfg)(Roles(merge(roles.orchestrator, lcfg), merge(roles.subagents, lcfg)),
+                                          tasks, jax.random.key(4), scripts=scripts)
+    assert int(got.spawned.sum()) > 0                                   # the sub-agents did decode
+    for name in ("tokens", "worker_tokens", "length", "worker_length"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=2e-4)
