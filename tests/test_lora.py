@@ -165,3 +165,23 @@ def test_frozen_copies_are_the_adapters_alone_over_one_base():
     fresh = refresh_subagents(moved, "subagents").frozen["subagents"]
     assert set(fresh) == {"lora"}
     jax.tree.map(np.testing.assert_array_equal, fresh["lora"], moved.params["lora"])
+
+
+def test_the_sampler_decodes_rows_of_several_adapters_in_one_batch():
+    """Sampler(adapter=[B]): rows of two adapters (and the bare base) in one greedy decode
+    give each row the ids and log-probs of its own merged model decoded alone."""
+    from swarmjax.sampling import Sampler, SamplingConfig
+
+    params = _with(init_params(BASE, jax.random.key(0)), jax.random.key(1), 2)
+    prompts = np.asarray(jax.random.randint(jax.random.key(2), (3, 5), 1, BASE.vocab_size))
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=6)
+    both = Sampler(CFG, greedy)(params, prompts, adapter=np.array([0, 1, -1]))
+    alone = Sampler(BASE, greedy)
+    for row, index in enumerate([0, 1, None]):
+        merged = merge(params, CFG, index=index) if index is not None else \
+            {k: v for k, v in params.items() if k != "lora"}
+        want = alone(merged, prompts[row:row + 1])
+        np.testing.assert_array_equal(both.tokens[row], want.tokens[0])
+        np.testing.assert_allclose(both.logprobs[row], want.logprobs[0], atol=1e-4)
+    with pytest.raises(ValueError, match="has no lora"):
+        alone(params, prompts, adapter=np.array([0, 1, 0]))

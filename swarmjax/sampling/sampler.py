@@ -104,7 +104,7 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
              prompt_mask: Array, key: Array, cache: KVCache, *,
              max_new_tokens: Array | None = None, stop_tokens: Array | None = None,
              constrain_cache: Callable[[KVCache], KVCache] | None = None,
-             activation_sharding: Any = None) -> SampleOutput:
+             activation_sharding: Any = None, adapter: Array | None = None) -> SampleOutput:
     """Sample continuations of a batch of prompts (traceable; jit it or call it in jit).
 
     Args:
@@ -123,6 +123,9 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
         (:class:`Sampler`: rows over the data axes). Left free, XLA kept the whole batch's
         activations on every device and split the FSDP-sharded weights instead (Qwen3-8B,
         64 rows x 2048 prompt ids on 64 devices: [64, 2048, 12288] float32 MLP arrays).
+      adapter: with ``cfg.lora``, [B] int: each row's LoRA adapter (-1: the bare base), so
+        rows of several adapters decode in one batch over one copy of the base weights
+        (:mod:`swarmjax.models.lora`); None: adapter 0 for every row.
 
     Decoding stops for a row at its first stop token or its limit, and the whole
     loop ends when every row has stopped. The decode loop runs in
@@ -151,7 +154,7 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
     out = forward(stacked, cfg, prompts, positions=default_positions(prompt_mask),   # on a mesh: a layer scan
                   token_mask=prompt_mask, cache=first, cache_index=0,
                   logits_to_keep=1,            # left-aligned: the last column is every row's last token
-                  rope_table=rope, activation_sharding=activation_sharding)
+                  rope_table=rope, activation_sharding=activation_sharding, adapter=adapter)
     next_pos = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)              # [B]
 
     def record(state: DecodeState, i, logits, key):
@@ -177,7 +180,7 @@ def generate(params: Any, cfg: ModelConfig, scfg: SamplingConfig, prompts: Array
 
     def body(c: DecodeCarry) -> DecodeCarry:
         step = forward(params, cfg, c.tok[:, None], positions=c.pos[:, None], token_mask=c.feed[:, None],
-                       cache=c.cache, cache_index=P + c.i, rope_table=rope)
+                       cache=c.cache, cache_index=P + c.i, rope_table=rope, adapter=adapter)
         key, sub = jax.random.split(c.key)
         state, tok, feed = record(c.state, c.i + 1, step.logits[:, 0], sub)
         return DecodeCarry(i=c.i + 1, state=state, tok=tok, feed=feed, cache=step.cache,
@@ -246,16 +249,16 @@ class Sampler:
         return jax.jit(lambda: init_cache(self.cfg, batch, max_len),
                        out_shardings=self._cache_shardings(batch, max_len))()
 
-    def _compile(self, params, batch: int, cache: KVCache, per_row: tuple[bool, bool]):
+    def _compile(self, params, batch: int, cache: KVCache, per_row: tuple[bool, bool, bool]):
         sig = (batch, cache.max_len, per_row)
         if sig in self._jitted:
             return self._jitted[sig]
         constrain = None if self.mesh is None else lambda c: jax.lax.with_sharding_constraint(
             c, self._cache_shardings(batch, c.max_len))
 
-        def fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens):
+        def fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens, adapter):
             return generate(params, self.cfg, self.scfg, prompts, prompt_mask, key, cache,
-                            max_new_tokens=max_new_tokens, stop_tokens=stop_tokens,
+                            max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, adapter=adapter,
                             constrain_cache=constrain,
                             activation_sharding=None if self.mesh is None else batch_sharding(
                                 self.mesh, 3, rules=self.rules, batch_size=batch))
@@ -269,15 +272,18 @@ class Sampler:
                 fn, donate_argnums=4,
                 in_shardings=(self.param_shardings(params), rows(2), rows(2), repl,
                               self._cache_shardings(batch, cache.max_len),
-                              rows(1) if per_row[0] else None, rows(2) if per_row[1] else None))
+                              rows(1) if per_row[0] else None, rows(2) if per_row[1] else None,
+                              rows(1) if per_row[2] else None))
         self._jitted[sig] = jitted
         return jitted
 
     def __call__(self, params: Any, prompts: Array, *, prompt_mask: Array | None = None,
                  key: Array | None = None, max_new_tokens: Array | None = None,
-                 stop_tokens: Array | None = None, cache: KVCache | None = None) -> SampleOutput:
-        """Sample; shapes as in :func:`generate`. ``prompt_mask`` defaults to all True,
-        ``key`` to ``jax.random.key(0)``, ``cache`` to a fresh one."""
+                 stop_tokens: Array | None = None, cache: KVCache | None = None,
+                 adapter: Array | None = None) -> SampleOutput:
+        """Sample; shapes as in :func:`generate` (``adapter`` [B]: each row's LoRA adapter).
+        ``prompt_mask`` defaults to all True, ``key`` to ``jax.random.key(0)``, ``cache``
+        to a fresh one."""
         prompts = jnp.asarray(prompts, jnp.int32)
         B, P = prompts.shape
         prompt_mask = jnp.ones((B, P), bool) if prompt_mask is None else jnp.asarray(prompt_mask, bool)
@@ -287,8 +293,12 @@ class Sampler:
             raise ValueError(f"prompt token ids must be in [0, {self.cfg.vocab_size})")
         key = jax.random.key(0) if key is None else key
         cache = self.init_cache(B, P) if cache is None else cache
-        fn = self._compile(params, B, cache, (max_new_tokens is not None, stop_tokens is not None))
-        return fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens)
+        if adapter is not None and self.cfg.lora is None:
+            raise ValueError("adapter= picks LoRA adapters: the sampler's model config has no lora")
+        adapter = None if adapter is None else jnp.asarray(adapter, jnp.int32)
+        fn = self._compile(params, B, cache, (max_new_tokens is not None, stop_tokens is not None,
+                                              adapter is not None))
+        return fn(params, prompts, prompt_mask, key, cache, max_new_tokens, stop_tokens, adapter)
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], *, pad_id: int = 0,

@@ -184,11 +184,11 @@ def plan_rollout(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int, seq: int
     params = with_shardings(params, sampler.param_shardings(params))
     cache = jax.eval_shape(lambda: init_cache(cfg, batch, seq))
     cache = with_shardings(cache, sampler._cache_shardings(batch, seq))
-    fn = sampler._compile(params, batch, cache, (False, False))
+    fn = sampler._compile(params, batch, cache, (False, False, False))
     tokens = jax.ShapeDtypeStruct((batch, prompt), jnp.int32)
     mask = jax.ShapeDtypeStruct((batch, prompt), bool)
     key = jax.eval_shape(lambda: jax.random.key(0))
-    return fn.lower(params, tokens, mask, key, cache, None, None).compile(), cache
+    return fn.lower(params, tokens, mask, key, cache, None, None, None).compile(), cache
 
 
 def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
