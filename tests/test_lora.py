@@ -149,6 +149,7 @@ def test_frozen_copies_are_the_adapters_alone_over_one_base():
     once), and a refresh copies the adapters."""
     from swarmjax.config_file import apply_overrides
     from swarmjax.rl.update import Learner
+    from swarmjax.models.lora import over_base
     from swarmjax.train.agent_job import AgentJob, _frozen
     from swarmjax.train.agent_rl import rollout_params
     from swarmjax.train.subagents import refresh_subagents
@@ -165,6 +166,14 @@ def test_frozen_copies_are_the_adapters_alone_over_one_base():
     fresh = refresh_subagents(moved, "subagents").frozen["subagents"]
     assert set(fresh) == {"lora"}
     jax.tree.map(np.testing.assert_array_equal, fresh["lora"], moved.params["lora"])
+    # sub-agents on the bare base: their adapters add nothing (B zero); not with shared sub-agents
+    based = dataclasses.replace(job, lora=dataclasses.replace(CFG.lora, subagents="base"))
+    sub = over_base(_frozen(based, params)["subagents"], params)
+    tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, CFG.vocab_size)
+    np.testing.assert_array_equal(forward(sub, CFG, tokens).logits,
+                                  forward({k: v for k, v in params.items() if k != "lora"}, BASE, tokens).logits)
+    with pytest.raises(ValueError, match="shared sub-agents train the adapters"):
+        dataclasses.replace(based, subagents="shared").validate()
 
 
 def test_the_sampler_decodes_rows_of_several_adapters_in_one_batch():

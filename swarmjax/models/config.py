@@ -64,13 +64,16 @@ class LoraConfig:
     probability of dropping each input of an adapter's path in training (the base path
     keeps all of them), as PEFT's ``lora_dropout``; ``optimizer``: the optimizer of the
     adapters (a name of ``swarmjax.optim.OPTIMIZERS``, AdamW by default as for LoRA
-    elsewhere; None: the job's own), with the job's other optimizer settings."""
+    elsewhere; None: the job's own), with the job's other optimizer settings;
+    ``subagents``: what a job's frozen sub-agents decode with over the shared base: a
+    snapshot of the adapters RL starts from, or "base" (no adapter)."""
 
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple[str, ...] = LORA_ATTENTION + LORA_MLP
     optimizer: str | None = "adamw"
+    subagents: str = "snapshot"         # frozen sub-agents: the adapters RL starts from, or "base" (none)
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or self.rank < 1:
@@ -79,6 +82,9 @@ class LoraConfig:
             raise ValueError(f"lora.alpha must be > 0, got {self.alpha!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.subagents not in ("snapshot", "base"):
+            raise ValueError(f"lora.subagents must be 'snapshot' (the adapters RL starts from) or 'base' "
+                             f"(the bare base), got {self.subagents!r}")
         unknown = [t for t in self.targets if t not in LORA_TARGETS]
         if not self.targets or unknown or len(set(self.targets)) < len(self.targets):
             raise ValueError(f"lora.targets: distinct names of the model's linear maps, one or more of "

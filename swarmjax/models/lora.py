@@ -163,3 +163,12 @@ def over_base(frozen: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """A frozen copy (:func:`frozen_part`) made whole over ``params``' base: the same base
     arrays (held once) with the copy's adapters; a whole copy as it is."""
     return {**params, "lora": frozen["lora"]} if set(frozen) == {"lora"} else frozen
+
+
+def bare(lora: dict[str, Any]) -> dict[str, Any]:
+    """``lora`` with every B zero and QK-Clip's factors one: adapters that add nothing (the
+    bare base, bit for bit: ``x A 0 = 0``), shaped as the trained ones, e.g. sub-agents that
+    decode with the base."""
+    keep = lambda p, x: jnp.zeros_like(x) if p[-1].key == "b" else jnp.ones_like(x) if p[-1].key.endswith("_clip") \
+        else x
+    return jax.tree_util.tree_map_with_path(keep, lora)

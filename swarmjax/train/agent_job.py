@@ -48,7 +48,7 @@ import numpy as np
 from swarmjax.envs.task import ROLES, EnvContext, make_env, resolve_task, task_name
 from swarmjax.models.config import LoraConfig, ModelConfig
 from swarmjax.models.hf import hf_config
-from swarmjax.models.lora import frozen_part, init_lora, over_base
+from swarmjax.models.lora import bare, frozen_part, init_lora, over_base
 from swarmjax.models.transformer import init_params
 from swarmjax.rl.judge import JudgeReward, judge_corpus
 from swarmjax.rl.update import Learner
@@ -215,6 +215,11 @@ class AgentJob:
         if refresh.enabled and (self.role != "orchestrator" or self.subagents != "frozen"):
             raise ValueError("rl.refresh_subagents replaces frozen sub-agents: it needs role='orchestrator' and "
                              "subagents='frozen'")
+        if self.lora is not None and self.lora.subagents == "base" and (
+                self.role != "orchestrator" or self.subagents != "frozen" or refresh.enabled):
+            raise ValueError("lora.subagents='base' decodes frozen sub-agents with the bare base: it needs "
+                             "role='orchestrator', subagents='frozen' (shared sub-agents train the adapters) and "
+                             "no rl.refresh_subagents (a refresh copies the adapters)")
         if self.role == "orchestrator" and self.subagents == "shared" and _context(self, "summarizer") == "frozen":
             raise ValueError("rl.rollout.context.summarizer='frozen' decodes with the sub-agents' params, which "
                              "subagents='shared' trains: use subagents='frozen' or summarizer='policy'")
@@ -231,7 +236,8 @@ def _frozen(job: AgentJob, params: Any) -> dict | None:
     frozen = {}
     copy = lambda: jax.tree.map(jnp.copy, frozen_part(params))      # LoRA: the adapters alone, over one base
     if job.role == "orchestrator" and job.subagents == "frozen" or _context(job, "summarizer") == "frozen":
-        frozen["subagents"] = copy()
+        frozen["subagents"] = copy() if job.lora is None or job.lora.subagents == "snapshot" else \
+            {"lora": bare(params["lora"])}
     if job.judge is not None and job.judge.hf_path is None:
         frozen["judge"] = copy()
     if job.rl.update.loss.kl_beta > 0:                  # the KL term's reference: the policy RL starts from
