@@ -43,6 +43,7 @@ from jax import lax
 
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import KVCache, forward, init_cache, rope_table
+from swarmjax.programs import BoundedJit
 from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig, select_tokens
 
@@ -339,14 +340,17 @@ def make_prefix_jit(params, cfg, ids, length):
     return make_prefix(params, cfg, ids, length)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2),
-                   static_argnames=("steps", "orch_window", "work_window"), donate_argnums=(3, 4))
-def decode_segment_jit(params, cfgs, sampling, orch, work, key, **kwargs):
-    """:func:`decode_segment` jitted, both models' rows donated (caches updated in place)."""
-    return decode_segment(params, cfgs, sampling, orch, work, key, **kwargs)
+# Compiled programs a host rollout keeps (the most recently used; swarmjax/programs.py): a
+# decode segment is compiled for each combination of the two roles' row counts and cache
+# windows it meets (a few sizes each), and a long run meets hundreds
+DECODE_PROGRAMS, PREFILL_PROGRAMS = 48, 48
 
+decode_segment_jit = BoundedJit(decode_segment, size=DECODE_PROGRAMS, static_argnums=(1, 2),
+                                static_argnames=("steps", "orch_window", "work_window"), donate_argnums=(3, 4))
+""":func:`decode_segment` jitted, both models' rows donated (caches updated in place); the
+:data:`DECODE_PROGRAMS` most recently used programs kept."""
 
-@functools.partial(jax.jit, static_argnums=(1,), static_argnames=("window",), donate_argnums=(2,))
-def prefill_chunk_jit(params, cfg, rows, idx, ids, counts, reset, offset, *, window):
-    """:func:`prefill_chunk` jitted, the rows donated. One compile per (rows, chunk, window) bucket."""
-    return prefill_chunk(params, cfg, rows, idx, ids, counts, reset, offset, window=window)
+prefill_chunk_jit = BoundedJit(prefill_chunk, size=PREFILL_PROGRAMS, static_argnums=(1,), static_argnames=("window",),
+                               donate_argnums=(2,))
+""":func:`prefill_chunk` jitted, the rows donated: one program per (rows, chunk, window)
+bucket, the :data:`PREFILL_PROGRAMS` most recently used kept."""
