@@ -246,6 +246,26 @@ def test_a_warm_start_stopped_by_sigterm_continues_exactly(tmp_path, small, two_
     assert all(jax.tree.leaves(jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)))
 
 
+@pytest.mark.slow
+def test_lora_rl_adapts_a_full_warm_start(tmp_path, small, two_steps):
+    """``lora.warm_start=False``: the warm start trains the whole model (the run without
+    LoRA's warm start, bit for bit), RL trains adapters over it: the checkpoints hold the
+    adapters, the base every step trains over is the warm-started model, unchanged."""
+    run = tmp_path / "lora"
+    assert train(run, small, "rl.steps=2", "lora.rank=4", "lora.warm_start=False") == 0
+    assert rows(run / "metrics.jsonl", "sft") == rows(two_steps / "metrics.jsonl", "sft")
+    with Checkpointer(os.path.join(run, "checkpoints"), save_every=1, read_only=True) as ckpt:
+        saved, meta = ckpt.read(2)
+    assert set(saved["params"]) == {"lora"} and meta["lora"]["warm_start"]
+    from swarmjax.train.agent_job import AgentRun
+
+    job = apply_overrides(load_config(CONFIG, AgentJob), small + ["rl.steps=2", "lora.rank=4", "lora.warm_start=False"])
+    base = AgentRun(job, str(run), fresh=False, progress=False).lora_base()       # what a resume restores over
+    start = final_state(two_steps, small, 2)[0].frozen["subagents"]        # the full run's warm start
+    assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), base, start)))
+    assert np.abs(np.asarray(saved["params"]["lora"]["attn"]["q_proj"]["b"])).max() > 0     # the adapters moved
+
+
 def test_resume_without_checkpoint(tmp_path, capsys):
     assert main(["train", "--config", CONFIG, "--workdir", str(tmp_path), "--resume"]) == 2
     assert "no finished checkpoint" in capsys.readouterr().err

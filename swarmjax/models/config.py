@@ -66,7 +66,9 @@ class LoraConfig:
     adapters (a name of ``swarmjax.optim.OPTIMIZERS``, AdamW by default as for LoRA
     elsewhere; None: the job's own), with the job's other optimizer settings;
     ``subagents``: what a job's frozen sub-agents decode with over the shared base: a
-    snapshot of the adapters RL starts from, or "base" (no adapter)."""
+    snapshot of the adapters RL starts from, or "base" (no adapter); ``warm_start``: a
+    job's warm start trains the adapters too, or (False) the whole model, which RL then
+    adapts (its base: the warm-started model)."""
 
     rank: int = 8
     alpha: float = 16.0
@@ -74,6 +76,8 @@ class LoraConfig:
     targets: tuple[str, ...] = LORA_ATTENTION + LORA_MLP
     optimizer: str | None = "adamw"
     subagents: str = "snapshot"         # frozen sub-agents: the adapters RL starts from, or "base" (none)
+    warm_start: bool = True             # the warm start trains the adapters too (False: the whole model,
+                                        # and RL adapts the warm-started model)
 
     def __post_init__(self):
         if not isinstance(self.rank, int) or self.rank < 1:

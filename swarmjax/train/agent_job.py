@@ -166,8 +166,9 @@ class AgentJob:
     def warm_identity(self) -> dict[str, str]:
         """What determines the warm start (:mod:`swarmjax.train.warm_start`), as reprs: the
         task, the policy, the role and the SFT config, the seed."""
+        lora = self.lora is not None and self.lora.warm_start          # a LoRA warm start
         return {"task": repr(self.task), "policy": repr(self.policy()), "role": repr(self.role),
-                "sft": repr(self.sft), "seed": repr(self.seed), **({} if self.lora is None else {"lora": repr(self.lora)})}
+                "sft": repr(self.sft), "seed": repr(self.seed), **({"lora": repr(self.lora)} if lora else {})}
 
     def validate(self) -> None:
         """One-line errors for a config that cannot run (the policy's paths read, nothing
@@ -290,10 +291,15 @@ class AgentRun(JobRun):
                 lambda: prepare_policy(job.policy(), workdir, fresh=fresh, corpus=corpus, write=False))
         else:                                     # the task's own ids: the model as configured
             cfg, self.params, chat = job.model, None, None
-        if job.lora is not None:                  # adapters over the frozen policy (fresh: they add nothing yet)
+        # LoRA: adapters over the frozen policy (fresh: they add nothing yet); a full warm start
+        # trains the model as loaded (warm_cfg), and RL adapts what it made
+        self.warm_cfg = cfg
+        if job.lora is not None:
             cfg = cfg.replace(lora=job.lora)
-            if self.params is not None:
-                self.params = {**self.params, "lora": init_lora(cfg, jax.random.fold_in(jax.random.key(job.seed), 7))}
+            if job.lora.warm_start or job.sft is None:
+                self.warm_cfg = cfg
+                if self.params is not None:
+                    self.params = self.with_adapters(self.params, cfg)
         self.cfg, self.chat = cfg, chat
         say(f"policy: {cfg.num_params() / 1e6:.2f}M parameters, {cfg.vocab_size} ids"
             f"{'' if chat is None else ', chat format ' + chat.name}{'' if job.hf_path is None else ', from ' + job.hf_path}"
@@ -323,19 +329,32 @@ class AgentRun(JobRun):
     def state_shapes(self) -> Any:
         return _state_shapes(self.job, self.learner, self.cfg)
 
+    def with_adapters(self, params: Any, cfg: ModelConfig | None = None) -> Any:
+        """``params`` (without adapters) with fresh ones (:func:`~swarmjax.models.lora.init_lora`)."""
+        return {**params, "lora": init_lora(cfg or self.cfg, jax.random.fold_in(jax.random.key(self.job.seed), 7))}
+
+    def full_warm_start(self) -> bool:
+        """Whether the warm start trains the whole model and RL then adapts it (``lora.warm_start=False``)."""
+        return self.job.lora is not None and not self.job.lora.warm_start and self.job.sft is not None
+
     def start_params(self) -> Any:
-        """The params the warm start (or RL without one) starts from: the policy as
-        loaded, else the seed's random model (the token world's warm start: its own key)."""
+        """The params the warm start (or RL without one) starts from, of :attr:`warm_cfg`:
+        the policy as loaded, else the seed's random model (the token world's warm start:
+        its own key)."""
         if self.params is not None:
             return self.params
         token_sft = not self.kind.text and self.job.sft is not None
-        return init_params(self.cfg, jax.random.fold_in(self.key, 0) if token_sft else self.key)
+        return init_params(self.warm_cfg, jax.random.fold_in(self.key, 0) if token_sft else self.key)
 
     def lora_base(self) -> Any | None:
-        """With ``lora``, the frozen base every step trains over (:meth:`start_params`
-        without the adapters), laid out as the learner lays out params; else None."""
+        """With ``lora``, the frozen base every step trains over, laid out as the learner
+        lays out params: :meth:`start_params` without the adapters, or after a full warm
+        start the model it made (``<workdir>/warm_start``); else None."""
         if self.job.lora is None:
             return None
+        if self.full_warm_start():
+            base = jax.eval_shape(lambda: init_params(self.warm_cfg, self.key))
+            return load_warm_start(self.job, self.job.warm_start_from or self.workdir, base)[0]
         return {k: v for k, v in self.start_params().items() if k != "lora"}
 
     def start(self, log: JobLog, saves: WarmSteps) -> tuple[Any, dict]:
@@ -347,21 +366,25 @@ class AgentRun(JobRun):
                 "held_out": {s: len(p) for s, p in self.splits.items()}}
         if job.lora is not None:            # the checkpoints hold the adapters: what they adapt (export reads it)
             meta["lora"] = {"config": {**dataclasses.asdict(job.lora), "targets": list(job.lora.targets)},
-                            "hf_path": job.hf_path, "seed": job.seed}
+                            "hf_path": job.hf_path, "seed": job.seed, "warm_start": self.full_warm_start()}
         identity = None                     # a reused warm start keeps the identity it was made with
         if job.warm_start_from is not None:
             say(f"warm start: reusing the one in {job.warm_start_from}")
             params, warm = load_warm_start(job, job.warm_start_from,
-                                           jax.eval_shape(lambda: init_params(self.cfg, self.key)))
+                                           jax.eval_shape(lambda: init_params(self.warm_cfg, self.key)))
             meta["warm_start_data"], identity = warm.get("sft_accuracy") or None, warm["identity"]
         elif job.sft is None:
             params = self.start_params()
         else:
             params, meta["warm_start_data"] = WARM_STARTS[type(job.sft)](self, log, saves)
             meta["warm_start_s"] = time.perf_counter() - clock
+        full = self.full_warm_start()
+        if full:                   # RL adapts the warm-started model
+            params = self.with_adapters(params)
         state = self.learner.init(params, _frozen(job, params))
         if job.sft is not None:    # every run's workdir holds its warm start, laid out on the learner's mesh
-            save_warm_start(job, self.workdir, state.params, meta["warm_start_data"], identity=identity)
+            warm = {k: v for k, v in state.params.items() if k != "lora"} if full else state.params
+            save_warm_start(job, self.workdir, warm, meta["warm_start_data"], identity=identity)
         return state, meta
 
     def ready(self, state: Any, meta: dict) -> None:
@@ -495,7 +518,7 @@ def text_warm_start(run: AgentRun, log: JobLog, saves: WarmSteps) -> tuple[Any, 
         log_line(run.progress, job.log_every * 10, i, scfg.steps, "warm start", m,
                  ("loss", "orch_acc", "worker_acc") if scfg.per_role else ("loss", "agent_acc"))
     try:
-        params = warm_start(params, run.cfg, data, scfg, job.seed, on_sft, mesh=run.mesh, saves=saves)
+        params = warm_start(params, run.warm_cfg, data, scfg, job.seed, on_sft, mesh=run.mesh, saves=saves)
     finally:
         bar.close()
     return params, counts

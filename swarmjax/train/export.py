@@ -54,6 +54,10 @@ def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | No
     if adapter:
         if lora is None:
             raise ValueError(f"--adapter: the run in {workdir} trained the whole model, not LoRA adapters")
+        if lora.get("warm_start"):
+            raise ValueError(f"--adapter: the run in {workdir} adapted its own warm start, not a checkpoint an "
+                             "adapter loads onto: export its step 0 merged (--checkpoint 0: the warm start) "
+                             "for the base, or this step merged")
         if lora["hf_path"] is None:
             raise ValueError(f"--adapter: the run in {workdir} adapted a random model (no hf_path), which no "
                              "adapter can be loaded onto: export the merged model")
@@ -63,7 +67,7 @@ def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | No
         return {"step": step, "eos_token_id": [int(i) for i in chat.stop_ids], "dtype": "float32",
                 "files": sorted({*files, *(p.name for p in epath.Path(out).iterdir())})}
     if lora is not None:
-        params = merge({**_lora_base(cfg, lora), "lora": params["lora"]},
+        params = merge({**_lora_base(cfg, lora, workdir), "lora": params["lora"]},
                        cfg.replace(lora=LoraConfig(**{**lora["config"], "targets": tuple(lora["config"]["targets"])})))
     if dtype is not None:
         cfg = cfg.replace(param_dtype=dtype)
@@ -71,9 +75,16 @@ def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | No
     return {"step": step, **write_hf_checkpoint(cfg, params, chat, str(epath.Path(workdir) / TOKENIZER_DIR), out)}
 
 
-def _lora_base(cfg: ModelConfig, lora: dict[str, Any]) -> dict[str, Any]:
-    """The frozen base a LoRA run adapted (its checkpoint meta's ``lora``): its ``hf_path``'s
-    weights, or its seed's random model (as the job made it)."""
+def _lora_base(cfg: ModelConfig, lora: dict[str, Any], workdir: str) -> dict[str, Any]:
+    """The frozen base a LoRA run adapted (its checkpoint meta's ``lora``): its own warm
+    start (``lora.warm_start=False``: ``<workdir>/warm_start``), its ``hf_path``'s weights,
+    or its seed's random model (as the job made it)."""
+    if lora.get("warm_start"):
+        import orbax.checkpoint as ocp
+
+        shapes = jax.eval_shape(lambda: init_params(cfg.replace(lora=None), jax.random.key(0)))
+        with ocp.StandardCheckpointer() as ckpt:
+            return ckpt.restore(epath.Path(workdir).absolute() / "warm_start" / "params", shapes)
     if lora["hf_path"] is not None:
         base_cfg, params = from_hf(lora["hf_path"], param_dtype=cfg.param_dtype)
         if base_cfg.replace(lora=None) != cfg.replace(lora=None):

@@ -110,7 +110,7 @@ def token_warm_start(run: Any, log: Any, saves: Any) -> tuple[Any, dict[str, flo
         log_line(run.progress, job.log_every * 10, i, scfg.steps, "warm start", m, ("loss", "orch_acc", "worker_acc"))
     params = run.start_params()
     try:
-        warm, report = train_sft(params, run.cfg, dataclasses.replace(run.task.cfg, budget=None), scfg, on_sft,
+        warm, report = train_sft(params, run.warm_cfg, dataclasses.replace(run.task.cfg, budget=None), scfg, on_sft,
                                  saves=saves)
     finally:
         bar.close()
