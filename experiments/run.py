@@ -103,6 +103,17 @@ EXPERIMENTS = {
         # return; a chunk of 2 entities (half the warm start's delegations) is stopped.
         # Budget 12 = the fewest critical steps at n = 16 then (8 x 1 delegated, 8 serial)
         variant=("task.cfg.subagent_steps=2", "task.cfg.budget=12")),
+    "lora": Experiment(
+        claim="PARL with LoRA adapters (rank 16 on every linear map, AdamW, frozen sub-agents a copy "
+              "of the adapters over the same base) over the warm-started model keeps the full run's "
+              "critical-step cut at item-F1 >= 0.95.",
+        source="LoRA, arXiv 2106.09685; LoRA RL as Tunix (qwix), verl and TRL (PEFT) train it; "
+               "multi-adapter batching as S-LoRA (arXiv 2311.03285)",
+        # RL adapts the default job's own warm start (lora.warm_start=False keeps the warm start
+        # the whole model's, so the arm reuses it); the default arm trains every weight
+        arms={"default": (), "lora": ("lora.rank=16", "lora.warm_start=False")},
+        curves=("critical_steps", "accuracy", "subagents", "reward"),
+        train_means=("accuracy", "critical_steps")),
     "staleness": Experiment(
         claim="Rollouts that run ahead of the learner (asynchronous RL, the batch decoded with the "
               "policy 1 or 2 updates old) learn about as well per step as synchronous ones at this "
