@@ -116,9 +116,11 @@ class AgentJob:
     checkpoint: how often RL checkpoints and how many are kept (None: at every evaluation
       and preemption, the last two and the best kept).
     lora: train low-rank adapters over the frozen policy (:class:`~swarmjax.models.config.LoraConfig`:
-      rank, alpha, dropout, targets), in the warm start and in RL (None: the whole model).
-      Frozen copies (sub-agents, KL reference, judge) are then the adapters alone over the
-      one base the trained policy decodes with (:func:`~swarmjax.models.lora.over_base`).
+      rank, alpha, dropout, targets, the adapters' optimizer), in the warm start and in RL, or
+      (``lora.warm_start=False``) in RL over the model a full warm start made (None: the
+      whole model throughout). Frozen copies (sub-agents, KL reference, judge) are then the
+      adapters alone over the one base the trained policy decodes with
+      (:func:`~swarmjax.models.lora.over_base`); checkpoints hold the adapters.
     """
 
     task: Any = "arith"
