@@ -323,6 +323,16 @@ def test_summary_strategy_restarts_from_the_agents_summary(world):
     assert summary in event["text"] and trace["metrics"]["context_dropped"] == res.orchestrators[0].dropped > 0
     text = task.chat.tokenizer.decode(res.orchestrators[1].arrays()["ids"])  # never summarised: asked
     assert SUMMARY_REQUEST in text and not res.orchestrators[1].segments
+    # an agent that summarises again and again: its own summaries count toward
+    # max_compactions, and the one past it ends the episode as out of context
+    from swarmjax.envs.widesearch_jax import END_ANSWER, END_CONTEXT
+
+    bounded = TextRollout(model, dataclasses.replace(rcfg, context=ContextConfig("summary", max_compactions=2)),
+                          stop_ids=task.chat.stop_ids)
+    envs = [task.orchestrator(ep, summarize=True) for ep in eps]
+    res = bounded(Roles.both(params), envs, eps, jax.random.key(0), scripts=TextScripts(orch=[[call] * 6, serial[1]]))
+    assert res.end_reason.tolist() == [END_CONTEXT, END_ANSWER] and len(res.orchestrators[0].segments) == 2
+    assert res.rewards["r_perf"].tolist() == [0.0, 1.0]
     with pytest.raises(ValueError, match="lacks restart_ids"):
         from swarmjax.swarm.context import check_env
         check_env("summary", object())

@@ -39,8 +39,10 @@ such a task up front: :func:`check_env`).
 
 Compaction happens where a finished turn's reply is heard (after a turn or after a
 stage of sub-agents), for the orchestrator (or single agent); sub-agents keep their own
-bounded contexts. ``max_compactions`` bounds the compactions the rollout starts (and the
-summary requests); a ``summarize`` call the agent makes on its own always restarts.
+bounded contexts. ``max_compactions`` bounds the segments of an episode: the compactions
+the rollout starts (and the summary requests), and the ``summarize`` calls the agent makes
+on its own, which restart while the bound allows; one past it ends the episode as out of
+context (an agent that summarises again and again never runs out of context otherwise).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ import numpy as np
 
 from swarmjax.envs.context_notes import DISCARD_NOTE, KEEP_NOTE, SUMMARY_NOTE
 
+MAX_SEGMENTS = 1 << 11          # an orchestrator segment's key id is segment << 20, in an int32
+
+
 @dataclasses.dataclass(frozen=True)
 class ContextConfig:
     """The orchestrator's context strategy (module docstring).
@@ -60,7 +65,9 @@ class ContextConfig:
     strategy: a key of :data:`STRATEGIES`.
     threshold: ids past which a heard reply triggers a compaction (None: the
       orchestrator's context itself, i.e. only when the reply would not fit).
-    max_compactions: compactions per episode; past them the strategy is ``"none"``.
+    max_compactions: compactions per episode (at most 2047: every segment has a sampling
+      key of its own); past them the strategy is ``"none"`` and an agent's own summary
+      ends the episode (out of context).
     summarizer: who writes a ``"summary"`` past the threshold: ``"policy"`` (the agent's
       own next turn) or ``"frozen"`` (a frozen copy of the policy, the sub-agents' params,
       run as a one-turn sub-agent over the conversation: :func:`summarizer_task`).
@@ -80,8 +87,8 @@ class ContextConfig:
             raise ValueError("summarizer='frozen' writes summaries: it needs strategy='summary'")
         if self.threshold is not None and self.threshold < 1:
             raise ValueError(f"context threshold must be >= 1 or None, got {self.threshold}")
-        if self.max_compactions < 0:
-            raise ValueError(f"max_compactions must be >= 0, got {self.max_compactions}")
+        if not 0 <= self.max_compactions < MAX_SEGMENTS:
+            raise ValueError(f"max_compactions must be in [0, {MAX_SEGMENTS}), got {self.max_compactions}")
 
 
 def _restart(env: Any, note: str) -> np.ndarray | None:

@@ -232,8 +232,9 @@ class TextRollout:
             for req in step.spawn:
                 ep.subagents.append(self._spawn(ep, req, len(ep.subagents), spawn_queue))
             ep.spawned += len(step.spawn)
-        elif step.restart is not None:                 # the agent summarised: a new segment
-            if self._restart(ep, step.restart, dropped=len(ep.orch.trace) - len(step.restart)):
+        elif step.restart is not None:                 # the agent summarised: a new segment, within the bound
+            within = len(ep.orch.trace.segments) < self.rcfg.context.max_compactions
+            if within and self._restart(ep, step.restart, dropped=len(ep.orch.trace) - len(step.restart)):
                 self._next_turn(ep)
             else:
                 ep.end = END_CONTEXT
