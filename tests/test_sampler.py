@@ -206,8 +206,8 @@ def test_sharded_sampler_matches_single_device(tiny_cfg, tiny_params, greedy_out
     # the cache windows of a segmented decode are laid out like the cache: per device
     # one row and one kv head of a 16-slot key window, never all four rows
     long = Sampler(tiny_cfg, SamplingConfig(temperature=0.0, max_new_tokens=40), mesh=mesh)
-    fn = long._compile(params, 4, long.init_cache(4, 6), (False, False))
-    hlo = fn.lower(params, tokens, mask, jax.random.key(0), long.init_cache(4, 6), None, None).compile().as_text()
+    fn = long._compile(params, 4, long.init_cache(4, 6), (False, False, False))
+    hlo = fn.lower(params, tokens, mask, jax.random.key(0), long.init_cache(4, 6), None, None, None).compile().as_text()
     assert "f32[1,1,8,16]" in hlo and "f32[4,2,8,16]" not in hlo
 
 
