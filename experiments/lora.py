@@ -56,7 +56,7 @@ def report(results: dict[int, dict], args) -> str:
     for name, agg in (("mean", lambda xs: sum(xs) / len(xs)), ("worst", min)):
         rows.append(f"| {name} | " + " | ".join(f"{agg([acc(s, k) for s in results]):.3f}"
                                             for k in ("start", "full", "lora")) + " |")
-    return "\n".join([f"# LoRA RL against full fine-tuning (arithmetic tool task)\n",
+    return "\n".join(["# LoRA RL against full fine-tuning (arithmetic tool task)\n",
                       f"Command: `{invocation(__file__)}`; LoRA rank {args.rank}, AdamW at {args.lora_lr}, "
                       f"every linear map; overrides of both arms: {args.set or 'none'}.\n", *rows])
 
