@@ -37,8 +37,8 @@ def async_rollouts(rcfg: TextRLConfig, engine: Engine, state: TrainState, *, dra
         return jax.device_put(params, jax.sharding.SingleDeviceSharding(devices[0]))
 
     def collect_step(j, problems, params, frozen):        # frozen None: the sub-agents decode with the policy
-        return collect(engine, Roles(params, params if frozen is None else over_base(frozen, params)), problems, engine.step_key(key, j),
-                       rcfg, step=j, subagents=subagents)
+        roles = Roles(params, params if frozen is None else over_base(frozen, params))   # LoRA: adapters over one base
+        return collect(engine, roles, problems, engine.step_key(key, j), rcfg, step=j, subagents=subagents)
 
     rollouts = AsyncRollouts(rcfg.async_rollout, draw=draw, stream_state=stream_state, collect=collect_step,
                              loss_mask=lambda c: np.asarray(c.batch.loss_mask), publish=engine.publish or copy)

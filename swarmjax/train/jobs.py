@@ -54,9 +54,10 @@ def run_job(job: Any, workdir: str, *, progress: bool = True, resume: bool | str
     ``resume``: "never" / False (default: refuses a workdir holding checkpoints or a
     finished run), "latest" / True (continue; an error without a checkpoint) or "auto"
     (continue when there is one); without an RL checkpoint both continue a warm start
-    from its own checkpoints (:mod:`swarmjax.train.warm_steps`). The config is validated and the workdir checked before
-    anything is created in it. ``handle_sigterm``: on SIGTERM stop at the next safe point
-    (a checkpoint there) and raise :class:`~swarmjax.train.preemption.Preempted`."""
+    from its own checkpoints (:mod:`swarmjax.train.warm_steps`). The config is validated
+    and the workdir checked before anything is created in it. ``handle_sigterm``: on
+    SIGTERM stop at the next safe point (a checkpoint there) and raise
+    :class:`~swarmjax.train.preemption.Preempted`."""
     Run = run_type(job)
     progress = progress and jax.process_index() == 0
 
