@@ -99,6 +99,14 @@ class LoraConfig:
     def scale(self) -> float:
         return self.alpha / self.rank
 
+    def to_json(self) -> dict:
+        """The config as JSON values (a checkpoint's meta); :meth:`from_json` reads it back."""
+        return {**dataclasses.asdict(self), "targets": list(self.targets)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LoraConfig":
+        return cls(**{**data, "targets": tuple(data["targets"])})
+
     def check(self, cfg: "ModelConfig") -> None:
         """A one-line error for targets this model cannot carry (a mixture of experts has
         no dense MLP weights: its experts are not LoRA targets yet)."""

@@ -57,14 +57,20 @@ def init_lora(cfg: ModelConfig, key: Array, *, adapters: int = 1, dtype: Any = N
         raise ValueError("init_lora: the model config has no lora (ModelConfig.lora=LoraConfig(...))")
     dtype = cfg.jnp_param_dtype if dtype is None else dtype
     L, R = cfg.num_layers, lcfg.rank
-    out: dict[str, Any] = {"attn": {"q_clip": jnp.ones((L, cfg.num_heads), dtype),         # QK-Clip's factors
-                                    "k_clip": jnp.ones((L, cfg.num_kv_heads), dtype)}}
+    out = clip_factors(cfg, dtype)
     for i, t in enumerate(lcfg.targets):
         ins, outs = target_shapes(cfg, t)
         bound = 1.0 / math.sqrt(math.prod(ins))
         a = jax.random.uniform(jax.random.fold_in(key, i), (L, adapters, *ins, R), dtype, -bound, bound)
         out.setdefault(TARGETS[t][0], {})[t] = {"a": a, "b": jnp.zeros((L, adapters, R, *outs), dtype)}
     return out
+
+
+def clip_factors(cfg: ModelConfig, dtype: Any) -> dict[str, Any]:
+    """QK-Clip's per-head factors of a LoRA model, none lowered yet: ``{"attn": {"q_clip":
+    ones [L, N], "k_clip": ones [L, K]}}``, the tree the adapters are added to."""
+    L = cfg.num_layers
+    return {"attn": {"q_clip": jnp.ones((L, cfg.num_heads), dtype), "k_clip": jnp.ones((L, cfg.num_kv_heads), dtype)}}
 
 
 def attach(layers: dict[str, Any], lora: dict[str, Any] | None) -> dict[str, Any]:

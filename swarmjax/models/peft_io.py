@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from swarmjax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
+from swarmjax.models.lora import clip_factors, target_shapes
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "read_peft", "write_peft"]
 
@@ -103,11 +104,9 @@ def read_peft(path: str, cfg: ModelConfig, *, dtype: Any = None) -> tuple[LoraCo
     tensors = load_file(weights)
     dtype = cfg.jnp_param_dtype if dtype is None else dtype
     L, R = cfg.num_layers, lcfg.rank
-    lora: dict[str, Any] = {"attn": {"q_clip": jnp.ones((L, cfg.num_heads), dtype),
-                                     "k_clip": jnp.ones((L, cfg.num_kv_heads), dtype)}}
+    lora = clip_factors(cfg, dtype)
     for t in targets:
-        module, ins, outs = LORA_TARGETS[t]
-        ins, outs = tuple(getattr(cfg, n) for n in ins), tuple(getattr(cfg, n) for n in outs)
+        module, (ins, outs) = LORA_TARGETS[t][0], target_shapes(cfg, t)
         a, b = [], []
         for layer in range(L):
             ka, kb = _key(layer, t, "A"), _key(layer, t, "B")

@@ -290,26 +290,26 @@ OPTIMIZERS: dict[str, Callable[[OptimConfig, Callable], optax.GradientTransforma
 
 
 def make_optimizer(cfg: OptimConfig, dimension_numbers: Callable[[Any], Any] | None = None, *,
-                   mesh: Mesh | None = None, frozen_base: bool | str = False) -> optax.GradientTransformation:
+                   mesh: Mesh | None = None, lora: Any = None) -> optax.GradientTransformation:
     """Global-norm clipping, then the configured optimizer.
 
     ``dimension_numbers`` maps a param tree to Muon dimension numbers (None leaves
     use AdamW); default :func:`muon_dimension_numbers` for swarmjax's transformer.
     ``mesh``: the mesh the params live on; Muon orthogonalises its matrices spread
     over it (:func:`newton_schulz`) instead of gathering them on every device.
-    ``frozen_base``: LoRA (``ModelConfig.lora``): only ``params["lora"]`` is trained; the
-    rest gets zero updates and no optimizer state (``optax.partition`` with
-    ``optax.set_to_zero``); a name (``LoraConfig.optimizer``, e.g. "adamw") trains the
-    adapters with that optimizer instead of ``cfg.name``.
+    ``lora``: the model's ``ModelConfig.lora`` (a ``LoraConfig``; None: every param
+    trained): only ``params["lora"]`` is trained, the rest gets zero updates and no
+    optimizer state (``optax.partition`` with ``optax.set_to_zero``), and
+    ``lora.optimizer`` (e.g. "adamw"; None: ``cfg.name``) trains the adapters.
     """
-    if isinstance(frozen_base, str):
-        cfg = dataclasses.replace(cfg, name=frozen_base)
+    if lora is not None and lora.optimizer is not None:
+        cfg = dataclasses.replace(cfg, name=lora.optimizer)
     dims = dimension_numbers or (lambda p: muon_dimension_numbers(p, cfg.muon_per_head))
     opt = OPTIMIZERS[cfg.name](cfg, dims, mesh=mesh)
     if cfg.max_grad_norm:
         opt = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt)
     opt = float32_state(opt) if cfg.float32_state else opt
-    if frozen_base:
+    if lora is not None:
         opt = optax.partition({"adapters": opt, "frozen": optax.set_to_zero()}, adapter_labels)
     return opt
 

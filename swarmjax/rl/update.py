@@ -151,9 +151,7 @@ class Learner:
                  mesh: Mesh | None = None, rules=DEFAULT_RULES,
                  optimizer: optax.GradientTransformation | None = None):
         self.model_cfg, self.cfg, self.mesh, self.rules = model_cfg, cfg, mesh, rules
-        lora = model_cfg.lora                   # LoRA: the adapters alone trained, by their own optimizer
-        self.optimizer = optimizer or make_optimizer(cfg.optim, mesh=mesh,
-                                                     frozen_base=False if lora is None else lora.optimizer or True)
+        self.optimizer = optimizer or make_optimizer(cfg.optim, mesh=mesh, lora=model_cfg.lora)  # LoRA: adapters
         self._update: dict[tuple[int, int | None], Callable] = {}
 
     # ------------------------------------------------------------------ sharding

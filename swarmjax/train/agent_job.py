@@ -367,7 +367,7 @@ class AgentRun(JobRun):
         meta = {"job": self.identity, "warm_start_s": 0.0, "rl_seed": self.rl_seed,
                 "held_out": {s: len(p) for s, p in self.splits.items()}}
         if job.lora is not None:            # the checkpoints hold the adapters: what they adapt (export reads it)
-            meta["lora"] = {"config": {**dataclasses.asdict(job.lora), "targets": list(job.lora.targets)},
+            meta["lora"] = {"config": job.lora.to_json(),
                             "hf_path": job.hf_path, "seed": job.seed, "warm_start": self.full_warm_start()}
         identity = None                     # a reused warm start keeps the identity it was made with
         if job.warm_start_from is not None:

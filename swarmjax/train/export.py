@@ -30,6 +30,7 @@ from swarmjax.models.transformer import init_params
 from swarmjax.text.chat import ChatFormat
 from swarmjax.train.checkpoint import Checkpointer
 from swarmjax.train.policy import TOKENIZER_DIR, copy_tokenizer, read_policy
+from swarmjax.train.warm_start import read_warm_params
 
 
 def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | None = None,
@@ -51,6 +52,7 @@ def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | No
         step = ckpt.step_of(which)
         state, meta = ckpt.read(step)
     params, lora = state["params"], meta.get("lora")
+    lcfg = None if lora is None else LoraConfig.from_json(lora["config"])
     if adapter:
         if lora is None:
             raise ValueError(f"--adapter: the run in {workdir} trained the whole model, not LoRA adapters")
@@ -61,14 +63,12 @@ def export_run(workdir: str, out: str, *, which: str = "latest", dtype: str | No
         if lora["hf_path"] is None:
             raise ValueError(f"--adapter: the run in {workdir} adapted a random model (no hf_path), which no "
                              "adapter can be loaded onto: export the merged model")
-        lcfg = LoraConfig(**{**lora["config"], "targets": tuple(lora["config"]["targets"])})
         files = write_peft(cfg.replace(lora=lcfg), params["lora"], out, base_model=lora["hf_path"])
         copy_tokenizer(str(epath.Path(workdir) / TOKENIZER_DIR), str(out))
         return {"step": step, "eos_token_id": [int(i) for i in chat.stop_ids], "dtype": "float32",
                 "files": sorted({*files, *(p.name for p in epath.Path(out).iterdir())})}
     if lora is not None:
-        params = merge({**_lora_base(cfg, lora, workdir), "lora": params["lora"]},
-                       cfg.replace(lora=LoraConfig(**{**lora["config"], "targets": tuple(lora["config"]["targets"])})))
+        params = merge({**_lora_base(cfg, lora, workdir), "lora": params["lora"]}, cfg.replace(lora=lcfg))
     if dtype is not None:
         cfg = cfg.replace(param_dtype=dtype)
         params = jax.tree.map(lambda x: jnp.asarray(x, DTYPES[dtype]), params)
@@ -80,11 +80,7 @@ def _lora_base(cfg: ModelConfig, lora: dict[str, Any], workdir: str) -> dict[str
     start (``lora.warm_start=False``: ``<workdir>/warm_start``), its ``hf_path``'s weights,
     or its seed's random model (as the job made it)."""
     if lora.get("warm_start"):
-        import orbax.checkpoint as ocp
-
-        shapes = jax.eval_shape(lambda: init_params(cfg.replace(lora=None), jax.random.key(0)))
-        with ocp.StandardCheckpointer() as ckpt:
-            return ckpt.restore(epath.Path(workdir).absolute() / "warm_start" / "params", shapes)
+        return read_warm_params(workdir, jax.eval_shape(lambda: init_params(cfg.replace(lora=None), jax.random.key(0))))
     if lora["hf_path"] is not None:
         base_cfg, params = from_hf(lora["hf_path"], param_dtype=cfg.param_dtype)
         if base_cfg.replace(lora=None) != cfg.replace(lora=None):

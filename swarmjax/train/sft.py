@@ -197,7 +197,7 @@ def sft_program(cfg: ModelConfig, optim: OptimConfig, params: Any, *, roles: Seq
     metrics)``); the shardings are None without a mesh. What :func:`sft_step` runs and
     :func:`swarmjax.train.plan.plan_warm_start` compiles ahead of time (arguments:
     :func:`sft_step`'s)."""
-    opt = make_optimizer(optim, mesh=mesh, frozen_base=False if cfg.lora is None else cfg.lora.optimizer or True)
+    opt = make_optimizer(optim, mesh=mesh, lora=cfg.lora)
     tau = optim.qk_clip_tau
     shardings = opt_shardings = None
     jit_kw: dict[str, Any] = {}

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 from etils import epath
 
-__all__ = ["check_warm_start", "load_warm_start", "save_warm_start", "warm_identity"]
+__all__ = ["check_warm_start", "load_warm_start", "read_warm_params", "save_warm_start", "warm_identity"]
 
 _PARAMS, _META = "params", "meta.json"
 
@@ -84,9 +84,14 @@ def load_warm_start(job, workdir: str, abstract_params: Any) -> tuple[Any, dict[
     """The warm start written by the run in ``workdir``, for ``job``: (params laid out
     as ``abstract_params``, its meta: ``identity`` and the ``sft_accuracy`` it reported),
     checked first (:func:`check_warm_start`)."""
+    meta = check_warm_start(job, workdir)
+    return read_warm_params(workdir, abstract_params), meta
+
+
+def read_warm_params(workdir: str, abstract_params: Any) -> Any:
+    """The params of the warm start in ``workdir``, laid out as ``abstract_params``,
+    unchecked (:func:`load_warm_start` checks them against a job first)."""
     import orbax.checkpoint as ocp
 
-    meta = check_warm_start(job, workdir)
     with ocp.StandardCheckpointer() as ckpt:
-        params = ckpt.restore(_dir(workdir) / _PARAMS, abstract_params)
-    return params, meta
+        return ckpt.restore(_dir(workdir) / _PARAMS, abstract_params)
