@@ -51,15 +51,22 @@ def experiment_parser(doc: str, experiments) -> argparse.ArgumentParser:
     return p
 
 
-def seeds_parser(doc: str, runs: str) -> argparse.ArgumentParser:
+def seeds_parser(doc: str, runs: str, results: str) -> argparse.ArgumentParser:
     """The arguments of an experiment that runs its seeds as separate processes: the
-    seeds, overrides of every job, how many seeds side by side, where the runs and the
-    report go, and whether to only run the seeds or only report."""
+    seeds, overrides of every job, how many seeds side by side, where the runs, each
+    seed's results and the report go, and whether to only run the seeds or only report.
+
+    ``--results`` (default ``results``, under ``docs/experiments/``: committed with the
+    report) holds one ``results_s<seed>.json`` a finished seed, everything the report
+    needs, so that the seeds of a long experiment can be run in separate sessions or on
+    separate machines, and the runs themselves (checkpoints, gigabytes) thrown away."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--set", action="append", default=[], help="an override of every job (field=value)")
     p.add_argument("--jobs", type=int, default=1, help="seeds run side by side (one process each)")
     p.add_argument("--runs", default=runs)
+    p.add_argument("--results", default=results, help="each finished seed's results_s<seed>.json (reused: a seed "
+                                                       "found there is not run again)")
     p.add_argument("--out", default="docs/experiments")
     p.add_argument("--no-report", action="store_true", help="only run the seeds (a --jobs worker)")
     p.add_argument("--report-only", action="store_true", help="the report of the seeds' results found in --runs")
@@ -88,17 +95,19 @@ def run_seeds_side_by_side(script: str, seeds: list[int], jobs: int, runs: str, 
 
 def run_and_report(script: str, args, run_seed, report, own: list[str]) -> None:
     """Every seed of ``args.seeds`` (a :func:`seeds_parser`'s): read from
-    ``<runs>/results_s<seed>.json`` (``--report-only``), run side by side (``--jobs`` > 1:
+    ``<results>/results_s<seed>.json`` (``--report-only``), run side by side (``--jobs`` > 1:
     one process a seed, given ``own``, the script's own flags, and the common ones) or
     run here one after the other (``run_seed(seed, args)``); then ``report(results,
     args)`` printed, unless ``--no-report``."""
-    load = lambda s: json.load(open(os.path.join(args.runs, f"results_s{s}.json")))  # noqa: E731
+    load = lambda s: json.load(open(seed_results(args, s)))  # noqa: E731
     os.makedirs(args.runs, exist_ok=True)
+    os.makedirs(args.results, exist_ok=True)
     if args.report_only:
         results = [load(s) for s in args.seeds]
     elif args.jobs > 1 and len(args.seeds) > 1:
         run_seeds_side_by_side(script, args.seeds, args.jobs, args.runs, [
-            *own, "--runs", args.runs, "--out", args.out, "--jobs", "1", *(a for o in args.set for a in ("--set", o))])
+            *own, "--runs", args.runs, "--results", args.results, "--out", args.out, "--jobs", "1",
+            *(a for o in args.set for a in ("--set", o))])
         if args.no_report:
             return
         results = [load(s) for s in args.seeds]
@@ -108,11 +117,17 @@ def run_and_report(script: str, args, run_seed, report, own: list[str]) -> None:
         print(report(results, args))
 
 
+def seed_results(args, seed: int) -> str:
+    """Where a :func:`seeds_parser` experiment keeps ``seed``'s finished results."""
+    return os.path.join(args.results, f"results_s{seed}.json")
+
+
 def rl_curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
-    """A text run's RL steps (from 1) and ``key`` per step, from its ``metrics.jsonl``."""
+    """A text run's RL steps (from 1) and ``key`` per step, from its ``metrics.jsonl``
+    (NaN at a step that does not log ``key``)."""
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
     rows = [r for r in rows if r.get("stage") == "rl"]
-    return [r["step"] + 1 for r in rows], [float(r[key]) for r in rows]
+    return [r["step"] + 1 for r in rows], [float(r.get(key, "nan")) for r in rows]
 
 
 def plot_rl_means(arms: dict[str, list[str]], keys: tuple[str, ...], title: str, path: str, *,

@@ -36,11 +36,13 @@ a sub-agent's holds its chunk of 4 with room to spare):
    its results and starts again can still find it (K2.5's order single < discard-all <
    swarm is possible there, unlike in wide search, which needs every result).
 
-Outputs: ``<runs>/results_s<seed>.json`` (every arm's figures per size, and the command
-and every override it ran with), then ``<out>/context.md`` (mean and worst seed per arm and
-size) and ``<out>/context.png`` (item-F1 and critical steps by size; PARL's training
-curves). Runs found finished are reused, interrupted ones resume. ``--set`` overrides go
-to every job of the experiment.
+Outputs: ``<results>/results_s<seed>.json`` (every arm's figures per size, PARL's training
+curves, and the command and every override it ran with; ``docs/experiments/context/``,
+committed: a seed finished on one machine stays when its runs do not), then
+``<out>/context.md`` (mean and worst seed per arm and size) and ``<out>/context.png``
+(item-F1 and critical steps by size; PARL's training curves), both made from those files
+alone. Runs found finished are reused, interrupted ones resume. ``--set`` overrides go to
+every job of the experiment.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ import os
 import random
 import time
 
-from common import ROOT, invocation, rl_curve, run_and_report, save_figure, seeds_parser, train_missing
+from common import (ROOT, invocation, rl_curve, run_and_report, save_figure, seed_results, seeds_parser,
+                    train_missing)
 
 CONFIG = os.path.join(ROOT, "configs", "context_widesearch.py")
 SINGLE = ("none", "summary", "discard_all")           # the single agent's context strategies
@@ -62,6 +65,8 @@ COLUMNS = (("accuracy", "item-F1", min, "{:.3f}"), ("context_ended", "ran out of
            ("critical_steps", "critical steps", max, "{:.1f}"), ("peak_context", "peak context", max, "{:.0f}"),
            ("delegated", "delegated", min, "{:.2f}"), ("return_f1", "sub-agents' return F1", min, "{:.3f}"),
            ("copy_fidelity", "copy fidelity", min, "{:.3f}"), ("compactions", "compactions", max, "{:.1f}"))
+# PARL's training-batch figures per step kept in each seed's results (the report's curves)
+CURVES = ("accuracy", "critical_steps", "delegated", "return_f1", "copy_fidelity")
 
 
 def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
@@ -116,7 +121,7 @@ def run_seed(seed: int, args) -> dict:
     ``results_s<seed>.json``."""
     from swarmjax.train.agent_job import evaluate_agent_checkpoint
 
-    out_file = os.path.join(args.runs, f"results_s{seed}.json")
+    out_file = seed_results(args, seed)
     if os.path.exists(out_file):
         return json.load(open(out_file))
     jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
@@ -130,8 +135,9 @@ def run_seed(seed: int, args) -> dict:
                "rl_steps": args.rl_steps,
                "overrides": args.set, "command": invocation(__file__),
                "rl": {"tasks_per_step": parl[0].rl.tasks_per_step, "group_size": parl[0].rl.group_size},
-               "train_s": clock, "arms": {}}
-    partial = out_file + ".partial"
+               "train_s": clock, "arms": {},
+               "parl_curves": {k: rl_curve(parl[1], k)[1] for k in CURVES}}
+    partial = os.path.join(args.runs, f"results_s{seed}.json.partial")
     if os.path.exists(partial):                      # arms an interrupted attempt evaluated
         old = json.load(open(partial))
         results.update({k: old[k] for k in ("arms", "needle") if k in old})
@@ -226,20 +232,21 @@ def _plot(results: list[dict], arms: list[str], args) -> None:
             ax.plot(sizes, [sum(x) / len(x) for x in xs], "o-", color=f"C{i}", label=arm)
             ax.plot(sizes, [worst(x) for x in xs], ":", color=f"C{i}")
         ax.set(title=f"{title} (dotted: worst seed)", xlabel="entities n")
-    dirs = [os.path.join(args.runs, f"parl_s{r['seed']}") for r in results]
-    for ax, key in zip(axes[3:], ("accuracy", "critical_steps")):
-        curves = [rl_curve(d, key) for d in dirs if os.path.exists(os.path.join(d, "metrics.jsonl"))]
-        curves = [c for c in curves if c[0]]
-        if curves:
-            T = min(len(c[1]) for c in curves)
-            ax.plot(curves[0][0][:T], [sum(c[1][t] for c in curves) / len(curves) for t in range(T)], color="C4")
-        ax.set(title=f"PARL {key} (training batch)", xlabel="RL step")
+    for ax, keys in zip(axes[3:], (("accuracy", "return_f1", "copy_fidelity"), ("critical_steps",))):
+        for i, key in enumerate(keys):
+            curves = [r["parl_curves"][key] for r in results if r.get("parl_curves", {}).get(key)]
+            if curves:
+                T = min(map(len, curves))
+                ax.plot(range(1, T + 1), [_mean(c[t] for c in curves) for t in range(T)], color=f"C{4 + i}",
+                        label=key)
+        ax.legend(fontsize=7)
+        ax.set(title="PARL (training batch, mean over seeds)", xlabel="RL step")
     save_figure(fig, axes, "context-bound wide search: swarm against single agents", os.path.join(args.out,
                                                                                                  "context.png"))
 
 
 def main() -> None:
-    p = seeds_parser(__doc__, "runs/experiments/context")
+    p = seeds_parser(__doc__, "runs/experiments/context", "docs/experiments/context")
     p.set_defaults(seeds=[0, 1, 2, 3, 4])
     p.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 12, 16])
     p.add_argument("--needle-sizes", type=int, nargs="*", default=[8, 16],

@@ -27,7 +27,7 @@ reads the answer's last number):
    greedy (the table: accuracy, the judge's score, agreement) and sampled (the answers
    read for reward hacking: the judge's false positives and what they look like).
 
-Outputs: ``<runs>/results_s<seed>.json``, ``<out>/judge.md`` (mean and worst seed) and
+Outputs: ``<results>/results_s<seed>.json`` (``docs/experiments/judge/``), ``<out>/judge.md`` (mean and worst seed) and
 ``<out>/judge.png`` (training curves: the truth, the judge, their agreement). Runs found
 finished are reused. ``--set`` overrides go to every job.
 """
@@ -42,7 +42,8 @@ import time
 
 import numpy as np
 
-from common import ROOT, invocation, plot_rl_means, rl_curve, run_and_report, seeds_parser, train_missing
+from common import (ROOT, invocation, plot_rl_means, rl_curve, run_and_report, seed_results, seeds_parser,
+                    train_missing)
 
 CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
 ARMS = ("verifier", "judge", "penalty")
@@ -200,7 +201,7 @@ def run_seed(seed: int, args) -> dict:
     from swarmjax.envs.task import resolve_task
     from swarmjax.train.streams import held_out
 
-    out_file = os.path.join(args.runs, f"results_s{seed}.json")
+    out_file = seed_results(args, seed)
     if os.path.exists(out_file):
         return json.load(open(out_file))
     jobs, eval_judge = _jobs(args.set, seed, args.runs, args.rl_steps)
@@ -288,7 +289,7 @@ def report(results: list[dict], args) -> str:
 
 
 def main() -> None:
-    p = seeds_parser(__doc__, "runs/experiments/judge")
+    p = seeds_parser(__doc__, "runs/experiments/judge", "docs/experiments/judge")
     p.add_argument("--episodes", type=int, default=128, help="test problems per arm")
     p.add_argument("--rl-steps", type=int, default=40)
     p.add_argument("--triples", type=int, default=256, help="problems per policy whose sampled answers the judge "

@@ -16,8 +16,10 @@ Outputs, in ``--out`` (default ``docs/experiments``): ``<name>.md`` (the claim, 
 source, the arms, a table of the final held-out figures per arm and seed with the mean
 and the worst seed, and the n = 16 validation curve at every evaluation) and
 ``<name>.png`` (training-batch curves, mean over seeds, one line per arm). The runs
-themselves go to ``--runs`` (default ``runs/experiments/<name>/<arm>_s<seed>``).
-``docs/experiments.md`` collects the tables and plots of every experiment with a verdict
+themselves go to ``--runs`` (default ``runs/experiments/<name>/<arm>_s<seed>``), and what the
+report needs of each finished one to ``--records`` (``docs/experiments/<name>/<arm>_s<seed>.json``,
+committed): an arm and seed found there is not run again, so the seeds of an experiment can
+finish in separate sessions, on separate machines. ``docs/experiments.md`` collects the tables and plots of every experiment with a verdict
 (does the claim hold here?) written from them.
 """
 
@@ -143,21 +145,26 @@ def _train(workdir: str, seed: int, overrides: tuple[str, ...], log: str) -> Non
         subprocess.run(args, check=True, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str, jobs: int) -> dict:
-    """Run what is missing; returns {arm: {seed: workdir}}."""
+def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str, jobs: int,
+             records: str) -> dict:
+    """Run what is missing; returns {arm: {seed: record}} (:func:`record`, one JSON file a
+    finished arm and seed in ``<records>/<name>/``: committed with the report, so an arm
+    finished on one machine is not run again on another)."""
     if exp.base:                                      # the experiment's own base job
         base = os.path.join(runs, name, "base_s{seed}")
     own = lambda arm: arm != "default" or bool(exp.variant)       # arms run here (not the base job)
     dirs = {arm: {s: (os.path.join(runs, name, f"{arm}_s{s}") if own(arm) else base.format(seed=s))
                   for s in seeds} for arm in exp.arms}
+    kept = lambda arm, s: os.path.join(records, name, f"{arm}_s{s}.json")   # noqa: E731
+    missing = [(arm, s) for arm in exp.arms for s in seeds if not os.path.exists(kept(arm, s))]
     done = lambda d: os.path.exists(os.path.join(d, "summary.json"))
-    for s in seeds:                                   # the base runs first: the others need their warm start
+    for s in sorted({s for _, s in missing}):         # the base runs first: the others need their warm start
         d = base.format(seed=s)
         if not done(d):
             os.makedirs(os.path.dirname(os.path.abspath(d)), exist_ok=True)
             print(f"[{name}] {'base' if exp.base else 'default'} job, seed {s} -> {d}", flush=True)
             _train(d, s, exp.base, d.rstrip("/") + ".log")
-    todo = [(arm, s) for arm in exp.arms if own(arm) for s in seeds if not done(dirs[arm][s])]
+    todo = [(arm, s) for arm, s in missing if own(arm) and not done(dirs[arm][s])]
     transfer = exp.variant + (("warm_start_match=('policy',)",) if exp.variant else ())
 
     def one(item):
@@ -170,7 +177,11 @@ def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str,
 
     with ThreadPoolExecutor(max(jobs, 1)) as pool:
         list(pool.map(one, todo))
-    return dirs
+    os.makedirs(os.path.join(records, name), exist_ok=True)
+    for arm, s in missing:
+        with open(kept(arm, s), "w") as f:
+            json.dump(record(exp, dirs[arm][s]), f)
+    return {arm: {s: json.load(open(kept(arm, s))) for s in seeds} for arm in exp.arms}
 
 
 def _final(d: str) -> dict:
@@ -189,26 +200,35 @@ def _mean(xs: list[float]) -> float:
 DERIVED = {"finished/spawned": lambda r: r["finished_subagents"] / r["subagents"] if r["subagents"] else float("nan")}
 
 
-def _curve(d: str, key: str) -> tuple[list[int], list[float]]:
+def _curve(d: str, key: str) -> list[float]:
+    """``key`` at each PARL step of the run in ``d`` (from its ``metrics.jsonl``)."""
     rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
     rows = [r for r in rows if r.get("stage") == "rl"]
     if key in DERIVED:
-        return [r["step"] + 1 for r in rows], [DERIVED[key](r) for r in rows]
-    return [r["step"] + 1 for r in rows], [float(r.get(key, 0.0 if key.startswith("async/") else "nan"))
-                                           for r in rows]             # a synchronous run: staleness 0
+        return [DERIVED[key](r) for r in rows]
+    return [float(r.get(key, 0.0 if key.startswith("async/") else "nan")) for r in rows]   # synchronous: staleness 0
 
 
-def _validation(d: str) -> dict[int, dict]:
+def _validation(d: str) -> dict[str, dict]:
     out = {}
     for line in open(os.path.join(d, "eval.jsonl")):
         r = json.loads(line)
         if r["policy"] in ("rl", "final") and r["split"] == "validation" and "16" in r.get("sizes", {}):
-            out[r["step"]] = r["sizes"]["16"]
+            out[str(r["step"])] = r["sizes"]["16"]
     return out
 
 
+def record(exp: Experiment, d: str) -> dict:
+    """What the report needs of the finished run in ``d``: its final held-out figures
+    (``final``), the training curves of ``exp`` per PARL step (``curves``) and the n = 16
+    validation figures at each evaluation (``validation``, by step)."""
+    return {"final": _final(d), "curves": {k: _curve(d, k) for k in (*exp.curves, *exp.train_means)},
+            "validation": _validation(d)}
+
+
 def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
-    """Write ``<out>/<name>.md`` and ``<name>.png``; returns the markdown."""
+    """Write ``<out>/<name>.md`` and ``<name>.png`` from the arms' records ({arm: {seed:
+    record}}); returns the markdown."""
     seeds = sorted(next(iter(dirs.values())))
     # (key of _final, header, worst of the seeds)
     cols = [("f1_16", "n=16 item-F1", min), ("crit_16", "n=16 critical steps", max),
@@ -235,8 +255,8 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
               "Held-out test tasks, greedy, budget lifted, after the last PARL step:", "",
               "| arm | seed | " + " | ".join(h for _, h, _ in cols) + " |", "|---|---|" + "---|" * len(cols)]
     for arm, by_seed in dirs.items():
-        rows = {s: {**_final(d), **{k: _mean(_curve(d, k)[1]) for k in exp.train_means}}
-                for s, d in by_seed.items()}
+        rows = {s: {**rec["final"], **{k: _mean(rec["curves"][k]) for k in exp.train_means}}
+                for s, rec in by_seed.items()}
         for s in seeds:
             lines.append(f"| {arm} | {s} | " + " | ".join(fmt(k, rows[s][k]) for k, _, _ in cols) + " |")
         mean = {k: sum(r[k] for r in rows.values()) / len(rows) for k, _, _ in cols}
@@ -246,8 +266,8 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
                                                                   for k, _, _ in cols) + " |")
     lines += ["", "n = 16 validation tasks during training (mean over seeds: item-F1 / critical steps / "
                   "sub-agents):", "", "| PARL step | " + " | ".join(dirs) + " |", "|---|" + "---|" * len(dirs)]
-    vals = {arm: [_validation(d) for d in by_seed.values()] for arm, by_seed in dirs.items()}
-    steps = sorted(set.intersection(*[set(v) for vs in vals.values() for v in vs]))
+    vals = {arm: [rec["validation"] for rec in by_seed.values()] for arm, by_seed in dirs.items()}
+    steps = sorted(set.intersection(*[set(v) for vs in vals.values() for v in vs]), key=int)
     for st in steps:
         cells = []
         for arm in dirs:
@@ -273,7 +293,7 @@ def _plot(exp: Experiment, name: str, dirs: dict, path: str, smooth: int = 10) -
     fig, axes = plt.subplots(1, len(exp.curves), figsize=(4.2 * len(exp.curves), 3.2))
     for ax, key in zip(np.atleast_1d(axes), exp.curves):
         for arm, by_seed in dirs.items():
-            ys = [np.asarray(_curve(d, key)[1]) for d in by_seed.values()]
+            ys = [np.asarray(rec["curves"][key]) for rec in by_seed.values()]
             n = min(len(y) for y in ys)
             y = np.nanmean([y[:n] for y in ys], axis=0)
             y = np.convolve(y, np.ones(smooth) / smooth, mode="valid") if n >= smooth else y
@@ -288,11 +308,13 @@ def main(argv=None) -> None:
     p.add_argument("--base", default="runs/experiments/default_s{seed}",
                    help="workdir pattern of the default job per seed (run there if missing)")
     p.add_argument("--jobs", type=int, default=1, help="arms run at once")
+    p.add_argument("--records", default="docs/experiments",
+                   help="where each finished arm and seed is kept (<records>/<experiment>/<arm>_s<seed>.json)")
     args = p.parse_args(argv)
     if "{seed}" not in args.base:
         p.error("--base must contain {seed}")
     exp = EXPERIMENTS[args.experiment]
-    dirs = run_arms(exp, args.experiment, args.seeds, args.base, args.runs, args.jobs)
+    dirs = run_arms(exp, args.experiment, args.seeds, args.base, args.runs, args.jobs, args.records)
     print(report(exp, args.experiment, dirs, args.out))
 
 

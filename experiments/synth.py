@@ -17,7 +17,7 @@ Per seed, on ``configs/synth_tools_cpu.py`` (generated environments, a third hel
    training step used) and of the held-out environments (half from ``validation``,
    half from ``test``: every held-out environment).
 
-Outputs: ``<runs>/results_s<seed>.json``, then ``<out>/synth.md`` (mean and worst seed;
+Outputs: ``<results>/results_s<seed>.json`` (``docs/experiments/synth/``), then ``<out>/synth.md`` (mean and worst seed;
 the held-out score by task kind, calls and parts) and ``<out>/synth.png`` (RL curves).
 Runs found finished are reused. ``--set`` overrides go to every job.
 """
@@ -29,7 +29,8 @@ import json
 import os
 import time
 
-from common import ROOT, invocation, plot_rl_means, run_and_report, seeds_parser, train_missing
+from common import (ROOT, invocation, plot_rl_means, run_and_report, seed_results, seeds_parser,
+                    train_missing)
 
 CONFIG = os.path.join(ROOT, "configs", "synth_tools_cpu.py")
 SETS = (("seen", ("seen",)), ("held_out", ("validation", "test")))   # (name in the table, the task set's splits)
@@ -66,7 +67,7 @@ def run_seed(seed: int, args) -> dict:
     from swarmjax.envs.task import resolve_task
     from swarmjax.train.agent_job import evaluate_agent_checkpoint
 
-    out_file = os.path.join(args.runs, f"results_s{seed}.json")
+    out_file = seed_results(args, seed)
     if os.path.exists(out_file):
         return json.load(open(out_file))
     jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
@@ -141,7 +142,7 @@ def report(results: list[dict], args) -> str:
 
 
 def main() -> None:
-    p = seeds_parser(__doc__, "runs/experiments/synth")
+    p = seeds_parser(__doc__, "runs/experiments/synth", "docs/experiments/synth")
     p.add_argument("--episodes", type=int, default=48, help="tasks per evaluation set")
     p.add_argument("--rl-steps", type=int, default=10)
     p.add_argument("--no-swarm", action="store_true", help="skip the orchestrator arm")

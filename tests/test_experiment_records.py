@@ -1,0 +1,59 @@
+"""The PARL experiments keep what their report needs of each finished arm and seed
+(``experiments/run.py``: ``<records>/<name>/<arm>_s<seed>.json``), so that the seeds of
+one experiment can finish in separate sessions: the report made once the runs are gone
+equals the one made beside them, and an arm with a record is not trained again."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
+import run  # noqa: E402  (experiments/run.py)
+
+
+def _fake_run(d: str, f1: float, subagents: float, steps: int = 12) -> None:
+    """A finished workdir of the default job: its summary, RL metrics and evaluations."""
+    os.makedirs(d)
+    size = lambda acc, crit, sub: {"accuracy": acc, "critical_steps": crit, "subagents": sub,  # noqa: E731
+                                   "finished_subagents": sub, "total_steps": 26.0, "no_spawn": 1.0}
+    json.dump({"final_sizes": {"16": size(f1, 5.0, subagents), "1": size(1.0, 2.0, 0.0)},
+               "initial_sizes": {"16": size(1.0, 17.0, 0.0)}}, open(os.path.join(d, "summary.json"), "w"))
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"stage": "sft", "step": 0, "loss": 1.0}) + "\n")
+        for t in range(steps):
+            f.write(json.dumps({"stage": "rl", "step": t, "subagents": subagents * t / steps, "no_spawn": 0.5,
+                                "critical_steps": 17.0 - t, "accuracy": f1}) + "\n")
+    with open(os.path.join(d, "eval.jsonl"), "w") as f:
+        for step in (0, steps // 2, steps):
+            f.write(json.dumps({"policy": "rl" if step else "sft", "split": "validation", "step": step,
+                                "sizes": {"16": size(f1, 5.0, subagents)}}) + "\n")
+
+
+def test_the_report_outlives_the_runs_and_kept_arms_are_not_trained_again(tmp_path, monkeypatch):
+    exp = run.EXPERIMENTS["serial_collapse"]
+    runs, records = str(tmp_path / "runs"), str(tmp_path / "records")
+    for s, f1 in ((0, 0.9), (1, 0.7)):
+        _fake_run(os.path.join(runs, "serial_collapse", f"base_s{s}"), f1, 8.0)
+        _fake_run(os.path.join(runs, "serial_collapse", f"no_r_parallel_s{s}"), f1 - 0.5, 0.0)
+    trained = []
+    monkeypatch.setattr(run, "_train", lambda d, *a: trained.append(d))
+    kept = run.run_arms(exp, "serial_collapse", [0, 1], "unused_{seed}", runs, 1, records)
+    assert not trained                                  # every run was finished
+    assert sorted(os.listdir(os.path.join(records, "serial_collapse"))) == [
+        "default_s0.json", "default_s1.json", "no_r_parallel_s0.json", "no_r_parallel_s1.json"]
+    md = run.report(exp, "serial_collapse", kept, str(tmp_path / "out1"))
+    assert "| default | **mean** | 0.800 |" in md and "| no_r_parallel | **worst** | 0.200 |" in md
+    assert "| 6 | 0.800 / 5.00 / 8.00 | 0.300 / 5.00 / 0.00 |" in md      # the validation table, by step
+
+    import shutil
+    shutil.rmtree(runs)                                 # the runs are gone (another machine): the records remain
+    again = run.run_arms(exp, "serial_collapse", [0, 1], "unused_{seed}", runs, 1, records)
+    assert not trained
+    assert run.report(exp, "serial_collapse", again, str(tmp_path / "out2")) == md
+    assert os.path.getsize(tmp_path / "out2" / "serial_collapse.png") > 0
+
+    with pytest.raises(FileNotFoundError):              # a seed with neither is trained (here: not really)
+        run.run_arms(exp, "serial_collapse", [2], "unused_{seed}", runs, 1, records)
+    assert trained == [os.path.join(runs, "serial_collapse", d) for d in ("base_s2", "no_r_parallel_s2")]
