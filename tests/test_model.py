@@ -234,3 +234,33 @@ def test_new_config_fields_stay_out_of_the_repr_at_their_default(tiny_cfg):
     assert "o_bias" not in repr(tiny_cfg)
     qwen2 = tiny_cfg.replace(qk_norm=False, attention_bias=True, o_bias=False)
     assert "o_bias=False" in repr(qwen2) and not qwen2.has_o_bias and tiny_cfg.replace(attention_bias=True).has_o_bias
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dense_backward_is_the_matmul_gradient(dtype, tiny_cfg, tiny_params, monkeypatch):
+    """transformer.dense (the SwiGLU's projections with their own backward pass) has the
+    gradients of ``x @ w``, alone and through the whole model's loss."""
+    from swarmjax.models import transformer
+
+    kx, kw, kd = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(kx, (3, 5, 8), dtype)
+    w = jax.random.normal(kw, (8, 6), dtype)
+    dy = jax.random.normal(kd, (3, 5, 6), dtype)
+    own = jax.vjp(transformer.dense, x, w)[1](dy)
+    plain = jax.vjp(lambda a, b: a @ b, x, w)[1](dy)
+    tol = 1e-5 if dtype == jnp.float32 else 3e-2
+    for a, b in zip(own, plain):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol)
+
+    tokens = jnp.asarray(np.arange(24).reshape(2, 12) % tiny_cfg.vocab_size, jnp.int32)
+
+    def loss(p):
+        return jax.nn.log_softmax(transformer.forward(p, tiny_cfg, tokens).logits).mean()
+
+    got = jax.grad(loss)(tiny_params)
+    monkeypatch.setattr(transformer, "dense", lambda a, b: a @ b)
+    jax.clear_caches()
+    want = jax.grad(loss)(tiny_params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
