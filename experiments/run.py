@@ -19,8 +19,8 @@ and the worst seed, and the n = 16 validation curve at every evaluation) and
 themselves go to ``--runs`` (default ``runs/experiments/<name>/<arm>_s<seed>``), and what the
 report needs of each finished one to ``--records`` (``docs/experiments/<name>/<arm>_s<seed>.json``,
 committed): an arm and seed found there is not run again, so the seeds of an experiment can
-finish in separate sessions, on separate machines. ``docs/experiments.md`` collects the tables and plots of every experiment with a verdict
-(does the claim hold here?) written from them.
+finish in separate sessions, on separate machines. ``docs/experiments.md`` collects the tables
+and plots of every experiment with a verdict (does the claim hold here?) written from them.
 """
 
 from __future__ import annotations
@@ -186,10 +186,12 @@ def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str,
 
 def _final(d: str) -> dict:
     s = json.load(open(os.path.join(d, "summary.json")))
-    f16, f1 = s["final_sizes"]["16"], s["final_sizes"]["1"]
+    f16, f8, f1 = s["final_sizes"]["16"], s["final_sizes"]["8"], s["final_sizes"]["1"]
     return {"f1_16": f16["accuracy"], "crit_16": f16["critical_steps"], "subagents_16": f16["subagents"],
             "finished_16": f16["finished_subagents"], "total_16": f16["total_steps"], "nospawn_1": f1["no_spawn"],
-            "warm_crit_16": s["initial_sizes"]["16"]["critical_steps"]}
+            "crit_8": f8["critical_steps"], "subagents_8": f8["subagents"],
+            "warm_crit_16": s["initial_sizes"]["16"]["critical_steps"],
+            "sizes": s["final_sizes"], "initial_sizes": s["initial_sizes"]}      # every size, for later reports
 
 
 def _mean(xs: list[float]) -> float:
@@ -235,7 +237,8 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
             ("subagents_16", "n=16 sub-agents", min)]
     if "finished_subagents" in exp.curves:
         cols.append(("finished_16", "n=16 finished sub-agents", min))
-    cols += [("total_16", "n=16 total steps", max), ("nospawn_1", "n=1 no-spawn", min)]
+    cols += [("total_16", "n=16 total steps", max), ("crit_8", "n=8 critical steps", max),
+             ("subagents_8", "n=8 sub-agents", min), ("nospawn_1", "n=1 no-spawn", min)]
     cols += [(k, f"{k} (mean over PARL steps)", None) for k in exp.train_means]   # no "worst"
     fmt = lambda k, v: (f"{v:.3f}" if k == "f1_16" else f"{v:.2e}" if k in exp.train_means and abs(v) < 0.01
                         else f"{v:.4f}" if k in exp.train_means else f"{v:.2f}")

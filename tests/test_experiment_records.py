@@ -18,7 +18,7 @@ def _fake_run(d: str, f1: float, subagents: float, steps: int = 12) -> None:
     os.makedirs(d)
     size = lambda acc, crit, sub: {"accuracy": acc, "critical_steps": crit, "subagents": sub,  # noqa: E731
                                    "finished_subagents": sub, "total_steps": 26.0, "no_spawn": 1.0}
-    json.dump({"final_sizes": {"16": size(f1, 5.0, subagents), "1": size(1.0, 2.0, 0.0)},
+    json.dump({"final_sizes": {"16": size(f1, 5.0, subagents), "8": size(f1, 5.0, subagents), "1": size(1.0, 2.0, 0.0)},
                "initial_sizes": {"16": size(1.0, 17.0, 0.0)}}, open(os.path.join(d, "summary.json"), "w"))
     with open(os.path.join(d, "metrics.jsonl"), "w") as f:
         f.write(json.dumps({"stage": "sft", "step": 0, "loss": 1.0}) + "\n")
