@@ -47,6 +47,8 @@ from common import (ROOT, invocation, plot_rl_means, rl_curve, run_and_report, s
 
 CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
 ARMS = ("verifier", "judge", "penalty")
+# training-batch figures per RL step kept in each seed's results (the report's table over training)
+CURVES = ("accuracy", "judge", "judge_agreement", "tool_calls")
 _NUMBER = re.compile(r"-?\d+")
 
 
@@ -219,6 +221,7 @@ def run_seed(seed: int, args) -> dict:
         results["arms"][arm] = {mode: _summary(final_episodes(job, workdir, eval_judge, problems,
                                                               sampled=mode == "sampled"))
                                 for mode in ("greedy", "sampled")}
+        results.setdefault("curves", {})[arm] = {k: rl_curve(workdir, k)[1] for k in CURVES}
         row = results["arms"][arm]["greedy"]
         print(f"[judge s{seed}] {arm}: accuracy {row['accuracy']:.3f}, judge {row['judge']:.3f}", flush=True)
     with open(out_file, "w") as f:
@@ -262,9 +265,10 @@ def report(results: list[dict], args) -> str:
     lines += ["", "Over training (the sampled training batches, mean over seeds and over each block of "
               "steps): true accuracy / the judge's score / agreement / calculator calls an episode:", "",
               "| RL steps | " + " | ".join(ARMS) + " |", "|---|" + "---|" * len(ARMS)]
-    curves = {(arm, k): [rl_curve(os.path.join(args.runs, f"{arm}_s{s}"), k)[1] for s in seeds]
-              for arm in ARMS for k in ("accuracy", "judge", "judge_agreement", "tool_calls")
-              if arm != "verifier" or k in ("accuracy", "tool_calls")}
+    kept = lambda r, arm, k: (r["curves"][arm][k] if "curves" in r        # noqa: E731  (older results: the runs)
+                              else rl_curve(os.path.join(args.runs, f"{arm}_s{r['seed']}"), k)[1])
+    curves = {(arm, k): [kept(r, arm, k) for r in results]
+              for arm in ARMS for k in CURVES if arm != "verifier" or k in ("accuracy", "tool_calls")}
     T = min(len(c) for cs in curves.values() for c in cs)
     for lo in range(0, T, 10):
         block = lambda arm, k: (f"{np.mean([c[lo:lo + 10] for c in curves[arm, k]]):.2f}"  # noqa: E731
