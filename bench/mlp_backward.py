@@ -1,11 +1,11 @@
-"""The warm-start gradient with the SwiGLU's own backward pass (``transformer.dense``)
+"""The warm-start gradient with the SwiGLU's own backward pass (``swarmjax.models.dense``)
 against the autodiff of plain ``x @ w``, in one process.
 
     python bench/mlp_backward.py [--config configs/context_widesearch.py] [--rows 16] [--seq 768]
 
 The config's model (its vocabulary as the tokenizer it trains would have it), one
 warm-start loss (:func:`swarmjax.train.sft.sft_loss`) on random ids; the gradient timed
-with the MLP's projections as :func:`swarmjax.models.transformer.dense` (custom VJP) and
+with the MLP's projections as :func:`swarmjax.models.dense.dense` (custom VJP) and
 as ``x @ w`` (baseline), each after a compile, median of ``--repeats``. Prints seconds a
 gradient for both, ``speedup`` = baseline / dense, the largest difference of the two
 gradients, and the machine's matmul peak.

@@ -238,7 +238,7 @@ def test_new_config_fields_stay_out_of_the_repr_at_their_default(tiny_cfg):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_dense_backward_is_the_matmul_gradient(dtype, tiny_cfg, tiny_params, monkeypatch):
-    """transformer.dense (the SwiGLU's projections with their own backward pass) has the
+    """dense (the SwiGLU's projections with their own backward pass) has the
     gradients of ``x @ w``, alone and through the whole model's loss."""
     from swarmjax.models import transformer
 

@@ -46,6 +46,7 @@ from jax import lax
 from swarmjax.models import attention
 from swarmjax.models.attention import NEG, cascade, causal_blocks, write_slots  # noqa: F401  (write_slots re-exported)
 from swarmjax.models.config import LORA_TARGETS, ModelConfig
+from swarmjax.models.dense import dense
 from swarmjax.models.lora import attach as attach_lora
 from swarmjax.models.lora import delta, init_lora
 from swarmjax.models.moe import MoE
@@ -106,34 +107,6 @@ def _adapted(module: nn.Module, name: str, x: Array, y: Array, adapter: Array | 
     a, b = (module.get_variable("params", f"{name}_lora_{ab}") for ab in "ab")
     key = module.make_rng("lora") if lora.dropout > 0 and module.has_rng("lora") else None
     return y + delta(x, a, b, adapter, lora.scale, dropout=lora.dropout, key=key)
-
-
-@jax.custom_vjp
-def dense(x: Array, w: Array) -> Array:
-    """y = x W for x [B, T, I], w [I, O] -> [B, T, O], with its own backward pass:
-    dx = dy W^T and dW = x^T dy over the B T rows flattened ([B T, I]^T [B T, O]).
-
-    The same math as ``x @ w``. On XLA:CPU the autodiff of ``x @ w`` under the layer
-    ``lax.scan`` fuses the SwiGLU's elementwise backward into a transposing copy of the
-    [B T, F] activations for dW (a strided [F, B T] write, about half of a warm-start
-    gradient at 16 x 768 rows); here the backward sees only x and dy, and that copy is
-    not made (``python bench/mlp_backward.py``: the context config's warm-start gradient at
-    16 x 768 1.34x faster on a 2-core CPU, the gradients equal)."""
-    return x @ w
-
-
-def _dense_fwd(x: Array, w: Array):
-    return x @ w, (x, w)
-
-
-def _dense_bwd(res, dy: Array):
-    x, w = res
-    dx = dy @ w.T                                                           # [B, T, I]
-    dw = x.reshape(-1, x.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])        # [I, O]
-    return dx, dw.astype(w.dtype)
-
-
-dense.defvjp(_dense_fwd, _dense_bwd)
 
 
 class RMSNorm(nn.Module):
