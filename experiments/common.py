@@ -122,11 +122,16 @@ def seed_results(args, seed: int) -> str:
     return os.path.join(args.results, f"results_s{seed}.json")
 
 
-def rl_curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
-    """A text run's RL steps (from 1) and ``key`` per step, from its ``metrics.jsonl``
-    (NaN at a step that does not log ``key``)."""
+def rl_rows(workdir: str) -> list[dict]:
+    """A run's logged RL steps, in order (the ``stage == "rl"`` rows of its ``metrics.jsonl``)."""
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if line.strip()]
-    rows = [r for r in rows if r.get("stage") == "rl"]
+    return [r for r in rows if r.get("stage") == "rl"]
+
+
+def rl_curve(workdir: str, key: str) -> tuple[list[int], list[float]]:
+    """A run's RL steps (from 1) and ``key`` per step, from its ``metrics.jsonl``
+    (NaN at a step that does not log ``key``)."""
+    rows = rl_rows(workdir)
     return [r["step"] + 1 for r in rows], [float(r.get(key, "nan")) for r in rows]
 
 

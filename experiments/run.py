@@ -32,7 +32,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from common import CONFIG, ROOT, experiment_parser, invocation, save_figure
+from common import CONFIG, ROOT, experiment_parser, invocation, rl_rows, save_figure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,14 +133,13 @@ EXPERIMENTS = {
 
 
 def _train(workdir: str, seed: int, overrides: tuple[str, ...], log: str) -> None:
-    """Run one arm; an arm interrupted before its summary continues from its checkpoints."""
+    """Run one arm; an arm interrupted before its summary continues from its checkpoints
+    (the RL stage's, or those of a warm start in progress)."""
     args = [sys.executable, "-m", "swarmjax.cli", "train", "--config", CONFIG, "--workdir", workdir,
             "--no-progress", "--set", f"seed={seed}"]
     for o in overrides:
         args += ["--set", o]
-    ckpts = os.path.join(workdir, "checkpoints")
-    if os.path.isdir(ckpts) and any(name.isdigit() for name in os.listdir(ckpts)):
-        args.append("--resume")
+    args += ["--resume", "auto"]              # an RL checkpoint, or the warm start's own steps
     with open(log, "w") as f:
         subprocess.run(args, check=True, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
 
@@ -185,13 +184,17 @@ def run_arms(exp: Experiment, name: str, seeds: list[int], base: str, runs: str,
 
 
 def _final(d: str) -> dict:
+    """The held-out figures of the finished run in ``d``, every size, before and after PARL."""
     s = json.load(open(os.path.join(d, "summary.json")))
-    f16, f8, f1 = s["final_sizes"]["16"], s["final_sizes"]["8"], s["final_sizes"]["1"]
+    return {"sizes": s["final_sizes"], "initial_sizes": s["initial_sizes"]}
+
+
+def _columns(final: dict) -> dict:
+    """The table's columns of one arm and seed (a record's ``final``)."""
+    f16, f8, f1 = final["sizes"]["16"], final["sizes"]["8"], final["sizes"]["1"]
     return {"f1_16": f16["accuracy"], "crit_16": f16["critical_steps"], "subagents_16": f16["subagents"],
             "finished_16": f16["finished_subagents"], "total_16": f16["total_steps"], "nospawn_1": f1["no_spawn"],
-            "crit_8": f8["critical_steps"], "subagents_8": f8["subagents"],
-            "warm_crit_16": s["initial_sizes"]["16"]["critical_steps"],
-            "sizes": s["final_sizes"], "initial_sizes": s["initial_sizes"]}      # every size, for later reports
+            "crit_8": f8["critical_steps"], "subagents_8": f8["subagents"]}
 
 
 def _mean(xs: list[float]) -> float:
@@ -204,8 +207,7 @@ DERIVED = {"finished/spawned": lambda r: r["finished_subagents"] / r["subagents"
 
 def _curve(d: str, key: str) -> list[float]:
     """``key`` at each PARL step of the run in ``d`` (from its ``metrics.jsonl``)."""
-    rows = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
-    rows = [r for r in rows if r.get("stage") == "rl"]
+    rows = rl_rows(d)
     if key in DERIVED:
         return [DERIVED[key](r) for r in rows]
     return [float(r.get(key, 0.0 if key.startswith("async/") else "nan")) for r in rows]   # synchronous: staleness 0
@@ -232,7 +234,7 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
     """Write ``<out>/<name>.md`` and ``<name>.png`` from the arms' records ({arm: {seed:
     record}}); returns the markdown."""
     seeds = sorted(next(iter(dirs.values())))
-    # (key of _final, header, worst of the seeds)
+    # (key of _columns, header, worst of the seeds)
     cols = [("f1_16", "n=16 item-F1", min), ("crit_16", "n=16 critical steps", max),
             ("subagents_16", "n=16 sub-agents", min)]
     if "finished_subagents" in exp.curves:
@@ -258,7 +260,7 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
               "Held-out test tasks, greedy, budget lifted, after the last PARL step:", "",
               "| arm | seed | " + " | ".join(h for _, h, _ in cols) + " |", "|---|---|" + "---|" * len(cols)]
     for arm, by_seed in dirs.items():
-        rows = {s: {**rec["final"], **{k: _mean(rec["curves"][k]) for k in exp.train_means}}
+        rows = {s: {**_columns(rec["final"]), **{k: _mean(rec["curves"][k]) for k in exp.train_means}}
                 for s, rec in by_seed.items()}
         for s in seeds:
             lines.append(f"| {arm} | {s} | " + " | ".join(fmt(k, rows[s][k]) for k, _, _ in cols) + " |")
