@@ -140,7 +140,7 @@ def _train(workdir: str, seed: int, overrides: tuple[str, ...], log: str) -> Non
     for o in overrides:
         args += ["--set", o]
     args += ["--resume", "auto"]              # an RL checkpoint, or the warm start's own steps
-    with open(log, "w") as f:
+    with open(log, "a") as f:                 # a resumed run's lines after the interrupted one's
         subprocess.run(args, check=True, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
