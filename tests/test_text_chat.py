@@ -213,6 +213,33 @@ def test_golden_first_prompt_variants(toks, hf_toks, name, thinking, system, too
     assert fmt.prompt_ids(messages, tools=tools).tolist() == golden
 
 
+@pytest.mark.parametrize("name,thinking", CASES)
+def test_conversation_ids_is_the_render_of_the_whole_conversation(toks, hf_toks, name, thinking):
+    """conversation_ids (a re-render from the messages alone: what a server gets from a
+    harness) equals apply_chat_template before every assistant turn of the script."""
+    fmt, hf = chat_format(name, toks[name], thinking=thinking), hf_toks[name]
+    conv, checked = list(FIRST), 0
+    for i, turn in enumerate(SCRIPT):
+        golden = render(hf, fmt, conv, generation_prompt=True)
+        assert fmt.conversation_ids(conv, tools=TOOLS).tolist() == golden, f"before assistant turn {i}"
+        listed = [dict(m, content=[{"type": "text", "text": m["content"]}]) if m["role"] == "user" else m
+                  for m in conv]                          # OpenAI-style content lists read the same
+        assert fmt.conversation_ids(listed, tools=TOOLS).tolist() == golden
+        checked += 1
+        conv.append(message(fmt, turn, i))
+        if turn.responses:
+            conv += [{"role": "tool", "content": r} for r in turn.responses]
+        elif turn.user is not None:
+            conv.append({"role": "user", "content": turn.user})
+        else:
+            break
+    assert checked == len(SCRIPT)
+    with pytest.raises(ValueError, match="ends with a user or tool"):
+        fmt.conversation_ids(conv, tools=TOOLS)          # ends with an assistant message
+    with pytest.raises(ValueError, match="tool and user messages"):
+        fmt.continuation_ids([{"role": "assistant", "content": "x"}])
+
+
 def test_golden_check_can_fail(toks, hf_toks):
     """The comparison sees a missing closing "\\n" and the other thinking mode."""
     fmt, hf = chat_format("qwen3", toks["qwen3"]), hf_toks["qwen3"]

@@ -74,6 +74,31 @@ def _call_parts(call: Mapping[str, Any]) -> tuple[str, Any]:
     return fn["name"], fn.get("arguments", {})
 
 
+def message_text(message: Message) -> str:
+    """A message's text: its ``content`` string, or the joined ``text`` parts of an
+    OpenAI-style content list (None: "")."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = [p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type", "text") == "text"]
+    if len(parts) != len(content):
+        raise ValueError(f"a {message.get('role')!r} message's content holds parts other than text")
+    return "".join(parts)
+
+
+def _runs(messages: Sequence[Message]) -> list[tuple[str, list[str]]]:
+    """Consecutive messages of one role, with their texts: [(role, [text, ...]), ...]."""
+    runs: list[tuple[str, list[str]]] = []
+    for m in messages:
+        if runs and runs[-1][0] == m["role"]:
+            runs[-1][1].append(message_text(m))
+        else:
+            runs.append((m["role"], [message_text(m)]))
+    return runs
+
+
 def _arguments_text(arguments: Any) -> str:
     # A string is the model's own JSON, kept verbatim; anything else is written as the
     # transformers ``tojson`` filter does (json.dumps, ensure_ascii=False).
@@ -145,11 +170,11 @@ class ChatFormat:
         generation prompt; ``tools`` (JSON schemas) go where the family puts them (Qwen: the
         system turn; Llama 3: the first user message). -> int32 [T]."""
         messages = list(messages)
-        system = messages.pop(0)["content"] if messages and messages[0]["role"] == "system" else None
+        system = message_text(messages.pop(0)) if messages and messages[0]["role"] == "system" else None
         for m in messages:
             if m["role"] != "user":
                 raise ValueError(f"prompt_ids takes a leading system message then user messages, got {m['role']!r}")
-        opening = self._opening_pieces(system, [m["content"] for m in messages], list(tools or []))
+        opening = self._opening_pieces(system, [message_text(m) for m in messages], list(tools or []))
         return self.assemble([*self._begin_pieces(), *opening, self._generation_prompt])
 
     def generation_prompt_ids(self) -> np.ndarray:
@@ -173,6 +198,53 @@ class ChatFormat:
         if not contents:
             raise ValueError("tool_responses_ids needs at least one response")
         return self.assemble([*self._tool_pieces(list(contents)), self._generation_prompt])
+
+    def continuation_ids(self, messages: Sequence[Message]) -> np.ndarray:
+        """What the environment appends after a closed assistant turn: ``tool`` messages (a
+        run of them is one turn's results, in call order) and ``user`` messages, then the
+        generation prompt. ``continuation_ids([tool x n]) == tool_responses_ids(...)``,
+        ``continuation_ids([user]) == user_ids(...)``. -> int32 [T]."""
+        pieces: list[Piece] = []
+        for role, texts in _runs(messages):
+            if role == "tool":
+                pieces += self._tool_pieces(texts)
+            elif role == "user":
+                pieces += [p for t in texts for p in self._turn_pieces("user", t)]
+            else:
+                raise ValueError(f"a continuation holds tool and user messages, got {role!r}")
+        if not pieces:
+            raise ValueError("a continuation needs at least one tool or user message")
+        return self.assemble([*pieces, self._generation_prompt])
+
+    def conversation_ids(self, messages: Sequence[Message], *, tools: Sequence[Mapping] | None = None) -> np.ndarray:
+        """A whole conversation up to the next generation prompt, re-rendered: the opening
+        (:meth:`prompt_ids`), then per assistant message its canonical ids
+        (:meth:`assistant_ids` from its content, ``tool_calls`` and, thinking on,
+        ``reasoning_content``) closed by :meth:`after_turn_ids`, and the messages after it
+        (:meth:`continuation_ids`). For the shipped templates this equals
+        ``apply_chat_template(messages, tools=tools, add_generation_prompt=True)``; a
+        stream a model sampled differs from it wherever the model chose another
+        tokenization of the same text, so train on the stream, never on this. The last
+        message is a user or tool one. -> int32 [T]."""
+        messages = list(messages)
+        first = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "user")), len(messages))
+        out = [self.prompt_ids(messages[:first], tools=tools)]
+        rest = messages[first:]
+        while rest:
+            turn = rest.pop(0)
+            if turn["role"] != "assistant":
+                raise ValueError(f"messages after the opening alternate assistant turns and tool/user runs, "
+                                 f"got {turn['role']!r} where an assistant turn goes")
+            reasoning = turn.get("reasoning_content") if self.thinking else None
+            ids = self.assistant_ids(message_text(turn), turn.get("tool_calls") or (), reasoning=reasoning)
+            run = []
+            while rest and rest[0]["role"] != "assistant":
+                run.append(rest.pop(0))
+            if not run:
+                raise ValueError("a conversation to render ends with a user or tool message (or two assistant "
+                                 "messages follow each other)")
+            out += [ids, self.after_turn_ids(ids), self.continuation_ids(run)]
+        return np.concatenate(out).astype(np.int32)
 
     # ---- text a model emits -------------------------------------------------------------------
 
