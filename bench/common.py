@@ -1,4 +1,7 @@
-"""Shared benchmark helpers: the machine's measured matmul peak and best-of-N timing."""
+"""Shared benchmark helpers: the machine's measured matmul peak and best-of-N timing.
+
+    python bench/common.py          # this machine's float32 matmul peak
+"""
 
 from __future__ import annotations
 
@@ -85,3 +88,7 @@ def torch_sync() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+if __name__ == "__main__":            # python bench/common.py: this machine's float32 matmul peak
+    print(f"float32 matmul peak {matmul_peak_flops() / 1e9:.1f} GFLOP/s on {jax.default_backend()}")
