@@ -8,7 +8,8 @@ import pytest
 
 from swarmjax.serve.record import ChatStream, message_key
 from swarmjax.text.chat import chat_format
-from test_text_chat import CASES, FIRST, SCRIPT, TOOLS, call_dict, hf_toks, message, render, tokdirs, toks  # noqa: F401
+from test_text_chat import (CASES, FIRST, SCRIPT, TOOLS, call_dict, hf_toks, message, render, replies,  # noqa: F401
+                             tokdirs, toks)
 
 
 def sampled_turn(fmt, turn, *, spelled=False):
@@ -37,12 +38,8 @@ def play(fmt, hf, *, spelled=(), edit_at=None, drop_reasoning=False):
         stream.reply(ids, np.linspace(-1, -0.1, ids.size), msg)
         if drop_reasoning:
             msg = {k: v for k, v in msg.items() if k != "reasoning_content"}
-        conv.append(msg)
-        if turn.responses:
-            conv += [{"role": "tool", "content": r} for r in turn.responses]
-        elif turn.user is not None:
-            conv.append({"role": "user", "content": turn.user})
-        else:
+        conv += [msg, *replies(turn)]
+        if not replies(turn):
             break
     return stream, conv, prompts
 

@@ -115,6 +115,14 @@ SCRIPT = [
 ]
 
 
+def replies(turn):
+    """The messages after an assistant turn: its tool results, its follow-up query, or none
+    (the conversation ends)."""
+    if turn.responses:
+        return [{"role": "tool", "content": r} for r in turn.responses]
+    return [] if turn.user is None else [{"role": "user", "content": turn.user}]
+
+
 def call_dict(name, arguments):
     return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
@@ -226,12 +234,8 @@ def test_conversation_ids_is_the_render_of_the_whole_conversation(toks, hf_toks,
                   for m in conv]                          # OpenAI-style content lists read the same
         assert fmt.conversation_ids(listed, tools=TOOLS).tolist() == golden
         checked += 1
-        conv.append(message(fmt, turn, i))
-        if turn.responses:
-            conv += [{"role": "tool", "content": r} for r in turn.responses]
-        elif turn.user is not None:
-            conv.append({"role": "user", "content": turn.user})
-        else:
+        conv += [message(fmt, turn, i), *replies(turn)]
+        if not replies(turn):
             break
     assert checked == len(SCRIPT)
     with pytest.raises(ValueError, match="ends with a user or tool"):

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from swarmjax.swarm.text_types import AgentTrace
-from swarmjax.text.chat import ChatFormat, Message, message_text
+from swarmjax.text.chat import ChatFormat, Message, call_parts, message_text
 
 __all__ = ["ChatStream", "message_key"]
 
@@ -70,11 +70,9 @@ def message_key(message: Message) -> tuple:
         raise ValueError(f"unknown message role {role!r} (system, user, assistant or tool)")
     if role != "assistant":
         return role, message_text(message)
-    calls = []
-    for call in message.get("tool_calls") or ():
-        fn = call.get("function", call)
-        calls.append((fn["name"], _canonical_arguments(fn.get("arguments", {}))))
-    return role, _visible(message_text(message)), tuple(calls)
+    calls = tuple((name, _canonical_arguments(arguments))
+                  for name, arguments in map(call_parts, message.get("tool_calls") or ()))
+    return role, _visible(message_text(message)), calls
 
 
 @dataclasses.dataclass
@@ -83,7 +81,6 @@ class _Undo:
     and the counters."""
 
     parts: int
-    segments: int
     current: dict | None          # the segment a drift closed, to reopen
     drift: int
     tools: str | None
@@ -131,7 +128,7 @@ class ChatStream:
         keys = tuple(message_key(m) for m in messages)
         tools_key = json.dumps(list(tools or []), sort_keys=True, ensure_ascii=False)
         t = self.trace
-        self._undo = _Undo(len(t.ids), len(t.segments), None, self.template_drift, self._tools)
+        self._undo = _Undo(len(t.ids), None, self.template_drift, self._tools)
         k = len(self._conversation) if self._conversation is not None else -1
         if (0 <= k < len(keys) and keys[:k] == self._conversation and tools_key == self._tools
                 and all(key[0] in ("user", "tool") for key in keys[k:])):

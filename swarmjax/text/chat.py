@@ -68,7 +68,7 @@ def _const(ids: np.ndarray) -> np.ndarray:
     return ids
 
 
-def _call_parts(call: Mapping[str, Any]) -> tuple[str, Any]:
+def call_parts(call: Mapping[str, Any]) -> tuple[str, Any]:
     """(name, arguments) of an OpenAI-style ``{"function": {...}}`` call or a flat one."""
     fn = call.get("function", call)
     return fn["name"], fn.get("arguments", {})
@@ -263,7 +263,7 @@ class ChatFormat:
                        reasoning: str | None = None) -> str:
         """The exact text a model emits for a turn: what the render puts between the
         generation prompt and the end-of-turn token (think block, content, tool calls)."""
-        calls = [self.tool_call_text(*_call_parts(c)) for c in tool_calls]
+        calls = [self.tool_call_text(*call_parts(c)) for c in tool_calls]
         return self._think_text(reasoning) + self._body_text(content, calls)
 
     def assistant_ids(self, content: str, tool_calls: Sequence[Mapping[str, Any]] = (), *,
