@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import time_best  # noqa: E402
+from common import matmul_peak_flops, time_best  # noqa: E402
 
 from swarmjax.envs import scripts  # noqa: E402
 from swarmjax.envs import widesearch_jax as wsj  # noqa: E402
@@ -240,7 +240,8 @@ def main(argv=None):
         raise SystemExit("the jitted engine and the host baseline disagree on an episode")
     sampled = int(np.sum(np.asarray(result.loss_mask)) + np.sum(np.asarray(result.worker_sampled)))
     figures = {
-        "jax": jax.__version__, "backend": jax.default_backend(), "batch": args.batch, "size": args.size,
+        "jax": jax.__version__, "backend": jax.default_backend(), "peak_flops": matmul_peak_flops(),
+        "batch": args.batch, "size": args.size,
         "params": mcfg.num_params(), "jit_episodes_s": args.batch / jit_s, "host_episodes_s": args.batch / host_s,
         "ratio": host_s / jit_s, "jit_tok_s": sampled / jit_s, "host_tok_s": sampled / host_s,
         "jit_compile_s": jit_first - jit_s, "host_first_call_s": host_first, "jit_s": jit_s, "host_s": host_s,
@@ -251,7 +252,8 @@ def main(argv=None):
     if args.json:
         print(json.dumps(figures))
         return
-    print(f"jax {figures['jax']} on {figures['backend']}, {args.batch} episodes (n = 1..16), model {args.size} "
+    print(f"jax {figures['jax']} on {figures['backend']} (float32 matmul peak {figures['peak_flops'] / 1e9:.1f} "
+          f"GFLOP/s), {args.batch} episodes (n = 1..16), model {args.size} "
           f"({mcfg.num_params() / 1e6:.2f}M), {sampled} sampled tokens, mean critical steps "
           f"{figures['mean_critical_steps']:.1f}, mean sub-agents {figures['mean_subagents']:.1f}")
     print(f"{'':6}{'s/batch':>10}{'episodes/s':>12}{'tok/s':>10}{'first call s':>14}{'loop iters':>12}")

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -162,22 +163,33 @@ def plot_rl_means(arms: dict[str, list[str]], keys: tuple[str, ...], title: str,
     save_figure(fig, axes, title, path)
 
 
-def train_missing(jobs: dict, names, tag: str) -> dict[str, float]:
+def train_missing(jobs: dict, names, tag: str, *, kept_warm: str | None = None) -> dict[str, float]:
     """Run the agent jobs ``names`` of ``jobs`` (name -> (AgentJob, workdir)) that have no
     ``summary.json`` yet (resuming an interrupted one), in order; the ``"warm"`` run is
     exported as a Hugging Face checkpoint (``<workdir>/hf``, its step 0) for the runs that
-    start from it. Returns each trained run's wall clock (s)."""
+    start from it. ``kept_warm``: a directory (committed beside the results) that keeps that
+    export once made, and gives it back to a machine that lacks the run: a warm start
+    finished in one session is not trained again in the next. Returns each trained run's
+    wall clock (s)."""
     from swarmjax.train.jobs import run_job
     from swarmjax.train.export import export_run
 
     clock = {}
     for name in names:
         job, workdir = jobs[name]
+        hf = os.path.join(workdir, "hf")
+        if name == "warm" and kept_warm and os.path.exists(os.path.join(kept_warm, "config.json")):
+            if not os.path.exists(os.path.join(hf, "config.json")):
+                print(f"[{tag}] warm start from the kept {kept_warm}", flush=True)
+                shutil.copytree(kept_warm, hf, dirs_exist_ok=True)
+            continue
         if not os.path.exists(os.path.join(workdir, "summary.json")):
             t0 = time.perf_counter()
             print(f"[{tag}] {name} -> {workdir}", flush=True)
             run_job(job, workdir, progress=False, resume="auto")
             clock[name] = time.perf_counter() - t0
-        if name == "warm" and not os.path.exists(os.path.join(workdir, "hf", "config.json")):
-            export_run(workdir, os.path.join(workdir, "hf"), which="0")
+        if name == "warm" and not os.path.exists(os.path.join(hf, "config.json")):
+            export_run(workdir, hf, which="0")
+        if name == "warm" and kept_warm:
+            shutil.copytree(hf, kept_warm, dirs_exist_ok=True)
     return clock

@@ -38,7 +38,8 @@ a sub-agent's holds its chunk of 4 with room to spare):
 
 Outputs: ``<results>/results_s<seed>.json`` (every arm's figures per size, PARL's training
 curves, and the command and every override it ran with; ``docs/experiments/context/``,
-committed: a seed finished on one machine stays when its runs do not), then
+committed: a seed finished on one machine stays when its runs do not; so does each seed's
+warm start, ``warm_s<seed>/``, its Hugging Face export, the longest stage), then
 ``<out>/context.md`` (mean and worst seed per arm and size) and ``<out>/context.png``
 (item-F1 and critical steps by size; PARL's training curves), both made from those files
 alone. Runs found finished are reused, interrupted ones resume. ``--set`` overrides go to
@@ -125,7 +126,8 @@ def run_seed(seed: int, args) -> dict:
     if os.path.exists(out_file):
         return json.load(open(out_file))
     jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
-    clock = train_missing(jobs, ("warm",) if args.warm_only else ("warm", "single", "parl"), f"context s{seed}")
+    clock = train_missing(jobs, ("warm",) if args.warm_only else ("warm", "single", "parl"), f"context s{seed}",
+                          kept_warm=os.path.join(args.results, f"warm_s{seed}"))
     if args.warm_only:
         return {}
     single, parl = jobs["single"], jobs["parl"]

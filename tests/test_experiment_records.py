@@ -57,3 +57,35 @@ def test_the_report_outlives_the_runs_and_kept_arms_are_not_trained_again(tmp_pa
     with pytest.raises(FileNotFoundError):              # a seed with neither is trained (here: not really)
         run.run_arms(exp, "serial_collapse", [2], "unused_{seed}", runs, 1, records)
     assert trained == [os.path.join(runs, "serial_collapse", d) for d in ("base_s2", "no_r_parallel_s2")]
+
+
+def test_a_kept_warm_start_is_not_trained_again_on_another_machine(tmp_path, monkeypatch):
+    """``common.train_missing(kept_warm=)``: the warm start's export is kept once made, and a
+    machine without the run copies it back instead of training it again."""
+    import common                                       # experiments/common.py
+    import swarmjax.train.export as export
+    import swarmjax.train.jobs as jobs
+
+    trained = []
+
+    def fake_run(job, workdir, **_):
+        trained.append(workdir)
+        os.makedirs(workdir, exist_ok=True)
+        open(os.path.join(workdir, "summary.json"), "w").write("{}")
+
+    def fake_export(workdir, out, which):
+        os.makedirs(out)
+        open(os.path.join(out, "config.json"), "w").write(json.dumps({"from": workdir, "which": which}))
+
+    monkeypatch.setattr(jobs, "run_job", fake_run)
+    monkeypatch.setattr(export, "export_run", fake_export)
+    kept = str(tmp_path / "kept" / "warm_s0")
+    first = {"warm": (None, str(tmp_path / "a" / "warm")), "rl": (None, str(tmp_path / "a" / "rl"))}
+    clock = common.train_missing(first, ("warm", "rl"), "t", kept_warm=kept)
+    assert trained == [first["warm"][1], first["rl"][1]] and set(clock) == {"warm", "rl"}
+    assert json.load(open(os.path.join(kept, "config.json")))["from"] == first["warm"][1]
+
+    second = {"warm": (None, str(tmp_path / "b" / "warm")), "rl": (None, str(tmp_path / "b" / "rl"))}
+    clock = common.train_missing(second, ("warm", "rl"), "t", kept_warm=kept)
+    assert trained[2:] == [second["rl"][1]] and set(clock) == {"rl"}   # the warm start was not trained
+    assert json.load(open(os.path.join(second["warm"][1], "hf", "config.json")))["from"] == first["warm"][1]
