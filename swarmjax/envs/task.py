@@ -127,14 +127,16 @@ class Demo:
 class EnvContext:
     """What the job gives a task's environments: the chat format (tokenizer inside), the
     shared tool runner (thread pool, timeout), the role, for an orchestrator the most
-    sub-agent assignments per episode, and whether the agent has the ``summarize`` tool
-    (the rollout's ``"summary"`` context strategy: :mod:`swarmjax.swarm.context`)."""
+    sub-agent assignments per episode, whether the agent has the ``summarize`` tool
+    (the rollout's ``"summary"`` context strategy: :mod:`swarmjax.swarm.context`), and
+    the agent's context in ids where the engine bounds it (None: not known)."""
 
     chat: ChatFormat
     runner: ToolRunner
     role: str = "single"
     max_subagents: int = 4
     summarize: bool = False
+    context: int | None = None
 
 
 class Task:
@@ -222,18 +224,8 @@ def resolve_task(spec: Any) -> Any:
     if ":" not in path:
         raise TaskError(f"unknown task {spec!r}: give a built-in name ({', '.join(sorted(TASKS))}) or an "
                         f"import path 'package.module:Name'")
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise TaskError(f"task {spec!r}: cannot import {module_name!r} ({e}); is its directory on "
-                        f"PYTHONPATH or beside the config file?") from None
-    try:
-        obj = module
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise TaskError(f"task {spec!r}: module {module_name!r} has no {attr!r}") from None
+    obj = import_object(path, what=f"task {spec!r}")
+    attr = path.partition(":")[2]
     if isinstance(obj, type) or (callable(obj) and not has_stream(obj)):
         try:
             obj = obj()
@@ -241,6 +233,26 @@ def resolve_task(spec: Any) -> Any:
             raise TaskError(f"task {spec!r}: {attr}() needs arguments ({e}); construct it in the config "
                             "file instead (task=...)") from None
     return check_task(obj, name=spec)
+
+
+def import_object(path: str, *, what: str) -> Any:
+    """The object an import path ``"package.module:Name"`` (``Name`` may be dotted) names.
+    Raises :class:`TaskError` with one line, naming ``what`` the path is for."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise TaskError(f"{what}: {path!r} is not an import path 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise TaskError(f"{what}: cannot import {module_name!r} ({e}); is its directory on "
+                        f"PYTHONPATH or beside the config file?") from None
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise TaskError(f"{what}: module {module_name!r} has no {attr!r}") from None
+    return obj
 
 
 def has_generator(task: Any) -> bool:

@@ -320,8 +320,10 @@ class AgentRun(JobRun):
                          "subagents")
         self.stream = task_stream(task, "train", self.rl_seed)
         self.runner = ToolRunner([], max_workers=16, timeout_s=job.tool_timeout_s)
+        contexts = getattr(job.rl.rollout, "contexts", None)
         self.ctx = EnvContext(chat, self.runner, role=job.role, max_subagents=job.max_subagents,
-                              summarize=_context(job, "strategy") == "summary")
+                              summarize=_context(job, "strategy") == "summary",
+                              context=None if contexts is None else contexts.orchestrator)
         self.engine = self.kind.build(job, task, self.ctx, cfg, self.mesh)
         self.splits = {s: held_out(task, s, job.seed, job.eval_episodes) for s in ("validation", "test")}
         if _context(job, "strategy") is not None:

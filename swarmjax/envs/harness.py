@@ -1,0 +1,165 @@
+"""A task whose agent is the user's own harness: any loop over an OpenAI-style client.
+
+    HarnessTask(run="my_agent:solve", verify="my_agent:score", problems="my_agent:problems")
+
+Per episode the job starts ``run(problem, client, model)`` in a thread of its own, with
+``client`` an ``openai.OpenAI`` whose requests go to the job's server
+(:class:`~swarmjax.serve.http.HarnessServer`, on 127.0.0.1, a free port, this episode's
+key in every request's ``X-Episode-Id`` header) and ``model`` the name to send. The
+harness runs its own loop (its prompts, tools and their execution, retries of its own)
+and returns its final answer; ``verify(problem, answer)`` scores it (a float, the
+``r_perf`` reward, or a dict of reward terms with ``"r_perf"``). The job trains on
+exactly the ids the server sampled and rendered for its requests
+(:class:`~swarmjax.serve.harness_env.HarnessEnv`).
+
+``problems``: ``{split: [problem, ...]}``, a callable ``split -> Sequence``, an import
+path of either, or a JSON-lines path with ``{split}`` in it (``data/{split}.jsonl``).
+Splits: ``"train"``, ``"validation"``, ``"test"``.
+
+The harness's client is built with ``max_retries=0``: a retried request would be a
+second turn of the stream. Requires the ``openai`` package (``pip install openai``) and
+the server's ``aiohttp``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import inspect
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from swarmjax.envs.task import EnvContext, Task, TaskError, import_object, jsonl_records
+
+__all__ = ["HarnessTask"]
+
+_SERVERS: dict[int, Any] = {}           # id(task) -> (hub, server): one server per task object and process
+_LOCK = threading.Lock()
+
+
+def _resolve(spec: Any, what: str) -> Any:
+    return import_object(spec, what=what) if isinstance(spec, str) and ":" in spec else spec
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessTask(Task):
+    """The user's harness as a task (module docstring).
+
+    Args:
+      run: ``(problem, client, model) -> answer`` or its import path ``"module:name"``.
+      verify: ``(problem, answer) -> float | dict`` or its import path.
+      problems: the problems per split (module docstring).
+      model: the model name the server serves (the harness sends it).
+      timeout_s: the most seconds one episode may take.
+      api_key: a key the server requires (the harness's client sends it).
+      corpus_text: text to train a local tokenizer on (jobs without a tokenizer of
+        their own), e.g. the harness's system prompt and tool descriptions.
+    """
+
+    run: Any
+    verify: Any
+    problems: Any
+    model: str = "swarmjax"
+    timeout_s: float = 300.0
+    api_key: str | None = None
+    corpus_text: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        # callables by their import path, not their address: a checkpoint records the task's
+        # repr to refuse a resume with another task (:func:`~swarmjax.envs.task.task_name`)
+        def show(v):
+            return f"{v.__module__}:{v.__qualname__}" if callable(v) and hasattr(v, "__qualname__") else repr(v)
+        fields = ", ".join(f"{f.name}={show(getattr(self, f.name))}" for f in dataclasses.fields(self))
+        return f"HarnessTask({fields})"
+
+    def __post_init__(self):
+        for name in ("run", "verify"):
+            fn = _resolve(getattr(self, name), f"HarnessTask.{name}")
+            if not callable(fn):
+                raise TaskError(f"HarnessTask.{name} is not callable: {fn!r}")
+        if self.timeout_s <= 0:
+            raise TaskError(f"HarnessTask.timeout_s must be > 0, got {self.timeout_s}")
+
+    # ------------------------------------------------------------------ the task protocol
+    def records(self, split: str) -> Sequence[Any]:
+        """The problems of ``split``."""
+        problems = _resolve(self.problems, "HarnessTask.problems")
+        if isinstance(problems, str):
+            if "{split}" not in problems:
+                raise TaskError(f"HarnessTask.problems {problems!r}: a JSON-lines path holds '{{split}}' "
+                                "(e.g. data/{split}.jsonl), an import path 'module:name'")
+            return jsonl_records(problems.format(split=split))
+        if isinstance(problems, Mapping):
+            if split not in problems:
+                raise TaskError(f"HarnessTask.problems has no {split!r} split (it has {', '.join(problems)})")
+            return list(problems[split])
+        if callable(problems):
+            return list(problems(split))
+        raise TaskError(f"HarnessTask.problems: {type(problems).__name__} is neither a mapping, a callable, "
+                        "an import path nor a JSON-lines path")
+
+    def corpus(self) -> list[str]:
+        """``corpus_text`` and the training problems' text: what a local tokenizer trains on."""
+        return [*self.corpus_text, *map(str, self.records("train"))]
+
+    def score(self, problem: Any, answer: str) -> dict[str, float]:
+        """``verify(problem, answer)`` as reward terms (a float is ``r_perf``)."""
+        out = _resolve(self.verify, "HarnessTask.verify")(problem, answer)
+        if isinstance(out, Mapping):
+            if "r_perf" not in out:
+                raise TaskError(f"HarnessTask.verify returned {dict(out)!r}: a dict of reward terms holds 'r_perf'")
+            return {k: float(v) for k, v in out.items()}
+        return {"r_perf": float(out)}
+
+    def env(self, problem: Any, ctx: EnvContext):
+        """A :class:`~swarmjax.serve.harness_env.HarnessEnv` on this task's server."""
+        from swarmjax.serve.harness_env import HarnessEnv
+
+        if ctx.role != "single":
+            raise TaskError("HarnessTask runs as a single agent (role='single'); the harness orchestrates "
+                            "its own sub-agents")
+        hub, server = self.server()
+        return HarnessEnv(ctx.chat, hub, self._launcher(server), verify=self.score, model=self.model,
+                          timeout=self.timeout_s, context=ctx.context)
+
+    # ------------------------------------------------------------------ the server and the harness
+    def server(self):
+        """(hub, server) of this task in this process, started on first use."""
+        from swarmjax.serve.http import HarnessServer
+        from swarmjax.serve.hub import Hub
+
+        with _LOCK:
+            if id(self) not in _SERVERS:
+                hub = Hub()
+                server = HarnessServer(hub, model=self.model, api_key=self.api_key).start()
+                atexit.register(server.stop)
+                _SERVERS[id(self)] = (hub, server)
+            return _SERVERS[id(self)]
+
+    def _launcher(self, server) -> Callable:
+        try:
+            import openai
+        except ImportError:
+            raise TaskError("HarnessTask needs the openai client: pip install openai") from None
+        from swarmjax.serve.http import EPISODE_HEADER
+
+        run = _resolve(self.run, "HarnessTask.run")
+        takes_model = len(inspect.signature(run).parameters) >= 3
+
+        def launch(problem: Any, episode) -> None:
+            client = openai.OpenAI(base_url=server.base_url, api_key=self.api_key or "unused", max_retries=0,
+                                   timeout=self.timeout_s, default_headers={EPISODE_HEADER: episode.key})
+
+            def harness():
+                try:
+                    answer = run(problem, client, self.model) if takes_model else run(problem, client)
+                except BaseException as e:  # noqa: BLE001 - the episode records it and scores 0
+                    episode.finish(error=e)
+                else:
+                    episode.finish(answer)
+                finally:
+                    client.close()
+
+            threading.Thread(target=harness, name=f"harness-{episode.key[:8]}", daemon=True).start()
+        return launch

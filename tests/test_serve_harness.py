@@ -1,0 +1,214 @@
+"""A user's own agent harness (a plain loop over the ``openai`` client, its own tools) as
+a rollout's environment (swarmjax.serve): the ids the server records for its requests are
+the ids TextRollout builds for the same conversation through the generic tool agent, a
+harness that rewrites its history is counted as template drift and trains on what was
+sampled, and bad requests get OpenAI's error objects without touching any stream."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("aiohttp")
+
+from swarmjax.envs.harness import HarnessTask  # noqa: E402
+from swarmjax.envs.task import EnvContext  # noqa: E402
+from swarmjax.envs.tool_env import ToolAgentEnv  # noqa: E402
+from swarmjax.models import init_params  # noqa: E402
+from swarmjax.models.config import ModelConfig  # noqa: E402
+from swarmjax.roles import Roles  # noqa: E402
+from swarmjax.serve.http import EPISODE_HEADER, HarnessServer  # noqa: E402
+from swarmjax.serve.hub import Hub  # noqa: E402
+from swarmjax.swarm.text_rollout import TextRollout, TextRolloutConfig, TextScripts  # noqa: E402
+from swarmjax.text.bpe import train_bpe_tokenizer  # noqa: E402
+from swarmjax.text.chat import chat_format  # noqa: E402
+from swarmjax.text.runner import ToolRunner  # noqa: E402
+from swarmjax.text.tokenizer import TextTokenizer  # noqa: E402
+from swarmjax.text.tools import Tool  # noqa: E402
+
+TABLE = {"alpha": "17", "beta": "42", "gamma": "8", "delta": "23"}
+SYSTEM = "You answer questions about a table of keys. Use the lookup tool."
+
+
+def lookup(key: str) -> str:
+    """Look a key up in the table.
+
+    Args:
+      key: the key.
+    """
+    return TABLE.get(key, "unknown key")
+
+
+TOOL = Tool.from_function(lookup)
+SCHEMAS = [TOOL.schema()]
+
+
+def messages(problem):
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is the value of {problem}?"}]
+
+
+def harness(problem, client, model, *, edit=False):
+    """The harness under test: its own loop, its own tool execution, no swarmjax import."""
+    history = messages(problem)
+    for turn in range(4):
+        if edit and turn == 1:                               # rewrites its history: template drift
+            history[0] = {"role": "system", "content": SYSTEM + " Be brief."}
+        reply = client.chat.completions.create(model=model, messages=history, tools=SCHEMAS)
+        msg = reply.choices[0].message
+        if not msg.tool_calls:
+            return msg.content
+        history.append(msg.model_dump(exclude_none=True))
+        for call in msg.tool_calls:
+            try:
+                out = lookup(**json.loads(call.function.arguments))
+            except (TypeError, ValueError) as e:
+                out = f"Error: {e}"
+            history.append({"role": "tool", "tool_call_id": call.id, "content": out})
+    return ""
+
+
+def editing_harness(problem, client, model):
+    return harness(problem, client, model, edit=True)
+
+
+def score(problem, answer):
+    return float(TABLE[problem] in (answer or ""))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    corpus = [SYSTEM, *(f"What is the value of {k}? The value is {v}." for k, v in TABLE.items()),
+              json.dumps(SCHEMAS)] * 20
+    chat = chat_format("qwen3", TextTokenizer.from_dir(train_bpe_tokenizer(
+        corpus, tmp_path_factory.mktemp("tok"), vocab_size=400)))
+    model = ModelConfig(vocab_size=chat.tokenizer.vocab_size, hidden_size=32, num_layers=2, num_heads=2,
+                        num_kv_heads=1, head_dim=16, intermediate_size=64)
+    runner = ToolRunner([], max_workers=4, timeout_s=5.0)
+    rcfg = TextRolloutConfig(contexts=Roles(768, 256), max_turn_tokens=64, subagent_lanes=1, subagent_turns=2,
+                             prefill_buckets=(16, 64, 256), min_window=256)
+    engine = TextRollout(model, rcfg, stop_ids=chat.stop_ids)
+    yield chat, runner, engine, init_params(model, jax.random.key(0))
+    engine.close()
+    runner.close()
+
+
+def _call_turn(chat, key):
+    return chat.assistant_ids("", [{"name": "lookup", "arguments": {"key": key}}])
+
+
+def _run(world, envs, problems, scripts):
+    chat, _, engine, params = world
+    return engine(Roles.both(params), envs, problems, jax.random.key(3), scripts=scripts)
+
+
+def test_a_harness_gets_the_ids_the_tool_agent_gets(world):
+    """The same problems through HarnessTask (an openai-client loop in a thread) and
+    through ToolAgentEnv, the same scripted turns (a lookup call, run by each side's own
+    tool, then an answer, right for alpha, wrong for gamma): the same ids, loss mask,
+    log-probs, steps and rewards."""
+    chat, runner, _, _ = world
+    problems = ["alpha", "gamma"]
+    scripts = TextScripts(orch=[[_call_turn(chat, p), chat.assistant_ids(f"The value is {v}.")]
+                                for p, v in zip(problems, ("17", "9"))])
+    task = HarnessTask(run=harness, verify=score, problems={"train": problems})
+    ctx = EnvContext(chat, runner, context=768)
+    got = _run(world, [task.env(p, ctx) for p in problems], problems, scripts)
+    want = _run(world, [ToolAgentEnv(chat, [TOOL], runner=runner, messages=messages,
+                                     verify=lambda p, a: {"r_perf": score(p, a)}) for p in problems],
+                problems, scripts)
+    for field in ("tokens", "length", "loss_mask", "logprobs", "orch_steps", "end_reason"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+    assert got.rewards["r_perf"].tolist() == want.rewards["r_perf"].tolist() == [1.0, 0.0]
+    assert got.answers == want.answers == ["The value is 17.", "The value is 9."]
+    assert (got.rewards["requests"] == 2).all() and (got.rewards["template_drift"] == 0).all()
+    assert (got.rewards["harness_error"] == 0).all()
+    hub, server = task.server()
+    assert len(hub) == 0 and server.requests == 4 and server.errors == 0
+
+
+def test_sampled_turns_round_trip_through_the_client_without_drift(world):
+    """Turns sampled by a random model (any bytes, broken calls) go to the harness as
+    OpenAI messages and come back in its history: every request extends the stream."""
+    chat, runner, _, _ = world
+    problems = ["alpha", "beta", "gamma", "delta"]
+    task = HarnessTask(run=harness, verify=score, problems={"train": problems})
+    got = _run(world, [task.env(p, EnvContext(chat, runner, context=768)) for p in problems], problems, None)
+    assert (got.rewards["template_drift"] == 0).all() and (got.rewards["harness_error"] == 0).all()
+    assert got.rewards["requests"].tolist() == got.orch_steps.tolist() and (got.orch_steps >= 1).all()
+    assert all(isinstance(a, str) for a in got.answers)
+
+
+def test_a_harness_that_rewrites_its_history_trains_on_what_was_sampled(world):
+    """Its second request does not extend the stream: a new segment (the re-rendered
+    history, loss mask 0) counted as template drift; the first segment keeps the sampled
+    call as sampled."""
+    chat, runner, _, _ = world
+    task = HarnessTask(run=editing_harness, verify=score, problems={"train": ["beta"]})
+    call = _call_turn(chat, "beta")
+    got = _run(world, [task.env("beta", EnvContext(chat, runner, context=768))], ["beta"],
+               TextScripts(orch=[[call]]))
+    assert got.rewards["template_drift"][0] == 1 and got.orch_steps[0] == 2
+    (b, first), = got.segment_rows()
+    np.testing.assert_array_equal(first["ids"][first["sampled"]], call)     # the sampled call, as sampled
+    last = got.tokens[0, :got.length[0]]
+    opening = chat.prompt_ids([{"role": "system", "content": SYSTEM + " Be brief."}, messages("beta")[1]],
+                              tools=SCHEMAS)
+    assert last[:len(opening)].tolist() == opening.tolist()                 # the edited history, re-rendered
+    assert not got.loss_mask[0, :len(opening)].any() and got.loss_mask[0, :got.length[0]].any()
+
+
+def test_bad_requests_get_openai_errors_and_touch_no_stream(world):
+    chat, runner, _, _ = world
+    hub = Hub()
+    with HarnessServer(hub, model="m", api_key="k3y") as server:
+        ep = hub.open()
+        client = openai.OpenAI(base_url=server.base_url, api_key="k3y", max_retries=0,
+                               default_headers={EPISODE_HEADER: ep.key})
+        msgs = messages("alpha")
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0).chat.completions.create(
+                model="m", messages=msgs)
+        with pytest.raises(openai.NotFoundError) as e:
+            client.chat.completions.create(model="other", messages=msgs)
+        assert e.value.code == "model_not_found" and e.value.param == "model"
+        with pytest.raises(openai.BadRequestError, match="last message"):
+            client.chat.completions.create(model="m", messages=[*msgs, {"role": "assistant", "content": "x"}])
+        with pytest.raises(openai.BadRequestError, match="tool_choice"):
+            client.chat.completions.create(model="m", messages=msgs, tools=SCHEMAS, tool_choice="required")
+        with pytest.raises(openai.BadRequestError, match="tools"):
+            client.chat.completions.create(model="m", messages=msgs, tools=[{"type": "function", "function": {}}])
+        with pytest.raises(openai.NotFoundError) as e:
+            openai.OpenAI(base_url=server.base_url, api_key="k3y", max_retries=0).chat.completions.create(
+                model="m", messages=msgs, user="not-an-episode")
+        assert e.value.code == "episode_not_found"
+        import urllib.request
+        req = urllib.request.Request(server.base_url + "/chat/completions", data=b"{not json",
+                                     headers={"Authorization": "Bearer k3y", "Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req)
+        assert e.value.code == 400 and "error" in json.loads(e.value.read())
+        assert ep.requests == 0 and server.errors == 7               # nothing reached the episode
+        hub.close(ep)
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model="m", messages=msgs)
+        assert e.value.status_code == 410 and e.value.code == "episode_closed"
+
+
+def test_a_conversation_past_the_context_is_refused(world):
+    """context_length_exceeded, as a server answers it, with the stream unchanged: at the
+    first request the harness cannot be trained on (one clear error); at a later one the
+    harness sees the error (here it gives up: harness_error) and the episode ends."""
+    from swarmjax.serve.harness_env import HarnessError
+
+    chat, runner, _, _ = world
+    task = HarnessTask(run=harness, verify=score, problems={"train": ["alpha"]})
+    with pytest.raises(HarnessError, match="context holds 40 tokens"):
+        _run(world, [task.env("alpha", EnvContext(chat, runner, context=40))], ["alpha"], None)
+    call = _call_turn(chat, "alpha")
+    fits = len(chat.prompt_ids(messages("alpha"), tools=SCHEMAS)) + len(call) + 3
+    got = _run(world, [task.env("alpha", EnvContext(chat, runner, context=fits))], ["alpha"],
+               TextScripts(orch=[[call]]))
+    assert got.orch_steps[0] == 1 and got.rewards["refused"][0] == 1 and got.rewards["harness_error"][0] == 1
+    assert got.rewards["r_perf"][0] == 0 and got.length[0] == fits - 3
