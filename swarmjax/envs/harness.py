@@ -16,6 +16,14 @@ exactly the ids the server sampled and rendered for its requests
 path of either, or a JSON-lines path with ``{split}`` in it (``data/{split}.jsonl``).
 Splits: ``"train"``, ``"validation"``, ``"test"``.
 
+A warm start needs demonstrations, and only the harness knows its prompts: a
+``teacher(problem, messages, tools) -> assistant message`` (``{"content": ...,
+"tool_calls": [...]}``, OpenAI's shape; a script, a rule, a stronger model's reply)
+answers the harness's requests in its place (:meth:`HarnessTask.transcript`); the
+teacher's turns, tokenised as a model following the chat format would sample them, are
+the demonstration, which the job then plays through the harness itself. The same
+transcripts give a local tokenizer its corpus.
+
 The harness's client is built with ``max_retries=0``: a retried request would be a
 second turn of the stream. Requires the ``openai`` package (``pip install openai``) and
 the server's ``aiohttp``.
@@ -26,11 +34,14 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import inspect
+import json
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from swarmjax.envs.task import EnvContext, Task, TaskError, import_object, jsonl_records
+from swarmjax.envs.task import Demo, EnvContext, Task, TaskError, import_object, jsonl_records
+from swarmjax.text.chat import ChatFormat, call_parts
 
 __all__ = ["HarnessTask"]
 
@@ -40,6 +51,28 @@ _LOCK = threading.Lock()
 
 def _resolve(spec: Any, what: str) -> Any:
     return import_object(spec, what=what) if isinstance(spec, str) and ":" in spec else spec
+
+
+def _assistant(reply: Any, *, call_id: str) -> dict:
+    """A teacher's reply as an assistant message in OpenAI's shape: a str is the content;
+    calls get ids and their arguments as a JSON object string."""
+    if isinstance(reply, str):
+        reply = {"content": reply}
+    if not isinstance(reply, Mapping):
+        raise TaskError(f"HarnessTask.teacher returned {type(reply).__name__}; an assistant message dict or a str")
+    calls = []
+    for i, call in enumerate(reply.get("tool_calls") or []):
+        name, arguments = call_parts(call)
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+        calls.append({"id": call.get("id") or f"{call_id}_{i}", "type": "function",
+                      "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+    out = {"role": "assistant", "content": reply.get("content") or (None if calls else "")}
+    if calls:
+        out["tool_calls"] = calls
+    if reply.get("reasoning_content") is not None:
+        out["reasoning_content"] = reply["reasoning_content"]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +86,11 @@ class HarnessTask(Task):
       model: the model name the server serves (the harness sends it).
       timeout_s: the most seconds one episode may take.
       api_key: a key the server requires (the harness's client sends it).
-      corpus_text: text to train a local tokenizer on (jobs without a tokenizer of
-        their own), e.g. the harness's system prompt and tool descriptions.
+      corpus_text: more text to train a local tokenizer on (jobs without a tokenizer
+        of their own).
+      teacher: ``(problem, messages, tools) -> assistant message`` or its import path:
+        the demonstrations of a warm start (module docstring); None: no warm start.
+      corpus_episodes: teacher transcripts of training problems a local tokenizer reads.
     """
 
     run: Any
@@ -64,6 +100,9 @@ class HarnessTask(Task):
     timeout_s: float = 300.0
     api_key: str | None = None
     corpus_text: tuple[str, ...] = ()
+    teacher: Any = None
+    corpus_episodes: int = 64
+
 
     def __repr__(self) -> str:
         # callables by their import path, not their address: a checkpoint records the task's
@@ -74,7 +113,9 @@ class HarnessTask(Task):
         return f"HarnessTask({fields})"
 
     def __post_init__(self):
-        for name in ("run", "verify"):
+        for name in ("run", "verify", "teacher"):
+            if name == "teacher" and self.teacher is None:
+                continue
             fn = _resolve(getattr(self, name), f"HarnessTask.{name}")
             if not callable(fn):
                 raise TaskError(f"HarnessTask.{name} is not callable: {fn!r}")
@@ -100,8 +141,56 @@ class HarnessTask(Task):
                         "an import path nor a JSON-lines path")
 
     def corpus(self) -> list[str]:
-        """``corpus_text`` and the training problems' text: what a local tokenizer trains on."""
-        return [*self.corpus_text, *map(str, self.records("train"))]
+        """What a local tokenizer trains on: ``corpus_text``, the training problems and,
+        with a teacher, the first ``corpus_episodes`` transcripts (every request's
+        messages and tools, every reply)."""
+        texts = [*self.corpus_text, *map(str, self.records("train"))]
+        if self.teacher is not None:
+            for problem in list(self.records("train"))[:self.corpus_episodes]:
+                for request, reply in self.transcript(problem):
+                    texts += [json.dumps(list(request.messages), ensure_ascii=False),
+                              json.dumps(list(request.tools), ensure_ascii=False), json.dumps(reply, ensure_ascii=False)]
+        return texts
+
+    def demonstration(self, problem: Any, chat: ChatFormat, rng: Any, *, role: str = "single",
+                      summarize: bool = False) -> Demo | None:
+        """The teacher's turns of ``problem`` (None without a teacher): each its message as
+        a model following ``chat`` samples it (:meth:`~swarmjax.text.chat.ChatFormat.assistant_ids`)."""
+        if self.teacher is None or role != "single" or summarize:
+            return None
+        return Demo([chat.assistant_ids(reply.get("content") or "", reply.get("tool_calls") or [],
+                                        reasoning=reply.get("reasoning_content"))
+                     for _, reply in self.transcript(problem)])
+
+    def transcript(self, problem: Any) -> list[tuple[Any, dict]]:
+        """The harness run on ``problem`` with the teacher answering its requests:
+        [(request, the teacher's reply)] in order. Raises :class:`TaskError` when the
+        harness raises or passes ``timeout_s``."""
+        from swarmjax.serve.hub import Finished
+        from swarmjax.serve.protocol import completion
+
+        teacher = _resolve(self.teacher, "HarnessTask.teacher")
+        hub, server = self.server()
+        episode = hub.open()
+        deadline = time.monotonic() + self.timeout_s
+        self._launcher(server)(problem, episode)
+        out = []
+        try:
+            while True:
+                event = episode.next_event(deadline - time.monotonic())
+                if event is None:
+                    raise TaskError(f"HarnessTask: the harness took over {self.timeout_s:g} s with the teacher")
+                if isinstance(event, Finished):
+                    if event.error is not None:
+                        raise TaskError(f"HarnessTask: the harness raised {event.error} with the teacher")
+                    return out
+                reply = _assistant(teacher(problem, list(event.request.messages), list(event.request.tools)),
+                                   call_id=f"call_{episode.key[:12]}_{len(out)}")
+                out.append((event.request, reply))
+                event.respond(200, completion(reply, model=self.model, request_id=f"teacher-{len(out)}",
+                                              prompt_tokens=0, completion_tokens=0, truncated=False))
+        finally:
+            hub.close(episode)
 
     def score(self, problem: Any, answer: str) -> dict[str, float]:
         """``verify(problem, answer)`` as reward terms (a float is ``r_perf``)."""

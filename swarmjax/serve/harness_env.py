@@ -21,7 +21,8 @@ A request whose conversation does not fit the agent's context gets OpenAI's
 the harness may go on or give up. The episode ends after ``timeout`` seconds in all
 (reward terms ``timeout`` 1, no answer), or when the harness raises (``harness_error``).
 Reward terms at the end: the verifier's, ``template_drift``, ``requests``, ``refused``
-(requests answered with an error), ``harness_error``, ``timeout``.
+(requests answered with an error), ``tool_calls`` (calls sent to the harness, which runs
+them), ``harness_error``, ``timeout``.
 """
 
 from __future__ import annotations
@@ -76,12 +77,12 @@ class HarnessEnv:
         self._request: Request | None = None
         self._deadline = 0.0
         self._error: str | None = None          # what the harness raised
-        self.refused = 0
+        self.refused = self.tool_calls = 0
 
     # ------------------------------------------------------------------ HostEnv
     def reset(self, task: Any) -> np.ndarray:
         """Start the harness on ``task``; -> [P] int32: its first request's prompt ids."""
-        self.task, self.refused, self._request, self._error = task, 0, None, None
+        self.task, self.refused, self.tool_calls, self._request, self._error = task, 0, 0, None, None
         self.episode = self.hub.open()
         self.stream = ChatStream(self.chat, name=f"harness-{self.episode.key[:8]}")
         self._deadline = time.monotonic() + self.timeout
@@ -102,6 +103,7 @@ class HarnessEnv:
         turn = np.asarray(turn, np.int32).reshape(-1)
         message = assistant_message(self._parse(turn, request), calls=request.request.tool_choice != "none",
                                     call_id=f"call_{self.episode.key[:12]}_{self.stream.requests}")
+        self.tool_calls += len(message.get("tool_calls", ()))
         prompt_len, drift = len(self.stream.trace), self.stream.template_drift
         self.stream.reply(turn, np.zeros(len(turn), np.float32), message)   # the rollout records the log-probs
         request.respond(200, completion(message, model=self.model, request_id=f"chatcmpl-{self.episode.key[:12]}-"
@@ -155,7 +157,8 @@ class HarnessEnv:
 
     def _end(self, answer: str | None, *, timeout: bool = False) -> Step:
         terms = {"template_drift": float(self.stream.template_drift), "requests": float(self.stream.requests),
-                 "refused": float(self.refused), "harness_error": float(self._error is not None),
+                 "refused": float(self.refused), "tool_calls": float(self.tool_calls),
+                 "harness_error": float(self._error is not None),
                  "timeout": float(timeout)}
         if self.verify is not None:
             terms.update(self.verify(self.task, answer) if answer is not None else {"r_perf": 0.0})

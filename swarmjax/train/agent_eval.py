@@ -31,6 +31,10 @@ JUDGE_FIGURES = ("judge", "judge_gap", "judge_agreement")
 # and the answer's item-F1 against what came back (nan for an episode without
 # assignments or returns; their means skip those)
 HANDOFF_FIGURES = ("delegated", "return_f1", "copy_fidelity")
+# with a harness task (:mod:`swarmjax.serve.harness_env`): requests served, requests that
+# did not extend the stream (edited history), requests refused, and episodes whose harness
+# raised or passed its time limit
+HARNESS_FIGURES = ("requests", "template_drift", "refused", "harness_error", "timeout")
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
            "subagents", "finished_subagents", "no_spawn", "critical_steps", "total_steps", "compactions",
            "context_dropped", "peak_context", "subagent_peak_context")
@@ -55,7 +59,7 @@ def evaluate(engine: Engine, params: Roles, problems: list, key: jax.Array, *,
     figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
     if getattr(engine, "judge", None) is not None:          # a judged engine: its score beside the truth
         figures.update({k: np.full((per,), np.nan, np.float32) for k in JUDGE_FIGURES})
-    figures.update({k: np.full((per,), np.nan, np.float32) for k in HANDOFF_FIGURES})
+    figures.update({k: np.full((per,), np.nan, np.float32) for k in HANDOFF_FIGURES + HARNESS_FIGURES})
     local = params if whole else _rollout_params(params, mesh)
     size = engine.batch or max(len(mine), 1)
     for c, at in enumerate(range(0, len(mine), size)):
@@ -70,7 +74,8 @@ def evaluate(engine: Engine, params: Roles, problems: list, key: jax.Array, *,
     if not whole:
         figures = allgather(figures)                                   # [procs, per]
     figures = {k: v.reshape(-1)[:n] for k, v in figures.items()}
-    return {k: v for k, v in figures.items() if k not in HANDOFF_FIGURES or not np.isnan(v).all()}
+    return {k: v for k, v in figures.items()
+            if k not in HANDOFF_FIGURES + HARNESS_FIGURES or not np.isnan(v).all()}
 
 
 def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
@@ -83,7 +88,7 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
     compactions (:mod:`swarmjax.swarm.context`), the ids they took out of its conversation,
     its longest segment (ids), and its sub-agents' longest conversation (0 without any);
     :data:`HANDOFF_FIGURES` where the verifier counts them (nan in an episode without
-    returns)."""
+    returns); :data:`HARNESS_FIGURES` for a harness task's episodes."""
     r = reward_terms(res.rewards, len(res.length))
     out = {"accuracy": r.get("r_verifier", r["r_perf"]), "tool_calls": r["tool_calls"], "tool_errors": r["tool_errors"],
            "turns": res.orch_steps, "answered": res.end_reason == END_ANSWER, "truncated": r["truncated"],
@@ -103,7 +108,10 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
             truth = r[f"{term}_truth"]
             f1 = item_f1(r[f"{term}_correct"], r[f"{term}_answered"], truth, truth > 0)
             out[name] = np.where(truth > 0, f1, np.nan)
-    keys = FIGURES + (JUDGE_FIGURES if "judge" in r else ()) + (HANDOFF_FIGURES if "sub_truth" in r else ())
+    if "requests" in r:                 # a harness's episodes
+        out.update({k: r[k] for k in HARNESS_FIGURES})
+    keys = (FIGURES + (JUDGE_FIGURES if "judge" in r else ()) + (HANDOFF_FIGURES if "sub_truth" in r else ())
+            + (HARNESS_FIGURES if "requests" in r else ()))
     return {k: np.asarray(out[k], np.float32) for k in keys}
 
 
@@ -174,7 +182,8 @@ def agent_summary_table(summary: dict) -> str:
     """The start/end table of an agent job's summary (markdown; the rows it has), with a
     verdict per figure that has a better direction ("better", "worse", "same")."""
     names = [n for n in ("initial", "final") if n in summary]
-    keys = FIGURES + tuple(k for k in JUDGE_FIGURES + HANDOFF_FIGURES if any(k in summary[n] for n in names))
+    keys = FIGURES + tuple(k for k in JUDGE_FIGURES + HANDOFF_FIGURES + HARNESS_FIGURES
+                           if any(k in summary[n] for n in names))
     rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name in names:
         rows.append(f"| {name} | " + " | ".join(f"{summary[name].get(k, float('nan')):.3f}" for k in keys) + " |")
