@@ -212,3 +212,40 @@ def test_a_conversation_past_the_context_is_refused(world):
                TextScripts(orch=[[call]]))
     assert got.orch_steps[0] == 1 and got.rewards["refused"][0] == 1 and got.rewards["harness_error"][0] == 1
     assert got.rewards["r_perf"][0] == 0 and got.length[0] == fits - 3
+
+
+def test_64_concurrent_harness_episodes_and_a_malformed_request_beside_them(world):
+    """One rollout of 64 harness episodes (64 client threads against one server), with
+    malformed requests sent while it runs: every request answered once, every episode's
+    stream complete (its requests are its turns), the bad requests refused with 4xx."""
+    import threading
+    import urllib.request
+
+    chat, runner, _, _ = world
+    problems = [list(TABLE)[i % len(TABLE)] for i in range(64)]
+    task = HarnessTask(run=harness, verify=score, problems={"train": problems})
+    hub, server = task.server()
+    before = server.requests
+    codes, stop = [], threading.Event()
+
+    def pester():
+        while not stop.is_set():
+            req = urllib.request.Request(server.base_url + "/chat/completions", data=b'{"model": "swarmjax"}',
+                                         headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req)
+            except urllib.error.HTTPError as e:
+                codes.append(e.code)
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=pester)
+    thread.start()
+    try:
+        got = _run(world, [task.env(p, EnvContext(chat, runner, context=768)) for p in problems], problems, None)
+    finally:
+        stop.set()
+        thread.join()
+    assert codes and set(codes) == {400}
+    assert got.rewards["requests"].tolist() == got.orch_steps.tolist() and (got.orch_steps >= 1).all()
+    assert (got.rewards["template_drift"] == 0).all() and (got.rewards["harness_error"] == 0).all()
+    assert server.requests - before == int(got.rewards["requests"].sum()) and len(hub) == 0

@@ -46,6 +46,7 @@ from swarmjax.text.chat import ChatFormat, call_parts
 __all__ = ["HarnessTask"]
 
 _SERVERS: dict[int, Any] = {}           # id(task) -> (hub, server): one server per task object and process
+_LAUNCHERS: dict[int, Callable] = {}     # id(task) -> its launch(problem, episode)
 _LOCK = threading.Lock()
 
 
@@ -173,7 +174,7 @@ class HarnessTask(Task):
         hub, server = self.server()
         episode = hub.open()
         deadline = time.monotonic() + self.timeout_s
-        self._launcher(server)(problem, episode)
+        self._launcher()(problem, episode)
         out = []
         try:
             while True:
@@ -209,7 +210,7 @@ class HarnessTask(Task):
             raise TaskError("HarnessTask runs as a single agent (role='single'); the harness orchestrates "
                             "its own sub-agents")
         hub, server = self.server()
-        return HarnessEnv(ctx.chat, hub, self._launcher(server), verify=self.score, model=self.model,
+        return HarnessEnv(ctx.chat, hub, self._launcher(), verify=self.score, model=self.model,
                           timeout=self.timeout_s, context=ctx.context)
 
     # ------------------------------------------------------------------ the server and the harness
@@ -226,7 +227,13 @@ class HarnessTask(Task):
                 _SERVERS[id(self)] = (hub, server)
             return _SERVERS[id(self)]
 
-    def _launcher(self, server) -> Callable:
+    def _launcher(self) -> Callable:
+        """``launch(problem, episode)``: the harness in a thread of its own (one per task
+        object and process)."""
+        with _LOCK:
+            if id(self) in _LAUNCHERS:
+                return _LAUNCHERS[id(self)]
+        _, server = self.server()
         try:
             import openai
         except ImportError:
@@ -235,10 +242,13 @@ class HarnessTask(Task):
 
         run = _resolve(self.run, "HarnessTask.run")
         takes_model = len(inspect.signature(run).parameters) >= 3
+        # one HTTP connection pool for the episodes; each gets a view of it with its own key
+        # (``with_options`` shares the underlying client: building one a thread costs ~50 ms)
+        base = openai.OpenAI(base_url=server.base_url, api_key=self.api_key or "unused", max_retries=0,
+                             timeout=self.timeout_s)
 
         def launch(problem: Any, episode) -> None:
-            client = openai.OpenAI(base_url=server.base_url, api_key=self.api_key or "unused", max_retries=0,
-                                   timeout=self.timeout_s, default_headers={EPISODE_HEADER: episode.key})
+            client = base.with_options(default_headers={EPISODE_HEADER: episode.key})
 
             def harness():
                 try:
@@ -247,8 +257,8 @@ class HarnessTask(Task):
                     episode.finish(error=e)
                 else:
                     episode.finish(answer)
-                finally:
-                    client.close()
+
 
             threading.Thread(target=harness, name=f"harness-{episode.key[:8]}", daemon=True).start()
-        return launch
+        with _LOCK:
+            return _LAUNCHERS.setdefault(id(self), launch)

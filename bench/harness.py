@@ -1,0 +1,114 @@
+"""An agent harness through the job's chat server against the same episodes run directly.
+
+    python bench/harness.py [--batch 64] [--sizes 1m] [--repeats 3] [--json]
+
+The harness of ``examples/harness/agent.py`` (a loop over the ``openai`` client, its own
+``lookup`` tool) on ``--batch`` problems at once, each in its own thread against one
+:class:`~swarmjax.serve.http.HarnessServer`, its requests turned into the rollout's
+episodes by :class:`~swarmjax.serve.harness_env.HarnessEnv`; against the same problems
+through :class:`~swarmjax.envs.tool_env.ToolAgentEnv` (the tool run in-process, no HTTP),
+in one process. Both replay the same turns (a lookup call, then the answer: what a
+trained policy does) with the same model, so they do the same device work and build the
+same ids (checked); the ratio is what the server, HTTP, JSON and the harness threads
+cost. Tokens per second count every id of the episodes (prompts, turns, replies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples", "harness"))
+from common import base_parser, matmul_peak_flops, time_best  # noqa: E402
+
+import agent  # noqa: E402  (examples/harness/agent.py: the harness)
+import lookup_data  # noqa: E402
+
+from swarmjax.envs.harness import HarnessTask  # noqa: E402
+from swarmjax.envs.task import EnvContext  # noqa: E402
+from swarmjax.envs.tool_env import ToolAgentEnv  # noqa: E402
+from swarmjax.models import init_params  # noqa: E402
+from swarmjax.models.config import preset  # noqa: E402
+from swarmjax.roles import Roles  # noqa: E402
+from swarmjax.swarm.text_rollout import TextRollout, TextRolloutConfig, TextScripts  # noqa: E402
+from swarmjax.text.bpe import train_bpe_tokenizer  # noqa: E402
+from swarmjax.text.chat import chat_format  # noqa: E402
+from swarmjax.text.runner import ToolRunner  # noqa: E402
+from swarmjax.text.tokenizer import TextTokenizer  # noqa: E402
+from swarmjax.text.tools import Tool  # noqa: E402
+
+
+def main() -> None:
+    p = base_parser(__doc__)
+    p.set_defaults(sizes=["1m"], batch=64)
+    args = p.parse_args()
+    args.episodes, args.size = args.batch, args.sizes[0]
+    import tempfile
+
+    problems = lookup_data.problems("test")[:args.episodes]
+    task = HarnessTask(run=agent.solve, verify=lookup_data.score, problems={"test": problems},
+                       teacher=lookup_data.teacher, model="policy")
+    corpus = task.corpus_text + tuple(json.dumps([list(r.messages), list(r.tools), m]) for p_ in problems[:32]
+                                      for r, m in task.transcript(p_))
+    chat = chat_format("qwen3", TextTokenizer.from_dir(train_bpe_tokenizer(list(corpus), tempfile.mkdtemp(),
+                                                                           vocab_size=512)))
+    cfg = preset(args.size).replace(vocab_size=chat.tokenizer.vocab_size)
+    params = Roles.both(init_params(cfg, jax.random.key(0)))
+    rollout = TextRollout(cfg, TextRolloutConfig(contexts=Roles(512, 64), max_turn_tokens=48, subagent_lanes=1,
+                                                 subagent_turns=1), stop_ids=chat.stop_ids)
+    scripts = TextScripts(orch=[task.demonstration(p_, chat, None).turns for p_ in problems])
+    runner = ToolRunner([], max_workers=16, timeout_s=10.0)
+    tool = Tool(agent.TOOLS[0]["function"]["name"], agent.TOOLS[0]["function"]["description"],
+                agent.TOOLS[0]["function"]["parameters"], None)
+    ctx = EnvContext(chat, runner, context=512)
+
+    def direct_envs():
+        def env(p_):
+            bound = tool.bind(lambda key, store=p_["store"]: agent.run_tool(store, "lookup", json.dumps({"key": key})))
+            return ToolAgentEnv(chat, [bound], runner=runner,
+                                messages=lambda q: [{"role": "system", "content": agent.SYSTEM},
+                                                    {"role": "user", "content": q["question"]}],
+                                verify=lambda q, a: {"r_perf": lookup_data.score(q, a)})
+        return [env(p_) for p_ in problems]
+
+    arms = {"direct": direct_envs, "harness": lambda: [task.env(p_, ctx) for p_ in problems]}
+    figures, results = {"jax": jax.__version__, "backend": jax.default_backend(), "peak_flops": matmul_peak_flops(),
+                        "episodes": len(problems), "size": args.size}, {}
+    for name, envs in arms.items():
+        run = lambda: rollout(params, envs(), problems, jax.random.key(1), scripts=scripts)  # noqa: E731
+        t0 = time.perf_counter()
+        results[name] = run()
+        figures[f"{name}_first_s"] = time.perf_counter() - t0
+        figures[f"{name}_s"] = time_best(run, args.repeats)
+    a, b = results["direct"], results["harness"]
+    same = bool(np.array_equal(a.tokens, b.tokens) and np.array_equal(a.loss_mask, b.loss_mask))
+    if not same:
+        raise SystemExit("the harness and the direct rollout built different ids")
+    ids = int(a.length.sum())
+    figures.update(ids=ids, identical=same, accuracy=float(b.rewards["r_perf"].mean()),
+                   direct_tok_s=ids / figures["direct_s"], harness_tok_s=ids / figures["harness_s"],
+                   ratio=figures["direct_s"] / figures["harness_s"],
+                   requests=int(b.rewards["requests"].sum()))
+    runner.close()
+    rollout.close()
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(f"jax {figures['jax']} on {figures['backend']} (float32 matmul peak {figures['peak_flops'] / 1e9:.1f} "
+          f"GFLOP/s); {len(problems)} harness episodes at once (examples/harness), model {args.size} "
+          f"({cfg.num_params() / 1e6:.2f}M), {ids} ids, {figures['requests']} requests")
+    print(f"{'':8}{'s/batch':>10}{'tok/s':>10}{'first call s':>14}")
+    for name in arms:
+        print(f"{name:8}{figures[f'{name}_s']:10.3f}{figures[f'{name}_tok_s']:10.0f}{figures[f'{name}_first_s']:14.2f}")
+    print(f"ratio harness/direct tok/s: {figures['ratio']:.2f}x (identical ids: {same})")
+
+
+if __name__ == "__main__":
+    main()
