@@ -42,6 +42,9 @@ def test_the_harness_example_trains_and_resumes_exactly(tmp_path, capsys):
     rl = [r for r in _lines(full, "metrics.jsonl") if r.get("stage") == "rl"]
     assert len(rl) == 2 and all(r["requests"] >= 1 and r["template_drift"] == 0 for r in rl)
     assert all(r["harness_error"] == 0 and r["timeout"] == 0 for r in rl)
+    atif = pytest.importorskip("atif")
+    docs = [json.loads(x) for x in open(os.path.join(full, "atif.jsonl"))]
+    assert len(docs) == 4 and all(atif.Trajectory.model_validate(d) for d in docs)   # the final test episodes
     summary = json.load(open(os.path.join(full, "summary.json")))
     assert summary["task"].startswith("HarnessTask(run='agent:solve'") and summary["warm_start_steps"] == 20
     with sigterm_in_rl_step(0):

@@ -186,7 +186,7 @@ class HarnessTask(Task):
                         raise TaskError(f"HarnessTask: the harness raised {event.error} with the teacher")
                     return out
                 reply = _assistant(teacher(problem, list(event.request.messages), list(event.request.tools)),
-                                   call_id=f"call_{episode.key[:12]}_{len(out)}")
+                                   call_id=f"call_{len(out)}")   # no random key: the corpus is made of these
                 out.append((event.request, reply))
                 event.respond(200, completion(reply, model=self.model, request_id=f"teacher-{len(out)}",
                                               prompt_tokens=0, completion_tokens=0, truncated=False))

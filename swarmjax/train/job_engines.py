@@ -122,18 +122,27 @@ def check_device(job: AgentJob, task: Any) -> None:
 def text_traces(run: Any, label: str, split: str, step: int, log: Any) -> Callable | None:
     """The ``on_result`` of a text job's evaluation (``run``: its
     :class:`~swarmjax.train.agent_job.AgentRun`): the final test evaluation's first call of
-    episodes as orchestration traces (:mod:`swarmjax.traces.text`), compactions included;
-    None for the others."""
+    episodes as orchestration traces (:mod:`swarmjax.traces.text`), compactions included,
+    and as ATIF trajectories (:mod:`swarmjax.traces.atif`); None for the others."""
     if (label, split) != ("final", "test"):
         return None
     agent = "orchestrator" if run.job.role == "orchestrator" else "agent"     # a single agent by its role
 
+    from swarmjax.text.toolcalls import parse_turn
+    from swarmjax.text.tools import ToolSet
+    from swarmjax.traces.atif import episode_trajectory
+
+    decode = run.chat.tokenizer.decode
+    parse = functools.partial(parse_turn, tools=ToolSet(), syntax=run.chat.call_syntax)   # names and arguments
+
     def write(res, batch, first):
         for b, p in enumerate(batch if first == 0 else ()):
             size = problem_size(run.task, p)
-            log.write("traces.jsonl", text_trace(res, b, run.chat.tokenizer.decode, task_size=size,
-                                                 trace_id=f"{label}-s{step}-n{size}-{b}", task_id=f"test-{b}",
+            tid = f"{label}-s{step}-n{size}-{b}"
+            log.write("traces.jsonl", text_trace(res, b, decode, task_size=size, trace_id=tid, task_id=f"test-{b}",
                                                  agent=agent))
+            log.write("atif.jsonl", episode_trajectory(res, b, decode, parse=parse, trajectory_id=tid,
+                                                       extra={"task_id": f"test-{b}", "task_size": size}))
     return write
 
 

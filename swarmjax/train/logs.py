@@ -40,7 +40,8 @@ def progress_bar(total: int, desc: str, enabled: bool, *, initial: int = 0):
 
 class JobLog:
     """``metrics.jsonl`` (one line per SFT / PARL step), ``eval.jsonl`` (per evaluation
-    and task size), ``traces.jsonl`` (orchestration traces).
+    and task size), ``traces.jsonl`` (orchestration traces), ``atif.jsonl`` (the same
+    episodes as ATIF trajectories with their token ids: :mod:`swarmjax.traces.atif`).
 
     Fresh start (``resume_step`` None): the files are started empty and an earlier
     attempt's TensorBoard events (``tb/``) are deleted, so a run killed before its
@@ -61,7 +62,7 @@ class JobLog:
     run loses nothing) or, False (default on object stores), keep the lines and
     rewrite the files at :meth:`sync` and :meth:`close`."""
 
-    NAMES = ("metrics.jsonl", "eval.jsonl", "traces.jsonl")
+    NAMES = ("metrics.jsonl", "eval.jsonl", "traces.jsonl", "atif.jsonl")
 
     def __init__(self, workdir: PathLike, resume_step: int | None, enabled: bool = True, *,
                  keep_final: bool = False, append: bool | None = None, warm_step: int | None = None):
@@ -118,7 +119,7 @@ class JobLog:
             self.lines[name].append(line)
         # TensorBoard: curves only (the final test evaluation is in summary.json; a
         # shorter run's final one, which a resume replaces, would otherwise stay drawn)
-        if self.tb is not None and name != "traces.jsonl" and record.get("policy") != "final":
+        if self.tb is not None and name in ("metrics.jsonl", "eval.jsonl") and record.get("policy") != "final":
             tag = record.get("stage") or "/".join(["eval", record["split"], record["policy"]])
             writer = self.tb["sft" if tag == "sft" else "rl"]
             step = record["step"] + (tag == "rl")     # a training step's line: steps done
@@ -169,8 +170,8 @@ def keep_line(row: dict, step: int, *, keep_final: bool = False, sft_before: int
         return row["step"] < step
     if "policy" in row:                                   # eval.jsonl
         label, at = row["policy"], row["step"]
-    else:                                                 # traces: <label>-s<step>-n<n>-<b>
-        parts = row["trace_id"].split("-")
+    else:                                                 # traces, ATIF: <label>-s<step>-n<n>-<b>
+        parts = row.get("trace_id", row.get("trajectory_id", "")).split("-")
         label, at = parts[0], int(parts[1][1:])
     if label == "final":
         return keep_final and at <= step
