@@ -1,7 +1,7 @@
 """The K2.5 context-management table on a task whose binding constraint is the context.
 
     python experiments/context.py                          # seeds 0-4, one after the other
-    python experiments/context.py --jobs 2                 # two seeds side by side
+    python experiments/context.py --jobs 2                 # two seeds side by side (more than 2 cores)
     python experiments/context.py --warm-only --jobs 5     # the warm starts alone (e.g. on an accelerator)
     python experiments/context.py --set sft.steps=5 --set sft.demos=64 --rl-steps 1 --episodes 2 --seeds 0 \
         --sizes 4 --needle-sizes 4 --runs /tmp/context_try --out /tmp/context_try   # a try of the pipeline
