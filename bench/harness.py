@@ -48,6 +48,8 @@ from swarmjax.text.tools import Tool  # noqa: E402
 def main() -> None:
     p = base_parser(__doc__)
     p.set_defaults(sizes=["1m"], batch=64)
+    p.add_argument("--env-threads", type=int, default=None,
+                   help="threads running environment steps (default: --batch, every episode's round trip at once)")
     args = p.parse_args()
     args.episodes, args.size = args.batch, args.sizes[0]
     import tempfile
@@ -61,8 +63,9 @@ def main() -> None:
                                                                            vocab_size=512)))
     cfg = preset(args.size).replace(vocab_size=chat.tokenizer.vocab_size)
     params = Roles.both(init_params(cfg, jax.random.key(0)))
+    threads = args.env_threads or args.episodes
     rollout = TextRollout(cfg, TextRolloutConfig(contexts=Roles(512, 64), max_turn_tokens=48, subagent_lanes=1,
-                                                 subagent_turns=1), stop_ids=chat.stop_ids)
+                                                 subagent_turns=1, env_threads=threads), stop_ids=chat.stop_ids)
     scripts = TextScripts(orch=[task.demonstration(p_, chat, None).turns for p_ in problems])
     runner = ToolRunner([], max_workers=16, timeout_s=10.0)
     tool = Tool(agent.TOOLS[0]["function"]["name"], agent.TOOLS[0]["function"]["description"],
@@ -80,7 +83,7 @@ def main() -> None:
 
     arms = {"direct": direct_envs, "harness": lambda: [task.env(p_, ctx) for p_ in problems]}
     figures, results = {"jax": jax.__version__, "backend": jax.default_backend(), "peak_flops": matmul_peak_flops(),
-                        "episodes": len(problems), "size": args.size}, {}
+                        "episodes": len(problems), "size": args.size, "env_threads": threads}, {}
     for name, envs in arms.items():
         run = lambda: rollout(params, envs(), problems, jax.random.key(1), scripts=scripts)  # noqa: E731
         t0 = time.perf_counter()
@@ -103,7 +106,7 @@ def main() -> None:
         return
     print(f"jax {figures['jax']} on {figures['backend']} (float32 matmul peak {figures['peak_flops'] / 1e9:.1f} "
           f"GFLOP/s); {len(problems)} harness episodes at once (examples/harness), model {args.size} "
-          f"({cfg.num_params() / 1e6:.2f}M), {ids} ids, {figures['requests']} requests")
+          f"({cfg.num_params() / 1e6:.2f}M), {ids} ids, {figures['requests']} requests, {threads} env threads")
     print(f"{'':8}{'s/batch':>10}{'tok/s':>10}{'first call s':>14}")
     for name in arms:
         print(f"{name:8}{figures[f'{name}_s']:10.3f}{figures[f'{name}_tok_s']:10.0f}{figures[f'{name}_first_s']:14.2f}")

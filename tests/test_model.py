@@ -87,11 +87,14 @@ def test_long_rows_attend_by_causal_blocks_with_the_same_outputs(tiny_cfg, tiny_
     whole = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask, return_max_logits=True)
     ref_cache = transformer.forward(tiny_params, tiny_cfg, tokens, token_mask=mask,
                                     cache=init_cache(tiny_cfg, 2, 12), cache_index=0).cache
-    np.testing.assert_allclose(blocked.logits[0], whole.logits[0], atol=1e-5)
-    np.testing.assert_allclose(blocked.logits[1, :7], whole.logits[1, :7], atol=1e-5)
-    np.testing.assert_allclose(blocked.max_logits, whole.max_logits, atol=1e-5)
+    # float32 rounding of another reduction order, relative to values up to ~10 (the later
+    # layers' keys and values carry the earlier layers' attention): rtol as well as atol
+    tol = dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(blocked.logits[0], whole.logits[0], **tol)
+    np.testing.assert_allclose(blocked.logits[1, :7], whole.logits[1, :7], **tol)
+    np.testing.assert_allclose(blocked.max_logits, whole.max_logits, **tol)
     for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(ref_cache)):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        np.testing.assert_allclose(a, b, **tol)
 
 
 def test_max_logits_not_computed_unless_requested(tiny_cfg, tiny_params):

@@ -31,6 +31,7 @@ def get_config() -> AgentJob:
         rl=TextRLConfig(steps=30, tasks_per_step=4, group_size=8, dynamic_sampling=True,
                         update=UpdateConfig(loss=loss_preset("gspo"), num_minibatches=2,
                                             optim=OptimConfig(learning_rate=3e-4, decay_steps=60)),
+                        # a thread per episode of a step: each waits on its harness's next request
                         rollout=TextRolloutConfig(contexts=Roles(512, 64), max_turn_tokens=48,
-                                                  subagent_lanes=1, subagent_turns=1)),
+                                                  subagent_lanes=1, subagent_turns=1, env_threads=32)),
         eval_episodes=64, eval_every=10, seed=0)

@@ -25,7 +25,9 @@ the demonstration, which the job then plays through the harness itself. The same
 transcripts give a local tokenizer its corpus.
 
 The harness's client is built with ``max_retries=0``: a retried request would be a
-second turn of the stream. Requires the ``openai`` package (``pip install openai``) and
+second turn of the stream. Each environment step waits for its harness's next request,
+so give the rollout a thread per episode of a step (``rl.rollout.env_threads`` >=
+``tasks_per_step * group_size``); fewer make the round trips wait in turn. Requires the ``openai`` package (``pip install openai``) and
 the server's ``aiohttp``.
 """
 
