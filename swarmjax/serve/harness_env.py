@@ -120,8 +120,6 @@ class HarnessEnv:
         raise RuntimeError("a harness episode starts no sub-agents through the rollout")
 
     # ------------------------------------------------------------------ inside
-
-
     def _parse(self, turn: np.ndarray, request: Request) -> ParsedTurn:
         return parse_turn(self.chat.tokenizer.decode(turn), tool_set(request.request.tools),
                           syntax=self.chat.call_syntax)
