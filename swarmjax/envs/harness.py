@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import inspect
 import json
 import threading
@@ -106,13 +107,21 @@ class HarnessTask(Task):
     teacher: Any = None
     corpus_episodes: int = 64
 
-
     def __repr__(self) -> str:
-        # callables by their import path, not their address: a checkpoint records the task's
-        # repr to refuse a resume with another task (:func:`~swarmjax.envs.task.task_name`)
-        def show(v):
-            return f"{v.__module__}:{v.__qualname__}" if callable(v) and hasattr(v, "__qualname__") else repr(v)
-        fields = ", ".join(f"{f.name}={show(getattr(self, f.name))}" for f in dataclasses.fields(self))
+        # a checkpoint and summary.json record the task's repr (to refuse a resume with
+        # another task, :func:`~swarmjax.envs.task.task_name`): callables by their import
+        # path, not their address; long values (problems given in place) by a digest; the
+        # api key hidden
+        def show(name, v):
+            if name == "api_key" and v is not None:
+                return "'***'"
+            if callable(v) and hasattr(v, "__qualname__"):
+                return f"{v.__module__}:{v.__qualname__}"
+            text = repr(v)
+            if len(text) > 200:
+                return f"<{type(v).__name__} sha1 {hashlib.sha1(text.encode()).hexdigest()[:12]}>"
+            return text
+        fields = ", ".join(f"{f.name}={show(f.name, getattr(self, f.name))}" for f in dataclasses.fields(self))
         return f"HarnessTask({fields})"
 
     def __post_init__(self):
