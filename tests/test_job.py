@@ -101,6 +101,10 @@ def test_train_outputs_and_exact_resume(tmp_path, small, two_steps, four_steps, 
         _check_rollout_trace(trace)
         assert trace["costs"]["wall_clock_s"] > 0 and trace["costs"]["batch_episodes"] == 4
         assert main(["trace", "show", str(full / "traces.jsonl"), "--index", str(i)]) == 0
+    atif = [json.loads(line) for line in open(full / "atif.jsonl")]        # the same episodes with their ids
+    assert [d["trajectory_id"] for d in atif] == [t["trace_id"] for t in traces]
+    assert main(["trace", "export", str(full), "--out", str(tmp_path / "atif")]) == 0
+    assert len(list((tmp_path / "atif").iterdir())) == len(atif)
 
     # 2 steps, stop, resume to 4: the same steps, metrics and parameters as 4 in one go
     shutil.copytree(two_steps, split)

@@ -217,6 +217,10 @@ def test_trace_show_prints_timeline_and_draws_png(tmp_path, capsys):
     assert img.shape[0] > 300 and img.shape[1] > 300
     assert main(["trace", "show", path, "--all"]) == 0
     assert "LLLLLLLLLLLLLLLLA" in capsys.readouterr().out          # the serial episode: 16 lookups
+    out = tmp_path / "one_each"                                      # export: one validated file per trace
+    assert main(["trace", "export", path, "--format", "survey", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["serial.json", "swarm-8x2.json"]
+    assert "validated against the trace schema" in capsys.readouterr().out
 
 
 def test_trace_show_reads_first_format_traces(tmp_path, capsys):

@@ -57,7 +57,7 @@ def test_orchestrator_episodes_with_subagents_are_atif(world):
                                               for c in s.get("tool_calls", []))
 
 
-def test_token_world_episodes_are_atif():
+def test_token_world_episodes_are_atif(tmp_path):
     from swarmjax.envs import widesearch_jax as wsj
     from swarmjax.envs.widesearch import Vocab, WideSearchConfig
     from swarmjax.models import init_params
@@ -72,6 +72,36 @@ def test_token_world_episodes_are_atif():
     out = SwarmRollout(RolloutConfig(env=env), mcfg)(Roles.both(init_params(mcfg, jax.random.key(0))), tasks,
                                                      jax.random.key(2))
     res = text_result(env, out)
+    docs = [episode_trajectory(res, b, Vocab(env).decode, trajectory_id=f"final/n{b}") for b in range(4)]
     for b in range(4):
         if res.orch_steps[b]:
-            _check(episode_trajectory(res, b, lambda ids: " ".join(map(str, ids))), res, b)
+            _check(docs[b], res, b)
+    _export(tmp_path, docs)
+
+
+def _export(tmp_path, docs):
+    """`swarmjax trace export`: one validated file per record, ids as file names; bad
+    input refused with one line and nothing written."""
+    import json
+
+    from swarmjax.cli import main
+    from swarmjax.traces.files import export
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "atif.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    assert main(["trace", "export", str(run), "--format", "atif", "--out", str(tmp_path / "all")]) == 0
+    got = sorted((tmp_path / "all").iterdir())
+    assert [p.name for p in got] == sorted(d["trajectory_id"].replace("/", "_") + ".json" for d in docs)
+    assert sorted((json.loads(p.read_text()) for p in got), key=lambda d: d["trajectory_id"]) == \
+        sorted(docs, key=lambda d: d["trajectory_id"])
+    one, _ = export(str(run / "atif.jsonl"), str(tmp_path / "one"), ids=[docs[1]["trajectory_id"]])
+    assert len(one) == 1 and json.loads(open(one[0]).read()) == docs[1]
+    bad = dict(docs[0], steps=[{"step_id": 1, "source": "nobody", "message": "x"}])
+    for records, why in (([docs[0], docs[0]], "repeat"), ([bad], "is not valid atif"), ([{"x": 1}], "no trajectory_id")):
+        (run / "atif.jsonl").write_text("".join(json.dumps(d) + "\n" for d in records))
+        with pytest.raises(ValueError, match=why):
+            export(str(run), str(tmp_path / "bad"))
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="has no traces.jsonl"):
+        export(str(run), str(tmp_path / "bad"), fmt="survey")

@@ -2,6 +2,7 @@
 
     swarmjax trace show FILE [--index N | --id ID] [--png OUT.png]
     swarmjax trace demo OUT.jsonl      # a serial and an 8-way episode, to look at
+    swarmjax trace export RUN --format atif --out DIR   # a job's episodes, one ATIF file each
 """
 
 from __future__ import annotations
@@ -10,15 +11,22 @@ import argparse
 import random
 
 from swarmjax.cli import register
+from swarmjax.traces.files import FORMATS, export
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=("show", "demo"), help="show a trace file, or write a demo one")
-    p.add_argument("file", help="trace file (.jsonl or .json); for demo: where to write")
+    p.add_argument("action", choices=("show", "demo", "export"),
+                   help="show a trace file, write a demo one, or export a job's traces one file each")
+    p.add_argument("file", help="trace file (.jsonl or .json); for demo: where to write; for export: a job's "
+                                "workdir or its atif.jsonl / traces.jsonl")
     p.add_argument("--index", type=int, help="which trace of the file (default 0)")
     p.add_argument("--id", dest="trace_id", help="pick the trace by trace_id")
     p.add_argument("--png", help="also draw the Gantt chart to this PNG file")
     p.add_argument("--all", action="store_true", help="show every trace of the file")
+    p.add_argument("--format", choices=tuple(FORMATS), default="atif",
+                   help="export: ATIF v1.8 trajectories with token ids and log-probs (atif.jsonl), or the "
+                        "orchestration-trace survey's format (traces.jsonl)")
+    p.add_argument("--out", help="export: the folder to write <id>.json files to")
 
 
 def _demo(path: str) -> None:
@@ -53,6 +61,13 @@ def _demo(path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "demo":
         _demo(args.file)
+        return 0
+    if args.action == "export":
+        if not args.out:
+            raise ValueError("trace export needs --out DIR (the folder for the <id>.json files)")
+        written, checked = export(args.file, args.out, fmt=args.format,
+                                  ids=[args.trace_id] if args.trace_id else None)
+        print(f"wrote {len(written)} {args.format} files to {args.out} ({checked})")
         return 0
     from swarmjax.traces.render import load_traces, save_gantt, select, timeline
 

@@ -9,9 +9,9 @@ appear as stacked bars over the same interval.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
+
+from swarmjax.traces.files import read_records
 
 REQUIRED = ("trace_id", "task_id", "events", "edges", "rewards", "costs")
 
@@ -19,24 +19,7 @@ REQUIRED = ("trace_id", "task_id", "events", "edges", "rewards", "costs")
 def load_traces(path: str) -> list[dict[str, Any]]:
     """Traces from a ``.jsonl`` file (one per line) or a ``.json`` file (one trace or a
     list). Raises ``ValueError`` naming the line and the problem on bad input."""
-    if not os.path.exists(path):
-        raise ValueError(f"no such trace file: {path}")
-    with open(path) as f:
-        text = f.read()
-    traces: list[dict[str, Any]] = []
-    if path.endswith(".jsonl"):
-        for i, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    traces.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
-        traces = data if isinstance(data, list) else [data]
+    traces = read_records(path)
     for i, trace in enumerate(traces):
         missing = [k for k in REQUIRED if not isinstance(trace, dict) or k not in trace]
         if missing:

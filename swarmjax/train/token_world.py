@@ -12,7 +12,9 @@ with ``task=WideSearchTokens(...)`` (:mod:`swarmjax.envs.widesearch_token_task`)
   (:func:`~swarmjax.train.sft.train_sft`, the budget lifted: they are serial-heavy);
 * :func:`token_traces`: orchestration traces of the test split's evaluations
   (:func:`~swarmjax.traces.rollout.rollout_traces`: every agent's turns and tool calls,
-  each PARL reward channel, the call's measured wall time split over its episodes).
+  each PARL reward channel, the call's measured wall time split over its episodes), and
+  the same episodes as ATIF trajectories (:mod:`swarmjax.traces.atif`: their ids and
+  log-probs, the world's symbols as the text).
 """
 
 from __future__ import annotations
@@ -120,18 +122,24 @@ def token_warm_start(run: Any, log: Any, saves: Any) -> tuple[Any, dict[str, flo
 def token_traces(run: Any, label: str, split: str, step: int, log: Any):
     """The ``on_result`` of a test-split evaluation (None for the others): the first
     :data:`TRACES_PER_CALL` episodes of each call (one task size) as orchestration traces,
-    with the reward channels as RL step ``step`` would weigh them (the budget lifted)."""
+    with the reward channels as RL step ``step`` would weigh them (the budget lifted), and
+    as ATIF trajectories of the same ids (``atif.jsonl``)."""
+    from swarmjax.traces.atif import episode_trajectory
     from swarmjax.traces.rollout import rollout_traces
     from swarmjax.train.agent_rl import episode_rewards
 
     if split != "test":
         return None
 
+    decode = Vocab(run.task.cfg).decode
+
     def write(res, batch, first):
         reward, channels = episode_rewards(res, run.rl, step)
         n = int(batch[0]["n"])
-        for tr in rollout_traces(run.task.cfg, batch, res, rewards={"reward": reward, **channels},
-                                 wall_clock_s=res.stats["seconds"], prefix=f"{label}-s{step}-n{n}",
-                                 limit=TRACES_PER_CALL):
+        for b, tr in enumerate(rollout_traces(run.task.cfg, batch, res, rewards={"reward": reward, **channels},
+                                              wall_clock_s=res.stats["seconds"], prefix=f"{label}-s{step}-n{n}",
+                                              limit=TRACES_PER_CALL)):
             log.write("traces.jsonl", tr)
+            log.write("atif.jsonl", episode_trajectory(res, b, decode, trajectory_id=tr["trace_id"],
+                                                       extra={"task_id": tr["task_id"], "task_size": n}))
     return write
