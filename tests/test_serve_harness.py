@@ -49,28 +49,58 @@ def messages(problem):
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is the value of {problem}?"}]
 
 
-def harness(problem, client, model, *, edit=False):
+def _streamed(client, model, history):
+    """The assistant message of a streamed reply, put together from its chunks as a
+    streaming harness does (content, think block, tool calls by index)."""
+    msg, calls, usage = {"role": "assistant", "content": ""}, {}, None
+    for chunk in client.chat.completions.create(model=model, messages=history, tools=SCHEMAS, stream=True,
+                                                stream_options={"include_usage": True}):
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            d = choice.delta
+            msg["content"] += d.content or ""
+            if getattr(d, "reasoning_content", None):
+                msg["reasoning_content"] = msg.get("reasoning_content", "") + d.reasoning_content
+            for c in d.tool_calls or ():
+                got = calls.setdefault(c.index, {"id": c.id, "type": "function",
+                                                 "function": {"name": c.function.name, "arguments": ""}})
+                got["function"]["arguments"] += c.function.arguments or ""
+    assert usage is not None and usage.completion_tokens >= 1              # the last chunk: the usage
+    if calls:
+        msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+        msg["content"] = msg["content"] or None
+    return msg
+
+
+def harness(problem, client, model, *, edit=False, stream=False):
     """The harness under test: its own loop, its own tool execution, no swarmjax import."""
     history = messages(problem)
     for turn in range(4):
         if edit and turn == 1:                               # rewrites its history: template drift
             history[0] = {"role": "system", "content": SYSTEM + " Be brief."}
-        reply = client.chat.completions.create(model=model, messages=history, tools=SCHEMAS)
-        msg = reply.choices[0].message
-        if not msg.tool_calls:
-            return msg.content
-        history.append(msg.model_dump(exclude_none=True))
-        for call in msg.tool_calls:
+        if stream:
+            msg = _streamed(client, model, history)
+        else:
+            msg = client.chat.completions.create(model=model, messages=history,
+                                                 tools=SCHEMAS).choices[0].message.model_dump(exclude_none=True)
+        if not msg.get("tool_calls"):
+            return msg["content"]
+        history.append({k: v for k, v in msg.items() if v is not None})
+        for call in msg["tool_calls"]:
             try:
-                out = lookup(**json.loads(call.function.arguments))
+                out = lookup(**json.loads(call["function"]["arguments"]))
             except (TypeError, ValueError) as e:
                 out = f"Error: {e}"
-            history.append({"role": "tool", "tool_call_id": call.id, "content": out})
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": out})
     return ""
 
 
 def editing_harness(problem, client, model):
     return harness(problem, client, model, edit=True)
+
+
+def streaming_harness(problem, client, model):
+    return harness(problem, client, model, stream=True)
 
 
 def score(problem, answer):
@@ -104,40 +134,46 @@ def _run(world, envs, problems, scripts):
 
 
 def test_a_harness_gets_the_ids_the_tool_agent_gets(world):
-    """The same problems through HarnessTask (an openai-client loop in a thread) and
-    through ToolAgentEnv, the same scripted turns (a lookup call, run by each side's own
-    tool, then an answer, right for alpha, wrong for gamma): the same ids, loss mask,
-    log-probs, steps and rewards."""
+    """The same problems through HarnessTask (an openai-client loop in a thread, its
+    replies whole or streamed) and through ToolAgentEnv, the same scripted turns (a lookup
+    call, run by each side's own tool, then an answer, right for alpha, wrong for gamma):
+    the same ids, loss mask, log-probs, steps and rewards."""
     chat, runner, _, _ = world
     problems = ["alpha", "gamma"]
     scripts = TextScripts(orch=[[_call_turn(chat, p), chat.assistant_ids(f"The value is {v}.")]
                                 for p, v in zip(problems, ("17", "9"))])
-    task = HarnessTask(run=harness, verify=score, problems={"train": problems})
-    ctx = EnvContext(chat, runner, context=768)
-    got = _run(world, [task.env(p, ctx) for p in problems], problems, scripts)
     want = _run(world, [ToolAgentEnv(chat, [TOOL], runner=runner, messages=messages,
                                      verify=lambda p, a: {"r_perf": score(p, a)}) for p in problems],
                 problems, scripts)
-    for field in ("tokens", "length", "loss_mask", "logprobs", "orch_steps", "end_reason"):
-        np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
-    assert got.rewards["r_perf"].tolist() == want.rewards["r_perf"].tolist() == [1.0, 0.0]
-    assert got.answers == want.answers == ["The value is 17.", "The value is 9."]
-    assert (got.rewards["requests"] == 2).all() and (got.rewards["template_drift"] == 0).all()
-    assert (got.rewards["harness_error"] == 0).all()
-    hub, server = task.server()
-    assert len(hub) == 0 and server.requests == 4 and server.errors == 0
+    for run in (harness, streaming_harness):
+        task = HarnessTask(run=run, verify=score, problems={"train": problems})
+        ctx = EnvContext(chat, runner, context=768)
+        got = _run(world, [task.env(p, ctx) for p in problems], problems, scripts)
+        for field in ("tokens", "length", "loss_mask", "logprobs", "orch_steps", "end_reason"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+        assert got.rewards["r_perf"].tolist() == want.rewards["r_perf"].tolist() == [1.0, 0.0]
+        assert got.answers == want.answers == ["The value is 17.", "The value is 9."]
+        assert (got.rewards["requests"] == 2).all() and (got.rewards["template_drift"] == 0).all()
+        assert (got.rewards["harness_error"] == 0).all(), run.__name__
+        hub, server = task.server()
+        assert len(hub) == 0 and server.requests == 4 and server.errors == 0
 
 
 def test_sampled_turns_round_trip_through_the_client_without_drift(world):
     """Turns sampled by a random model (any bytes, broken calls) go to the harness as
-    OpenAI messages and come back in its history: every request extends the stream."""
+    OpenAI messages and come back in its history: every request extends the stream,
+    whole replies or streamed ones (the same sampled ids either way)."""
     chat, runner, _, _ = world
     problems = ["alpha", "beta", "gamma", "delta"]
-    task = HarnessTask(run=harness, verify=score, problems={"train": problems})
-    got = _run(world, [task.env(p, EnvContext(chat, runner, context=768)) for p in problems], problems, None)
-    assert (got.rewards["template_drift"] == 0).all() and (got.rewards["harness_error"] == 0).all()
-    assert got.rewards["requests"].tolist() == got.orch_steps.tolist() and (got.orch_steps >= 1).all()
-    assert all(isinstance(a, str) for a in got.answers)
+    runs = []
+    for run in (harness, streaming_harness):
+        task = HarnessTask(run=run, verify=score, problems={"train": problems})
+        got = _run(world, [task.env(p, EnvContext(chat, runner, context=768)) for p in problems], problems, None)
+        assert (got.rewards["template_drift"] == 0).all() and (got.rewards["harness_error"] == 0).all(), run
+        assert got.rewards["requests"].tolist() == got.orch_steps.tolist() and (got.orch_steps >= 1).all()
+        assert all(isinstance(a, str) for a in got.answers)
+        runs.append(got)
+    np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
 
 
 def test_a_harness_that_rewrites_its_history_trains_on_what_was_sampled(world):
@@ -177,6 +213,8 @@ def test_bad_requests_get_openai_errors_and_touch_no_stream(world):
             client.chat.completions.create(model="m", messages=[*msgs, {"role": "assistant", "content": "x"}])
         with pytest.raises(openai.BadRequestError, match="tool_choice"):
             client.chat.completions.create(model="m", messages=msgs, tools=SCHEMAS, tool_choice="required")
+        with pytest.raises(openai.BadRequestError, match="stream_options"):
+            client.chat.completions.create(model="m", messages=msgs, stream_options={"include_usage": True})
         with pytest.raises(openai.BadRequestError, match="tools"):
             client.chat.completions.create(model="m", messages=msgs, tools=[{"type": "function", "function": {}}])
         with pytest.raises(openai.NotFoundError) as e:
@@ -189,7 +227,7 @@ def test_bad_requests_get_openai_errors_and_touch_no_stream(world):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req)
         assert e.value.code == 400 and "error" in json.loads(e.value.read())
-        assert ep.requests == 0 and server.errors == 7               # nothing reached the episode
+        assert ep.requests == 0 and server.errors == 8               # nothing reached the episode
         hub.close(ep)
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(model="m", messages=msgs)

@@ -6,6 +6,9 @@ the episode's queue; the reply comes back when the engine has sampled the turn. 
 /v1/models`` lists the one model. Every error is OpenAI's error object with its status
 (400 malformed, 401 bad key, 404 unknown model or episode, 409 a request already
 awaiting, 410 episode over, 413 body too large), and a refused request changes no stream.
+With ``stream=true`` a reply goes out as server-sent events (``data: <chunk>`` lines, then
+``data: [DONE]``: :func:`~swarmjax.serve.protocol.completion_chunks`); an error before the
+reply is still one JSON error object.
 
 Safe by default: it binds to 127.0.0.1, ``api_key`` requires ``Authorization: Bearer
 <key>`` (compared in constant time), bodies are bounded (``max_body`` bytes, and
@@ -23,7 +26,7 @@ import secrets
 import threading
 
 from swarmjax.serve.hub import Hub
-from swarmjax.serve.protocol import APIError, check_request
+from swarmjax.serve.protocol import APIError, check_request, completion_chunks
 
 __all__ = ["HarnessServer"]
 
@@ -90,11 +93,19 @@ class HarnessServer:
 
         episode.submit(req, respond)
         status, out = await reply
-        if status == 200:
-            self.requests += 1
-        else:
+        if status != 200:
             self.errors += 1
-        return web.json_response(out, status=status)
+            return web.json_response(out, status=status)
+        self.requests += 1
+        if not req.stream:
+            return web.json_response(out)
+        events = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await events.prepare(request)
+        for chunk in completion_chunks(out, include_usage=req.include_usage):
+            await events.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+        await events.write(b"data: [DONE]\n\n")
+        await events.write_eof()
+        return events
 
     async def _models(self, request):
         from aiohttp import web

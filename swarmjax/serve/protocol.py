@@ -8,7 +8,8 @@ each problem is an :class:`APIError`, sent back as OpenAI's error object
 (:func:`assistant_message`): the text outside calls as ``content``, the think block as
 ``reasoning_content``, every call with a name as a ``tool_calls`` entry (its arguments as
 the JSON text the model wrote, re-serialised when they parsed), and a call whose name
-could not be read stays in ``content`` as written.
+could not be read stays in ``content`` as written. With ``stream=true`` the same reply
+goes out as ``chat.completion.chunk`` server-sent events (:func:`completion_chunks`).
 
 Reference: the OpenAI API's chat-completions object and error shape
 (platform.openai.com/docs/api-reference/chat); ``reasoning_content`` as vLLM and
@@ -27,7 +28,8 @@ from swarmjax.text.chat import message_text
 from swarmjax.text.toolcalls import ParsedTurn
 from swarmjax.text.tools import Tool, ToolSet
 
-__all__ = ["APIError", "ChatRequest", "check_request", "assistant_message", "completion", "tool_set"]
+__all__ = ["APIError", "ChatRequest", "check_request", "assistant_message", "completion", "completion_chunks",
+           "tool_set"]
 
 ROLES = ("system", "user", "assistant", "tool")
 # request fields the server reads; others (sampling options a training job sets itself,
@@ -57,8 +59,9 @@ class APIError(Exception):
 class ChatRequest:
     """A checked request: ``messages`` (ending with a user or tool message), the tool
     schemas (OpenAI's ``{"type": "function", "function": {...}}``; () without tools),
-    ``tool_choice`` ("auto" or "none"), ``max_tokens`` (None: the engine's limit) and
-    the episode it names (``user``; the header, when given, wins)."""
+    ``tool_choice`` ("auto" or "none"), ``max_tokens`` (None: the engine's limit), the
+    episode it names (``user``; the header, when given, wins), and whether the reply is
+    streamed (``stream``; ``include_usage``: ``stream_options.include_usage``)."""
 
     model: str
     messages: tuple[dict, ...]
@@ -66,6 +69,8 @@ class ChatRequest:
     tool_choice: str = "auto"
     max_tokens: int | None = None
     user: str | None = None
+    stream: bool = False
+    include_usage: bool = False
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -103,8 +108,8 @@ def check_request(body: Any, *, model: str, max_messages: int = 4096) -> ChatReq
     """``body`` (the parsed JSON) as a :class:`ChatRequest`, or :class:`APIError`:
     not an object, ``model`` other than ``model`` (404 ``model_not_found``), no messages
     or more than ``max_messages``, a malformed message or tool, a last message that is
-    not a user or tool message, ``stream`` or a ``tool_choice`` this server does not
-    support, ``n`` other than 1."""
+    not a user or tool message, a ``tool_choice`` this server does not support, ``n``
+    other than 1, ``stream`` or ``stream_options`` of the wrong type."""
     if not isinstance(body, Mapping):
         raise _bad("the request body is not a JSON object")
     if body.get("model") != model:
@@ -118,8 +123,14 @@ def check_request(body: Any, *, model: str, max_messages: int = 4096) -> ChatReq
     messages = [_check_message(i, m) for i, m in enumerate(messages)]
     if messages[-1]["role"] not in ("user", "tool"):
         raise _bad("the last message must be a user or tool message (the model answers it)", "messages")
-    if body.get("stream"):
-        raise _bad("stream=true is not supported by this server; send stream=false", "stream")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise _bad(f"stream must be true or false, got {stream!r}", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, Mapping) or not isinstance(options.get("include_usage", False), bool):
+        raise _bad("stream_options must be an object like {'include_usage': true}", "stream_options")
+    if options and not stream:
+        raise _bad("stream_options is only allowed with stream=true", "stream_options")
     if body.get("n", 1) != 1:
         raise _bad("n must be 1", "n")
     tools = body.get("tools") or []
@@ -136,7 +147,8 @@ def check_request(body: Any, *, model: str, max_messages: int = 4096) -> ChatReq
         raise _bad(f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
     user = body.get("user")
     return ChatRequest(model=model, messages=tuple(messages), tools=tuple(dict(t) for t in tools),
-                       tool_choice=choice, max_tokens=max_tokens, user=user if isinstance(user, str) else None)
+                       tool_choice=choice, max_tokens=max_tokens, user=user if isinstance(user, str) else None,
+                       stream=stream, include_usage=bool(options.get("include_usage", False)))
 
 
 def tool_set(tools: Sequence[Mapping]) -> ToolSet:
@@ -188,3 +200,28 @@ def completion(message: dict, *, model: str, request_id: str, prompt_tokens: int
             "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def completion_chunks(out: dict, *, include_usage: bool = False) -> list[dict]:
+    """A ``chat.completion`` object (:func:`completion`) as the ``chat.completion.chunk``
+    objects OpenAI streams: the role, the think block, the content, one chunk per tool
+    call (its index, id, name and whole arguments), the finish reason; with
+    ``include_usage`` a last chunk with no choices and the usage. A turn is sampled whole
+    (the batched decode returns it at its end), so its text comes in one chunk: streaming
+    serves harnesses written for it, not an earlier first token."""
+    choice, message = out["choices"][0], out["choices"][0]["message"]
+    head = {"id": out["id"], "object": "chat.completion.chunk", "created": out["created"], "model": out["model"]}
+
+    def chunk(delta: dict, finish: str | None = None) -> dict:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    if message.get("reasoning_content") is not None:
+        chunks.append(chunk({"reasoning_content": message["reasoning_content"]}))
+    if message.get("content"):
+        chunks.append(chunk({"content": message["content"]}))
+    chunks += [chunk({"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(message.get("tool_calls", ()))]
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": out["usage"]})
+    return chunks
