@@ -19,6 +19,7 @@ DeepSeek return it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -154,7 +155,24 @@ def check_request(body: Any, *, model: str, max_messages: int = 4096) -> ChatReq
 def tool_set(tools: Sequence[Mapping]) -> ToolSet:
     """The request's tool schemas as a :class:`~swarmjax.text.tools.ToolSet` of tools
     without functions (the harness runs them): what the turn parser checks calls
-    against. Raises :class:`APIError` naming the malformed tool."""
+    against. Raises :class:`APIError` naming the malformed tool.
+
+    A harness sends the same tools with every request, and checking a schema against
+    JSON Schema's meta-schema costs milliseconds, so the sets of the last
+    :data:`TOOL_SETS` distinct tool lists are kept (read-only, shared by episodes)."""
+    try:
+        key = json.dumps(tools, sort_keys=True)
+    except (TypeError, ValueError):
+        raise _bad("tools must be JSON", "tools") from None
+    return _tool_set(key)
+
+
+TOOL_SETS = 256
+
+
+@functools.lru_cache(maxsize=TOOL_SETS)
+def _tool_set(key: str) -> ToolSet:
+    tools = json.loads(key)
     out = []
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, Mapping) else None
