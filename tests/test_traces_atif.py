@@ -98,7 +98,8 @@ def _export(tmp_path, docs):
     one, _ = export(str(run / "atif.jsonl"), str(tmp_path / "one"), ids=[docs[1]["trajectory_id"]])
     assert len(one) == 1 and json.loads(open(one[0]).read()) == docs[1]
     bad = dict(docs[0], steps=[{"step_id": 1, "source": "nobody", "message": "x"}])
-    for records, why in (([docs[0], docs[0]], "repeat"), ([bad], "is not valid atif"), ([{"x": 1}], "no trajectory_id")):
+    for records, why in (([docs[0], docs[0]], "repeat"), ([bad], "is not valid atif"), ([{"x": 1}], "no trajectory_id"),
+                         ([{"trajectory_id": 7}], "record 0 has no trajectory_id")):
         (run / "atif.jsonl").write_text("".join(json.dumps(d) + "\n" for d in records))
         with pytest.raises(ValueError, match=why):
             export(str(run), str(tmp_path / "bad"))

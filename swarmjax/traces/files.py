@@ -102,16 +102,18 @@ def export(source: str, out: str, *, fmt: str = "atif", ids: Sequence[str] | Non
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}: one of {', '.join(FORMATS)}")
     name, key = FORMATS[fmt]
-    path = os.path.join(source, name) if os.path.isdir(source) else source
-    if os.path.isdir(source) and not os.path.isfile(path):
-        raise ValueError(f"{source} has no {name}: a job writes it at its final test evaluation")
+    path = source
+    if os.path.isdir(source):
+        path = os.path.join(source, name)
+        if not os.path.isfile(path):
+            raise ValueError(f"{source} has no {name}: a job writes it at its final test evaluation")
     records = read_records(path)
     if not records:
         raise ValueError(f"{path}: no records")
     rids = [r.get(key) for r in records]
-    if any(not isinstance(r, str) or not r for r in rids):
-        raise ValueError(f"{path}: record {next(i for i, r in enumerate(rids) if not r)} has no {key} "
-                         f"(is it a {fmt} file?)")
+    missing = [i for i, r in enumerate(rids) if not isinstance(r, str) or not r]
+    if missing:
+        raise ValueError(f"{path}: record {missing[0]} has no {key} (is it a {fmt} file?)")
     files = [_file_name(r) for r in rids]
     repeated = sorted({f for f in files if files.count(f) > 1})
     if repeated:
