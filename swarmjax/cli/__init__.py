@@ -26,7 +26,7 @@ def register(name: str, help: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from swarmjax.cli import envs, export, plan, sample, trace, train  # noqa: F401  (register their commands)
+    from swarmjax.cli import envs, export, plan, sample, serve, trace, train  # noqa: F401  (register their commands)
 
     parser = argparse.ArgumentParser(prog="swarmjax", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)

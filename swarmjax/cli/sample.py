@@ -129,23 +129,31 @@ def job_from_args(args: argparse.Namespace) -> SampleJob:
     return job
 
 
-def chat_prompts(job: SampleJob) -> tuple[Any, tuple[tuple[int, ...], ...], tuple[int, ...]]:
-    """(chat format, the ``chat`` texts rendered as prompts, the stop ids): the
-    checkpoint's eos ids, the chat format's stop ids when it names none, and
-    ``stop_tokens``."""
+def read_chat(hf_path: str | None, tokenizer_path: str | None = None, *, chat_format: str | None = None,
+              thinking: bool = False, stop_tokens: tuple[int, ...] = ()) -> tuple[Any, tuple[int, ...]]:
+    """(chat format, stop ids) of a checkpoint: its tokenizer (``tokenizer_path``, else
+    ``hf_path``'s), the format named or read from its template, and the stop ids: the
+    checkpoint's eos ids, the chat format's when it names none, then ``stop_tokens``."""
     from swarmjax.models.hf import eos_ids
-    from swarmjax.text.chat import chat_format, detect_chat_format
+    from swarmjax.text.chat import chat_format as make_format
+    from swarmjax.text.chat import detect_chat_format
     from swarmjax.train.policy import read_tokenizer
 
-    source = job.tokenizer_path or job.hf_path
-    tokenizer = read_tokenizer(source, what="--tokenizer" if job.tokenizer_path else "--hf")
-    chat = chat_format(job.chat_format or detect_chat_format(tokenizer), tokenizer, thinking=job.thinking)
+    tokenizer = read_tokenizer(tokenizer_path or hf_path, what="--tokenizer" if tokenizer_path else "--hf")
+    chat = make_format(chat_format or detect_chat_format(tokenizer), tokenizer, thinking=thinking)
+    eos = eos_ids(hf_path) if hf_path else ()
+    stops = eos or tuple(int(i) for i in chat.stop_ids)
+    return chat, tuple(dict.fromkeys(stops + tuple(stop_tokens)))
+
+
+def chat_prompts(job: SampleJob) -> tuple[Any, tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """(chat format, the ``chat`` texts rendered as prompts, the stop ids: :func:`read_chat`)."""
+    chat, stops = read_chat(job.hf_path, job.tokenizer_path, chat_format=job.chat_format, thinking=job.thinking,
+                            stop_tokens=job.stop_tokens)
     system = [] if job.system is None else [{"role": "system", "content": job.system}]
     prompts = tuple(tuple(int(i) for i in chat.prompt_ids([*system, {"role": "user", "content": text}]))
                     for text in job.chat)
-    eos = eos_ids(job.hf_path) if job.hf_path else ()
-    stops = eos or tuple(int(i) for i in chat.stop_ids)
-    return chat, prompts, tuple(dict.fromkeys(stops + job.stop_tokens))
+    return chat, prompts, stops
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,9 +2,11 @@
 
 An agent harness (any loop over an OpenAI-style client) runs in its own thread; its
 requests reach this environment through the server's :class:`~swarmjax.serve.hub.Episode`.
-To :class:`~swarmjax.swarm.text_rollout.TextRollout` it is an ordinary
-:class:`~swarmjax.envs.api.HostEnv`, so a harness episode shares the batched decode,
-cache rows, prefix sharing and continuous batching of every other episode:
+To :class:`~swarmjax.swarm.text_rollout.TextRollout` it is an asynchronous
+:class:`~swarmjax.envs.api.HostEnv` (the rollout decodes the other rows while this
+harness runs its tools), so a harness episode shares the batched decode, cache rows,
+prefix sharing and continuous batching of every other episode; a request's ``max_tokens``
+bounds its turn (``turn_limit``; the reply's ``finish_reason`` is then ``length``):
 
 * ``reset(problem)`` starts the harness and waits for its first request: the prompt ids
   are that request's conversation, rendered (:class:`~swarmjax.serve.record.ChatStream`);
@@ -35,14 +37,28 @@ import numpy as np
 
 from swarmjax.envs.api import Step, SubAgentResult
 from swarmjax.serve.hub import Episode, Finished, Hub, Request
-from swarmjax.serve.protocol import APIError, assistant_message, completion, tool_set
+from swarmjax.serve.protocol import APIError, ChatRequest, assistant_message, completion, tool_set
 from swarmjax.serve.record import ChatStream
 from swarmjax.text.chat import ChatFormat
-from swarmjax.text.toolcalls import ParsedTurn, parse_turn
+from swarmjax.text.toolcalls import parse_turn
 
-__all__ = ["HarnessEnv", "HarnessError"]
+__all__ = ["HarnessEnv", "HarnessError", "reply_message", "context_error"]
 
 Launch = Callable[[Any, Episode], None]     # (problem, episode) -> None: starts the harness
+
+
+def reply_message(chat: ChatFormat, request: ChatRequest, turn: np.ndarray, *, call_id: str) -> dict:
+    """The assistant message answering ``request`` with the sampled ``turn`` [T] ids: its
+    text, think block and tool calls parsed against the request's tools (none with
+    ``tool_choice="none"``)."""
+    parsed = parse_turn(chat.tokenizer.decode(turn), tool_set(request.tools), syntax=chat.call_syntax)
+    return assistant_message(parsed, calls=request.tool_choice != "none", call_id=call_id)
+
+
+def context_error(context: int, n: int) -> APIError:
+    """OpenAI's ``context_length_exceeded`` for a conversation of ``n`` ids."""
+    return APIError(400, f"this model's context holds {context} tokens; the conversation is {n} (with room for "
+                         "at least one sampled token)", param="messages", code="context_length_exceeded")
 
 
 class HarnessError(RuntimeError):
@@ -66,6 +82,8 @@ class HarnessEnv:
         request past it is refused with ``context_length_exceeded``.
     """
 
+    asynchronous = True          # the rollout decodes other rows while the harness works (TextRollout)
+
     def __init__(self, chat: ChatFormat, hub: Hub, launch: Launch, *,
                  verify: Callable[[Any, str], Mapping[str, float]] | None = None, model: str = "swarmjax",
                  timeout: float = 300.0, context: int | None = None):
@@ -78,6 +96,7 @@ class HarnessEnv:
         self._deadline = 0.0
         self._error: str | None = None          # what the harness raised
         self.refused = self.tool_calls = 0
+        self.turn_limit: int | None = None      # the awaiting request's max_tokens
 
     # ------------------------------------------------------------------ HostEnv
     def reset(self, task: Any) -> np.ndarray:
@@ -101,8 +120,8 @@ class HarnessEnv:
         if request is None:
             raise RuntimeError("step() without a request awaiting its reply")
         turn = np.asarray(turn, np.int32).reshape(-1)
-        message = assistant_message(self._parse(turn, request), calls=request.request.tool_choice != "none",
-                                    call_id=f"call_{self.episode.key[:12]}_{self.stream.requests}")
+        message = reply_message(self.chat, request.request, turn,
+                                call_id=f"call_{self.episode.key[:12]}_{self.stream.requests}")
         self.tool_calls += len(message.get("tool_calls", ()))
         prompt_len, drift = len(self.stream.trace), self.stream.template_drift
         self.stream.reply(turn, np.zeros(len(turn), np.float32), message)   # the rollout records the log-probs
@@ -120,10 +139,6 @@ class HarnessEnv:
         raise RuntimeError("a harness episode starts no sub-agents through the rollout")
 
     # ------------------------------------------------------------------ inside
-    def _parse(self, turn: np.ndarray, request: Request) -> ParsedTurn:
-        return parse_turn(self.chat.tokenizer.decode(turn), tool_set(request.request.tools),
-                          syntax=self.chat.call_syntax)
-
     def _refuse(self, request: Request, error: APIError) -> None:
         self.refused += 1
         request.respond(error.status, error.body())
@@ -145,12 +160,9 @@ class HarnessEnv:
                 continue
             if self.context is not None and len(ids) + 1 > self.context:
                 self.stream.cancel()
-                self._refuse(event, APIError(400, f"this model's context holds {self.context} tokens; the "
-                                                  f"conversation is {len(ids)} (with room for at least one "
-                                                  "sampled token)", param="messages",
-                                             code="context_length_exceeded"))
+                self._refuse(event, context_error(self.context, len(ids)))
                 continue
-            self._request = event
+            self._request, self.turn_limit = event, event.request.max_tokens
             return ids
 
     def _end(self, answer: str | None, *, timeout: bool = False) -> Step:

@@ -25,6 +25,16 @@ the episode ends with reason ``budget``); a sub-agent that has not answered afte
 ``subagent_turns`` turns is stopped and fails; an agent that must hear ids its context
 cannot hold ends (orchestrator: reason ``context``; sub-agent: it fails).
 
+**Asynchronous environments** (an orchestrator's env with ``asynchronous = True``, e.g.
+a harness or a server slot whose next request comes when a client sends it): their
+``reset`` and ``step`` run in threads of their own and the rollout does not wait for them.
+The episode's row idles while every other row decodes, and rejoins the next segment
+once its env answers (continuous batching: a slow harness delays only its own episode).
+Such a ``reset`` may return None: the episode never starts (no ids, reason ``closed``).
+Any env may bound its agent's next turn with ``turn_limit`` (ids; None: ``max_turn_tokens``),
+e.g. a request's ``max_tokens``. The sampled ids do not depend on when a row decodes
+(each token's key is its episode's, agent's and position's).
+
 The output is the token world's trajectory (:class:`TextRolloutResult`): the
 orchestrator's ids exactly as sampled and appended, a loss mask on its sampled ids
 only, the sampler's log-probs, stage ids and the step counts.
@@ -32,11 +42,10 @@ only, the sampler's log-probs, stage ids and the step counts.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
 
 import jax
@@ -49,50 +58,13 @@ from swarmjax.envs.widesearch_jax import END_ANSWER, END_BUDGET, END_CONTEXT, EN
 from swarmjax.models.config import ModelConfig
 from swarmjax.roles import Roles
 from swarmjax.swarm.context import compact, summarizer_task, summary_restart
+from swarmjax.swarm.text_rollout_state import Agent, EpisodeState, in_thread, rollout_result
 from swarmjax.swarm.text_device import Rows, decode_segment_jit, init_rows, make_prefix_jit, prefill_chunk_jit
 from swarmjax.swarm.text_types import (AgentTrace, TextRolloutConfig, TextRolloutResult,  # noqa: F401  (re-exported)
                                       TextScripts)
 
 SEGMENT_KEY = 1 << 20        # the key's agent id of an orchestrator's segment s: s * SEGMENT_KEY (sub-agents: 1..)
 SUMMARIZER_INDEX = 1 << 16   # spawn index (key id - 1) of an episode's first frozen summariser
-
-@dataclasses.dataclass
-class _Agent:
-    """Host state of one agent: its environment, trace, row and pending ids."""
-
-    env: HostEnv
-    trace: AgentTrace
-    episode: int
-    is_orch: bool
-    index: int = 0               # spawn order within its episode (sub-agents)
-    row: int = -1                # device row (orchestrator b, or a lane)
-    pending: np.ndarray | None = None   # ids to append before the next turn
-    reset: bool = False
-    offset: int = 0              # ids of its conversation held by the shared prefix, not its row
-    turning: bool = False        # takes a turn in the next decode
-    call_left: int = 0           # tokens it may still sample before the environment hears them
-    turn_tokens: int = 0         # tokens sampled in its current turn (offset into a script turn)
-    partial: list | None = None  # (ids, logprobs, model_logprobs) of a call cut by segment_exit
-
-
-@dataclasses.dataclass
-class _Episode:
-    orch: _Agent
-    critical: int = 0
-    total: int = 0
-    spawned: int = 0
-    finished: int = 0
-    end: int = RUNNING
-    rewards: dict = dataclasses.field(default_factory=dict)
-    stage: list = dataclasses.field(default_factory=list)     # running stage's sub-agents
-    subagents: list = dataclasses.field(default_factory=list)
-    summarizers: list = dataclasses.field(default_factory=list)   # frozen summarisers' agents
-    held: np.ndarray | None = None   # the reply a running frozen summariser's summary replaces
-
-    def add(self, rewards):
-        for k, v in rewards.items():
-            self.rewards[k] = self.rewards.get(k, 0.0) + float(v)
-
 
 class TextRollout:
     """Runs batches of text episodes: see the module docstring.
@@ -137,7 +109,7 @@ class TextRollout:
         ``rcfg.min_window`` (a few compiled widths; attention reads all of them)."""
         return min(slots, self._size(int(need), self.rcfg.min_window))
 
-    def _share_prefix(self, params, cfg, rows: Rows, agents: list[_Agent], prefixes: dict, stats) -> Rows:
+    def _share_prefix(self, params, cfg, rows: Rows, agents: list[Agent], prefixes: dict, stats) -> Rows:
         """Conversations that start now and open with the model's shared prefix attend
         over it (``offset`` = its length) and append only what follows. The prefix is
         set once per rollout and model: the longest common opening (system turn, tool
@@ -165,7 +137,7 @@ class TextRollout:
                 stats["prefix_shared"] += len(prefix)
         return rows
 
-    def _append(self, params, cfg, rows: Rows, agents: list[_Agent], prefixes: dict, stats) -> Rows:
+    def _append(self, params, cfg, rows: Rows, agents: list[Agent], prefixes: dict, stats) -> Rows:
         """Append every agent's pending ids to its row, chunk by chunk (conversations
         that start now and open with the shared prefix append only what follows it)."""
         rows = self._share_prefix(params, cfg, rows, agents, prefixes, stats)
@@ -177,7 +149,7 @@ class TextRollout:
             live = [a for a in queue if done[id(a)] < len(a.pending)]
             if not live:
                 break
-            groups: dict[int, list[_Agent]] = {}     # rows by chunk bucket: short replies pad to short chunks
+            groups: dict[int, list[Agent]] = {}     # rows by chunk bucket: short replies pad to short chunks
             for a in live:
                 groups.setdefault(self._bucket(len(a.pending) - done[id(a)]), []).append(a)
             for F, group in sorted(groups.items()):
@@ -204,10 +176,10 @@ class TextRollout:
 
     # ------------------------------------------------------------------ host logic
 
-    def _context(self, agent: _Agent) -> int:
+    def _context(self, agent: Agent) -> int:
         return self.rcfg.contexts.orchestrator if agent.is_orch else self.rcfg.contexts.subagents
 
-    def _hear(self, agent: _Agent, ids: np.ndarray, *, turn: int | None = None) -> bool:
+    def _hear(self, agent: Agent, ids: np.ndarray, *, turn: int | None = None) -> bool:
         """Queue ``ids`` for ``agent`` if its context holds them and one more token."""
         if len(agent.trace) + len(ids) + 1 > self._context(agent):
             return False
@@ -215,7 +187,7 @@ class TextRollout:
         agent.pending = ids if agent.pending is None else np.concatenate([agent.pending, ids])
         return True
 
-    def _next_turn(self, ep: _Episode):
+    def _next_turn(self, ep: EpisodeState):
         """The orchestrator may take another turn: budget permitting."""
         b = self.rcfg.budget
         if b is not None and ep.critical + 1 > b:
@@ -223,7 +195,7 @@ class TextRollout:
         else:
             ep.orch.turning = True
 
-    def _orch_step(self, ep: _Episode, step: Step, spawn_queue: list) -> None:
+    def _orch_step(self, ep: EpisodeState, step: Step, spawn_queue: list) -> None:
         ep.add(step.rewards)
         if step.done:
             ep.end, ep.orch.trace.answer = END_ANSWER, step.answer
@@ -243,15 +215,15 @@ class TextRollout:
         elif ep.held is None:                          # (else a frozen summariser runs first)
             self._next_turn(ep)
 
-    def _spawn(self, ep: _Episode, req: Any, index: int, spawn_queue: list) -> _Agent:
+    def _spawn(self, ep: EpisodeState, req: Any, index: int, spawn_queue: list) -> Agent:
         """Queue a sub-agent of the stage the orchestrator's latest turn opened."""
-        sub = _Agent(env=req.env, trace=AgentTrace(name=req.agent, stage=ep.orch.trace.steps),
+        sub = Agent(env=req.env, trace=AgentTrace(name=req.agent, stage=ep.orch.trace.steps),
                      episode=ep.orch.episode, is_orch=False, index=index)
         spawn_queue.append((sub, req.task))
         ep.stage.append(sub)
         return sub
 
-    def _restart(self, ep: _Episode, ids: np.ndarray, *, dropped: int) -> bool:
+    def _restart(self, ep: EpisodeState, ids: np.ndarray, *, dropped: int) -> bool:
         """Close the orchestrator's segment and open the next with ``ids`` (its row starts
         over); False when they do not fit its context."""
         a = ep.orch
@@ -262,7 +234,7 @@ class TextRollout:
         a.pending, a.reset = None, True
         return self._hear(a, ids)
 
-    def _orch_hear(self, ep: _Episode, reply: np.ndarray, spawn_queue: list) -> bool:
+    def _orch_hear(self, ep: EpisodeState, reply: np.ndarray, spawn_queue: list) -> bool:
         """The orchestrator hears a finished turn's reply. Past the context strategy's
         threshold its conversation is compacted first (:mod:`swarmjax.swarm.context`): the
         current segment is closed and the strategy's ids open the next one (the row starts
@@ -288,7 +260,7 @@ class TextRollout:
                     return True
         return self._hear(a, reply)
 
-    def _worker_end(self, ep: _Episode, sub: _Agent, ok: bool, reason: str, answer: str | None,
+    def _worker_end(self, ep: EpisodeState, sub: Agent, ok: bool, reason: str, answer: str | None,
                     spawn_queue: list) -> None:
         sub.trace.ok, sub.trace.reason, sub.trace.answer = ok, reason, answer
         sub.turning = False
@@ -305,7 +277,7 @@ class TextRollout:
             ep.stage = []
             self._orch_step(ep, ep.orch.env.resume(results), spawn_queue)
 
-    def _summarized(self, ep: _Episode, sub: _Agent) -> None:
+    def _summarized(self, ep: EpisodeState, sub: Agent) -> None:
         """A frozen summariser ended: the conversation restarts from its summary, or (it
         failed, or the restart does not fit) the orchestrator hears the held reply."""
         reply, ep.held, ep.stage = ep.held, None, []
@@ -318,14 +290,14 @@ class TextRollout:
         else:
             ep.end = END_CONTEXT
 
-    def _count_step(self, ep: _Episode, agent: _Agent) -> None:
+    def _count_step(self, ep: EpisodeState, agent: Agent) -> None:
         agent.trace.steps += 1
         agent.turn_tokens = 0
         if agent.is_orch:
             ep.critical += 1
             ep.total += 1
 
-    def _continue(self, ep: _Episode, agent: _Agent, step: Step, spawn_queue: list) -> None:
+    def _continue(self, ep: EpisodeState, agent: Agent, step: Step, spawn_queue: list) -> None:
         """``Step.more``: the turn goes on after the reply. An agent that cannot hear it
         ends as at a turn's end (its unfinished turn counts as a step, as the token
         world counts a turn from its first token)."""
@@ -339,7 +311,7 @@ class TextRollout:
         else:
             self._worker_end(ep, agent, False, "context", None, spawn_queue)
 
-    def _worker_step(self, ep: _Episode, sub: _Agent, step: Step, spawn_queue: list) -> None:
+    def _worker_step(self, ep: EpisodeState, sub: Agent, step: Step, spawn_queue: list) -> None:
         if step.spawn:
             raise ValueError(f"sub-agent {sub.trace.name!r} asked for sub-agents: stages do not nest")
         if step.restart is not None:
@@ -374,7 +346,7 @@ class TextRollout:
             raise ValueError(f"{B} environments but {episode_ids.size} episode ids")
         stats = dict(segments=0, prefill_calls=0, decode_s=0.0, prefill_s=0.0, env_s=0.0,
                      sampled_tokens=0, appended_tokens=0, prefill_computed=0, decode_row_steps=0,
-                     prefix_shared=0)
+                     prefix_shared=0, env_wait_s=0.0)
         t_start = time.perf_counter()
         extra = rcfg.prefill_buckets[-1] + 1      # room past a context for a chunk's padding
         orch_rows = init_rows(self.cfgs.orchestrator, B, rcfg.contexts.orchestrator + extra)
@@ -384,20 +356,22 @@ class TextRollout:
 
         eps = []
         for b, (env, task) in enumerate(zip(envs, tasks)):
-            orch = _Agent(env=env, trace=AgentTrace(name="orchestrator"), episode=b, is_orch=True, row=b,
+            orch = Agent(env=env, trace=AgentTrace(name="orchestrator"), episode=b, is_orch=True, row=b,
                           reset=True)
-            eps.append(_Episode(orch=orch))
+            eps.append(EpisodeState(orch=orch))
+        waits: dict = {}                    # episode -> (future of its async env's reset or step, is a step)
+        later = [b for b, env in enumerate(envs) if getattr(env, "asynchronous", False)]
+        later_set = set(later)
+        for b in later:
+            waits[b] = in_thread(envs[b].reset, tasks[b]), False
+        now = [b for b in range(B) if b not in waits]
         t0 = time.perf_counter()
-        prompts = list(self._pool.map(lambda et: et[0].reset(et[1]), zip(envs, tasks)))
+        prompts = list(self._pool.map(lambda b: envs[b].reset(tasks[b]), now))
         stats["env_s"] += time.perf_counter() - t0
-        for ep, prompt in zip(eps, prompts):
-            if not self._hear(ep.orch, np.asarray(prompt, np.int32)):
-                raise ValueError(f"a prompt of {len(prompt)} ids does not fit "
-                                 f"contexts.orchestrator={rcfg.contexts.orchestrator}")
-            ep.orch.reset = True
-            self._next_turn(ep)
+        for b, prompt in zip(now, prompts):
+            self._start(eps[b], prompt)
 
-        lanes: list[_Agent | None] = [None] * L
+        lanes: list[Agent | None] = [None] * L
         waiting: deque = deque()            # (sub-agent, task) without a lane yet
         spawn_queue: list = []              # (sub-agent, task) asked for, not reset yet
 
@@ -435,7 +409,7 @@ class TextRollout:
             stats["prefill_s"] += time.perf_counter() - t0
             return orch_rows, work_rows
 
-        def forced(agent: _Agent) -> np.ndarray | None:
+        def forced(agent: Agent) -> np.ndarray | None:
             if scripts is None:
                 return None
             if agent.is_orch:
@@ -450,14 +424,49 @@ class TextRollout:
             k = agent.trace.steps
             return np.asarray(turns[k], np.int32)[agent.turn_tokens:] if k < len(turns) else None
 
+        def handle(a: Agent, step: Step) -> None:
+            ep = eps[a.episode]
+            if step.more:
+                self._continue(ep, a, step, spawn_queue)
+                return
+            self._count_step(ep, a)
+            if a.is_orch:
+                self._orch_step(ep, step, spawn_queue)
+            else:
+                self._worker_step(ep, a, step, spawn_queue)
+
+        def harvest(block: bool) -> bool:
+            """Take in what asynchronous envs answered (waiting for one if ``block``)."""
+            if block and waits:
+                t0 = time.perf_counter()
+                wait([f for f, _ in waits.values()], return_when=FIRST_COMPLETED)
+                stats["env_wait_s"] += time.perf_counter() - t0
+            ready = [b for b, (f, _) in waits.items() if f.done()]
+            for b in ready:
+                f, is_step = waits.pop(b)
+                if is_step:
+                    handle(eps[b].orch, f.result())
+                else:
+                    self._start(eps[b], f.result())
+            return bool(ready)
+
         orch_rows, work_rows = flush(orch_rows, work_rows)
         while any(ep.end == RUNNING for ep in eps):
-            # ---- decode: every agent whose turn it is
+            if harvest(block=False):
+                place_subagents()
+                orch_rows, work_rows = flush(orch_rows, work_rows)
             rows_o = [ep.orch for ep in eps if ep.end == RUNNING and ep.orch.turning]
             rows_w = [a for a in lanes if a is not None and a.turning]
             if not rows_o and not rows_w:
-                raise RuntimeError("text rollout made no progress: no agent can take a turn "
-                                   "(an environment returned a Step that neither replies, spawns nor ends)")
+                if not waits and all(ep.end != RUNNING for ep in eps):   # the last ones just ended
+                    break
+                if not waits:
+                    raise RuntimeError("text rollout made no progress: no agent can take a turn (an "
+                                       "environment returned a Step that neither replies, spawns nor ends)")
+                harvest(block=True)
+                place_subagents()
+                orch_rows, work_rows = flush(orch_rows, work_rows)
+                continue
             args = {}
             for name, agents, rows in (("orch", rows_o, orch_rows), ("work", rows_w, work_rows)):
                 idx = self._compact(agents, rows.pos.shape[0] - 1)
@@ -467,7 +476,8 @@ class TextRollout:
                     script = forced(a)
                     if a.partial is None:      # a new call: what it may sample before the env hears it
                         a.partial = []
-                        a.call_left = min(T, self._context(a) - len(a.trace))
+                        a.call_left = min(T, self._context(a) - len(a.trace),
+                                          getattr(a.env, "turn_limit", None) or T)
                         if script is not None:
                             a.call_left = min(a.call_left, max(len(script), 1))
                     limit[j] = a.call_left
@@ -515,19 +525,14 @@ class TextRollout:
                     a.partial, a.turning = None, False
                     a.trace.append(ids, sampled=True, logprobs=lps, model_logprobs=mlps, turn=a.trace.steps + 1)
                     finished.append((a, ids, not bool(turns.stopped[j])))
+            for a, ids, cut in [f for f in finished if f[0].is_orch and f[0].episode in later_set]:
+                waits[a.episode] = in_thread(a.env.step, ids, truncated=cut), True
+            finished = [f for f in finished if not (f[0].is_orch and f[0].episode in later_set)]
             t0 = time.perf_counter()
             steps = list(self._pool.map(lambda f: f[0].env.step(f[1], truncated=f[2]), finished))
             stats["env_s"] += time.perf_counter() - t0
             for (a, _, _), step in zip(finished, steps):
-                ep = eps[a.episode]
-                if step.more:
-                    self._continue(ep, a, step, spawn_queue)
-                    continue
-                self._count_step(ep, a)
-                if a.is_orch:
-                    self._orch_step(ep, step, spawn_queue)
-                else:
-                    self._worker_step(ep, a, step, spawn_queue)
+                handle(a, step)
             for l, a in enumerate(lanes):       # lanes of sub-agents that ended are free again
                 if a is not None and a.trace.reason != "running":
                     lanes[l] = None
@@ -537,34 +542,18 @@ class TextRollout:
         stats["total_s"] = time.perf_counter() - t_start
         stats["compactions"] = sum(len(ep.orch.trace.segments) for ep in eps)
         stats["context_dropped"] = sum(ep.orch.trace.dropped for ep in eps)
-        return self._result(eps, stats)
+        return rollout_result(eps, stats, context=rcfg.contexts.orchestrator, pad_id=self.pad_id)
 
-    def _result(self, eps: list[_Episode], stats: dict) -> TextRolloutResult:
-        B, C = len(eps), self.rcfg.contexts.orchestrator
-        out = dict(tokens=np.full((B, C), self.pad_id, np.int32), loss_mask=np.zeros((B, C), bool),
-                   logprobs=np.zeros((B, C), np.float32), model_logprobs=np.zeros((B, C), np.float32),
-                   stage_ids=np.zeros((B, C), np.int32))
-        length = np.zeros((B,), np.int32)
-        for b, ep in enumerate(eps):
-            arr = ep.orch.trace.arrays()
-            n = len(arr["ids"])
-            length[b] = n
-            out["tokens"][b, :n] = arr["ids"]
-            out["loss_mask"][b, :n] = arr["sampled"]
-            out["logprobs"][b, :n] = arr["logprobs"]
-            out["model_logprobs"][b, :n] = arr["model_logprobs"]
-            out["stage_ids"][b, :n] = arr["turn"]
-        terms = sorted({k for ep in eps for k in ep.rewards})
-        count = lambda f: np.asarray([f(ep) for ep in eps], np.int32)
-        return TextRolloutResult(
-            **out, length=length, orch_steps=count(lambda e: e.orch.trace.steps),
-            critical_steps=count(lambda e: e.critical), total_steps=count(lambda e: e.total),
-            spawned=count(lambda e: e.spawned), finished=count(lambda e: e.finished),
-            end_reason=count(lambda e: e.end),
-            rewards={k: np.asarray([ep.rewards.get(k, 0.0) for ep in eps], np.float32) for k in terms},
-            answers=[ep.orch.trace.answer for ep in eps], orchestrators=[ep.orch.trace for ep in eps],
-            subagents=[[s.trace for s in ep.subagents] for ep in eps], stats=stats,
-            summarizers=[[s.trace for s in ep.summarizers] for ep in eps])
+    def _start(self, ep: EpisodeState, prompt: np.ndarray | None) -> None:
+        """The orchestrator hears its env's first prompt (None: the episode never starts)."""
+        if prompt is None:
+            ep.end, ep.orch.trace.reason = END_ANSWER, "closed"
+            return
+        if not self._hear(ep.orch, np.asarray(prompt, np.int32)):
+            raise ValueError(f"a prompt of {len(prompt)} ids does not fit "
+                             f"contexts.orchestrator={self.rcfg.contexts.orchestrator}")
+        ep.orch.reset = True
+        self._next_turn(ep)
 
     def close(self):
         self._pool.shutdown(wait=False)
