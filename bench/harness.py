@@ -1,6 +1,7 @@
 """An agent harness through the job's chat server against the same episodes run directly.
 
     python bench/harness.py [--batch 64] [--sizes 1m] [--repeats 3] [--json]
+    python bench/harness.py --slow-tool 0.5     # every 8th episode's tool takes 0.5 s
 
 The harness of ``examples/harness/agent.py`` (a loop over the ``openai`` client, its own
 ``lookup`` tool) on ``--batch`` problems at once, each in its own thread against one
@@ -11,6 +12,11 @@ in one process. Both replay the same turns (a lookup call, then the answer: what
 trained policy does) with the same model, so they do the same device work and build the
 same ids (checked); the ratio is what the server, HTTP, JSON and the harness threads
 cost. Tokens per second count every id of the episodes (prompts, turns, replies).
+
+``--slow-tool S``: every 8th episode's tool takes S seconds (in every arm), and a third
+arm runs the harnesses as asynchronous environments (``harness_async``: the rollout
+decodes the other rows while a harness works, waiting at most ``async_wait`` for all of
+them after a decode), so what a slow harness costs the others shows.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from swarmjax.text.tools import Tool  # noqa: E402
 def main() -> None:
     p = base_parser(__doc__)
     p.set_defaults(sizes=["1m"], batch=64)
+    p.add_argument("--slow-tool", type=float, default=0.0, help="seconds every 8th episode's tool takes")
     p.add_argument("--env-threads", type=int, default=None,
                    help="threads running environment steps (default: --batch, every episode's round trip at once)")
     args = p.parse_args()
@@ -55,7 +62,17 @@ def main() -> None:
     import tempfile
 
     problems = lookup_data.problems("test")[:args.episodes]
-    task = HarnessTask(run=agent.solve, verify=lookup_data.score, problems={"test": problems},
+    slow = {p_["question"] for p_ in problems[::8]} if args.slow_tool else set()
+
+    def run_tool(problem, name, arguments):
+        if problem["question"] in slow:
+            time.sleep(args.slow_tool)
+        return agent.run_tool(problem["store"], name, arguments)
+
+    def solve(problem, client, model):          # the harness, its tool slow for some problems
+        return agent.solve(problem, client, model, run_tool=lambda store, name, a: run_tool(problem, name, a))
+
+    task = HarnessTask(run=solve, verify=lookup_data.score, problems={"test": problems},
                        teacher=lookup_data.teacher, model="policy")
     corpus = task.corpus_text + tuple(json.dumps([list(r.messages), list(r.tools), m]) for p_ in problems[:32]
                                       for r, m in task.transcript(p_))
@@ -74,14 +91,22 @@ def main() -> None:
 
     def direct_envs():
         def env(p_):
-            bound = tool.bind(lambda key, store=p_["store"]: agent.run_tool(store, "lookup", json.dumps({"key": key})))
+            bound = tool.bind(lambda key, q=p_: run_tool(q, "lookup", json.dumps({"key": key})))
             return ToolAgentEnv(chat, [bound], runner=runner,
                                 messages=lambda q: [{"role": "system", "content": agent.SYSTEM},
                                                     {"role": "user", "content": q["question"]}],
                                 verify=lambda q, a: {"r_perf": lookup_data.score(q, a)})
         return [env(p_) for p_ in problems]
 
+    def async_envs():
+        envs = [task.env(p_, ctx) for p_ in problems]
+        for e in envs:
+            e.asynchronous = True
+        return envs
+
     arms = {"direct": direct_envs, "harness": lambda: [task.env(p_, ctx) for p_ in problems]}
+    if args.slow_tool:
+        arms["harness_async"] = async_envs
     figures, results = {"jax": jax.__version__, "backend": jax.default_backend(), "peak_flops": matmul_peak_flops(),
                         "episodes": len(problems), "size": args.size, "env_threads": threads}, {}
     for name, envs in arms.items():
@@ -99,6 +124,7 @@ def main() -> None:
                    direct_tok_s=ids / figures["direct_s"], harness_tok_s=ids / figures["harness_s"],
                    ratio=figures["direct_s"] / figures["harness_s"],
                    requests=int(b.rewards["requests"].sum()))
+    figures.update({f"{name}_tok_s": ids / figures[f"{name}_s"] for name in arms})
     runner.close()
     rollout.close()
     if args.json:
@@ -111,6 +137,9 @@ def main() -> None:
     for name in arms:
         print(f"{name:8}{figures[f'{name}_s']:10.3f}{figures[f'{name}_tok_s']:10.0f}{figures[f'{name}_first_s']:14.2f}")
     print(f"ratio harness/direct tok/s: {figures['ratio']:.2f}x (identical ids: {same})")
+    if args.slow_tool:
+        print(f"every 8th tool {args.slow_tool:g} s: harness_async / harness "
+              f"{figures['harness_s'] / figures['harness_async_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -149,11 +149,8 @@ def test_a_harness_gets_the_ids_the_tool_agent_gets(world):
         task = HarnessTask(run=run, verify=score, problems={"train": problems})
         ctx = EnvContext(chat, runner, context=768)
         got = _run(world, [task.env(p, ctx) for p in problems], problems, scripts)
-        for field in ("tokens", "length", "loss_mask", "orch_steps", "end_reason"):
+        for field in ("tokens", "length", "loss_mask", "logprobs", "orch_steps", "end_reason"):
             np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
-        # a harness's rows decode when its requests come (asynchronous), so in other batches:
-        # the same ids, log-probs to float32 rounding
-        np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=0, atol=1e-5)
         assert got.rewards["r_perf"].tolist() == want.rewards["r_perf"].tolist() == [1.0, 0.0]
         assert got.answers == want.answers == ["The value is 17.", "The value is 9."]
         assert (got.rewards["requests"] == 2).all() and (got.rewards["template_drift"] == 0).all()

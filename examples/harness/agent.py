@@ -29,8 +29,9 @@ def run_tool(store: dict, name: str, arguments: str) -> str:
     return store.get(key, f"Error: no key {key!r} in the store")
 
 
-def solve(problem: dict, client, model: str, *, max_turns: int = 4) -> str:
-    """Answer ``problem["question"]`` over ``problem["store"]``; returns the final answer."""
+def solve(problem: dict, client, model: str, *, max_turns: int = 4, run_tool=run_tool) -> str:
+    """Answer ``problem["question"]`` over ``problem["store"]``; returns the final answer
+    (``run_tool(store, name, arguments)`` runs a call)."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem["question"]}]
     for _ in range(max_turns):
         reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS)

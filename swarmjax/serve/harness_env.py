@@ -2,11 +2,12 @@
 
 An agent harness (any loop over an OpenAI-style client) runs in its own thread; its
 requests reach this environment through the server's :class:`~swarmjax.serve.hub.Episode`.
-To :class:`~swarmjax.swarm.text_rollout.TextRollout` it is an asynchronous
-:class:`~swarmjax.envs.api.HostEnv` (the rollout decodes the other rows while this
-harness runs its tools), so a harness episode shares the batched decode, cache rows,
-prefix sharing and continuous batching of every other episode; a request's ``max_tokens``
-bounds its turn (``turn_limit``; the reply's ``finish_reason`` is then ``length``):
+To :class:`~swarmjax.swarm.text_rollout.TextRollout` it is an ordinary
+:class:`~swarmjax.envs.api.HostEnv` (or an asynchronous one, ``asynchronous=True``: the
+rollout decodes the other rows while this harness runs its tools), so a harness episode
+shares the batched decode, cache rows, prefix sharing and continuous batching of every
+other episode; a request's ``max_tokens`` bounds its turn (``turn_limit``; the reply's
+``finish_reason`` is then ``length``):
 
 * ``reset(problem)`` starts the harness and waits for its first request: the prompt ids
   are that request's conversation, rendered (:class:`~swarmjax.serve.record.ChatStream`);
@@ -80,13 +81,14 @@ class HarnessEnv:
       timeout: seconds an episode may take in all.
       context: the most ids the agent's conversation may hold (None: unbounded); a
         request past it is refused with ``context_length_exceeded``.
+      asynchronous: the rollout decodes the other rows while this harness works
+        (:mod:`~swarmjax.swarm.text_rollout`; for harnesses whose tools take longer than a
+        decode segment); by default it waits for every harness's next request.
     """
-
-    asynchronous = True          # the rollout decodes other rows while the harness works (TextRollout)
 
     def __init__(self, chat: ChatFormat, hub: Hub, launch: Launch, *,
                  verify: Callable[[Any, str], Mapping[str, float]] | None = None, model: str = "swarmjax",
-                 timeout: float = 300.0, context: int | None = None):
+                 timeout: float = 300.0, context: int | None = None, asynchronous: bool = False):
         self.chat, self.hub, self.launch, self.verify = chat, hub, launch, verify
         self.model, self.timeout, self.context = model, timeout, context
         self.task: Any = None
@@ -96,6 +98,7 @@ class HarnessEnv:
         self._deadline = 0.0
         self._error: str | None = None          # what the harness raised
         self.refused = self.tool_calls = 0
+        self.asynchronous = asynchronous
         self.turn_limit: int | None = None      # the awaiting request's max_tokens
 
     # ------------------------------------------------------------------ HostEnv

@@ -192,7 +192,8 @@ class ChatEngine:
         self.params, self.chat, self.model, self.config = params, chat, model, config
         rcfg = TextRolloutConfig(contexts=Roles(config.context, 16), max_turn_tokens=config.max_tokens,
                                  subagent_lanes=1, subagent_turns=1, sampling=Roles.both(config.sampling),
-                                 env_threads=1, context=ContextConfig("none", max_compactions=config.requests_per_slot))
+                                 env_threads=1, async_wait=0.0,     # a request joins the next segment as it comes
+                                 context=ContextConfig("none", max_compactions=config.requests_per_slot))
         self.rollout = TextRollout(cfg, rcfg, stop_ids=chat.stop_ids if stop_ids is None else stop_ids)
         self.inbox = Inbox()
         self.counter = itertools.count()

@@ -31,7 +31,9 @@ a harness or a server slot whose next request comes when a client sends it): the
 The episode's row idles while every other row decodes, and rejoins the next segment
 once its env answers (continuous batching: a slow harness delays only its own episode).
 Such a ``reset`` may return None: the episode never starts (no ids, reason ``closed``).
-Any env may bound its agent's next turn with ``turn_limit`` (ids; None: ``max_turn_tokens``),
+After each decode the rollout waits up to ``async_wait`` seconds for all of their answers:
+a decode segment costs about the same with few rows as with many, so rows that join one
+segment later cost more than a short wait. Any env may bound its agent's next turn with ``turn_limit`` (ids; None: ``max_turn_tokens``),
 e.g. a request's ``max_tokens``. The sampled ids do not depend on when a row decodes
 (each token's key is its episode's, agent's and position's).
 
@@ -435,11 +437,15 @@ class TextRollout:
             else:
                 self._worker_step(ep, a, step, spawn_queue)
 
-        def harvest(block: bool) -> bool:
-            """Take in what asynchronous envs answered (waiting for one if ``block``)."""
-            if block and waits:
+        def harvest(block: bool, gather: float = 0.0) -> bool:
+            """Take in what asynchronous envs answered: waiting for one if ``block``, for
+            all of them up to ``gather`` seconds."""
+            if waits and (block or gather):
                 t0 = time.perf_counter()
-                wait([f for f, _ in waits.values()], return_when=FIRST_COMPLETED)
+                if gather:
+                    wait([f for f, _ in waits.values()], timeout=gather)
+                if block:
+                    wait([f for f, _ in waits.values()], return_when=FIRST_COMPLETED)
                 stats["env_wait_s"] += time.perf_counter() - t0
             ready = [b for b, (f, _) in waits.items() if f.done()]
             for b in ready:
@@ -452,7 +458,7 @@ class TextRollout:
 
         orch_rows, work_rows = flush(orch_rows, work_rows)
         while any(ep.end == RUNNING for ep in eps):
-            if harvest(block=False):
+            if harvest(block=False, gather=rcfg.async_wait):
                 place_subagents()
                 orch_rows, work_rows = flush(orch_rows, work_rows)
             rows_o = [ep.orch for ep in eps if ep.end == RUNNING and ep.orch.turning]

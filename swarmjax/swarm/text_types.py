@@ -41,6 +41,10 @@ class TextRolloutConfig:
       min_window * (1, 1.5, 2, 3, 4, ...), so a rollout compiles a few widths. Decode
       reads the whole window every step: at 32 rows a 128-slot window cut the bench's
       rollout time ~12% against a 256 floor (more widths to compile, once each).
+    async_wait: the most seconds the rollout waits, after a decode, for all its
+      asynchronous envs' answers before it decodes again without the rest
+      (:mod:`swarmjax.swarm.text_rollout`): envs faster than it decode in one batch, a
+      slower one delays only its own row. 0: never wait (a server's idle slots).
     context: the orchestrator's context strategy (:mod:`swarmjax.swarm.context`:
       ``none``, ``discard_all``, ``keep_last_round``) and its threshold.
     """
@@ -56,6 +60,7 @@ class TextRolloutConfig:
     segment_exit: float = 0.5
     decode_slack: int | None = 64
     min_window: int = 128
+    async_wait: float = 1.0
     context: ContextConfig = ContextConfig()
 
     def __post_init__(self):
@@ -66,6 +71,8 @@ class TextRolloutConfig:
         if not self.prefill_buckets or list(self.prefill_buckets) != sorted(set(self.prefill_buckets)) \
                 or self.prefill_buckets[0] < 1:
             raise ValueError(f"prefill_buckets must be increasing positive sizes, got {self.prefill_buckets}")
+        if self.async_wait < 0:
+            raise ValueError(f"async_wait must be >= 0 seconds, got {self.async_wait}")
         if self.min_window < 1:
             raise ValueError(f"min_window must be >= 1, got {self.min_window}")
         if self.decode_slack is not None and self.decode_slack < 1:
