@@ -96,8 +96,9 @@ class Inbox:
             raise self.refusal
         self._queue.put(Request(request, respond))
 
-    def take(self, *, poll: float = 0.02) -> Request | None:
-        """The oldest request (waiting for one); None once the round is closing."""
+    def take(self, *, poll: float = 0.1) -> Request | None:
+        """The oldest request (waiting for one: a request is taken as it comes, the round's
+        close is seen within ``poll`` seconds); None once the round is closing."""
         while not (self.closing.is_set() or self.stopping.is_set()):
             try:
                 return self._queue.get(timeout=poll)
