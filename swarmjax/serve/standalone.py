@@ -229,6 +229,7 @@ class ChatEngine:
                 self.rounds += 1
         except BaseException as e:  # noqa: BLE001 - every waiting client gets the error
             self.failure = e
+            self.inbox.stopping.set()                # the slots' threads stop waiting
             error = APIError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error")
             for s in self._slots:
                 if s.held is not None:

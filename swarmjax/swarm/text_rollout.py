@@ -25,17 +25,17 @@ the episode ends with reason ``budget``); a sub-agent that has not answered afte
 ``subagent_turns`` turns is stopped and fails; an agent that must hear ids its context
 cannot hold ends (orchestrator: reason ``context``; sub-agent: it fails).
 
-**Asynchronous environments** (an orchestrator's env with ``asynchronous = True``, e.g.
-a harness or a server slot whose next request comes when a client sends it): their
-``reset`` and ``step`` run in threads of their own and the rollout does not wait for them.
-The episode's row idles while every other row decodes, and rejoins the next segment
-once its env answers (continuous batching: a slow harness delays only its own episode).
-Such a ``reset`` may return None: the episode never starts (no ids, reason ``closed``).
-After each decode the rollout waits up to ``async_wait`` seconds for all of their answers:
-a decode segment costs about the same with few rows as with many, so rows that join one
-segment later cost more than a short wait. Any env may bound its agent's next turn with ``turn_limit`` (ids; None: ``max_turn_tokens``),
-e.g. a request's ``max_tokens``. The sampled ids do not depend on when a row decodes
-(each token's key is its episode's, agent's and position's).
+**Asynchronous environments** (an orchestrator's env with ``asynchronous = True``: a
+server slot whose next request comes when a client sends it, or a harness with slow
+tools): their ``reset`` and ``step`` run in threads of their own. The episode's row idles
+while the other rows decode, and rejoins the next segment once its env answers
+(continuous batching). After each decode the rollout waits up to ``async_wait`` seconds
+for all of their answers: a decode segment costs about the same with few rows as with
+many, so a row that joins one segment later costs more than a short wait. Such a
+``reset`` may return None: the episode never starts (no ids, reason ``closed``). Any env
+may bound its agent's next turn with ``turn_limit`` (ids; None: ``max_turn_tokens``), e.g.
+a request's ``max_tokens``. The sampled ids do not depend on when a row decodes (each
+token's key is its episode's, agent's and position's).
 
 The output is the token world's trajectory (:class:`TextRolloutResult`): the
 orchestrator's ids exactly as sampled and appended, a loss mask on its sampled ids
