@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from swarmjax.serve.http import HarnessServer
     from swarmjax.serve.standalone import ChatEngine, ServeConfig
 
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        raise ValueError("swarmjax serve needs aiohttp: pip install 'swarmjax[serve]' (or -e '.[serve]')") from None
     sampling = SamplingConfig(temperature=args.temperature, **{k: v for k, v in dict(
         top_k=args.top_k, top_p=args.top_p).items() if v is not None})
     config = ServeConfig(slots=args.slots, context=args.context, max_tokens=args.max_tokens,
