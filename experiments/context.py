@@ -68,6 +68,7 @@ COLUMNS = (("accuracy", "item-F1", min, "{:.3f}"), ("context_ended", "ran out of
            ("copy_fidelity", "copy fidelity", min, "{:.3f}"), ("compactions", "compactions", max, "{:.1f}"))
 # PARL's training-batch figures per step kept in each seed's results (the report's curves)
 CURVES = ("accuracy", "critical_steps", "delegated", "return_f1", "copy_fidelity")
+SMOOTH = 10                  # PARL's curves: the mean of the last SMOOTH steps (each step's batch is 16 episodes)
 
 
 def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
@@ -239,10 +240,12 @@ def _plot(results: list[dict], arms: list[str], args) -> None:
             curves = [r["parl_curves"][key] for r in results if r.get("parl_curves", {}).get(key)]
             if curves:
                 T = min(map(len, curves))
-                ax.plot(range(1, T + 1), [_mean(c[t] for c in curves) for t in range(T)], color=f"C{4 + i}",
-                        label=key)
+                mean = [_mean(c[t] for c in curves) for t in range(T)]
+                smooth = [_mean(mean[max(0, t - SMOOTH + 1):t + 1]) for t in range(T)]
+                ax.plot(range(1, T + 1), mean, color=f"C{4 + i}", alpha=0.25, lw=0.8)
+                ax.plot(range(1, T + 1), smooth, color=f"C{4 + i}", label=key)
         ax.legend(fontsize=7)
-        ax.set(title="PARL (training batch, mean over seeds)", xlabel="RL step")
+        ax.set(title=f"PARL: training batch ({SMOOTH}-step mean)", xlabel="RL step (mean over seeds)")
     save_figure(fig, axes, "context-bound wide search: swarm against single agents", os.path.join(args.out,
                                                                                                  "context.png"))
 
