@@ -21,6 +21,8 @@ a sub-agent's holds its chunk of 4 with room to spare):
    checkpoint (``warm_s<seed>/hf``) that the other runs load (``--warm-only`` stops
    there); ``single_s<seed>``: that policy as a single agent (no RL);
 2. ``parl_s<seed>``: ``--rl-steps`` PARL steps of the orchestrator with frozen sub-agents
+   at a peak learning rate of ``--parl-lr`` (5e-5; the config's 2e-4 cut the share the
+   orchestrator delegates within 10 steps: ``experiments/context_lr_probe.py``)
    (the default PARL reward: r_parallel ``novel`` and r_finish, 0.3 annealed to 0 over 70
    steps; 0.005 a step of any agent, 0.004 a critical step);
 3. greedy evaluations of ``--episodes`` tasks of each size in ``--sizes`` (the same tasks
@@ -68,10 +70,11 @@ COLUMNS = (("accuracy", "item-F1", min, "{:.3f}"), ("context_ended", "ran out of
            ("copy_fidelity", "copy fidelity", min, "{:.3f}"), ("compactions", "compactions", max, "{:.1f}"))
 # PARL's training-batch figures per step kept in each seed's results (the report's curves)
 CURVES = ("accuracy", "critical_steps", "delegated", "return_f1", "copy_fidelity")
+OLD_LR = 2e-4               # PARL's learning rate of the seeds kept before it was an argument
 SMOOTH = 10                  # PARL's curves: the mean of the last SMOOTH steps (each step's batch is 16 episodes)
 
 
-def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
+def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int, *, parl_lr: float = 5e-5):
     """The experiment's jobs for ``seed``: {name: (AgentJob, workdir)}."""
     from swarmjax.config_file import apply_overrides, load_config
     from swarmjax.rl.parl import PARLConfig
@@ -83,7 +86,7 @@ def _jobs(overrides: list[str], seed: int, runs: str, rl_steps: int):
     warm = os.path.join(runs, f"warm_s{seed}")
     from_warm = dataclasses.replace(base, hf_path=os.path.join(warm, "hf"), chat=base.chat, sft=None)
     update = from_warm.rl.update
-    update = dataclasses.replace(update, optim=dataclasses.replace(update.optim, decay_steps=max(
+    update = dataclasses.replace(update, optim=dataclasses.replace(update.optim, learning_rate=parl_lr, decay_steps=max(
         rl_steps * update.num_minibatches, 1)))
     parl = PARLConfig(lambda1=0.3, lambda2=0.3, anneal_steps=max(min(70, rl_steps), 1), parallel="novel",
                       parallel_target=base.max_subagents, step_cost=0.005, critical_cost=0.004)
@@ -126,7 +129,7 @@ def run_seed(seed: int, args) -> dict:
     out_file = seed_results(args, seed)
     if os.path.exists(out_file):
         return json.load(open(out_file))
-    jobs = _jobs(args.set, seed, args.runs, args.rl_steps)
+    jobs = _jobs(args.set, seed, args.runs, args.rl_steps, parl_lr=args.parl_lr)
     clock = train_missing(jobs, ("warm",) if args.warm_only else ("warm", "single", "parl"), f"context s{seed}",
                           kept_warm=os.path.join(args.results, f"warm_s{seed}"))
     if args.warm_only:
@@ -137,7 +140,8 @@ def run_seed(seed: int, args) -> dict:
     results = {"seed": seed, "sizes": args.sizes, "needle_sizes": args.needle_sizes, "episodes": args.episodes,
                "rl_steps": args.rl_steps,
                "overrides": args.set, "command": invocation(__file__),
-               "rl": {"tasks_per_step": parl[0].rl.tasks_per_step, "group_size": parl[0].rl.group_size},
+               "rl": {"tasks_per_step": parl[0].rl.tasks_per_step, "group_size": parl[0].rl.group_size,
+                      "learning_rate": args.parl_lr},
                "train_s": clock, "arms": {},
                "parl_curves": {k: rl_curve(parl[1], k)[1] for k in CURVES}}
     partial = os.path.join(args.runs, f"results_s{seed}.json.partial")
@@ -196,9 +200,13 @@ def report(results: list[dict], args) -> str:
     """``<out>/context.md`` (tables) and ``context.png``; returns the markdown."""
     results = [r for r in results if r]
     first = results[0]
+    lrs = {r["rl"].get("learning_rate", OLD_LR) for r in results}      # seeds kept before --parl-lr: 2e-4
+    if len(lrs) > 1:
+        raise SystemExit(f"the seeds' PARL learning rates differ ({sorted(lrs)}): report them apart (--results)")
     lines = [f"Seeds {', '.join(str(r['seed']) for r in results)}; {first['episodes']} held-out tasks per size "
              f"and seed, no budget; PARL {first['rl_steps']} steps of {first['rl']['tasks_per_step']} tasks x "
-             f"{first['rl']['group_size']} rollouts. Command: `{first['command']}`"
+             f"{first['rl']['group_size']} rollouts at a peak learning rate of {lrs.pop():g}. "
+             f"Command: `{first['command']}`"
              + (f" (overrides: {', '.join(first['overrides'])})" if first["overrides"] else "")
              + ". Each cell: mean over seeds (worst seed); '-': no episode has the figure (no sub-agent "
              "returned).", "", "**Wide search** (greedy):", ""]
@@ -258,13 +266,16 @@ def main() -> None:
                    help="sizes of the needle questions (sampled episodes; none: no needle table)")
     p.add_argument("--episodes", type=int, default=48, help="held-out tasks per size")
     p.add_argument("--rl-steps", type=int, default=100, help="PARL steps of the swarm")
+    p.add_argument("--parl-lr", type=float, default=5e-5,
+                   help="PARL's peak learning rate (2e-4, the config's own, cut the orchestrator's delegation: "
+                        "experiments/context_lr_probe.py)")
     p.add_argument("--warm-only", action="store_true", help="only the warm starts (e.g. on an accelerator; the rest "
                                                              "then runs where their hf/ directories are copied)")
     args = p.parse_args()
     if args.warm_only:
         args.no_report = True
     own = ["--sizes", *map(str, args.sizes), "--needle-sizes", *map(str, args.needle_sizes),
-           "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps), *(["--warm-only"] if args.warm_only else [])]
+           "--episodes", str(args.episodes), "--rl-steps", str(args.rl_steps), "--parl-lr", str(args.parl_lr), *(["--warm-only"] if args.warm_only else [])]
     run_and_report(__file__, args, run_seed, report, own)
 
 
