@@ -25,16 +25,13 @@ import signal
 import time
 
 import context as C
+from common import rl_rows
 
 
 def _train(job, workdir):
     from swarmjax.train.jobs import run_job
 
     run_job(job, workdir, progress=False, resume="auto")
-
-
-def _rl_rows(workdir):
-    return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl")) if '"stage": "rl"' in line]
 
 
 def main() -> None:
@@ -80,7 +77,7 @@ def main() -> None:
     print(f"{'':22}" + "".join(f"{k:>15}" for k in keys))
     for name, r in out["arms"].items():
         print(f"{name:22}" + "".join(f"{r.get(k, float('nan')):15.3f}" for k in keys))
-    a, b = _rl_rows(old[1]), _rl_rows(new[1])
+    a, b = rl_rows(old[1]), rl_rows(new[1])
     out["batches"] = [{"step": x["step"], "old": {k: x.get(k) for k in ("accuracy", "delegated")},
                        "new": {k: y.get(k) for k in ("accuracy", "delegated")}} for x, y in zip(a, b)]
     print("training batches (the same tasks and keys), item-F1 / delegated: old -> new")

@@ -25,7 +25,7 @@ from typing import Any
 
 from swarmjax.serve.protocol import APIError, ChatRequest
 
-__all__ = ["Hub", "Episode", "Request", "Finished"]
+__all__ = ["Hub", "Episode", "Request", "Finished", "refuse_queued"]
 
 Respond = Callable[[int, dict], None]     # (HTTP status, JSON body) -> None; called once
 
@@ -46,6 +46,18 @@ class Finished:
 
     answer: str | None = None
     error: str | None = None
+
+
+def refuse_queued(events: queue.Queue, error: APIError) -> None:
+    """Answer every :class:`Request` still in ``events`` with ``error`` (other events
+    are dropped), until the queue is empty."""
+    while True:
+        try:
+            ev = events.get_nowait()
+        except queue.Empty:
+            return
+        if isinstance(ev, Request):
+            ev.respond(error.status, error.body())
 
 
 class Episode:
@@ -99,13 +111,7 @@ class Episode:
         queued is answered with it."""
         with self._lock:
             self.closed = True
-        while True:
-            try:
-                ev = self._events.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(ev, Request):
-                ev.respond(410, APIError(410, "this episode is over", code="episode_closed").body())
+        refuse_queued(self._events, APIError(410, "this episode is over", code="episode_closed"))
 
 
 class Hub:

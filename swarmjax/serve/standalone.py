@@ -37,9 +37,8 @@ from swarmjax.models.config import ModelConfig
 from swarmjax.roles import Roles
 from swarmjax.sampling.processors import SamplingConfig
 from swarmjax.serve.harness_env import context_error, reply_message
-from swarmjax.serve.hub import Request, Respond
+from swarmjax.serve.hub import Request, Respond, refuse_queued
 from swarmjax.serve.protocol import APIError, ChatRequest, completion
-from swarmjax.serve.record import ChatStream
 from swarmjax.swarm.context import MAX_SEGMENTS, ContextConfig
 from swarmjax.swarm.text_rollout import TextRollout
 from swarmjax.swarm.text_types import TextRolloutConfig
@@ -109,12 +108,7 @@ class Inbox:
     def refuse_all(self, error: APIError) -> None:
         """Take no more requests and answer the waiting ones with ``error``."""
         self.refusal = error
-        while True:
-            try:
-                req = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            req.respond(error.status, error.body())
+        refuse_queued(self._queue, error)
 
 
 class Slot:
@@ -158,8 +152,8 @@ class Slot:
         while (req := e.inbox.take()) is not None:
             r = req.request
             try:
-                try:
-                    ids = ChatStream(e.chat).prompt(r.messages, tools=list(r.tools) or None)
+                try:          # the whole conversation (check_request: it ends with a user or tool message)
+                    ids = e.chat.conversation_ids(r.messages, tools=list(r.tools) or None)
                 except ValueError as err:
                     raise APIError(400, f"messages: {err}", param="messages") from None
                 if len(ids) + 1 > e.config.context:

@@ -362,11 +362,10 @@ class TextRollout:
                           reset=True)
             eps.append(EpisodeState(orch=orch))
         waits: dict = {}                    # episode -> (future of its async env's reset or step, is a step)
-        later = [b for b, env in enumerate(envs) if getattr(env, "asynchronous", False)]
-        later_set = set(later)
-        for b in later:
+        later = {b for b, env in enumerate(envs) if getattr(env, "asynchronous", False)}
+        for b in sorted(later):
             waits[b] = in_thread(envs[b].reset, tasks[b]), False
-        now = [b for b in range(B) if b not in waits]
+        now = [b for b in range(B) if b not in later]
         t0 = time.perf_counter()
         prompts = list(self._pool.map(lambda b: envs[b].reset(tasks[b]), now))
         stats["env_s"] += time.perf_counter() - t0
@@ -531,9 +530,9 @@ class TextRollout:
                     a.partial, a.turning = None, False
                     a.trace.append(ids, sampled=True, logprobs=lps, model_logprobs=mlps, turn=a.trace.steps + 1)
                     finished.append((a, ids, not bool(turns.stopped[j])))
-            for a, ids, cut in [f for f in finished if f[0].is_orch and f[0].episode in later_set]:
+            for a, ids, cut in [f for f in finished if f[0].is_orch and f[0].episode in later]:
                 waits[a.episode] = in_thread(a.env.step, ids, truncated=cut), True
-            finished = [f for f in finished if not (f[0].is_orch and f[0].episode in later_set)]
+            finished = [f for f in finished if not (f[0].is_orch and f[0].episode in later)]
             t0 = time.perf_counter()
             steps = list(self._pool.map(lambda f: f[0].env.step(f[1], truncated=f[2]), finished))
             stats["env_s"] += time.perf_counter() - t0
