@@ -89,3 +89,19 @@ def test_a_kept_warm_start_is_not_trained_again_on_another_machine(tmp_path, mon
     clock = common.train_missing(second, ("warm", "rl"), "t", kept_warm=kept)
     assert trained[2:] == [second["rl"][1]] and set(clock) == {"rl"}   # the warm start was not trained
     assert json.load(open(os.path.join(second["warm"][1], "hf", "config.json")))["from"] == first["warm"][1]
+
+
+def test_the_copy_probe_puts_each_returned_line_in_one_class():
+    import context_copy  # noqa: E402  (experiments/context_copy.py)
+
+    returned = [(0, 5), (1, 6), (2, 7), (3, 8)]
+    # line 1 copied, line 2 slipped to line 3's value, line 3 another value, line 4 dropped;
+    # entity 9 was never returned, entity 0 is said twice (its first line counts)
+    answer = [(0, 5), (1, 7), (2, 1), (9, 9), (0, 6)]
+    got, lost = context_copy.classify(returned, answer)
+    assert [got[k] for k in context_copy.CLASSES] == [1, 1, 1, 1]
+    assert (got["invented"], got["repeated"]) == (1, 1)
+    assert lost == [2, 3, 4]
+    # the last line has no next line: a wrong value there is "other value"
+    got, lost = context_copy.classify(returned, [(0, 5), (1, 6), (2, 7), (3, 7)])
+    assert (got["copied"], got["next line's value"], got["other value"], lost) == (3, 0, 1, [4])
