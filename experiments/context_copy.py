@@ -1,6 +1,6 @@
 """Where the context experiment's orchestrator loses items when it copies its sub-agents' results.
 
-    python experiments/context_copy.py --seeds 0 3 --episodes 48 --runs runs/context_copy
+    python experiments/context_copy.py                     # seeds 0-4, 48 tasks of n = 16 each
 
 A probe, not a table: each seed's kept warm start (``docs/experiments/context/warm_s<seed>``)
 as the orchestrator with frozen sub-agents (the context table's ``swarm`` arm: the step-0
@@ -61,7 +61,7 @@ def classify(returned: list[tuple[int, int]], answer: list[tuple[int, int]]) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 3])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--n", type=int, default=16)
     p.add_argument("--episodes", type=int, default=48)
     p.add_argument("--runs", default="runs/context_copy")
