@@ -213,6 +213,20 @@ def _curve(d: str, key: str) -> list[float]:
     return [float(r.get(key, 0.0 if key.startswith("async/") else "nan")) for r in rows]   # synchronous: staleness 0
 
 
+EARLY, LATE = 60, 100         # the windows of the finished / spawned columns: the first and the last PARL steps
+
+
+def _finished_shares(curves: dict[str, list[float]]) -> dict[str, float]:
+    """Finished / spawned sub-agents of a run's training batches (sums of the per-step
+    means, every step an equal batch): over all PARL steps, the first ``EARLY``, the last
+    ``LATE``, and the worst single step."""
+    spawned, finished = curves["subagents"], curves["finished_subagents"]
+    share = lambda lo, hi: sum(finished[lo:hi]) / sum(spawned[lo:hi]) if sum(spawned[lo:hi]) else float("nan")  # noqa: E731
+    steps = [f / s for f, s in zip(finished, spawned) if s]
+    return {"finished_all": share(0, None), "finished_early": share(0, EARLY), "finished_late": share(-LATE, None),
+            "finished_worst": min(steps, default=float("nan"))}
+
+
 def _validation(d: str) -> dict[str, dict]:
     out = {}
     for line in open(os.path.join(d, "eval.jsonl")):
@@ -237,12 +251,18 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
     # (key of _columns, header, worst of the seeds)
     cols = [("f1_16", "n=16 item-F1", min), ("crit_16", "n=16 critical steps", max),
             ("subagents_16", "n=16 sub-agents", min)]
-    if "finished_subagents" in exp.curves:
+    finished = {"subagents", "finished_subagents"} <= {*exp.curves, *exp.train_means}
+    if finished:
         cols.append(("finished_16", "n=16 finished sub-agents", min))
     cols += [("total_16", "n=16 total steps", max), ("crit_8", "n=8 critical steps", max),
              ("subagents_8", "n=8 sub-agents", min), ("nospawn_1", "n=1 no-spawn", min)]
     cols += [(k, f"{k} (mean over PARL steps)", None) for k in exp.train_means]   # no "worst"
-    fmt = lambda k, v: (f"{v:.3f}" if k == "f1_16" else f"{v:.2e}" if k in exp.train_means and abs(v) < 0.01
+    shares = (("finished_all", "finished / spawned over training"),
+              ("finished_early", f"finished / spawned, steps 1-{EARLY}"),
+              ("finished_late", f"finished / spawned, last {LATE} steps"),
+              ("finished_worst", "finished / spawned, worst training step")) if finished else ()
+    cols += [(k, h, min) for k, h in shares]      # the failure mode of spurious parallelism, over training
+    fmt = lambda k, v: (f"{v:.3f}" if k == "f1_16" or k in dict(shares) else f"{v:.2e}" if k in exp.train_means and abs(v) < 0.01
                         else f"{v:.4f}" if k in exp.train_means else f"{v:.2f}")
     arms = "; ".join(f"`{a}`: " + (", ".join(f"`--set {o}`" for o in ov) or
                                   ("no other override" if exp.variant else "the default job"))
@@ -260,8 +280,8 @@ def report(exp: Experiment, name: str, dirs: dict, out: str) -> str:
               "Held-out test tasks, greedy, budget lifted, after the last PARL step:", "",
               "| arm | seed | " + " | ".join(h for _, h, _ in cols) + " |", "|---|---|" + "---|" * len(cols)]
     for arm, by_seed in dirs.items():
-        rows = {s: {**_columns(rec["final"]), **{k: _mean(rec["curves"][k]) for k in exp.train_means}}
-                for s, rec in by_seed.items()}
+        rows = {s: {**_columns(rec["final"]), **{k: _mean(rec["curves"][k]) for k in exp.train_means},
+                    **(_finished_shares(rec["curves"]) if finished else {})} for s, rec in by_seed.items()}
         for s in seeds:
             lines.append(f"| {arm} | {s} | " + " | ".join(fmt(k, rows[s][k]) for k, _, _ in cols) + " |")
         mean = {k: sum(r[k] for r in rows.values()) / len(rows) for k, _, _ in cols}

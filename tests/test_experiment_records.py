@@ -105,3 +105,12 @@ def test_the_copy_probe_puts_each_returned_line_in_one_class():
     # the last line has no next line: a wrong value there is "other value"
     got, lost = context_copy.classify(returned, [(0, 5), (1, 6), (2, 7), (3, 7)])
     assert (got["copied"], got["next line's value"], got["other value"], lost) == (3, 0, 1, [4])
+
+
+def test_finished_over_spawned_is_read_per_window_of_training():
+    # 200 PARL steps: the first 60 finish half of 4 spawned, then every one; one step spawns none
+    spawned = [4.0] * 60 + [2.0] * 139 + [0.0]
+    finished = [2.0] * 60 + [2.0] * 139 + [0.0]
+    got = run._finished_shares({"subagents": spawned, "finished_subagents": finished})
+    assert got["finished_early"] == 0.5 and got["finished_late"] == 1.0 and got["finished_worst"] == 0.5
+    assert got["finished_all"] == (120 + 278) / (240 + 278)
