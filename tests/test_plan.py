@@ -155,6 +155,12 @@ def test_plan_command_prints_json_per_device(tmp_path):
     assert plan["params"] + plan["opt_state"] < plan["warm_start_total"] <= plan["total"]
     (big, array, _), (small, _, _) = plan["largest"]["update"]
     assert big >= small > 0 and "[" in array
+    # several meshes: a plan each, then the fewest devices of each chip kind that hold the job
+    two = subprocess.run(cmd[:4] + ["--model", "1m", "--mesh", "1,1,1", "--mesh", "1,2,1", "--batch", "4",
+                                    "--seq", "16"], env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.count("per device of") == 2 and "fewest devices" in two.stdout
+    assert two.stdout.strip().splitlines()[-1].split()[-4:] == ["1", "1", "1", "1"]      # 1m fits one chip of each
     bad = subprocess.run(cmd[:4] + ["--model", "1m", *tail[:-9], "--remat", "blocks"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown remat policy" in bad.stderr
@@ -213,3 +219,22 @@ def test_a_lora_plan_keeps_optimizer_state_and_sub_agents_to_the_adapters(mesh):
     swarm = {c.lora is None: plan_swarm(c, mesh, episodes=8, subagents=2, context=64) for c in (CFG, lora)}
     assert swarm[True].sub_params == full.params                        # a second copy of the base
     assert swarm[False].sub_params == on_device0(state.params["lora"])   # the adapters alone
+
+
+def test_the_smallest_slice_of_each_chip_is_the_fewest_devices_that_fit():
+    """``format_slices`` over plans of one job on several meshes: per (model, K), the fewest
+    planned devices each chip kind holds it on, and ">N" when no planned mesh does."""
+    from swarmjax.train.plan import DEVICE_MEMORY, GIB, format_slices, smallest_slices
+
+    def rec(model, devices, gib):
+        return {"model": model, "subagents": 8, "devices": devices, "total": int(gib * GIB),
+                "fits": {chip: gib * GIB <= 0.9 * mem for chip, mem in DEVICE_MEMORY.items()}}
+    records = [rec("full", 4, 120.0), rec("full", 8, 60.0), rec("full", 16, 30.0),
+               rec("lora", 4, 40.0), rec("lora", 8, 20.0), rec("lora", 16, 10.0)]
+    best = smallest_slices(records)
+    assert best["full", 8] == {"v5e": None, "v5p": 8, "v6e": None, "h100": 8}
+    assert best["lora", 8] == {"v5e": 16, "v5p": 4, "v6e": 8, "h100": 4}
+    table = format_slices(records).splitlines()
+    assert table[-2].split() == ["full", "8", "120.00", "60.00", "30.00", ">16", "8", ">16", "8"]
+    assert table[-1].split() == ["lora", "8", "40.00", "20.00", "10.00", "16", "4", "8", "4"]
+

@@ -8,6 +8,7 @@
     swarmjax plan --model qwen3-0.6b,qwen3-8b --mesh 1,64,1 --batch 64 --seq 4096 --subagents 8,32 \
         --subagent-context 4096 --remat block      # the whole RL step with the swarm rollout, a table
     swarmjax plan --model qwen3-8b --mesh 1,8,1 --batch 32 --seq 2048 --subagents 8 --lora 16   # LoRA beside full
+    swarmjax plan --model qwen3-8b --mesh 1,8,1 --mesh 1,16,1 --batch 16 --seq 4096 --lora 16   # the smallest slice
 
 Compiles the learner update, the rollout (and with --warm-batch the warm start's step) ahead of time from
 abstract shapes on simulated CPU devices (as many as the mesh has; nothing is allocated) and prints
@@ -18,12 +19,16 @@ the swarm rollout too: B orchestrator rows and B x K sub-agent rows (or a pool o
 decoding (:mod:`swarmjax.train.plan_swarm`). Several models or K give one plan each and
 a summary table. ``--lora R`` adds LoRA training of rank R beside each (the optimizer
 state of the adapters alone; frozen sub-agents as adapters over the same base weights).
+``--mesh`` given several times plans each mesh (on as many simulated devices as the largest
+has) and ends with the fewest devices of each chip kind that hold each job
+(:func:`~swarmjax.train.plan.format_slices`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -47,7 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                        "several comma-separated")
     which.add_argument("--hf", dest="hf_path",
                        help="a Hugging Face checkpoint directory: the shape of its config.json (no weights read)")
-    p.add_argument("--mesh", type=_mesh, required=True, help="data,fsdp,tensor sizes, e.g. 1,64,1")
+    p.add_argument("--mesh", type=_mesh, required=True, action="append",
+                   help="data,fsdp,tensor sizes, e.g. 1,64,1; given several times, each mesh is planned and "
+                        "a table gives the fewest devices of each chip kind that hold the job")
     p.add_argument("--batch", type=int, required=True, help="trajectories per learner update")
     p.add_argument("--seq", type=int, required=True, help="tokens per trajectory (and KV slots per rollout row)")
     p.add_argument("--remat", default="none",
@@ -108,7 +115,7 @@ def _simulated_cpu_devices(count: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    devices = math.prod(args.mesh)
+    devices = max(math.prod(m) for m in args.mesh)
     _simulated_cpu_devices(devices)
     import jax
 
@@ -118,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     from swarmjax.rl.losses import loss_preset
     from swarmjax.rl.update import UpdateConfig
     from swarmjax.sharding.mesh import MeshConfig, make_mesh
-    from swarmjax.train.plan import format_plan, format_summary, plan_memory
+    from swarmjax.train.plan import format_plan, format_slices, format_summary, plan_memory
     from swarmjax.train.plan_swarm import plan_swarm
 
     if len(jax.devices()) < devices:
@@ -136,14 +143,14 @@ def run(args: argparse.Namespace) -> int:
     if args.batch % (args.minibatches * args.microbatches):
         raise ValueError(f"--batch {args.batch} is not divisible by minibatches x microbatches "
                          f"= {args.minibatches * args.microbatches}")
-    data, fsdp, tensor = args.mesh
-    mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor), devices=jax.devices()[:devices])
-    summary = []
+    summary, records = [], []
     if any(r < 1 for r in args.lora):
         raise ValueError(f"--lora ranks must be >= 1, got {args.lora}")
     models = [(f"{name} LoRA r{r}" if r else name, cfg.replace(lora=LoraConfig(rank=r)) if r else cfg)
               for name, cfg in models for r in (0, *args.lora)]
-    for name, cfg in models:
+    meshes = [make_mesh(MeshConfig(data=d, fsdp=f, tensor=t), devices=jax.devices()[:d * f * t])
+              for d, f, t in args.mesh]
+    for mesh, (name, cfg) in itertools.product(meshes, models):
         plan = plan_memory(cfg, mesh, batch=args.batch, seq=args.seq, update=update,
                            rollout_batch=args.rollout_batch, prompt=args.prompt,
                            judge_batch=args.judge_batch, judge_prompt=args.judge_prompt if args.judge_batch else 0,
@@ -157,14 +164,15 @@ def run(args: argparse.Namespace) -> int:
                 plan = dataclasses.replace(plan, swarm=swarm)
             title = (f"{name} ({cfg.num_params() / 1e9:.2f}B params, {cfg.dtype}), batch {args.batch} x "
                      f"{args.seq} tokens, remat {args.remat}" + ("" if k is None else f", K = {k} sub-agents"))
-            if args.json:
-                print(json.dumps({"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
-                                  "dtype": cfg.dtype, "subagents": k, **plan.as_dict()}))
-            else:
-                print(format_plan(plan, title=title) + "\n")
+            record = {"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
+                      "dtype": cfg.dtype, "subagents": k, **plan.as_dict()}
+            print(json.dumps(record) if args.json else format_plan(plan, title=title) + "\n", flush=True)
             summary.append((name, k, plan))
+            records.append(record)
     if len(summary) > 1 and not args.json:
         print(format_summary(summary))
+    if len(meshes) > 1 and not args.json:
+        print("\n" + format_slices(records))
     return 0
 
 

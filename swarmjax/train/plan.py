@@ -322,3 +322,35 @@ def format_summary(plans: list[tuple[str, Any, MemoryPlan]]) -> str:
         fits = ", ".join(d for d in DEVICE_MEMORY if p.fits(d)) or "none"
         lines.append(f"{name:<22}{'-' if k is None else k:>4}{g(p.update_total)}{g(rollout)}{g(p.total)}  {fits}")
     return "\n".join(lines)
+
+
+def smallest_slices(records: list[dict[str, Any]]) -> dict[tuple[str, Any], dict[str, int | None]]:
+    """The fewest devices of each chip kind (:data:`DEVICE_MEMORY`) on which each (model,
+    sub-agents K) fits, among the meshes planned.
+
+    ``records``: one dict a plan as ``swarmjax plan --json`` prints them (``model``,
+    ``subagents``, ``devices``, ``fits``: :meth:`MemoryPlan.as_dict` and the job's fields).
+    Returns {(model, K): {chip: devices, or None when no planned mesh fits}}."""
+    out: dict[tuple[str, Any], dict[str, int | None]] = {}
+    for r in records:
+        best = out.setdefault((r["model"], r.get("subagents")), dict.fromkeys(DEVICE_MEMORY))
+        for chip, fits in r["fits"].items():
+            if fits and (best[chip] is None or r["devices"] < best[chip]):
+                best[chip] = r["devices"]
+    return out
+
+
+def format_slices(records: list[dict[str, Any]]) -> str:
+    """The step's per-device GiB of each (model, K) on each mesh planned, then the smallest
+    of those meshes that fits each chip kind (90% of its memory; ``>N``: none planned)."""
+    sizes = sorted({r["devices"] for r in records})
+    total = {(r["model"], r.get("subagents"), r["devices"]): r["total"] for r in records}
+    head = f"{'model':<22}{'K':>4}" + "".join(f"{f'{n} dev':>9}" for n in sizes) + \
+        "".join(f"{chip:>7}" for chip in DEVICE_MEMORY)
+    lines = ["per-device GiB of the step on each mesh, and the fewest devices of each chip that hold it:", head]
+    for (model, k), best in smallest_slices(records).items():
+        cells = "".join(f"{total[model, k, n] / GIB:9.2f}" if (model, k, n) in total else f"{'-':>9}" for n in sizes)
+        fewest = "".join(f"{best[c] if best[c] else f'>{sizes[-1]}':>7}" for c in DEVICE_MEMORY)
+        lines.append(f"{model:<22}{'-' if k is None else k:>4}{cells}{fewest}")
+    return "\n".join(lines)
+
