@@ -105,7 +105,7 @@ EXPERIMENTS = {
         # return; a chunk of 2 entities (half the warm start's delegations) is stopped.
         # Budget 12 = the fewest critical steps at n = 16 then (8 x 1 delegated, 8 serial)
         variant=("task.cfg.subagent_steps=2", "task.cfg.budget=12")),
-    "lora": Experiment(
+    "lora_parl": Experiment(
         claim="PARL with LoRA adapters (rank 16 on every linear map, AdamW, frozen sub-agents a copy "
               "of the adapters over the same base) over the warm-started model keeps the full run's "
               "critical-step cut at item-F1 >= 0.95.",

@@ -106,6 +106,34 @@ def test_sharded_update_matches_single_device(single):
     assert_metrics_close(jax.device_get(metrics), single[1])
 
 
+def test_a_lora_update_on_a_mesh_matches_one_device():
+    """LoRA adapters (rank 4 on every linear map, AdamW, QK-Clip on their per-head factors)
+    split over a (2, 2, 2) mesh as their weights are: the update gives one device's adapters
+    and metrics, and leaves the base bit for bit."""
+    from swarmjax.models.config import LoraConfig
+
+    cfg = CFG.replace(lora=LoraConfig(rank=4))
+    params = init_params(cfg, jax.random.key(0))
+    params["lora"] = jax.tree_util.tree_map_with_path(      # trained-looking adapters: B not zero
+        lambda p, x: x + 0.1 * jax.random.normal(jax.random.key(x.size), x.shape) if p[-1].key == "b" else x,
+        params["lora"])
+    params = jax.device_get(params)                       # host copies: each update donates its own
+    runs = []
+    for mesh in (None, make_mesh(MeshConfig(2, 2, 2))):
+        learner = Learner(cfg, UCFG, mesh=mesh)
+        state, metrics = learner.update(learner.init(params), make_batch())
+        if mesh is not None:
+            a = state.params["lora"]["attn"]["q_proj"]["a"]                  # [L, A, D, R]
+            assert a.sharding.shard_shape(a.shape) != a.shape                 # really split
+        runs.append(jax.device_get((state.params, metrics)))
+    (one, m1), (split, m8) = runs
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), split, one)
+    assert_metrics_close(m8, m1)
+    jax.tree.map(np.testing.assert_array_equal, {k: v for k, v in split.items() if k != "lora"},
+                 {k: v for k, v in params.items() if k != "lora"})
+    assert np.abs(split["lora"]["attn"]["q_proj"]["a"] - params["lora"]["attn"]["q_proj"]["a"]).max() > 0
+
+
 MICRO_LOSSES = [
     UCFG.loss,                                                      # GSPO, seq_mean_token_mean
     LossConfig("grpo", eps_low=0.02, eps_high=0.02, aggregation="token_mean", is_cap=1.5,
