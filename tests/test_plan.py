@@ -161,6 +161,7 @@ def test_plan_command_prints_json_per_device(tmp_path):
     assert two.returncode == 0, two.stderr[-2000:]
     assert two.stdout.count("per device of") == 2 and "fewest devices" in two.stdout
     assert two.stdout.strip().splitlines()[-1].split()[-4:] == ["1", "1", "1", "1"]      # 1m fits one chip of each
+    assert "1m @2" in two.stdout                                   # the summary names each mesh's plans
     bad = subprocess.run(cmd[:4] + ["--model", "1m", *tail[:-9], "--remat", "blocks"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "unknown remat policy" in bad.stderr
@@ -223,11 +224,11 @@ def test_a_lora_plan_keeps_optimizer_state_and_sub_agents_to_the_adapters(mesh):
 
 def test_the_smallest_slice_of_each_chip_is_the_fewest_devices_that_fit():
     """``format_slices`` over plans of one job on several meshes: per (model, K), the fewest
-    planned devices each chip kind holds it on, and ">N" when no planned mesh does."""
+    planned devices each chip kind holds it on, and "none" when no planned mesh does."""
     from swarmjax.train.plan import DEVICE_MEMORY, GIB, format_slices, smallest_slices
 
     def rec(model, devices, gib):
-        return {"model": model, "subagents": 8, "devices": devices, "total": int(gib * GIB),
+        return {"model": model, "subagents": 8, "devices": devices, "mesh": [1, devices, 1], "total": int(gib * GIB),
                 "fits": {chip: gib * GIB <= 0.9 * mem for chip, mem in DEVICE_MEMORY.items()}}
     records = [rec("full", 4, 120.0), rec("full", 8, 60.0), rec("full", 16, 30.0),
                rec("lora", 4, 40.0), rec("lora", 8, 20.0), rec("lora", 16, 10.0)]
@@ -235,6 +236,6 @@ def test_the_smallest_slice_of_each_chip_is_the_fewest_devices_that_fit():
     assert best["full", 8] == {"v5e": None, "v5p": 8, "v6e": None, "h100": 8}
     assert best["lora", 8] == {"v5e": 16, "v5p": 4, "v6e": 8, "h100": 4}
     table = format_slices(records).splitlines()
-    assert table[-2].split() == ["full", "8", "120.00", "60.00", "30.00", ">16", "8", ">16", "8"]
+    assert table[1].split()[2:5] == ["1x4x1", "1x8x1", "1x16x1"]
+    assert table[-2].split() == ["full", "8", "120.00", "60.00", "30.00", "none", "8", "none", "8"]
     assert table[-1].split() == ["lora", "8", "40.00", "20.00", "10.00", "16", "4", "8", "4"]
-

@@ -118,9 +118,10 @@ def test_a_lora_update_on_a_mesh_matches_one_device():
         lambda p, x: x + 0.1 * jax.random.normal(jax.random.key(x.size), x.shape) if p[-1].key == "b" else x,
         params["lora"])
     params = jax.device_get(params)                       # host copies: each update donates its own
+    ucfg = dataclasses.replace(UCFG, optim=dataclasses.replace(UCFG.optim, learning_rate=1e-2, qk_clip_tau=2.5))
     runs = []
     for mesh in (None, make_mesh(MeshConfig(2, 2, 2))):
-        learner = Learner(cfg, UCFG, mesh=mesh)
+        learner = Learner(cfg, ucfg, mesh=mesh)
         state, metrics = learner.update(learner.init(params), make_batch())
         if mesh is not None:
             a = state.params["lora"]["attn"]["q_proj"]["a"]                  # [L, A, D, R]
@@ -129,6 +130,7 @@ def test_a_lora_update_on_a_mesh_matches_one_device():
     (one, m1), (split, m8) = runs
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), split, one)
     assert_metrics_close(m8, m1)
+    assert float(m1["qk_clip_heads"]) > 0 and float(np.min(one["lora"]["attn"]["q_clip"])) < 1    # the clip acted
     jax.tree.map(np.testing.assert_array_equal, {k: v for k, v in split.items() if k != "lora"},
                  {k: v for k, v in params.items() if k != "lora"})
     assert np.abs(split["lora"]["attn"]["q_proj"]["a"] - params["lora"]["attn"]["q_proj"]["a"]).max() > 0

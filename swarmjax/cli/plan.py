@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             record = {"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
                       "dtype": cfg.dtype, "subagents": k, **plan.as_dict()}
             print(json.dumps(record) if args.json else format_plan(plan, title=title) + "\n", flush=True)
-            summary.append((name, k, plan))
+            summary.append((name if len(meshes) == 1 else f"{name} @{plan.devices}", k, plan))
             records.append(record)
     if len(summary) > 1 and not args.json:
         print(format_summary(summary))

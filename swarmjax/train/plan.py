@@ -341,16 +341,19 @@ def smallest_slices(records: list[dict[str, Any]]) -> dict[tuple[str, Any], dict
 
 
 def format_slices(records: list[dict[str, Any]]) -> str:
-    """The step's per-device GiB of each (model, K) on each mesh planned, then the smallest
-    of those meshes that fits each chip kind (90% of its memory; ``>N``: none planned)."""
-    sizes = sorted({r["devices"] for r in records})
-    total = {(r["model"], r.get("subagents"), r["devices"]): r["total"] for r in records}
-    head = f"{'model':<22}{'K':>4}" + "".join(f"{f'{n} dev':>9}" for n in sizes) + \
+    """The step's per-device GiB of each (model, K) on each mesh planned (columns by mesh,
+    ``data x fsdp x tensor``), then the fewest devices among those meshes that hold it on
+    each chip kind (90% of its memory; "none": no planned mesh does)."""
+    meshes = sorted({tuple(r["mesh"]) for r in records}, key=lambda m: (math.prod(m), m))
+    total = {(r["model"], r.get("subagents"), tuple(r["mesh"])): r["total"] for r in records}
+    label = lambda m: "x".join(map(str, m))                                    # noqa: E731
+    width = max(9, *(len(label(m)) + 2 for m in meshes))
+    head = f"{'model':<22}{'K':>4}" + "".join(f"{label(m):>{width}}" for m in meshes) + \
         "".join(f"{chip:>7}" for chip in DEVICE_MEMORY)
     lines = ["per-device GiB of the step on each mesh, and the fewest devices of each chip that hold it:", head]
     for (model, k), best in smallest_slices(records).items():
-        cells = "".join(f"{total[model, k, n] / GIB:9.2f}" if (model, k, n) in total else f"{'-':>9}" for n in sizes)
-        fewest = "".join(f"{best[c] if best[c] else f'>{sizes[-1]}':>7}" for c in DEVICE_MEMORY)
+        cells = "".join(f"{total[model, k, m] / GIB:{width}.2f}" if (model, k, m) in total else f"{'-':>{width}}"
+                        for m in meshes)
+        fewest = "".join(f"{best[c] or 'none':>7}" for c in DEVICE_MEMORY)
         lines.append(f"{model:<22}{'-' if k is None else k:>4}{cells}{fewest}")
     return "\n".join(lines)
-
