@@ -256,22 +256,22 @@ def test_lora_rl_adapts_a_full_warm_start(tmp_path, small, two_steps):
     LoRA's warm start, bit for bit), RL trains adapters over it: the checkpoints hold the
     adapters, the base every step trains over is the warm-started model, unchanged; a
     resumed run continues exactly."""
-    run = tmp_path / "lora"
-    assert train(run, small, "rl.steps=2", "lora.rank=4", "lora.warm_start=False") == 0
+    run, lora = tmp_path / "lora", ("lora.rank=4", "lora.warm_start=False")
+    assert train(run, small, "rl.steps=2", *lora) == 0
     assert rows(run / "metrics.jsonl", "sft") == rows(two_steps / "metrics.jsonl", "sft")
     with Checkpointer(os.path.join(run, "checkpoints"), save_every=1, read_only=True) as ckpt:
         saved, meta = ckpt.read(2)
     assert set(saved["params"]) == {"lora"} and meta["lora"]["warm_start"]
     from swarmjax.train.agent_job import AgentRun
 
-    job = apply_overrides(load_config(CONFIG, AgentJob), small + ["rl.steps=2", "lora.rank=4", "lora.warm_start=False"])
+    job = apply_overrides(load_config(CONFIG, AgentJob), small + ["rl.steps=2", *lora])
     base = AgentRun(job, str(run), fresh=False, progress=False).lora_base()       # what a resume restores over
     start = final_state(two_steps, small, 2)[0].frozen["subagents"]        # the full run's warm start
     assert all(jax.tree.leaves(jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), base, start)))
     assert np.abs(np.asarray(saved["params"]["lora"]["attn"]["q_proj"]["b"])).max() > 0     # the adapters moved
     # stopped after PARL step 1 and resumed: the adapters, their optimizer state and the
     # metrics of 2 steps in one go, over the same restored base
-    cut, lora = tmp_path / "cut", ("lora.rank=4", "lora.warm_start=False")
+    cut = tmp_path / "cut"
     assert train(cut, small, "rl.steps=1", *lora) == 0
     assert train(cut, small, "rl.steps=2", *lora, resume=True) == 0
     assert rows(cut / "metrics.jsonl") == rows(run / "metrics.jsonl")

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch % (args.minibatches * args.microbatches):
         raise ValueError(f"--batch {args.batch} is not divisible by minibatches x microbatches "
                          f"= {args.minibatches * args.microbatches}")
-    summary, records = [], []
+    plans = []                                       # (model name, K, MemoryPlan) of every mesh
     if any(r < 1 for r in args.lora):
         raise ValueError(f"--lora ranks must be >= 1, got {args.lora}")
     models = [(f"{name} LoRA r{r}" if r else name, cfg.replace(lora=LoraConfig(rank=r)) if r else cfg)
@@ -164,15 +164,16 @@ def run(args: argparse.Namespace) -> int:
                 plan = dataclasses.replace(plan, swarm=swarm)
             title = (f"{name} ({cfg.num_params() / 1e9:.2f}B params, {cfg.dtype}), batch {args.batch} x "
                      f"{args.seq} tokens, remat {args.remat}" + ("" if k is None else f", K = {k} sub-agents"))
-            record = {"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
-                      "dtype": cfg.dtype, "subagents": k, **plan.as_dict()}
-            print(json.dumps(record) if args.json else format_plan(plan, title=title) + "\n", flush=True)
-            summary.append((name if len(meshes) == 1 else f"{name} @{plan.devices}", k, plan))
-            records.append(record)
-    if len(summary) > 1 and not args.json:
-        print(format_summary(summary))
+            if args.json:
+                print(json.dumps({"model": name, "batch": args.batch, "seq": args.seq, "remat": args.remat,
+                                  "dtype": cfg.dtype, "subagents": k, **plan.as_dict()}), flush=True)
+            else:
+                print(format_plan(plan, title=title) + "\n", flush=True)
+            plans.append((name, k, plan))
+    if len(plans) > 1 and not args.json:
+        print(format_summary([(n if len(meshes) == 1 else f"{n} @{p.devices}", k, p) for n, k, p in plans]))
     if len(meshes) > 1 and not args.json:
-        print("\n" + format_slices(records))
+        print("\n" + format_slices([{"model": n, "subagents": k, **p.as_dict()} for n, k, p in plans]))
     return 0
 
 
