@@ -8,7 +8,9 @@ Per episode the job starts ``run(problem, client, model)`` in a thread of its ow
 key in every request's ``X-Episode-Id`` header) and ``model`` the name to send. The
 harness runs its own loop (its prompts, tools and their execution, retries of its own)
 and returns its final answer; ``verify(problem, answer)`` scores it (a float, the
-``r_perf`` reward, or a dict of reward terms with ``"r_perf"``). The job trains on
+``r_perf`` reward, or a dict of reward terms with ``"r_perf"``); a harness that scores
+its own episodes returns a :class:`~swarmjax.serve.hub.Scored` instead (answer
+and reward terms: an environment hub's rubric, :mod:`swarmjax.envs.verifiers`). The job trains on
 exactly the ids the server sampled and rendered for its requests
 (:class:`~swarmjax.serve.harness_env.HarnessEnv`).
 
@@ -43,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from swarmjax.envs.task import Demo, EnvContext, Task, TaskError, import_object, jsonl_records
+from swarmjax.envs.task import Demo, EnvContext, Task, TaskError, maybe_import, problem_records
 from swarmjax.text.chat import ChatFormat, call_parts
 
 __all__ = ["HarnessTask"]
@@ -51,10 +53,6 @@ __all__ = ["HarnessTask"]
 _SERVERS: dict[int, Any] = {}           # id(task) -> (hub, server): one server per task object and process
 _LAUNCHERS: dict[int, Callable] = {}     # id(task) -> its launch(problem, episode)
 _LOCK = threading.Lock()
-
-
-def _resolve(spec: Any, what: str) -> Any:
-    return import_object(spec, what=what) if isinstance(spec, str) and ":" in spec else spec
 
 
 def _assistant(reply: Any, *, call_id: str) -> dict:
@@ -85,7 +83,8 @@ class HarnessTask(Task):
 
     Args:
       run: ``(problem, client, model) -> answer`` or its import path ``"module:name"``.
-      verify: ``(problem, answer) -> float | dict`` or its import path.
+      verify: ``(problem, answer) -> float | dict`` or its import path; None when the harness
+        returns :class:`~swarmjax.serve.hub.Scored` answers.
       problems: the problems per split (module docstring).
       model: the model name the server serves (the harness sends it).
       timeout_s: the most seconds one episode may take.
@@ -126,9 +125,9 @@ class HarnessTask(Task):
 
     def __post_init__(self):
         for name in ("run", "verify", "teacher"):
-            if name == "teacher" and self.teacher is None:
+            if name in ("verify", "teacher") and getattr(self, name) is None:
                 continue
-            fn = _resolve(getattr(self, name), f"HarnessTask.{name}")
+            fn = maybe_import(getattr(self, name), what=f"HarnessTask.{name}")
             if not callable(fn):
                 raise TaskError(f"HarnessTask.{name} is not callable: {fn!r}")
         if self.timeout_s <= 0:
@@ -137,20 +136,7 @@ class HarnessTask(Task):
     # ------------------------------------------------------------------ the task protocol
     def records(self, split: str) -> Sequence[Any]:
         """The problems of ``split``."""
-        problems = _resolve(self.problems, "HarnessTask.problems")
-        if isinstance(problems, str):
-            if "{split}" not in problems:
-                raise TaskError(f"HarnessTask.problems {problems!r}: a JSON-lines path holds '{{split}}' "
-                                "(e.g. data/{split}.jsonl), an import path 'module:name'")
-            return jsonl_records(problems.format(split=split))
-        if isinstance(problems, Mapping):
-            if split not in problems:
-                raise TaskError(f"HarnessTask.problems has no {split!r} split (it has {', '.join(problems)})")
-            return list(problems[split])
-        if callable(problems):
-            return list(problems(split))
-        raise TaskError(f"HarnessTask.problems: {type(problems).__name__} is neither a mapping, a callable, "
-                        "an import path nor a JSON-lines path")
+        return problem_records(self.problems, split, what="HarnessTask.problems")
 
     def corpus(self) -> list[str]:
         """What a local tokenizer trains on: ``corpus_text``, the training problems and,
@@ -181,7 +167,7 @@ class HarnessTask(Task):
         from swarmjax.serve.hub import Finished
         from swarmjax.serve.protocol import completion
 
-        teacher = _resolve(self.teacher, "HarnessTask.teacher")
+        teacher = maybe_import(self.teacher, what="HarnessTask.teacher")
         hub, server = self.server()
         episode = hub.open()
         deadline = time.monotonic() + self.timeout_s
@@ -206,7 +192,10 @@ class HarnessTask(Task):
 
     def score(self, problem: Any, answer: str) -> dict[str, float]:
         """``verify(problem, answer)`` as reward terms (a float is ``r_perf``)."""
-        out = _resolve(self.verify, "HarnessTask.verify")(problem, answer)
+        if self.verify is None:
+            raise TaskError("HarnessTask.verify is None, so its harness scores its own episodes: it returns "
+                            f"swarmjax.serve.hub.Scored(answer, rewards), not {type(answer).__name__}")
+        out = maybe_import(self.verify, what="HarnessTask.verify")(problem, answer)
         if isinstance(out, Mapping):
             if "r_perf" not in out:
                 raise TaskError(f"HarnessTask.verify returned {dict(out)!r}: a dict of reward terms holds 'r_perf'")
@@ -251,7 +240,7 @@ class HarnessTask(Task):
             raise TaskError("HarnessTask needs the openai client: pip install openai") from None
         from swarmjax.serve.http import EPISODE_HEADER
 
-        run = _resolve(self.run, "HarnessTask.run")
+        run = maybe_import(self.run, what="HarnessTask.run")
         takes_model = len(inspect.signature(run).parameters) >= 3
         # one HTTP connection pool for the episodes; each gets a view of it with its own key
         # (``with_options`` shares the underlying client: building one a thread costs ~50 ms)

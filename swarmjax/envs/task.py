@@ -374,6 +374,33 @@ def jsonl_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
+def maybe_import(spec: Any, *, what: str) -> Any:
+    """``spec`` itself, or the object an import path ``"module:name"`` names."""
+    return import_object(spec, what=what) if isinstance(spec, str) and ":" in spec else spec
+
+
+def problem_records(spec: Any, split: str, *, what: str) -> list[Any]:
+    """The problems of ``split`` from a task's ``problems`` field: ``{split: [...]}``, a
+    callable ``split -> Sequence``, an import path ``"module:name"`` of either, or a
+    JSON-lines path with ``{split}`` in it (``data/{split}.jsonl``). ``what`` names the
+    field in errors."""
+    if not (isinstance(spec, str) and "{split}" in spec):
+        spec = maybe_import(spec, what=what)
+    if isinstance(spec, str):
+        if "{split}" not in spec:
+            raise TaskError(f"{what} {spec!r}: a JSON-lines path holds '{{split}}' (e.g. data/{{split}}.jsonl), "
+                            "an import path 'module:name'")
+        return jsonl_records(spec.format(split=split))
+    if isinstance(spec, Mapping):
+        if split not in spec:
+            raise TaskError(f"{what} has no {split!r} split (it has {', '.join(spec)})")
+        return list(spec[split])
+    if callable(spec):
+        return list(spec(split))
+    raise TaskError(f"{what}: {type(spec).__name__} is neither a mapping, a callable, an import path nor a "
+                    "JSON-lines path")
+
+
 def split_seed(seed: int, split: str) -> int:
     """The seed of ``split``'s generator stream: the job's seed for "train", streams of
     their own for "validation" and "test" (so no held-out problem comes from the

@@ -17,7 +17,8 @@ other episode; a request's ``max_tokens`` bounds its turn (``turn_limit``; the r
   turn's closing ids, then only the new tool and user messages, tokenised: the sampled
   ids are never re-encoded); one that does not (the harness edited its history) opens a
   new segment (``Step(restart=...)``) and counts as ``template_drift``; the harness
-  returning ends the episode, its answer scored by the task's verifier.
+  returning ends the episode, its answer scored by the task's verifier (or by the harness
+  itself: it returns a :class:`~swarmjax.serve.hub.Scored`).
 
 A request whose conversation does not fit the agent's context gets OpenAI's
 ``context_length_exceeded`` error (the stream unchanged), as a server would answer it;
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from swarmjax.envs.api import Step, SubAgentResult
-from swarmjax.serve.hub import Episode, Finished, Hub, Request
+from swarmjax.serve.hub import Episode, Finished, Hub, Request, Scored
 from swarmjax.serve.protocol import APIError, ChatRequest, assistant_message, completion, tool_set
 from swarmjax.serve.record import ChatStream
 from swarmjax.text.chat import ChatFormat
@@ -173,7 +174,10 @@ class HarnessEnv:
                  "refused": float(self.refused), "tool_calls": float(self.tool_calls),
                  "harness_error": float(self._error is not None),
                  "timeout": float(timeout)}
-        if self.verify is not None:
+        if isinstance(answer, Scored):
+            terms.update({k: float(v) for k, v in answer.rewards.items()})
+            answer = answer.answer
+        elif self.verify is not None:
             terms.update(self.verify(self.task, answer) if answer is not None else {"r_perf": 0.0})
         if self._request is not None:                     # (never: a request always has a reply first)
             self._refuse(self._request, APIError(410, "this episode is over", code="episode_closed"))

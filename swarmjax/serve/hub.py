@@ -20,12 +20,12 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from swarmjax.serve.protocol import APIError, ChatRequest
 
-__all__ = ["Hub", "Episode", "Request", "Finished", "refuse_queued"]
+__all__ = ["Hub", "Episode", "Request", "Finished", "Scored", "refuse_queued"]
 
 Respond = Callable[[int, dict], None]     # (HTTP status, JSON body) -> None; called once
 
@@ -40,11 +40,22 @@ class Request:
 
 
 @dataclasses.dataclass(frozen=True)
-class Finished:
-    """The harness returned ``answer`` (a str; None when it returned nothing) or raised
-    ``error`` (its text)."""
+class Scored:
+    """What a harness that scores its own episodes returns (an environment hub whose
+    rubric runs with its rollout, :mod:`swarmjax.envs.verifiers`): the final answer text
+    and its reward terms (``"r_perf"`` the task reward), taken in place of the task's
+    verifier."""
 
-    answer: str | None = None
+    answer: str
+    rewards: Mapping[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """The harness returned ``answer`` (a str or :class:`Scored`; None when it returned
+    nothing) or raised ``error`` (its text)."""
+
+    answer: "str | Scored | None" = None
     error: str | None = None
 
 
@@ -94,8 +105,10 @@ class Episode:
         self._events.put(Request(request, once))
 
     def finish(self, answer: Any = None, *, error: BaseException | str | None = None) -> None:
-        """The harness ended (its thread): returned ``answer`` or raised ``error``."""
-        self._events.put(Finished(None if answer is None else str(answer),
+        """The harness ended (its thread): returned ``answer`` (text, or a
+        :class:`~swarmjax.serve.harness_env.Scored` answer, kept as it is) or raised ``error``."""
+        text = None if answer is None else answer if isinstance(answer, Scored) else str(answer)
+        self._events.put(Finished(text,
                                   None if error is None else f"{type(error).__name__}: {error}"
                                   if isinstance(error, BaseException) else str(error)))
 

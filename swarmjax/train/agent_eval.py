@@ -35,6 +35,9 @@ HANDOFF_FIGURES = ("delegated", "return_f1", "copy_fidelity")
 # did not extend the stream (edited history), requests refused, and episodes whose harness
 # raised or passed its time limit
 HARNESS_FIGURES = ("requests", "template_drift", "refused", "harness_error", "timeout")
+# with an environment hub's task (:mod:`swarmjax.envs.openenv`, :mod:`swarmjax.envs.verifiers`):
+# episodes the environment could not complete (a server error, a failed rollout)
+HUB_FIGURES = ("env_error",)
 FIGURES = ("accuracy", "tool_calls", "tool_errors", "turns", "answered", "truncated", "context_ended",
            "subagents", "finished_subagents", "no_spawn", "critical_steps", "total_steps", "compactions",
            "context_dropped", "peak_context", "subagent_peak_context")
@@ -59,7 +62,7 @@ def evaluate(engine: Engine, params: Roles, problems: list, key: jax.Array, *,
     figures = {k: np.full((per,), np.nan, np.float32) for k in FIGURES}
     if getattr(engine, "judge", None) is not None:          # a judged engine: its score beside the truth
         figures.update({k: np.full((per,), np.nan, np.float32) for k in JUDGE_FIGURES})
-    figures.update({k: np.full((per,), np.nan, np.float32) for k in HANDOFF_FIGURES + HARNESS_FIGURES})
+    figures.update({k: np.full((per,), np.nan, np.float32) for k in HANDOFF_FIGURES + HARNESS_FIGURES + HUB_FIGURES})
     local = params if whole else _rollout_params(params, mesh)
     size = engine.batch or max(len(mine), 1)
     for c, at in enumerate(range(0, len(mine), size)):
@@ -75,7 +78,7 @@ def evaluate(engine: Engine, params: Roles, problems: list, key: jax.Array, *,
         figures = allgather(figures)                                   # [procs, per]
     figures = {k: v.reshape(-1)[:n] for k, v in figures.items()}
     return {k: v for k, v in figures.items()
-            if k not in HANDOFF_FIGURES + HARNESS_FIGURES or not np.isnan(v).all()}
+            if k not in HANDOFF_FIGURES + HARNESS_FIGURES + HUB_FIGURES or not np.isnan(v).all()}
 
 
 def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
@@ -110,8 +113,10 @@ def episode_figures(res: TextRolloutResult) -> dict[str, np.ndarray]:
             out[name] = np.where(truth > 0, f1, np.nan)
     if "requests" in r:                 # a harness's episodes
         out.update({k: r[k] for k in HARNESS_FIGURES})
+    if "env_error" in r:                # an environment hub's episodes
+        out.update({k: r[k] for k in HUB_FIGURES})
     keys = (FIGURES + (JUDGE_FIGURES if "judge" in r else ()) + (HANDOFF_FIGURES if "sub_truth" in r else ())
-            + (HARNESS_FIGURES if "requests" in r else ()))
+            + (HARNESS_FIGURES if "requests" in r else ()) + (HUB_FIGURES if "env_error" in r else ()))
     return {k: np.asarray(out[k], np.float32) for k in keys}
 
 
@@ -182,7 +187,7 @@ def agent_summary_table(summary: dict) -> str:
     """The start/end table of an agent job's summary (markdown; the rows it has), with a
     verdict per figure that has a better direction ("better", "worse", "same")."""
     names = [n for n in ("initial", "final") if n in summary]
-    keys = FIGURES + tuple(k for k in JUDGE_FIGURES + HANDOFF_FIGURES + HARNESS_FIGURES
+    keys = FIGURES + tuple(k for k in JUDGE_FIGURES + HANDOFF_FIGURES + HARNESS_FIGURES + HUB_FIGURES
                            if any(k in summary[n] for n in names))
     rows = ["| policy | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name in names:
