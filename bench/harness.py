@@ -1,6 +1,6 @@
 """An agent harness through the job's chat server against the same episodes run directly.
 
-    python bench/harness.py [--batch 64] [--sizes 1m] [--repeats 3] [--json]
+    python bench/harness.py [--batch 64] [--sizes 1m 30m] [--repeats 3] [--json]
     python bench/harness.py --slow-tool 0.5     # every 8th episode's tool takes 0.5 s
 
 The harness of ``examples/harness/agent.py`` (a loop over the ``openai`` client, its own
@@ -53,12 +53,12 @@ from swarmjax.text.tools import Tool  # noqa: E402
 
 def main() -> None:
     p = base_parser(__doc__)
-    p.set_defaults(sizes=["1m"], batch=64)
+    p.set_defaults(sizes=["1m", "30m"], batch=64)
     p.add_argument("--slow-tool", type=float, default=0.0, help="seconds every 8th episode's tool takes")
     p.add_argument("--env-threads", type=int, default=None,
                    help="threads running environment steps (default: --batch, every episode's round trip at once)")
     args = p.parse_args()
-    args.episodes, args.size = args.batch, args.sizes[0]
+    args.episodes = args.batch
     import tempfile
 
     problems = lookup_data.problems("test")[:args.episodes]
@@ -78,69 +78,75 @@ def main() -> None:
                                       for r, m in task.transcript(p_))
     chat = chat_format("qwen3", TextTokenizer.from_dir(train_bpe_tokenizer(list(corpus), tempfile.mkdtemp(),
                                                                            vocab_size=512)))
-    cfg = preset(args.size).replace(vocab_size=chat.tokenizer.vocab_size)
-    params = Roles.both(init_params(cfg, jax.random.key(0)))
-    threads = args.env_threads or args.episodes
-    rollout = TextRollout(cfg, TextRolloutConfig(contexts=Roles(512, 64), max_turn_tokens=48, subagent_lanes=1,
-                                                 subagent_turns=1, env_threads=threads), stop_ids=chat.stop_ids)
-    scripts = TextScripts(orch=[task.demonstration(p_, chat, None).turns for p_ in problems])
     runner = ToolRunner([], max_workers=16, timeout_s=10.0)
-    tool = Tool(agent.TOOLS[0]["function"]["name"], agent.TOOLS[0]["function"]["description"],
-                agent.TOOLS[0]["function"]["parameters"], None)
-    ctx = EnvContext(chat, runner, context=512)
 
-    def direct_envs():
-        def env(p_):
-            bound = tool.bind(lambda key, q=p_: run_tool(q, "lookup", json.dumps({"key": key})))
-            return ToolAgentEnv(chat, [bound], runner=runner,
-                                messages=lambda q: [{"role": "system", "content": agent.SYSTEM},
-                                                    {"role": "user", "content": q["question"]}],
-                                verify=lambda q, a: {"r_perf": lookup_data.score(q, a)})
-        return [env(p_) for p_ in problems]
+    def bench_size(size: str) -> dict:
+        cfg = preset(size).replace(vocab_size=chat.tokenizer.vocab_size)
+        params = Roles.both(init_params(cfg, jax.random.key(0)))
+        threads = args.env_threads or args.episodes
+        rollout = TextRollout(cfg, TextRolloutConfig(contexts=Roles(512, 64), max_turn_tokens=48, subagent_lanes=1,
+                                                     subagent_turns=1, env_threads=threads), stop_ids=chat.stop_ids)
+        scripts = TextScripts(orch=[task.demonstration(p_, chat, None).turns for p_ in problems])
+        tool = Tool(agent.TOOLS[0]["function"]["name"], agent.TOOLS[0]["function"]["description"],
+                    agent.TOOLS[0]["function"]["parameters"], None)
+        ctx = EnvContext(chat, runner, context=512)
 
-    def async_envs():
-        envs = [task.env(p_, ctx) for p_ in problems]
-        for e in envs:
-            e.asynchronous = True
-        return envs
+        def direct_envs():
+            def env(p_):
+                bound = tool.bind(lambda key, q=p_: run_tool(q, "lookup", json.dumps({"key": key})))
+                return ToolAgentEnv(chat, [bound], runner=runner,
+                                    messages=lambda q: [{"role": "system", "content": agent.SYSTEM},
+                                                        {"role": "user", "content": q["question"]}],
+                                    verify=lambda q, a: {"r_perf": lookup_data.score(q, a)})
+            return [env(p_) for p_ in problems]
 
-    arms = {"direct": direct_envs, "harness": lambda: [task.env(p_, ctx) for p_ in problems]}
-    if args.slow_tool:
-        arms["harness_async"] = async_envs
-    figures, results = {"jax": jax.__version__, "backend": jax.default_backend(), "peak_flops": matmul_peak_flops(),
-                        "episodes": len(problems), "size": args.size, "env_threads": threads}, {}
-    for name, envs in arms.items():
-        run = lambda: rollout(params, envs(), problems, jax.random.key(1), scripts=scripts)  # noqa: E731
-        t0 = time.perf_counter()
-        results[name] = run()
-        figures[f"{name}_first_s"] = time.perf_counter() - t0
-        figures[f"{name}_s"] = time_best(run, args.repeats)
-    a, b = results["direct"], results["harness"]
-    same = bool(np.array_equal(a.tokens, b.tokens) and np.array_equal(a.loss_mask, b.loss_mask))
-    if not same:
-        raise SystemExit("the harness and the direct rollout built different ids")
-    ids = int(a.length.sum())
-    figures.update(ids=ids, identical=same, accuracy=float(b.rewards["r_perf"].mean()),
-                   direct_tok_s=ids / figures["direct_s"], harness_tok_s=ids / figures["harness_s"],
-                   ratio=figures["direct_s"] / figures["harness_s"],
-                   requests=int(b.rewards["requests"].sum()))
-    figures.update({f"{name}_tok_s": ids / figures[f"{name}_s"] for name in arms})
+        def async_envs():
+            envs = [task.env(p_, ctx) for p_ in problems]
+            for e in envs:
+                e.asynchronous = True
+            return envs
+
+        arms = {"direct": direct_envs, "harness": lambda: [task.env(p_, ctx) for p_ in problems]}
+        if args.slow_tool:
+            arms["harness_async"] = async_envs
+        figures, results = {"size": size, "params": cfg.num_params()}, {}
+        for name, envs in arms.items():
+            run = lambda: rollout(params, envs(), problems, jax.random.key(1), scripts=scripts)  # noqa: E731
+            t0 = time.perf_counter()
+            results[name] = run()
+            figures[f"{name}_first_s"] = time.perf_counter() - t0
+            figures[f"{name}_s"] = time_best(run, args.repeats)
+        a, b = results["direct"], results["harness"]
+        same = bool(np.array_equal(a.tokens, b.tokens) and np.array_equal(a.loss_mask, b.loss_mask))
+        if not same:
+            raise SystemExit("the harness and the direct rollout built different ids")
+        ids = int(a.length.sum())
+        figures.update(ids=ids, identical=same, accuracy=float(b.rewards["r_perf"].mean()),
+                       direct_tok_s=ids / figures["direct_s"], harness_tok_s=ids / figures["harness_s"],
+                       ratio=figures["direct_s"] / figures["harness_s"],
+                       requests=int(b.rewards["requests"].sum()))
+        figures.update({f"{name}_tok_s": ids / figures[f"{name}_s"] for name in arms})
+        rollout.close()
+        return figures
+
+    head = {"jax": jax.__version__, "backend": jax.default_backend(), "peak_flops": matmul_peak_flops(),
+            "episodes": len(problems), "env_threads": args.env_threads or args.episodes}
+    sizes = {size: bench_size(size) for size in args.sizes}
     runner.close()
-    rollout.close()
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps({**head, "sizes": sizes}))
         return
-    print(f"jax {figures['jax']} on {figures['backend']} (float32 matmul peak {figures['peak_flops'] / 1e9:.1f} "
-          f"GFLOP/s); {len(problems)} harness episodes at once (examples/harness), model {args.size} "
-          f"({cfg.num_params() / 1e6:.2f}M), {ids} ids, {figures['requests']} requests, {threads} env threads")
-    print(f"{'':8}{'s/batch':>10}{'tok/s':>10}{'first call s':>14}")
-    for name in arms:
-        print(f"{name:8}{figures[f'{name}_s']:10.3f}{figures[f'{name}_tok_s']:10.0f}{figures[f'{name}_first_s']:14.2f}")
-    print(f"ratio harness/direct tok/s: {figures['ratio']:.2f}x (identical ids: {same})")
-    if args.slow_tool:
-        print(f"every 8th tool {args.slow_tool:g} s: harness_async / harness "
-              f"{figures['harness_s'] / figures['harness_async_s']:.2f}x")
-
+    print(f"jax {head['jax']} on {head['backend']} (float32 matmul peak {head['peak_flops'] / 1e9:.1f} GFLOP/s); "
+          f"{len(problems)} harness episodes at once (examples/harness), {head['env_threads']} env threads")
+    arms = [k[:-2] for k in sizes[args.sizes[0]] if k.endswith("_s") and not k.endswith("first_s")]
+    print(f"{'size':12}{'arm':15}{'s/batch':>10}{'tok/s':>10}{'first call s':>14}")
+    for size, f in sizes.items():
+        for name in arms:
+            print(f"{size:12}{name:15}{f[name + '_s']:10.3f}{f[name + '_tok_s']:10.0f}{f[name + '_first_s']:14.2f}")
+        print(f"{size} ({f['params'] / 1e6:.2f}M, {f['ids']} ids, {f['requests']} requests): harness / direct tok/s "
+              f"{f['ratio']:.2f}x, identical ids {f['identical']}" + (
+                  f"; every 8th tool {args.slow_tool:g} s: harness_async / harness "
+                  f"{f['harness_s'] / f['harness_async_s']:.2f}x" if args.slow_tool else ""))
 
 if __name__ == "__main__":
     main()
