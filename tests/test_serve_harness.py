@@ -19,7 +19,7 @@ from swarmjax.envs.tool_env import ToolAgentEnv  # noqa: E402
 from swarmjax.models import init_params  # noqa: E402
 from swarmjax.models.config import ModelConfig  # noqa: E402
 from swarmjax.roles import Roles  # noqa: E402
-from swarmjax.serve.http import EPISODE_HEADER, HarnessServer  # noqa: E402
+from swarmjax.serve.http import AGENT_HEADER, EPISODE_HEADER, HarnessServer  # noqa: E402
 from swarmjax.serve.hub import Hub  # noqa: E402
 from swarmjax.swarm.text_rollout import TextRollout, TextRolloutConfig, TextScripts  # noqa: E402
 from swarmjax.text.bpe import train_bpe_tokenizer  # noqa: E402
@@ -287,3 +287,67 @@ def test_64_concurrent_harness_episodes_and_a_malformed_request_beside_them(worl
     assert got.rewards["requests"].tolist() == got.orch_steps.tolist() and (got.orch_steps >= 1).all()
     assert (got.rewards["template_drift"] == 0).all() and (got.rewards["harness_error"] == 0).all()
     assert server.requests - before == int(got.rewards["requests"].sum()) and len(hub) == 0
+
+
+DELEGATE = {"type": "function", "function": {
+    "name": "delegate", "description": "Ask a helper to look a key up.",
+    "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
+
+
+def orchestrating_harness(problem, client, model):
+    """An orchestrator that starts its own sub-agents: each delegate call of its turn runs
+    a sub-agent (the tool-using harness above) in a thread of its own, its requests named
+    by the X-Agent-Id header; their answers come back as the calls' results."""
+    import threading
+
+    history = [{"role": "system", "content": "Delegate lookups."},
+               {"role": "user", "content": f"What is the value of {problem}?"}]
+    while True:
+        msg = client.chat.completions.create(model=model, messages=history, tools=[DELEGATE]).choices[0].message
+        msg = msg.model_dump(exclude_none=True)
+        if not msg.get("tool_calls"):
+            return msg["content"]
+        history.append(msg)
+        answers = {}
+
+        def sub(i, call):
+            named = client.with_options(default_headers={AGENT_HEADER: f"sub-{len(history)}-{i}"})
+            answers[i] = harness(json.loads(call["function"]["arguments"])["key"], named, model)
+        threads = [threading.Thread(target=sub, args=(i, c)) for i, c in enumerate(msg["tool_calls"])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        history += [{"role": "tool", "tool_call_id": c["id"], "content": answers[i]}
+                    for i, c in enumerate(msg["tool_calls"])]
+
+
+def test_a_harness_that_starts_sub_agents_runs_them_as_a_stage(world):
+    """Two sub-agents started together (X-Agent-Id) are one parallel stage of the rollout:
+    each its own id stream sampled with the sub-agent parameters (a lookup, then an
+    answer), critical steps 1 + 2 + 1 against 6 in all, both finished; the orchestrator's
+    stream extends across the stage with no drift."""
+    chat, runner, _, params = world
+    engine = TextRollout(world[2].cfgs, TextRolloutConfig(contexts=Roles(1024, 1024), max_turn_tokens=128,
+                                                         subagent_lanes=2, subagent_turns=3,
+                                                         prefill_buckets=(16, 64, 256), min_window=256),
+                         stop_ids=chat.stop_ids)
+    delegate = chat.assistant_ids("", [{"name": "delegate", "arguments": {"key": "alpha"}}] * 2)
+    final = chat.assistant_ids("The value is 17.")
+    sub = [_call_turn(chat, "alpha"), chat.assistant_ids("The value is 17.")]
+    task = HarnessTask(run=orchestrating_harness, verify=score, problems={"train": ["alpha"]})
+    try:
+        got = engine(Roles.both(params), [task.env("alpha", EnvContext(chat, runner, context=1024))], ["alpha"],
+                     jax.random.key(3), scripts=TextScripts(orch=[[delegate, final]], workers=[[sub, sub]]))
+    finally:
+        engine.close()
+    assert got.answers == ["The value is 17."] and got.rewards["r_perf"].tolist() == [1.0]
+    assert got.spawned.tolist() == [2] and got.finished.tolist() == [2]
+    assert got.critical_steps.tolist() == [4] and got.total_steps.tolist() == [6]
+    assert got.rewards["template_drift"].tolist() == [0.0] and got.rewards["harness_error"].tolist() == [0.0]
+    assert sorted(t.name for t in got.subagents[0]) == ["sub-3-0", "sub-3-1"]
+    for t in got.subagents[0]:
+        ids, sampled = (np.concatenate(x) for x in (t.ids, t.sampled))
+        np.testing.assert_array_equal(ids[sampled], np.concatenate(sub))     # each sub-agent's turns, as sampled
+    hub, _ = task.server()
+    assert len(hub) == 0

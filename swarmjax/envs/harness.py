@@ -26,6 +26,13 @@ teacher's turns, tokenised as a model following the chat format would sample the
 the demonstration, which the job then plays through the harness itself. The same
 transcripts give a local tokenizer its corpus.
 
+A harness that starts sub-agents names their requests with the ``X-Agent-Id`` header
+(``client.with_options(default_headers={"X-Agent-Id": name})``): sub-agents started
+together are one parallel stage of the rollout, sampled with the frozen sub-agent
+parameters, each ending at its first turn without tool calls; run such a job with
+``role="orchestrator"`` for PARL's rewards (critical steps, spawned and finished
+sub-agents) (:mod:`swarmjax.serve.harness_env`).
+
 The harness's client is built with ``max_retries=0``: a retried request would be a
 second turn of the stream. Each environment step waits for its harness's next request,
 so give the rollout a thread per episode of a step (``rl.rollout.env_threads`` >=
@@ -206,9 +213,6 @@ class HarnessTask(Task):
         """A :class:`~swarmjax.serve.harness_env.HarnessEnv` on this task's server."""
         from swarmjax.serve.harness_env import HarnessEnv
 
-        if ctx.role != "single":
-            raise TaskError("HarnessTask runs as a single agent (role='single'); the harness orchestrates "
-                            "its own sub-agents")
         hub, server = self.server()
         return HarnessEnv(ctx.chat, hub, self._launcher(), verify=self.score, model=self.model,
                           timeout=self.timeout_s, context=ctx.context)

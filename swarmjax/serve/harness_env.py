@@ -20,6 +20,14 @@ other episode; a request's ``max_tokens`` bounds its turn (``turn_limit``; the r
   returning ends the episode, its answer scored by the task's verifier (or by the harness
   itself: it returns a :class:`~swarmjax.serve.hub.Scored`).
 
+Sub-agents: requests that name an agent (the ``X-Agent-Id`` header) are a sub-agent's
+(:class:`SubHarnessEnv`). The first requests of sub-agents that come together (within
+``stage_wait`` of each other) make one parallel stage (``Step(spawn=...)``): the rollout
+samples their turns with the frozen sub-agent parameters, each its own id stream, and
+counts critical steps and PARL's spawned / finished sub-agents as for any orchestrator; a
+sub-agent ends at its first turn without tool calls (its answer). The harness's own next
+request after the stage continues the orchestrator (``resume``).
+
 A request whose conversation does not fit the agent's context gets OpenAI's
 ``context_length_exceeded`` error (the stream unchanged), as a server would answer it;
 the harness may go on or give up. The episode ends after ``timeout`` seconds in all
@@ -37,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from swarmjax.envs.api import Step, SubAgentResult
+from swarmjax.envs.api import Step, SubAgentResult, SubAgentTask
 from swarmjax.serve.hub import Episode, Finished, Hub, Request, Scored
 from swarmjax.serve.protocol import APIError, ChatRequest, assistant_message, completion, tool_set
 from swarmjax.serve.record import ChatStream
@@ -85,13 +93,16 @@ class HarnessEnv:
       asynchronous: the rollout decodes the other rows while this harness works
         (:mod:`~swarmjax.swarm.text_rollout`; for harnesses whose tools take longer than a
         decode segment); by default it waits for every harness's next request.
+      stage_wait: seconds after a sub-agent's first request within which the first
+        requests of others join its stage.
     """
 
     def __init__(self, chat: ChatFormat, hub: Hub, launch: Launch, *,
                  verify: Callable[[Any, str], Mapping[str, float]] | None = None, model: str = "swarmjax",
-                 timeout: float = 300.0, context: int | None = None, asynchronous: bool = False):
+                 timeout: float = 300.0, context: int | None = None, asynchronous: bool = False,
+                 stage_wait: float = 0.2):
         self.chat, self.hub, self.launch, self.verify = chat, hub, launch, verify
-        self.model, self.timeout, self.context = model, timeout, context
+        self.model, self.timeout, self.context, self.stage_wait = model, timeout, context, stage_wait
         self.task: Any = None
         self.episode: Episode | None = None
         self.stream: ChatStream | None = None
@@ -101,6 +112,9 @@ class HarnessEnv:
         self.refused = self.tool_calls = 0
         self.asynchronous = asynchronous
         self.turn_limit: int | None = None      # the awaiting request's max_tokens
+        self._subs: dict[str, SubHarnessEnv] = {}   # the sub-agents of the stage under way, by name
+        self._sub_drift = 0                      # template drift of the sub-agents' streams
+        self._since = (0, 0)                     # (ids the next reply starts after, drift before it)
 
     # ------------------------------------------------------------------ HostEnv
     def reset(self, task: Any) -> np.ndarray:
@@ -108,9 +122,10 @@ class HarnessEnv:
         self.task, self.refused, self.tool_calls, self._request, self._error = task, 0, 0, None, None
         self.episode = self.hub.open()
         self.stream = ChatStream(self.chat, name=f"harness-{self.episode.key[:8]}")
+        self._subs, self._sub_drift = {}, 0
         self._deadline = time.monotonic() + self.timeout
         self.launch(task, self.episode)
-        got = self._next()
+        got = self._next(stages=False)
         if isinstance(got, Step):
             why = (f"no request within {self.timeout:g} s" if got.rewards["timeout"] else
                    f"it raised {self._error}" if self._error else "it returned without calling the model")
@@ -119,58 +134,116 @@ class HarnessEnv:
 
     def step(self, turn: np.ndarray, *, truncated: bool = False) -> Step:
         """Reply to the awaiting request with the sampled ``turn`` [T]; then the next
-        request's ids, a new segment, or the end (module docstring)."""
+        request's ids, a new segment, a stage of sub-agents, or the end (module docstring)."""
         request, self._request = self._request, None
         if request is None:
             raise RuntimeError("step() without a request awaiting its reply")
+        message, self._since = self._answer(self.stream, request, turn, truncated=truncated)
+        self.tool_calls += len(message.get("tool_calls", ()))
+        return self._after()
+
+    def resume(self, results: Sequence[SubAgentResult]) -> Step:
+        """A stage of sub-agents is over: a sub-agent the rollout stopped (turn or context
+        limit) gets its awaiting request refused (410 ``agent_stopped``); then the harness's
+        next request, another stage, or the end."""
+        for r in results:
+            sub = self._subs.pop(r.agent, None)
+            if sub is None:
+                continue
+            self._sub_drift += sub.stream.template_drift
+            if sub.request is not None:
+                self._refuse(sub.request, APIError(410, f"sub-agent {r.agent!r} was stopped ({r.reason})",
+                                                   code="agent_stopped"))
+                sub.request = None
+            self.episode.release(r.agent)
+        return self._after()
+
+    # ------------------------------------------------------------------ inside
+    def _answer(self, stream: ChatStream, request: Request, turn: np.ndarray, *,
+                truncated: bool) -> tuple[dict, tuple[int, int]]:
+        """Send the sampled ``turn`` [T] as ``request``'s reply and record it in ``stream``.
+        -> (the assistant message, (the ids the next reply starts after, drift so far))."""
         turn = np.asarray(turn, np.int32).reshape(-1)
         message = reply_message(self.chat, request.request, turn,
-                                call_id=f"call_{self.episode.key[:12]}_{self.stream.requests}")
-        self.tool_calls += len(message.get("tool_calls", ()))
-        prompt_len, drift = len(self.stream.trace), self.stream.template_drift
-        self.stream.reply(turn, np.zeros(len(turn), np.float32), message)   # the rollout records the log-probs
+                                call_id=f"call_{self.episode.key[:12]}_{stream.trace.name}_{stream.requests}")
+        prompt_len, drift = len(stream.trace), stream.template_drift
+        stream.reply(turn, np.zeros(len(turn), np.float32), message)   # the rollout records the log-probs
         request.respond(200, completion(message, model=self.model, request_id=f"chatcmpl-{self.episode.key[:12]}-"
-                                        f"{self.stream.requests}", prompt_tokens=prompt_len,
+                                        f"{stream.trace.name}-{stream.requests}", prompt_tokens=prompt_len,
                                         completion_tokens=len(turn), truncated=truncated))
+        return message, (prompt_len + len(turn), drift)
+
+    def _after(self) -> Step:
+        """The harness's next request after a reply (or a stage) as a :class:`Step`."""
         got = self._next()
         if isinstance(got, Step):
             return got
-        if self.stream.template_drift > drift:
-            return Step(restart=got)
-        return Step(reply=got[prompt_len + len(turn):])
+        return _reply_step(self.stream, got, *self._since)
 
-    def resume(self, results: Sequence[SubAgentResult]) -> Step:
-        raise RuntimeError("a harness episode starts no sub-agents through the rollout")
-
-    # ------------------------------------------------------------------ inside
     def _refuse(self, request: Request, error: APIError) -> None:
         self.refused += 1
         request.respond(error.status, error.body())
 
-    def _next(self) -> np.ndarray | Step:
-        """Wait for the harness: the next request's prompt ids (the stream's current
-        segment), or the episode's last :class:`Step`."""
+    def _render(self, stream: ChatStream, event: Request) -> np.ndarray | None:
+        """``event``'s conversation in ``stream`` -> its prompt ids [P], or None when it is
+        refused (400 a malformed history, or the context: the stream unchanged)."""
+        try:
+            ids = stream.prompt(event.request.messages, tools=list(event.request.tools) or None)
+        except ValueError as e:
+            self._refuse(event, APIError(400, f"messages: {e}", param="messages"))
+            return None
+        if self.context is not None and len(ids) + 1 > self.context:
+            stream.cancel()
+            self._refuse(event, context_error(self.context, len(ids)))
+            return None
+        return ids
+
+    def _next(self, *, stages: bool = True) -> np.ndarray | Step:
+        """Wait for the harness: its next request's prompt ids (the stream's current
+        segment), a stage of the sub-agents whose first requests came (``stages``), or the
+        episode's last :class:`Step`."""
         while True:
-            event = self.episode.next_event(self._deadline - time.monotonic())
+            event = self.episode.next_event(self._deadline - time.monotonic(), new_agents=stages)
             if event is None:
                 return self._end(None, timeout=True)
             if isinstance(event, Finished):
                 self._error = event.error
                 return self._end(event.answer if event.error is None else None)
-            try:
-                ids = self.stream.prompt(event.request.messages, tools=list(event.request.tools) or None)
-            except ValueError as e:
-                self._refuse(event, APIError(400, f"messages: {e}", param="messages"))
+            if event.agent is not None:
+                spawn = self._stage(event)
+                if spawn:
+                    return Step(spawn=spawn)
                 continue
-            if self.context is not None and len(ids) + 1 > self.context:
-                self.stream.cancel()
-                self._refuse(event, context_error(self.context, len(ids)))
-                continue
-            self._request, self.turn_limit = event, event.request.max_tokens
-            return ids
+            ids = self._render(self.stream, event)
+            if ids is not None:
+                self._request, self.turn_limit = event, event.request.max_tokens
+                return ids
+
+    def _stage(self, first: Request) -> list[SubAgentTask]:
+        """The sub-agents whose first requests come within ``stage_wait`` seconds of each
+        other, from ``first``'s on: one parallel stage (a later one opens the next)."""
+        tasks, event = [], first
+        while event is not None:
+            stream = ChatStream(self.chat, name=event.agent)
+            ids = self._render(stream, event)
+            if ids is None:
+                self.episode.release(event.agent)
+            else:
+                sub = SubHarnessEnv(self, stream, event, ids)
+                self._subs[event.agent] = sub
+                tasks.append(SubAgentTask(agent=event.agent, env=sub, task=None))
+            event = self.episode.next_event(min(self.stage_wait, self._deadline - time.monotonic()),
+                                            new_agents=True, own=False)
+        return tasks
 
     def _end(self, answer: str | None, *, timeout: bool = False) -> Step:
-        terms = {"template_drift": float(self.stream.template_drift), "requests": float(self.stream.requests),
+        for name, sub in self._subs.items():          # sub-agents still out when the episode ends
+            self._sub_drift += sub.stream.template_drift
+            if sub.request is not None:
+                self._refuse(sub.request, APIError(410, "this episode is over", code="episode_closed"))
+        self._subs = {}
+        terms = {"template_drift": float(self.stream.template_drift + self._sub_drift),
+                 "requests": float(self.stream.requests),
                  "refused": float(self.refused), "tool_calls": float(self.tool_calls),
                  "harness_error": float(self._error is not None),
                  "timeout": float(timeout)}
@@ -183,3 +256,46 @@ class HarnessEnv:
             self._refuse(self._request, APIError(410, "this episode is over", code="episode_closed"))
         self.hub.close(self.episode)
         return Step(done=True, answer=answer, rewards=terms)
+
+
+def _reply_step(stream: ChatStream, ids: np.ndarray, since: int, drift: int) -> Step:
+    """A request rendered into ``stream`` (its segment's ids [P]) as the reply after a
+    turn: the ids after ``since`` when it extends the stream, else a new segment."""
+    return Step(restart=ids) if stream.template_drift > drift else Step(reply=ids[since:])
+
+
+class SubHarnessEnv:
+    """A sub-agent of a harness episode (the requests naming it, ``X-Agent-Id``): a
+    :class:`~swarmjax.envs.api.HostEnv` the rollout runs in a stage with the frozen
+    sub-agent parameters. It ends at its first turn without tool calls (its answer)."""
+
+    def __init__(self, parent: HarnessEnv, stream: ChatStream, first: Request, ids: np.ndarray):
+        self.parent, self.stream, self.request, self._ids = parent, stream, first, ids
+        self.turn_limit = first.request.max_tokens
+        self.asynchronous = parent.asynchronous
+        self._since = (0, 0)
+
+    def reset(self, task: Any) -> np.ndarray:
+        """-> [P] int32: its first request's prompt ids (already rendered)."""
+        return self._ids
+
+    def step(self, turn: np.ndarray, *, truncated: bool = False) -> Step:
+        """Reply with the sampled ``turn``; a turn without tool calls is the sub-agent's
+        answer (done), else its next request's ids."""
+        p, request, self.request = self.parent, self.request, None
+        message, since = p._answer(self.stream, request, turn, truncated=truncated)
+        p.tool_calls += len(message.get("tool_calls", ()))
+        if not message.get("tool_calls"):
+            p.episode.release(self.stream.trace.name)
+            return Step(done=True, answer=message.get("content") or "")
+        while True:
+            event = p.episode.next_event(p._deadline - time.monotonic(), agent=self.stream.trace.name)
+            if event is None:
+                return Step(done=True, answer=None)
+            ids = p._render(self.stream, event)
+            if ids is not None:
+                self.request, self.turn_limit = event, event.request.max_tokens
+                return _reply_step(self.stream, ids, *since)
+
+    def resume(self, results: Sequence[SubAgentResult]) -> Step:
+        raise RuntimeError("a harness's sub-agent starts no sub-agents of its own through the rollout")

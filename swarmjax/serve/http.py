@@ -31,6 +31,7 @@ from swarmjax.serve.protocol import APIError, check_request, completion_chunks
 __all__ = ["HarnessServer"]
 
 EPISODE_HEADER = "X-Episode-Id"
+AGENT_HEADER = "X-Agent-Id"       # a sub-agent's requests: its name (none: the harness's own agent)
 
 
 class HarnessServer:
@@ -91,7 +92,7 @@ class HarnessServer:
         def respond(status: int, out: dict) -> None:
             loop.call_soon_threadsafe(lambda: reply.done() or reply.set_result((status, out)))
 
-        episode.submit(req, respond)
+        episode.submit(req, respond, agent=request.headers.get(AGENT_HEADER) or None)
         status, out = await reply
         if status != 200:
             self.errors += 1

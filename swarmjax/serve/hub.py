@@ -7,14 +7,20 @@ reply (:class:`Request`), or the harness's end (:class:`Finished`: its answer, o
 error it raised). The engine side (:class:`~swarmjax.serve.harness_env.HarnessEnv`)
 takes the events in order and answers each request once.
 
+Agents: a harness that starts sub-agents names each one's requests (the ``X-Agent-Id``
+header); its own requests name none. Each agent of an episode has its own events, so the
+engine serves the orchestrator and its sub-agents concurrently (a sub-agent's first
+request is what starts it: :meth:`Episode.next_event` with ``new_agents``).
+
 Isolation: a key names one episode; a request without a known key is refused (404), and
 one whose episode is over gets 410, so no request reads or extends another episode's
-stream. An episode serves one request at a time: a second while one awaits is refused
+stream. An agent serves one request at a time: a second while one awaits is refused
 (409), since a stream cannot fork.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 import secrets
@@ -37,6 +43,7 @@ class Request:
     request: ChatRequest
     respond: Respond
     received: float = dataclasses.field(default_factory=time.monotonic)
+    agent: str | None = None          # the sub-agent it is for (None: the harness's own agent)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,55 +83,82 @@ class Episode:
 
     def __init__(self, key: str):
         self.key = key
-        self._events: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self._awaiting = False
+        self._cond = threading.Condition()
+        self._events: dict[str | None, collections.deque] = collections.defaultdict(collections.deque)
+        self._awaiting: set[str | None] = set()
+        self._claimed: set[str] = set()    # sub-agents an engine serves
         self.closed = False
-        self.requests = 0                 # requests accepted
-        self.refused = 0                  # requests refused (4xx) after they were accepted by the HTTP layer
+        self.requests = 0                  # requests accepted
 
-    def submit(self, request: ChatRequest, respond: Respond) -> None:
-        """A request from the harness (HTTP side). Raises :class:`APIError` 410 when the
-        episode is over, 409 when a request already awaits its reply."""
-        with self._lock:
+    def submit(self, request: ChatRequest, respond: Respond, *, agent: str | None = None) -> None:
+        """A request from the harness (HTTP side), for ``agent`` (None: its own). Raises
+        :class:`APIError` 410 when the episode is over, 409 when a request of the same
+        agent already awaits its reply."""
+        with self._cond:
             if self.closed:
                 raise APIError(410, "this episode is over; its stream takes no more requests",
                                code="episode_closed")
-            if self._awaiting:
-                raise APIError(409, "a request of this episode awaits its reply: an episode's requests are "
-                                    "sequential (give a concurrent agent an episode of its own)",
-                               code="episode_busy")
-            self._awaiting = True
+            if agent in self._awaiting:
+                raise APIError(409, "a request of this agent awaits its reply: an agent's requests are "
+                                    "sequential (give a concurrent agent a name of its own: the X-Agent-Id header)",
+                               code="request_in_flight")
+            self._awaiting.add(agent)
             self.requests += 1
 
-        def once(status: int, body: dict) -> None:
-            with self._lock:
-                self._awaiting = False
-            respond(status, body)
+            def once(status: int, body: dict) -> None:
+                with self._cond:
+                    self._awaiting.discard(agent)
+                respond(status, body)
 
-        self._events.put(Request(request, once))
+            self._events[agent].append(Request(request, once, agent=agent))
+            self._cond.notify_all()
 
     def finish(self, answer: Any = None, *, error: BaseException | str | None = None) -> None:
-        """The harness ended (its thread): returned ``answer`` (text, or a
-        :class:`~swarmjax.serve.harness_env.Scored` answer, kept as it is) or raised ``error``."""
+        """The harness ended (its thread): returned ``answer`` (text, or a :class:`Scored`
+        answer, kept as it is) or raised ``error``."""
         text = None if answer is None else answer if isinstance(answer, Scored) else str(answer)
-        self._events.put(Finished(text,
-                                  None if error is None else f"{type(error).__name__}: {error}"
-                                  if isinstance(error, BaseException) else str(error)))
+        with self._cond:
+            self._events[None].append(Finished(text, None if error is None else f"{type(error).__name__}: {error}"
+                                               if isinstance(error, BaseException) else str(error)))
+            self._cond.notify_all()
 
-    def next_event(self, timeout: float | None) -> Request | Finished | None:
-        """The harness's next event (engine side), or None after ``timeout`` seconds."""
-        try:
-            return self._events.get(timeout=None if timeout is None else max(timeout, 0.0))
-        except queue.Empty:
-            return None
+    def next_event(self, timeout: float | None, *, agent: str | None = None, new_agents: bool = False,
+                   own: bool = True) -> Request | Finished | None:
+        """The next event of ``agent`` (engine side; None: the harness's own agent and its
+        end; ``own=False``: none of them), or with ``new_agents`` the first request of a
+        sub-agent no engine serves yet (it is then claimed: :meth:`release` gives it
+        back); None after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        with self._cond:
+            while True:
+                if own and self._events[agent]:
+                    return self._events[agent].popleft()
+                if new_agents:
+                    for name, events in self._events.items():
+                        if name is not None and name not in self._claimed and events:
+                            self._claimed.add(name)
+                            return events.popleft()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def release(self, agent: str) -> None:
+        """``agent``'s engine is done: a later request of that name starts a new sub-agent."""
+        with self._cond:
+            self._claimed.discard(agent)
 
     def close(self) -> None:
-        """The episode is over (engine side): later requests get 410, and one still
-        queued is answered with it."""
-        with self._lock:
+        """The episode is over (engine side): later requests get 410, and those still
+        queued are answered with it."""
+        with self._cond:
             self.closed = True
-        refuse_queued(self._events, APIError(410, "this episode is over", code="episode_closed"))
+            queued = [ev for events in self._events.values() for ev in events]
+            self._events.clear()
+        error = APIError(410, "this episode is over", code="episode_closed")
+        for ev in queued:
+            if isinstance(ev, Request):
+                ev.respond(error.status, error.body())
 
 
 class Hub:

@@ -90,7 +90,9 @@ class Inbox:
         """Every request goes to the one inbox (an episode id or ``user`` is ignored)."""
         return self
 
-    def submit(self, request: ChatRequest, respond: Respond) -> None:
+    def submit(self, request: ChatRequest, respond: Respond, *, agent: str | None = None) -> None:
+        """A request (HTTP side); a standalone server's requests are independent, so the
+        agent they name changes nothing."""
         if self.refusal is not None:
             raise self.refusal
         self._queue.put(Request(request, respond))
