@@ -13,6 +13,10 @@ trained policy does) with the same model, so they do the same device work and bu
 same ids (checked); the ratio is what the server, HTTP, JSON and the harness threads
 cost. Tokens per second count every id of the episodes (prompts, turns, replies).
 
+``--latency N``: instead, N requests of one client against the server with an engine
+that answers at once: a request's round trip through the ``openai`` client and through
+raw ``httpx`` (what the server and HTTP cost alone, and what the client adds).
+
 ``--slow-tool S``: every 8th episode's tool takes S seconds (in every arm), and a third
 arm runs the harnesses as asynchronous environments (``harness_async``: the rollout
 decodes the other rows while a harness works, waiting at most ``async_wait`` for all of
@@ -57,7 +61,11 @@ def main() -> None:
     p.add_argument("--slow-tool", type=float, default=0.0, help="seconds every 8th episode's tool takes")
     p.add_argument("--env-threads", type=int, default=None,
                    help="threads running environment steps (default: --batch, every episode's round trip at once)")
+    p.add_argument("--latency", type=int, default=0, help="N requests of one client against an engine that "
+                   "answers at once (round-trip latency only)")
     args = p.parse_args()
+    if args.latency:
+        return latency(args.latency)
     args.episodes = args.batch
     import tempfile
 
@@ -125,7 +133,7 @@ def main() -> None:
                        direct_tok_s=ids / figures["direct_s"], harness_tok_s=ids / figures["harness_s"],
                        ratio=figures["direct_s"] / figures["harness_s"],
                        requests=int(b.rewards["requests"].sum()))
-        figures.update({f"{name}_tok_s": ids / figures[f"{name}_s"] for name in arms})
+        figures.update({f"{name}_tok_s": ids / figures[f"{name}_s"] for name in arms}, arms=list(arms))
         rollout.close()
         return figures
 
@@ -138,7 +146,7 @@ def main() -> None:
         return
     print(f"jax {head['jax']} on {head['backend']} (float32 matmul peak {head['peak_flops'] / 1e9:.1f} GFLOP/s); "
           f"{len(problems)} harness episodes at once (examples/harness), {head['env_threads']} env threads")
-    arms = [k[:-2] for k in sizes[args.sizes[0]] if k.endswith("_s") and not k.endswith("first_s")]
+    arms = sizes[args.sizes[0]]["arms"]
     print(f"{'size':12}{'arm':15}{'s/batch':>10}{'tok/s':>10}{'first call s':>14}")
     for size, f in sizes.items():
         for name in arms:
@@ -147,6 +155,50 @@ def main() -> None:
               f"{f['ratio']:.2f}x, identical ids {f['identical']}" + (
                   f"; every 8th tool {args.slow_tool:g} s: harness_async / harness "
                   f"{f['harness_s'] / f['harness_async_s']:.2f}x" if args.slow_tool else ""))
+
+def latency(n: int) -> None:
+    """One request's round trip, ``n`` times: through the ``openai`` client (its reply
+    dumped as a harness does) and through raw ``httpx``, against an engine that answers
+    every request at once with a lookup call."""
+    import threading
+
+    import httpx
+    import openai
+
+    from swarmjax.serve.http import EPISODE_HEADER, HarnessServer
+    from swarmjax.serve.hub import Hub
+    from swarmjax.serve.protocol import completion
+
+    hub = Hub()
+    server = HarnessServer(hub, model="policy").start()
+    episode = hub.open()
+    reply = completion({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "red fox"}'}}]},
+        model="policy", request_id="r", prompt_tokens=1, completion_tokens=1, truncated=False)
+
+    def engine():
+        while (event := episode.next_event(5.0)) is not None:
+            event.respond(200, reply)
+    threading.Thread(target=engine, daemon=True).start()
+    messages = [{"role": "system", "content": agent.SYSTEM}, {"role": "user", "content": "What is the value of red fox?"}]
+    client = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0,
+                           default_headers={EPISODE_HEADER: episode.key})
+    raw = httpx.Client(headers={EPISODE_HEADER: episode.key})
+    body = {"model": "policy", "messages": messages, "tools": agent.TOOLS}
+    calls = {"openai client": lambda: client.chat.completions.create(
+                 model="policy", messages=messages, tools=agent.TOOLS).choices[0].message.model_dump(exclude_none=True),
+             "raw httpx": lambda: raw.post(server.base_url + "/chat/completions", json=body).json()}
+    print(f"jax {jax.__version__} on {jax.default_backend()} (float32 matmul peak {matmul_peak_flops() / 1e9:.1f} "
+          f"GFLOP/s); {n} sequential requests, an engine that answers at once")
+    for name, call in calls.items():
+        for _ in range(min(n, 20)):
+            call()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        print(f"{name:14} {(time.perf_counter() - t0) / n * 1e3:.2f} ms a round trip")
+    server.stop()
+
 
 if __name__ == "__main__":
     main()
