@@ -294,10 +294,11 @@ DELEGATE = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
 
 
-def orchestrating_harness(problem, client, model):
+def orchestrating_harness(problem, client, model, *, edit=False):
     """An orchestrator that starts its own sub-agents: each delegate call of its turn runs
-    a sub-agent (the tool-using harness above) in a thread of its own, its requests named
-    by the X-Agent-Id header; their answers come back as the calls' results."""
+    a sub-agent (the tool-using harness above; ``edit``: one that rewrites its history) in
+    a thread of its own, its requests named by the X-Agent-Id header; their answers (or
+    the errors they got) come back as the calls' results."""
     import threading
 
     history = [{"role": "system", "content": "Delegate lookups."},
@@ -312,7 +313,10 @@ def orchestrating_harness(problem, client, model):
 
         def sub(i, call):
             named = client.with_options(default_headers={AGENT_HEADER: f"sub-{len(history)}-{i}"})
-            answers[i] = harness(json.loads(call["function"]["arguments"])["key"], named, model)
+            try:
+                answers[i] = harness(json.loads(call["function"]["arguments"])["key"], named, model, edit=edit)
+            except openai.APIStatusError as e:
+                answers[i] = f"Error: {e.status_code} {e.code}"
         threads = [threading.Thread(target=sub, args=(i, c)) for i, c in enumerate(msg["tool_calls"])]
         for t in threads:
             t.start()
@@ -322,32 +326,67 @@ def orchestrating_harness(problem, client, model):
                     for i, c in enumerate(msg["tool_calls"])]
 
 
-def test_a_harness_that_starts_sub_agents_runs_them_as_a_stage(world):
-    """Two sub-agents started together (X-Agent-Id) are one parallel stage of the rollout:
-    each its own id stream sampled with the sub-agent parameters (a lookup, then an
-    answer), critical steps 1 + 2 + 1 against 6 in all, both finished; the orchestrator's
-    stream extends across the stage with no drift."""
+@pytest.fixture(scope="module")
+def stage_engine(world):
+    """A rollout with two sub-agent lanes, sub-agents of two turns."""
+    chat, _, engine, _ = world
+    stage = TextRollout(engine.cfgs, TextRolloutConfig(contexts=Roles(1024, 1024), max_turn_tokens=128,
+                                                        subagent_lanes=2, subagent_turns=2,
+                                                        prefill_buckets=(16, 64, 256), min_window=256),
+                        stop_ids=chat.stop_ids)
+    yield stage
+    stage.close()
+
+
+def _stage_run(world, stage_engine, run, sub_script):
     chat, runner, _, params = world
-    engine = TextRollout(world[2].cfgs, TextRolloutConfig(contexts=Roles(1024, 1024), max_turn_tokens=128,
-                                                         subagent_lanes=2, subagent_turns=3,
-                                                         prefill_buckets=(16, 64, 256), min_window=256),
-                         stop_ids=chat.stop_ids)
     delegate = chat.assistant_ids("", [{"name": "delegate", "arguments": {"key": "alpha"}}] * 2)
     final = chat.assistant_ids("The value is 17.")
+    task = HarnessTask(run=run, verify=score, problems={"train": ["alpha"]})
+    got = stage_engine(Roles.both(params), [task.env("alpha", EnvContext(chat, runner, context=1024))], ["alpha"],
+                       jax.random.key(3), scripts=TextScripts(orch=[[delegate, final]],
+                                                              workers=[[sub_script, sub_script]]))
+    hub, _ = task.server()
+    assert len(hub) == 0
+    return got
+
+
+def test_a_harness_that_starts_sub_agents_runs_them_as_a_stage(world, stage_engine):
+    """Two sub-agents started together (X-Agent-Id) are one parallel stage of the rollout:
+    each its own id stream sampled with the sub-agent parameters (a lookup, then an
+    answer), critical steps 1 + 2 + 1 against 6 in all, both finished, their terms under
+    subagent/; the orchestrator's stream extends across the stage with no drift."""
+    chat = world[0]
     sub = [_call_turn(chat, "alpha"), chat.assistant_ids("The value is 17.")]
-    task = HarnessTask(run=orchestrating_harness, verify=score, problems={"train": ["alpha"]})
-    try:
-        got = engine(Roles.both(params), [task.env("alpha", EnvContext(chat, runner, context=1024))], ["alpha"],
-                     jax.random.key(3), scripts=TextScripts(orch=[[delegate, final]], workers=[[sub, sub]]))
-    finally:
-        engine.close()
+    got = _stage_run(world, stage_engine, orchestrating_harness, sub)
     assert got.answers == ["The value is 17."] and got.rewards["r_perf"].tolist() == [1.0]
     assert got.spawned.tolist() == [2] and got.finished.tolist() == [2]
     assert got.critical_steps.tolist() == [4] and got.total_steps.tolist() == [6]
     assert got.rewards["template_drift"].tolist() == [0.0] and got.rewards["harness_error"].tolist() == [0.0]
-    assert sorted(t.name for t in got.subagents[0]) == ["sub-3-0", "sub-3-1"]
+    assert got.rewards["requests"].tolist() == [2.0] and got.rewards["subagent/requests"].tolist() == [4.0]
+    assert got.rewards["subagent/tool_calls"].tolist() == [2.0] and got.rewards["tool_calls"].tolist() == [2.0]
+    assert [t.name for t in got.subagents[0]] == ["sub-3-0", "sub-3-1"]          # in the order of their names
     for t in got.subagents[0]:
         ids, sampled = (np.concatenate(x) for x in (t.ids, t.sampled))
         np.testing.assert_array_equal(ids[sampled], np.concatenate(sub))     # each sub-agent's turns, as sampled
-    hub, _ = task.server()
-    assert len(hub) == 0
+        assert t.ok and t.reason == "answer" and t.answer == "The value is 17."
+
+
+def test_sub_agents_cut_by_their_turn_limit_or_editing_their_history_fail(world, stage_engine):
+    """A sub-agent the rollout stops at its turn limit gets 410 agent_stopped; one whose
+    harness edits its history gets 400 and ends without an answer: neither finishes, the
+    orchestrator goes on with the errors as results, and nothing waits out a timeout."""
+    import time
+
+    chat = world[0]
+    lookup = _call_turn(chat, "alpha")
+    t0 = time.monotonic()
+    cut = _stage_run(world, stage_engine, orchestrating_harness, [lookup, lookup])
+    edited = _stage_run(world, stage_engine, lambda p, c, m: orchestrating_harness(p, c, m, edit=True), [lookup])
+    assert time.monotonic() - t0 < 30
+    for got, reason in ((cut, "turns"), (edited, "ended")):
+        assert got.spawned.tolist() == [2] and got.finished.tolist() == [0], reason
+        assert [t.reason for t in got.subagents[0]] == [reason, reason]
+        assert got.answers == ["The value is 17."] and got.rewards["harness_error"].tolist() == [0.0]
+    assert edited.rewards["subagent/refused"].tolist() == [2.0]
+    assert edited.rewards["subagent/template_drift"].tolist() == [0.0]     # the edited request was taken back

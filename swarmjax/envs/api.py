@@ -51,7 +51,8 @@ class SubAgentResult:
 
     answer: its final answer text (None when it did not finish);
     steps: turns it took; ok: it finished (answered within its turn and context limits);
-    reason: why it ended ("answer", "turns", "context").
+    reason: why it ended ("answer", "turns", "context"; "ended": its environment ended it
+    without an answer, a ``Step(done=True)`` with ``answer=None``).
     """
 
     agent: str

@@ -31,7 +31,7 @@ A harness that starts sub-agents names their requests with the ``X-Agent-Id`` he
 together are one parallel stage of the rollout, sampled with the frozen sub-agent
 parameters, each ending at its first turn without tool calls; run such a job with
 ``role="orchestrator"`` for PARL's rewards (critical steps, spawned and finished
-sub-agents) (:mod:`swarmjax.serve.harness_env`).
+sub-agents; at most the job's ``max_subagents`` an episode) (:mod:`swarmjax.serve.harness_env`).
 
 The harness's client is built with ``max_retries=0``: a retried request would be a
 second turn of the stream. Each environment step waits for its harness's next request,
@@ -214,8 +214,9 @@ class HarnessTask(Task):
         from swarmjax.serve.harness_env import HarnessEnv
 
         hub, server = self.server()
-        return HarnessEnv(ctx.chat, hub, self._launcher(), verify=self.score, model=self.model,
-                          timeout=self.timeout_s, context=ctx.context)
+        return HarnessEnv(ctx.chat, hub, self._launcher(), verify=self.score,
+                          model=self.model, timeout=self.timeout_s, context=ctx.context,
+                          max_subagents=ctx.max_subagents)
 
     # ------------------------------------------------------------------ the server and the harness
     def server(self):

@@ -18,17 +18,20 @@ per episode. The task:
   the next user turn. Token-in-token-out: the turn's ids are kept as sampled, only the
   observation's text is tokenised (:meth:`~swarmjax.text.chat.ChatFormat.continuation_ids`);
 * sums the environment's step rewards into ``r_perf`` (a ``None`` reward is 0); the
-  episode ends when the environment says ``done``, or when the rollout's turn or context
-  limit ends it (the session is closed either way).
+  episode ends when the environment says ``done`` (its session closed then), or when the
+  rollout's context limit ends it (its session closed when the environment object is
+  collected: the rollout has no close hook).
 
-An error from the server (a refused action, a lost connection) ends the episode with
-``env_error`` 1 and no further reward: a session whose reply may be late is not
-reusable (the next step would read the late reply).
+An error from the server during a step (a refused action, a lost connection) ends the
+episode with ``env_error`` 1 and no further reward: a session whose reply may be late is
+not reusable (the next step would read the late reply). A server that cannot start an
+episode (connect or reset fails) raises :class:`~swarmjax.envs.task.TaskError`.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import logging
 import dataclasses
 import os
@@ -51,9 +54,10 @@ from swarmjax.text.toolcalls import parse_turn
 
 __all__ = ["OpenEnvTask", "OpenEnvEnv", "EnvServer"]
 
-_SERVERS: dict[int, "EnvServer"] = {}       # id(task) -> its server, one per task object and process
+_SERVERS: dict[int, tuple] = {}       # id(task) -> (task, its EnvServer), one per task object and process
 _LOCK = threading.Lock()
 _LOG = logging.getLogger(__name__)
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class EnvServer:
@@ -98,7 +102,7 @@ class EnvServer:
                                 f"it answered /health" + (f" (its log: {self.log})" if self.log else
                                                           " (give OpenEnvTask.server_log to see why)"))
             try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=1.0):
+                with _DIRECT.open(self.base_url + "/health", timeout=1.0):   # 127.0.0.1: never through a proxy
                     return self
             except OSError:
                 if time.monotonic() > deadline:
@@ -152,16 +156,21 @@ class OpenEnvEnv:
         """Open a session and reset it with ``task`` (keyword arguments). -> [P] int32:
         the system turn and the first observation as a user turn, then the generation prompt."""
         self.close()
-        self.client = self.connect()
-        self._finalizer = weakref.finalize(self, _close_quietly, self.client)   # a cut episode closes too
-        result = self.client.reset(**dict(task or {}))
+        try:
+            self.client = self.connect()
+            self._finalizer = weakref.finalize(self, _close_quietly, self.client)   # a cut episode closes too
+            result = self.client.reset(**dict(task or {}))
+        except Exception as e:  # noqa: BLE001 - one line that names the episode
+            self.close()
+            raise TaskError(f"the OpenEnv server could not start an episode of {task!r}: "
+                            f"{type(e).__name__}: {e}") from e
         messages = ([{"role": "system", "content": self.system}] if self.system is not None else []) + [
             {"role": "user", "content": _text(result.observation, self.observation)}]
         return self.chat.prompt_ids(messages)
 
     def step(self, turn: np.ndarray, *, truncated: bool = False) -> Step:
-        """Send the turn's visible text as the action; the next observation as a user turn,
-        or the end (``done``, an error)."""
+        """Send the turn's [T] visible text as the action; the next observation as a user
+        turn (reply ids [R]), or the end (``done``, an error)."""
         turn = np.asarray(turn, np.int32).reshape(-1)
         text = parse_turn(self.chat.tokenizer.decode(turn), {}, syntax=self.chat.call_syntax).content
         action = self.action(text) if callable(self.action) else {self.action: text}
@@ -238,10 +247,8 @@ class OpenEnvTask(Task):
                             "(a running server)")
         if self.timeout_s <= 0:
             raise TaskError(f"OpenEnvTask.timeout_s must be > 0, got {self.timeout_s}")
-        try:
-            import openenv.core  # noqa: F401 - checked here: a config without it fails when it is read
-        except ImportError:
-            raise TaskError("OpenEnvTask needs OpenEnv's client: pip install openenv-core") from None
+        if importlib.util.find_spec("openenv") is None:
+            raise TaskError("OpenEnvTask needs OpenEnv's client: pip install openenv-core")
 
     def records(self, split: str) -> Sequence[Any]:
         """The reset arguments of ``split``'s episodes."""
@@ -256,15 +263,19 @@ class OpenEnvTask(Task):
             if id(self) not in _SERVERS:
                 server = EnvServer(self.app, pythonpath=self.pythonpath, log=self.server_log).start()
                 atexit.register(server.stop)
-                _SERVERS[id(self)] = server
-            return _SERVERS[id(self)].base_url
+                _SERVERS[id(self)] = (self, server)       # the task kept alive: its id stays its own
+            return _SERVERS[id(self)][1].base_url
 
     def connect(self) -> Any:
         """A connected synchronous client of a new session."""
         from openenv.core import GenericEnvClient
 
         client = GenericEnvClient(base_url=self.url(), message_timeout_s=self.timeout_s).sync()
-        client.connect()
+        try:
+            client.connect()
+        except Exception:
+            _close_quietly(client)              # its event-loop thread too
+            raise
         return client
 
     def env(self, problem: Any, ctx: EnvContext) -> OpenEnvEnv:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import importlib.util
 import logging
 import os
 import sys
@@ -42,14 +43,15 @@ from swarmjax.text.chat import ChatFormat
 
 __all__ = ["VerifiersTask", "local_chat_harness"]
 
-_TASKSETS: dict[int, list] = {}        # id(task) -> its verifiers tasks, loaded once per process
-_HARNESS_TASKS: dict[int, Any] = {}    # id(task) -> the HarnessTask that serves its episodes
+_TASKSETS: dict[int, tuple] = {}       # id(task) -> (task, its verifiers tasks), loaded once per process
+_HARNESS_TASKS: dict[int, tuple] = {}  # id(task) -> (task, the HarnessTask that serves its episodes)
 _LOCK = threading.Lock()
 _LOG = logging.getLogger(__name__)
 KEY_VARIABLE = "SWARMJAX_VERIFIERS_UPSTREAM_KEY"   # verifiers reads the endpoint's key from a variable
+SCORING_MARGIN_S = 60.0      # an episode's time past verifiers' rollout timeout: its rubric's scoring
 
 
-def _slice(spec: str, what: str) -> slice:
+def _slice(spec: str, *, what: str) -> slice:
     try:
         parts = [int(p) if p.strip() else None for p in spec.split(":")]
         if len(parts) != 2:
@@ -108,7 +110,8 @@ class VerifiersTask(Task):
         package), or the import path ``"module:name"`` of one or of a function returning one.
       splits: ``{split: "start:stop"}``, the slice of the taskset's tasks each split plays.
       max_turns: the most model calls of one episode (verifiers' ``AgentConfig.max_turns``).
-      timeout_s: the most seconds one episode may take (verifiers' rollout timeout too).
+      timeout_s: verifiers' rollout timeout; the episode may take ``SCORING_MARGIN_S`` more
+        (the rubric's scoring).
       tool_timeout_s: seconds one tool call may take.
       model: the model name the server serves.
       corpus_text: more text for a local tokenizer (it reads the tasks' prompts and
@@ -129,12 +132,10 @@ class VerifiersTask(Task):
     pythonpath: tuple[str, ...] = ()
 
     def __post_init__(self):
-        try:
-            import verifiers.v1  # noqa: F401 - checked here: a config without it fails when it is read
-        except ImportError:
-            raise TaskError("VerifiersTask needs verifiers: pip install 'verifiers>=0.4'") from None
+        if importlib.util.find_spec("verifiers") is None:
+            raise TaskError("VerifiersTask needs verifiers: pip install 'verifiers>=0.4,<0.5'")
         for split, spec in self.splits.items():
-            _slice(spec, f"VerifiersTask.splits[{split!r}]")
+            _slice(spec, what=f"VerifiersTask.splits[{split!r}]")
         if self.max_turns < 1 or self.timeout_s <= 0:
             raise TaskError(f"VerifiersTask: max_turns >= 1 and timeout_s > 0, got {self.max_turns}, {self.timeout_s}")
 
@@ -161,14 +162,14 @@ class VerifiersTask(Task):
                 tasks = list(load_taskset(config))
                 if not tasks:
                     raise TaskError(f"the verifiers taskset {config.id!r} has no tasks")
-                _TASKSETS[id(self)] = tasks
-            return _TASKSETS[id(self)]
+                _TASKSETS[id(self)] = (self, tasks)      # the task kept alive: its id stays its own
+            return _TASKSETS[id(self)][1]
 
     def records(self, split: str) -> Sequence[int]:
         """The indices of ``split``'s tasks in the taskset."""
         if split not in self.splits:
             raise TaskError(f"VerifiersTask.splits has no {split!r} (it has {', '.join(self.splits)})")
-        return list(range(len(self.tasks())))[_slice(self.splits[split], f"VerifiersTask.splits[{split!r}]")]
+        return list(range(len(self.tasks())))[_slice(self.splits[split], what=f"VerifiersTask.splits[{split!r}]")]
 
     def corpus(self) -> list[str]:
         """The tasks' prompts and system prompts, their tools' schemas, and ``corpus_text``."""
@@ -195,10 +196,11 @@ class VerifiersTask(Task):
         from swarmjax.envs.harness import HarnessTask
 
         with _LOCK:
-            if id(self) not in _HARNESS_TASKS:
-                _HARNESS_TASKS[id(self)] = HarnessTask(run=self.run_episode, verify=None, problems={},
-                                                       model=self.model, timeout_s=self.timeout_s)
-            return _HARNESS_TASKS[id(self)]
+            if id(self) not in _HARNESS_TASKS:      # the episode's limit: verifiers' rollout, then its scoring
+                _HARNESS_TASKS[id(self)] = (self, HarnessTask(run=self.run_episode, verify=None, problems={},
+                                                              model=self.model,
+                                                              timeout_s=self.timeout_s + SCORING_MARGIN_S))
+            return _HARNESS_TASKS[id(self)][1]
 
     def run_episode(self, problem: int, client: Any, model: str):
         """One verifiers rollout of task ``problem`` against ``client``'s endpoint (its

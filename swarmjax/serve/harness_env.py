@@ -25,8 +25,16 @@ Sub-agents: requests that name an agent (the ``X-Agent-Id`` header) are a sub-ag
 ``stage_wait`` of each other) make one parallel stage (``Step(spawn=...)``): the rollout
 samples their turns with the frozen sub-agent parameters, each its own id stream, and
 counts critical steps and PARL's spawned / finished sub-agents as for any orchestrator; a
-sub-agent ends at its first turn without tool calls (its answer). The harness's own next
-request after the stage continues the orchestrator (``resume``).
+sub-agent ends at its first turn without tool calls (its answer), its reward terms under
+``subagent/``. A stage's sub-agents are taken in the order of their names (so a stage whose
+first requests all came within ``stage_wait`` samples the same ids whichever came first);
+which requests make a stage depends on when they come. A sub-agent fails (not finished)
+when its harness edits its history (the request is refused: a sub-agent's stream cannot
+restart), when the harness ends while it is out, or when the rollout stops it (turn or
+context limit: its awaiting request gets 410 ``agent_stopped``); past ``max_subagents`` in
+an episode a sub-agent's first request is refused (429). The harness's own next request
+after the stage continues the orchestrator (``resume``). The first request of an episode is
+the harness's own.
 
 A request whose conversation does not fit the agent's context gets OpenAI's
 ``context_length_exceeded`` error (the stream unchanged), as a server would answer it;
@@ -95,14 +103,16 @@ class HarnessEnv:
         decode segment); by default it waits for every harness's next request.
       stage_wait: seconds after a sub-agent's first request within which the first
         requests of others join its stage.
+      max_subagents: the most sub-agents an episode may start (None: no bound).
     """
 
     def __init__(self, chat: ChatFormat, hub: Hub, launch: Launch, *,
                  verify: Callable[[Any, str], Mapping[str, float]] | None = None, model: str = "swarmjax",
                  timeout: float = 300.0, context: int | None = None, asynchronous: bool = False,
-                 stage_wait: float = 0.2):
+                 stage_wait: float = 0.2, max_subagents: int | None = None):
         self.chat, self.hub, self.launch, self.verify = chat, hub, launch, verify
         self.model, self.timeout, self.context, self.stage_wait = model, timeout, context, stage_wait
+        self.max_subagents = max_subagents
         self.task: Any = None
         self.episode: Episode | None = None
         self.stream: ChatStream | None = None
@@ -113,7 +123,7 @@ class HarnessEnv:
         self.asynchronous = asynchronous
         self.turn_limit: int | None = None      # the awaiting request's max_tokens
         self._subs: dict[str, SubHarnessEnv] = {}   # the sub-agents of the stage under way, by name
-        self._sub_drift = 0                      # template drift of the sub-agents' streams
+        self._started = 0                        # sub-agents started this episode
         self._since = (0, 0)                     # (ids the next reply starts after, drift before it)
 
     # ------------------------------------------------------------------ HostEnv
@@ -122,7 +132,7 @@ class HarnessEnv:
         self.task, self.refused, self.tool_calls, self._request, self._error = task, 0, 0, None, None
         self.episode = self.hub.open()
         self.stream = ChatStream(self.chat, name=f"harness-{self.episode.key[:8]}")
-        self._subs, self._sub_drift = {}, 0
+        self._subs, self._started, self._since, self.turn_limit = {}, 0, (0, 0), None
         self._deadline = time.monotonic() + self.timeout
         self.launch(task, self.episode)
         got = self._next(stages=False)
@@ -150,7 +160,6 @@ class HarnessEnv:
             sub = self._subs.pop(r.agent, None)
             if sub is None:
                 continue
-            self._sub_drift += sub.stream.template_drift
             if sub.request is not None:
                 self._refuse(sub.request, APIError(410, f"sub-agent {r.agent!r} was stopped ({r.reason})",
                                                    code="agent_stopped"))
@@ -178,23 +187,25 @@ class HarnessEnv:
         got = self._next()
         if isinstance(got, Step):
             return got
-        return _reply_step(self.stream, got, *self._since)
+        since, drift = self._since
+        return Step(restart=got) if self.stream.template_drift > drift else Step(reply=got[since:])
 
     def _refuse(self, request: Request, error: APIError) -> None:
         self.refused += 1
         request.respond(error.status, error.body())
 
-    def _render(self, stream: ChatStream, event: Request) -> np.ndarray | None:
+    def _render(self, stream: ChatStream, event: Request, owner: HarnessEnv | SubHarnessEnv) -> np.ndarray | None:
         """``event``'s conversation in ``stream`` -> its prompt ids [P], or None when it is
-        refused (400 a malformed history, or the context: the stream unchanged)."""
+        refused (400 a malformed history, or the context: the stream unchanged; counted
+        in ``owner.refused``)."""
         try:
             ids = stream.prompt(event.request.messages, tools=list(event.request.tools) or None)
         except ValueError as e:
-            self._refuse(event, APIError(400, f"messages: {e}", param="messages"))
+            owner._refuse(event, APIError(400, f"messages: {e}", param="messages"))
             return None
         if self.context is not None and len(ids) + 1 > self.context:
             stream.cancel()
-            self._refuse(event, context_error(self.context, len(ids)))
+            owner._refuse(event, context_error(self.context, len(ids)))
             return None
         return ids
 
@@ -214,36 +225,44 @@ class HarnessEnv:
                 if spawn:
                     return Step(spawn=spawn)
                 continue
-            ids = self._render(self.stream, event)
+            ids = self._render(self.stream, event, self)
             if ids is not None:
                 self._request, self.turn_limit = event, event.request.max_tokens
                 return ids
 
-    def _stage(self, first: Request) -> list[SubAgentTask]:
+    def _stage(self, first: Request) -> tuple[SubAgentTask, ...]:
         """The sub-agents whose first requests come within ``stage_wait`` seconds of each
-        other, from ``first``'s on: one parallel stage (a later one opens the next)."""
-        tasks, event = [], first
+        other, from ``first``'s on: one parallel stage (a later one opens the next), in
+        the order of their names."""
+        firsts, event = [], first
         while event is not None:
-            stream = ChatStream(self.chat, name=event.agent)
-            ids = self._render(stream, event)
-            if ids is None:
-                self.episode.release(event.agent)
-            else:
-                sub = SubHarnessEnv(self, stream, event, ids)
-                self._subs[event.agent] = sub
-                tasks.append(SubAgentTask(agent=event.agent, env=sub, task=None))
+            firsts.append(event)
             event = self.episode.next_event(min(self.stage_wait, self._deadline - time.monotonic()),
                                             new_agents=True, own=False)
-        return tasks
+        tasks = []
+        for event in sorted(firsts, key=lambda e: e.agent):
+            stream = ChatStream(self.chat, name=event.agent)
+            if self.max_subagents is not None and self._started >= self.max_subagents:
+                self._refuse(event, APIError(429, f"this episode has started {self._started} sub-agents, its "
+                                                  f"most", code="too_many_subagents"))
+                ids = None
+            else:
+                ids = self._render(stream, event, self)
+            if ids is None:
+                self.episode.release(event.agent)
+                continue
+            self._started += 1
+            sub = SubHarnessEnv(self, stream, event, ids)
+            self._subs[event.agent] = sub
+            tasks.append(SubAgentTask(agent=event.agent, env=sub, task=None))
+        return tuple(tasks)
 
-    def _end(self, answer: str | None, *, timeout: bool = False) -> Step:
-        for name, sub in self._subs.items():          # sub-agents still out when the episode ends
-            self._sub_drift += sub.stream.template_drift
+    def _end(self, answer: str | Scored | None, *, timeout: bool = False) -> Step:
+        for sub in self._subs.values():                 # sub-agents still out when the episode ends
             if sub.request is not None:
                 self._refuse(sub.request, APIError(410, "this episode is over", code="episode_closed"))
         self._subs = {}
-        terms = {"template_drift": float(self.stream.template_drift + self._sub_drift),
-                 "requests": float(self.stream.requests),
+        terms = {"template_drift": float(self.stream.template_drift), "requests": float(self.stream.requests),
                  "refused": float(self.refused), "tool_calls": float(self.tool_calls),
                  "harness_error": float(self._error is not None),
                  "timeout": float(timeout)}
@@ -258,44 +277,54 @@ class HarnessEnv:
         return Step(done=True, answer=answer, rewards=terms)
 
 
-def _reply_step(stream: ChatStream, ids: np.ndarray, since: int, drift: int) -> Step:
-    """A request rendered into ``stream`` (its segment's ids [P]) as the reply after a
-    turn: the ids after ``since`` when it extends the stream, else a new segment."""
-    return Step(restart=ids) if stream.template_drift > drift else Step(reply=ids[since:])
-
-
 class SubHarnessEnv:
     """A sub-agent of a harness episode (the requests naming it, ``X-Agent-Id``): a
     :class:`~swarmjax.envs.api.HostEnv` the rollout runs in a stage with the frozen
-    sub-agent parameters. It ends at its first turn without tool calls (its answer)."""
+    sub-agent parameters (module docstring). Its reward terms (its own ``requests``,
+    ``tool_calls``, ``refused``, ``template_drift``) come with its last step."""
 
     def __init__(self, parent: HarnessEnv, stream: ChatStream, first: Request, ids: np.ndarray):
         self.parent, self.stream, self.request, self._ids = parent, stream, first, ids
         self.turn_limit = first.request.max_tokens
-        self.asynchronous = parent.asynchronous
-        self._since = (0, 0)
+        self.refused = self.tool_calls = 0
 
     def reset(self, task: Any) -> np.ndarray:
         """-> [P] int32: its first request's prompt ids (already rendered)."""
         return self._ids
 
     def step(self, turn: np.ndarray, *, truncated: bool = False) -> Step:
-        """Reply with the sampled ``turn``; a turn without tool calls is the sub-agent's
-        answer (done), else its next request's ids."""
+        """Reply with the sampled ``turn`` [T]; a turn without tool calls is the
+        sub-agent's answer (done), else its next request's ids [R]; done without an
+        answer when the harness edits its history or ends first."""
         p, request, self.request = self.parent, self.request, None
-        message, since = p._answer(self.stream, request, turn, truncated=truncated)
-        p.tool_calls += len(message.get("tool_calls", ()))
+        message, (since, drift) = p._answer(self.stream, request, turn, truncated=truncated)
+        self.tool_calls += len(message.get("tool_calls", ()))
         if not message.get("tool_calls"):
-            p.episode.release(self.stream.trace.name)
-            return Step(done=True, answer=message.get("content") or "")
+            return self._done(message.get("content") or "")
         while True:
             event = p.episode.next_event(p._deadline - time.monotonic(), agent=self.stream.trace.name)
             if event is None:
-                return Step(done=True, answer=None)
-            ids = p._render(self.stream, event)
-            if ids is not None:
-                self.request, self.turn_limit = event, event.request.max_tokens
-                return _reply_step(self.stream, ids, *since)
+                return self._done(None)
+            ids = p._render(self.stream, event, self)
+            if ids is None:
+                continue
+            if self.stream.template_drift > drift:       # a sub-agent's stream cannot restart
+                self.stream.cancel()
+                self._refuse(event, APIError(400, "messages: a sub-agent's request extends its conversation (its "
+                                                  "history was edited)", param="messages", code="history_edited"))
+                return self._done(None)
+            self.request, self.turn_limit = event, event.request.max_tokens
+            return Step(reply=ids[since:])
 
     def resume(self, results: Sequence[SubAgentResult]) -> Step:
         raise RuntimeError("a harness's sub-agent starts no sub-agents of its own through the rollout")
+
+    def _refuse(self, request: Request, error: APIError) -> None:
+        self.refused += 1
+        request.respond(error.status, error.body())
+
+    def _done(self, answer: str | None) -> Step:
+        self.parent.episode.release(self.stream.trace.name)
+        return Step(done=True, answer=answer, rewards={
+            "requests": float(self.stream.requests), "tool_calls": float(self.tool_calls),
+            "refused": float(self.refused), "template_drift": float(self.stream.template_drift)})

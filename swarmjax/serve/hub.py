@@ -127,12 +127,15 @@ class Episode:
         """The next event of ``agent`` (engine side; None: the harness's own agent and its
         end; ``own=False``: none of them), or with ``new_agents`` the first request of a
         sub-agent no engine serves yet (it is then claimed: :meth:`release` gives it
-        back); None after ``timeout`` seconds."""
+        back); None after ``timeout`` seconds, or for a sub-agent once the harness has
+        ended or the episode is closed."""
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         with self._cond:
             while True:
                 if own and self._events[agent]:
                     return self._events[agent].popleft()
+                if agent is not None and (self.closed or any(isinstance(e, Finished) for e in self._events[None])):
+                    return None                # a sub-agent waits no longer once its harness has ended
                 if new_agents:
                     for name, events in self._events.items():
                         if name is not None and name not in self._claimed and events:
@@ -155,6 +158,7 @@ class Episode:
             self.closed = True
             queued = [ev for events in self._events.values() for ev in events]
             self._events.clear()
+            self._cond.notify_all()
         error = APIError(410, "this episode is over", code="episode_closed")
         for ev in queued:
             if isinstance(ev, Request):

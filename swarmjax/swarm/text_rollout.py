@@ -320,8 +320,9 @@ class TextRollout:
             raise ValueError(f"sub-agent {sub.trace.name!r} restarted its conversation: only orchestrators "
                              "compact their context")
         ep.add({f"subagent/{k}": v for k, v in step.rewards.items()})
-        if step.done:
-            self._worker_end(ep, sub, True, "answer", step.answer, spawn_queue)
+        if step.done:                                  # no answer: its environment ended it (e.g. a harness gone)
+            ok = step.answer is not None
+            self._worker_end(ep, sub, ok, "answer" if ok else "ended", step.answer, spawn_queue)
         elif sub.trace.steps >= self.rcfg.subagent_turns:
             self._worker_end(ep, sub, False, "turns", None, spawn_queue)
         elif not self._hear(sub, step.reply):
