@@ -72,7 +72,40 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "continue, an error without a checkpoint; never (default): refuse a workdir "
                         "with checkpoints")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _compile_cache_argument(p)
     _distributed_arguments(p)
+
+
+def _compile_cache_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile-cache", metavar="DIR|off", default=None,
+                   help="JAX's persistent compilation cache (a directory, gs:// too, or off); default "
+                        "$SWARMJAX_COMPILE_CACHE, else ~/.cache/swarmjax/xla: a resumed or repeated job loads "
+                        "its compiled programs instead of compiling them again")
+
+
+def _enable_compile_cache(args: argparse.Namespace) -> str | None:
+    from swarmjax.train.compile_cache import cache_dir, enable
+
+    return enable(cache_dir(args.compile_cache))
+
+
+def _log_compile(workdir: str, cache: str | None, figures: dict) -> None:
+    """One line per start in ``<workdir>/compile.jsonl`` (process 0), and on stdout."""
+    import json
+    import time
+
+    import jax
+    from etils import epath
+
+    if jax.process_index() != 0:
+        return
+    row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "cache": cache, **figures}
+    path = epath.Path(workdir) / "compile.jsonl"
+    old = path.read_text() if path.exists() else ""
+    path.write_text(old + json.dumps(row) + "\n")
+    print(f"compiling: {figures['compile_s']:.1f} s in XLA, {figures['cache_hits']} programs loaded from the "
+          f"cache ({figures['cache_load_s']:.1f} s), {figures['cache_misses']} compiled"
+          + (f" and cached in {cache}" if cache else " (no cache)"))
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -81,14 +114,20 @@ def run_train(args: argparse.Namespace) -> int:
     from swarmjax.train.jobs import job_table, run_job
     from swarmjax.train.preemption import PREEMPTED_EXIT_CODE, Preempted
 
+    from swarmjax.train.compile_cache import CompileClock
+
+    cache = _enable_compile_cache(args)
     _start_distributed(args)
     job = _load(args)
-    try:
-        summary = run_job(job, args.workdir, progress=not args.no_progress, resume=args.resume)
-    except Preempted as e:
-        print(f"swarmjax train: {e}", file=sys.stderr)
-        return PREEMPTED_EXIT_CODE
+    with CompileClock() as clock:
+        try:
+            summary = run_job(job, args.workdir, progress=not args.no_progress, resume=args.resume)
+        except Preempted as e:
+            print(f"swarmjax train: {e}", file=sys.stderr)
+            _log_compile(args.workdir, cache, clock.figures())
+            return PREEMPTED_EXIT_CODE
     print(job_table(job)(summary))
+    _log_compile(args.workdir, cache, clock.figures())
     import jax
 
     if jax.process_index() == 0:
@@ -103,6 +142,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
                    help="'latest', 'best' (by validation item-F1; agent jobs: accuracy) or a training step")
     p.add_argument("--sizes", help="task sizes to evaluate, e.g. 1,8,16 (default: the task's eval_sizes)")
     p.add_argument("--split", default="test", choices=("test", "validation"), help="held-out split (default test)")
+    _compile_cache_argument(p)
     _distributed_arguments(p)
 
 
@@ -121,6 +161,7 @@ def with_sizes(job, sizes: tuple[int, ...]):
 def run_eval(args: argparse.Namespace) -> int:
     from swarmjax.train.jobs import evaluate_checkpoint, job_table, run_type
 
+    _enable_compile_cache(args)
     _start_distributed(args)
     job = _load(args)
     if args.sizes:
