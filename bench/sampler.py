@@ -142,6 +142,7 @@ def bench_size(name: str, args, peak: float) -> dict:
     n = args.batch * args.new_tokens
     flops = call_flops(cfg, args.batch, args.prompt_len, args.new_tokens)
     return {"params": cfg.num_params(), "decode_segments": args.decode_segments, "compile_s": compile_s,
+            "batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "dtype": args.dtype,
             "swarmjax_s": jax_s, "hf_s": hf_s,
             "swarmjax_tok_s": n / jax_s, "hf_tok_s": n / hf_s, "ratio": hf_s / jax_s,
             "peak_flops": peak, "achieved_flops": flops / jax_s, "mfu": flops / jax_s / peak,
