@@ -287,3 +287,10 @@ def test_segment_weights_folded_into_the_advantage_weigh_each_row_exactly(cfg):
         else:
             J = sum(w[episode[i]] * rows[i] for i in range(n_rows)) / n_rows
         np.testing.assert_allclose(float(loss), -J, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_logits_chunk_keeps_a_chunk_within_its_budget():
+    from swarmjax.rl.losses import LOGITS_CHUNK_BYTES, auto_logits_chunk
+
+    assert auto_logits_chunk(16, 151936) == 27 and 4 * 16 * 27 * 151936 <= LOGITS_CHUNK_BYTES
+    assert auto_logits_chunk(32, 512) == 4096 and auto_logits_chunk(1 << 20, 151936) == 1

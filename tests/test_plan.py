@@ -239,3 +239,18 @@ def test_the_smallest_slice_of_each_chip_is_the_fewest_devices_that_fit():
     assert table[1].split()[2:5] == ["1x4x1", "1x8x1", "1x16x1"]
     assert table[-2].split() == ["full", "8", "120.00", "60.00", "30.00", "none", "8", "none", "8"]
     assert table[-1].split() == ["lora", "8", "40.00", "20.00", "10.00", "16", "4", "8", "4"]
+
+
+def test_fit_advice_names_the_program_over_the_line_and_what_shrinks_it():
+    from swarmjax.train.plan import GIB, MemoryPlan, fit_advice
+
+    plan = MemoryPlan(params=GIB, opt_state=2 * GIB, frozen=0, temp=10 * GIB, update_total=20 * GIB, kv_cache=GIB,
+                      rollout_temp=GIB, rollout_total=5 * GIB, devices=1, mesh=(1, 1, 1),
+                      warm_start_temp=40 * GIB, warm_start_total=53 * GIB)
+    assert fit_advice(plan, "h100") == []                                      # 53 <= 0.9 x 80
+    warm, = fit_advice(plan, "v6e")                                            # 0.9 x 32 = 28.8: the warm start only
+    assert warm.startswith("does not fit v6e (32 GiB, 90%): the warm start needs 53.00 GiB a device, 24.20 over")
+    assert "a smaller --warm-batch (sft.batch)" in warm
+    warm, update = fit_advice(plan, "v5e")                                     # 14.4: both, the larger first
+    assert "warm start" in warm and update.startswith("does not fit v5e (16 GiB, 90%): the update needs 20.00 GiB")
+    assert "--remat block (rl.update.remat)" in update

@@ -32,6 +32,7 @@ import itertools
 import json
 import math
 import os
+import sys
 
 from swarmjax.cli import register
 
@@ -89,6 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buffers", type=int, default=0,
                    help="also list each program's N largest arrays (what the temporaries are made of)")
     p.add_argument("--json", action="store_true", help="print one JSON object a plan (bytes per device)")
+    p.add_argument("--device", action="append", default=[], metavar="CHIP",
+                   help="v5e, v5p, v6e or h100: warn when a plan does not fit this chip (90%% of its memory), naming the settings that "
+                        "shrink it (repeatable)")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -125,11 +129,15 @@ def run(args: argparse.Namespace) -> int:
     from swarmjax.rl.losses import loss_preset
     from swarmjax.rl.update import UpdateConfig
     from swarmjax.sharding.mesh import MeshConfig, make_mesh
-    from swarmjax.train.plan import format_plan, format_slices, format_summary, plan_memory
+    from swarmjax.train.plan import fit_advice, format_plan, format_slices, format_summary, plan_memory
     from swarmjax.train.plan_swarm import plan_swarm
 
     if len(jax.devices()) < devices:
         raise ValueError(f"the mesh needs {devices} devices but JAX has {len(jax.devices())}")
+    from swarmjax.train.plan import DEVICE_MEMORY
+    unknown = [d for d in args.device if d not in DEVICE_MEMORY]
+    if unknown:
+        raise ValueError(f"--device {unknown[0]!r}: known chips are {', '.join(sorted(DEVICE_MEMORY))}")
     load = lambda ref: hf_config(ref) if os.path.isdir(ref) else preset(ref)
     models = [(args.hf_path, hf_config(args.hf_path))] if args.hf_path else \
         [(name, preset(name)) for name in args.model.split(",")]
@@ -169,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
                                   "dtype": cfg.dtype, "subagents": k, **plan.as_dict()}), flush=True)
             else:
                 print(format_plan(plan, title=title) + "\n", flush=True)
+            for device in args.device:
+                for line in fit_advice(plan, device):
+                    print(f"warning: {name}{'' if k is None else f' K = {k}'} on {plan.devices} devices {line}",
+                          file=sys.stderr, flush=True)
             plans.append((name, k, plan))
     if len(plans) > 1 and not args.json:
         print(format_summary([(n if len(meshes) == 1 else f"{n} @{p.devices}", k, p) for n, k, p in plans]))

@@ -131,6 +131,16 @@ def token_logprobs(logits: Array, tokens: Array) -> Array:
     return jnp.pad(picked, ((0, 0), (1, 0)))
 
 
+LOGITS_CHUNK_BYTES = 256 << 20     # the float32 logits of one chunk, at most (auto_logits_chunk)
+
+
+def auto_logits_chunk(rows: int, vocab: int, *, budget: int = LOGITS_CHUNK_BYTES) -> int:
+    """Positions per chunk of :func:`chunked_token_logprobs` so that one chunk's float32
+    logits [rows, chunk, vocab] stay within ``budget`` bytes (at least 1): at a 152k
+    vocabulary and 16 rows, 27 positions (256 MiB) instead of the whole rows' 5 GB at 512."""
+    return max(1, budget // (4 * rows * vocab))
+
+
 def chunked_token_logprobs(hidden: Array, head: Array, tokens: Array, *, chunk: int,
                            return_hits: bool = False) -> Array | tuple[Array, Array]:
     """:func:`token_logprobs` of ``logits = hidden @ head`` without the [B, T, V] logits.

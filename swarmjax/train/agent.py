@@ -31,6 +31,7 @@ import numpy as np
 from swarmjax.envs.api import Played, play
 from swarmjax.envs.task import ROLES, Demo, EnvContext, demonstration, make_env
 from swarmjax.models.config import ModelConfig
+from swarmjax.models.transformer import remat_policy
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
@@ -82,6 +83,10 @@ class TextSFTConfig:
       longest, for fewer ids a step (one compiled step per bucket length). The loss is
       still each batch's mean over its ids, so a short batch's ids weigh more than in a
       mixed one.
+    remat: the layers' rematerialisation in the step's backward pass
+      (:func:`~swarmjax.models.transformer.remat_policy`: "none", "block", ...), as
+      ``rl.update.remat`` is the learner's; the logits are chunked by default
+      (:func:`~swarmjax.train.sft.sft_step`).
     """
 
     steps: int = 600
@@ -94,8 +99,10 @@ class TextSFTConfig:
     per_role: bool = False
     shares: tuple[tuple[str, float], ...] = ()
     by_length: bool = False
+    remat: str = "none"
 
     def __post_init__(self):
+        remat_policy(self.remat)              # a clear error for an unknown name, at config time
         if min(self.steps, self.batch, self.demos, self.bucket) < 1:
             raise ValueError("sft steps, batch, demos and bucket must be >= 1")
         kinds = [k for k, _ in self.shares]
@@ -314,12 +321,12 @@ def warm_start(params: Any, cfg: ModelConfig, data: Demos | tuple[Demos, Demos],
     ``mesh`` when given)."""
     rng = np.random.default_rng(seed)
     if not scfg.per_role:
-        params, opt_state, step = sft_step(params, cfg, scfg.optim, roles=("agent",), mesh=mesh)
+        params, opt_state, step = sft_step(params, cfg, scfg.optim, roles=("agent",), mesh=mesh, remat=scfg.remat)
         rows = RoleRows(data, scfg.batch, scfg.bucket, bucketed=scfg.by_length)
         return warm_start_loop(params, step, opt_state, (rows,), scfg.steps, rng, on_step, mesh=mesh, saves=saves)
     orch, work = data
     heads = tuple(jnp.asarray(d.tokens[0, :shared_head(d.tokens, d.token_mask, d.loss_mask)]) for d in (orch, work))
-    params, opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads, mesh=mesh)
+    params, opt_state, step = sft_step(params, cfg, scfg.optim, heads=heads, mesh=mesh, remat=scfg.remat)
     W = int(work.token_mask.sum(1).max())              # sub-agent rows: cut to the longest
     roles = (RoleRows(orch, scfg.batch, scfg.bucket, bucketed=True, head=len(heads[0])),
              RoleRows(work, scfg.batch, W, head=len(heads[1])))

@@ -210,16 +210,17 @@ def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
 
 
 def plan_warm_start(cfg: ModelConfig, mesh: Mesh, batch: int, seq: int, *, roles: int = 1,
-                    optim: OptimConfig = OptimConfig()):
+                    optim: OptimConfig = OptimConfig(), remat: str = "none"):
     """The warm start's step (:func:`~swarmjax.train.sft.sft_program`: the program every
     job's warm start runs, its logits chunk included) compiled ahead of time for ``roles``
     batches of ``batch`` rows of ``seq`` ids [B, T], its params and optimizer state sharded
-    as the job shards them, the rows over the mesh's batch axes."""
+    as the job shards them, the rows over the mesh's batch axes, the layers rematerialised
+    per ``remat``."""
     from swarmjax.train.sft import sft_program
 
     params = abstract_params(cfg)
     opt, shardings, opt_shardings, step = sft_program(cfg, optim, params, roles=tuple(f"r{i}" for i in range(roles)),
-                                                      mesh=mesh)
+                                                      mesh=mesh, remat=remat)
     params = with_shardings(params, shardings)
     opt_state = with_shardings(jax.eval_shape(opt.init, params), opt_shardings)
     rows = batch_sharding(mesh, 2, batch_size=batch)
@@ -249,7 +250,8 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
       judge_model: the judge's model (another checkpoint's shape; None: a frozen copy
         of the policy).
       warm_batch, warm_roles, warm_optim: the warm start's step (:func:`plan_warm_start`)
-        on ``warm_roles`` batches of ``warm_batch`` rows of ``seq`` ids (0: not planned).
+        on ``warm_roles`` batches of ``warm_batch`` rows of ``seq`` ids (0: not planned),
+        its layers rematerialised as the update's (``update.remat``).
       largest: also list each program's that many largest arrays (:func:`largest_arrays`).
     """
     if seq < 2 or batch < 1:
@@ -274,7 +276,8 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
         judge_total += per_device_bytes(state.params) + per_device_bytes(state.opt_state) + frozen  # resident
     warm_total = warm_temp = 0
     if warm_batch:
-        programs["warm start"] = plan_warm_start(cfg, mesh, warm_batch, seq, roles=warm_roles, optim=warm_optim)
+        programs["warm start"] = plan_warm_start(cfg, mesh, warm_batch, seq, roles=warm_roles, optim=warm_optim,
+                                                 remat=update.remat)
         warm_total, warm_temp = xla_total(programs["warm start"])
     return MemoryPlan(params=per_device_bytes(state.params), opt_state=per_device_bytes(state.opt_state),
                       frozen=frozen + judge_params, temp=temp,
@@ -283,6 +286,35 @@ def plan_memory(cfg: ModelConfig, mesh: Mesh, *, batch: int, seq: int, update: U
                       devices=mesh.devices.size, mesh=tuple(mesh.devices.shape), judge_temp=judge_temp,
                       judge_total=judge_total, warm_start_temp=warm_temp, warm_start_total=warm_total,
                       largest={k: largest_arrays(c, largest) for k, c in programs.items()} if largest else None)
+
+
+# what shrinks each program's memory, as ``swarmjax plan`` flags (the job's config fields in
+# brackets), most effective first
+_REMEDIES: dict[str, tuple[str, ...]] = {
+    "update": ("--remat block (rl.update.remat)", "more --microbatches (rl.update.num_microbatches)",
+               "a larger fsdp axis in --mesh (mesh.fsdp)", "--lora 16 (lora.rank)"),
+    "rollout": ("a smaller --rollout-batch (the rows decoded at once)", "a shorter --seq (rollout.contexts)",
+                "a larger fsdp or tensor axis in --mesh (mesh.fsdp, mesh.tensor)"),
+    "judge": ("a smaller --judge-batch (judge.batch)", "a shorter --judge-prompt"),
+    "warm start": ("a smaller --warm-batch (sft.batch)", "a larger fsdp axis in --mesh (mesh.fsdp)"),
+    "swarm": ("fewer --subagents or --subagent-lanes (rollout.subagent_lanes)", "a shorter --subagent-context",
+              "a larger data axis in --mesh (mesh.data)"),
+}
+
+
+def fit_advice(plan: MemoryPlan, device: str, *, headroom: float = 0.9) -> list[str]:
+    """Why ``plan`` does not fit ``headroom`` of ``device`` (empty when it fits): each
+    program past the line, by how much, and the settings that shrink it."""
+    line = headroom * DEVICE_MEMORY[device]
+    programs = {"update": plan.update_total, "rollout": plan.rollout_total, "judge": plan.judge_total,
+                "warm start": plan.warm_start_total, "swarm": 0 if plan.swarm is None else plan.swarm.total}
+    out = []
+    for name, total in sorted(programs.items(), key=lambda kv: -kv[1]):
+        if total > line:
+            out.append(f"does not fit {device} ({DEVICE_MEMORY[device] / GIB:.0f} GiB, {headroom:.0%}): the {name} "
+                       f"needs {total / GIB:.2f} GiB a device, {(total - line) / GIB:.2f} over; try "
+                       + "; ".join(_REMEDIES[name]))
+    return out
 
 
 def format_plan(plan: MemoryPlan, *, title: str = "") -> str:

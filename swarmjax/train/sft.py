@@ -33,7 +33,7 @@ from swarmjax.envs.widesearch import WideSearchConfig
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.transformer import forward, forward_after_head, output_head, param_logical_axes
 from swarmjax.optim import OptimConfig, make_optimizer, qk_clip
-from swarmjax.rl.losses import chunked_token_logprobs, token_logprobs
+from swarmjax.rl.losses import auto_logits_chunk, chunked_token_logprobs, token_logprobs
 from swarmjax.sharding.mesh import batch_sharding, rows_sharding, state_shardings_like, tree_shardings
 from swarmjax.train.demos import Demos, make_demos
 from swarmjax.train.distributed import global_whole
@@ -95,19 +95,24 @@ def _masked_sums(logp: Array, right: Array, loss_mask: Array) -> tuple[Array, Ar
 
 
 def _role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array, loss_mask: Array, *,
-                want_max: bool, head: Array | None = None, mesh: Any = None, logits_chunk: int = 0
-                ) -> tuple[tuple[Array, Array, Array], Array | None]:
+                want_max: bool, head: Array | None = None, mesh: Any = None, logits_chunk: int | None = 0,
+                remat: str = "none") -> tuple[tuple[Array, Array, Array], Array | None]:
     """:func:`role_stats` (:func:`prefix_role_stats` after ``head`` [P] when given) and, when
     ``want_max``, the forward's attention max logits [L, N] (both passes with a head).
     ``mesh``: the hidden states' rows [B, T, D] pinned over its data axes, as the learner
     pins them (``rows_sharding``: else XLA may keep the [B, T, V] logits whole on every
     device of an fsdp or tensor axis). ``logits_chunk`` positions at a time when the rows
     are longer (:func:`~swarmjax.rl.losses.chunked_token_logprobs`: never the whole
-    [B, T, V] logits; 0: all at once)."""
+    [B, T, V] logits; None: as many as :func:`~swarmjax.rl.losses.auto_logits_chunk`
+    allows for B rows; 0: all at once). ``remat``: the layers' rematerialisation
+    (:func:`~swarmjax.models.transformer.remat_policy`; the rows after a ``head`` only)."""
     act = None if mesh is None else rows_sharding(mesh, (*tokens.shape, 1))
+    if logits_chunk is None:
+        logits_chunk = auto_logits_chunk(tokens.shape[0], cfg.vocab_size)
     chunked = bool(logits_chunk and logits_chunk < tokens.shape[1] - 1)
     kw = dict(token_mask=token_mask, return_max_logits=want_max, activation_sharding=act, return_hidden=chunked)
-    out = forward(params, cfg, tokens, **kw) if head is None else forward_after_head(params, cfg, head, tokens, **kw)
+    out = (forward(params, cfg, tokens, remat=remat, **kw) if head is None
+           else forward_after_head(params, cfg, head, tokens, **kw))
     if not chunked:
         return _stats(out.logits, tokens, loss_mask), out.max_logits
     logp, hits = chunked_token_logprobs(out.hidden, output_head(params), tokens, chunk=logits_chunk,
@@ -117,18 +122,20 @@ def _role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
 
 def sft_loss(params: Any, cfg: ModelConfig, batches: Sequence[tuple[Array, Array, Array]], *,
              roles: Sequence[str] = ROLES, want_max: bool = False, heads: Sequence[Array | None] | None = None,
-             mesh: Any = None, logits_chunk: int = 0) -> tuple[Array, tuple[dict[str, Array], Array | None]]:
+             mesh: Any = None, logits_chunk: int | None = 0, remat: str = "none"
+             ) -> tuple[Array, tuple[dict[str, Array], Array | None]]:
     """The sum over roles of each role's mean masked NLL (the module's loss; one role: its
     mean), and (per-role metrics ``<role>_nll``, ``<role>_acc``; with ``want_max`` the
     attention max logits [L, N] over all batches, else None). ``batches``: one
     (tokens, token_mask, loss_mask) [B_r, T_r] per role of ``roles``. ``heads``: per role
     the head [P_r] its rows all open with and that its batch leaves out, or None
-    (:func:`prefix_role_stats`: the same loss and gradients). ``mesh``, ``logits_chunk``:
-    the rows pinned over the mesh's data axes and the logits chunked (:func:`_role_stats`)."""
+    (:func:`prefix_role_stats`: the same loss and gradients). ``mesh``, ``logits_chunk``,
+    ``remat``: the rows pinned over the mesh's data axes, the logits chunked, the layers
+    rematerialised (:func:`_role_stats`)."""
     metrics, loss, max_logits = {}, 0.0, None
     for name, batch, head in zip(roles, batches, heads or (None,) * len(roles), strict=True):
         (nll, count, right), m = _role_stats(params, cfg, *batch, want_max=want_max, head=head, mesh=mesh,
-                                             logits_chunk=logits_chunk)
+                                             logits_chunk=logits_chunk, remat=remat)
         mean = nll / jnp.maximum(count, 1.0)
         loss = loss + mean
         metrics[f"{name}_nll"], metrics[f"{name}_acc"] = mean, right / jnp.maximum(count, 1.0)
@@ -189,8 +196,8 @@ def evaluate(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, batch: int
 
 
 def sft_program(cfg: ModelConfig, optim: OptimConfig, params: Any, *, roles: Sequence[str] = ROLES,
-                heads: Sequence[Array | None] | None = None, mesh: Any = None, logits_chunk: int = 1024
-                ) -> tuple[Any, Any, Any, Callable]:
+                heads: Sequence[Array | None] | None = None, mesh: Any = None, logits_chunk: int | None = None,
+                remat: str = "none") -> tuple[Any, Any, Any, Callable]:
     """The warm-start step as a program, from the params' shapes alone (``params``: arrays
     or ``jax.ShapeDtypeStruct``): (the optimizer, the params' shardings, the optimizer
     state's shardings, the jitted ``step(params, opt_state, *batches) -> (params, opt_state,
@@ -209,7 +216,7 @@ def sft_program(cfg: ModelConfig, optim: OptimConfig, params: Any, *, roles: Seq
     @partial(jax.jit, **jit_kw)
     def step(params, opt_state, *batches):
         grad_fn = jax.value_and_grad(partial(sft_loss, roles=roles, want_max=tau > 0, heads=heads, mesh=mesh,
-                                             logits_chunk=logits_chunk), has_aux=True)
+                                             logits_chunk=logits_chunk, remat=remat), has_aux=True)
         (loss, (metrics, max_logits)), grads = grad_fn(params, cfg, batches)
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -222,8 +229,8 @@ def sft_program(cfg: ModelConfig, optim: OptimConfig, params: Any, *, roles: Seq
 
 
 def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, roles: Sequence[str] = ROLES,
-             heads: Sequence[Array | None] | None = None, mesh: Any = None, logits_chunk: int = 1024
-             ) -> tuple[Any, Any, Callable]:
+             heads: Sequence[Array | None] | None = None, mesh: Any = None, logits_chunk: int | None = None,
+             remat: str = "none") -> tuple[Any, Any, Callable]:
     """The one warm-start step of every job: (params, optimizer state, the jitted
     ``step(params, opt_state, *batches) -> (params, opt_state, metrics)``) on
     :func:`sft_loss` over ``roles`` (one batch per role, ``heads`` passed on). Metrics:
@@ -236,9 +243,11 @@ def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, roles: Sequen
     returned placed so), the rows' activations pinned over the data axes; the caller
     places each batch's rows over the data axes. ``logits_chunk``: rows longer than this
     many positions get their log-probs a chunk at a time (as the learner's
-    ``UpdateConfig.logits_chunk``; 0: the whole [B, T, V] logits)."""
+    ``UpdateConfig.logits_chunk``; None, the default: as many positions as keep a chunk's
+    float32 logits within :data:`~swarmjax.rl.losses.LOGITS_CHUNK_BYTES`; 0: the whole
+    [B, T, V] logits). ``remat``: the layers' rematerialisation in the backward pass."""
     opt, shardings, opt_shardings, step = sft_program(cfg, optim, params, roles=roles, heads=heads, mesh=mesh,
-                                                      logits_chunk=logits_chunk)
+                                                      logits_chunk=logits_chunk, remat=remat)
     if mesh is None:
         return params, opt.init(params), step
     params = global_whole(params, shardings)

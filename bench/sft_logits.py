@@ -1,0 +1,78 @@
+"""The warm-start step at a real vocabulary: the whole [B, T, V] logits against chunks.
+
+    python bench/sft_logits.py [--vocab 151936] [--batch 8] [--seq 512] [--hidden 64] [--layers 2]
+
+One :func:`~swarmjax.train.sft.sft_step` (Muon, the agent role's loss over every id) of a
+small model with a large vocabulary, as a tiny model over Qwen3's tokenizer is: with
+``logits_chunk=0`` (the whole logits, and their float32 log-softmax and gradient, at once)
+and with the default chunk (:func:`~swarmjax.rl.losses.auto_logits_chunk`: a chunk's
+float32 logits within 256 MiB), in one process. Prints each step's best time, the
+compiled step's temporary bytes, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import matmul_peak_flops, time_best  # noqa: E402
+
+from swarmjax.models import init_params  # noqa: E402
+from swarmjax.models.config import ModelConfig  # noqa: E402
+from swarmjax.optim import OptimConfig  # noqa: E402
+from swarmjax.rl.losses import auto_logits_chunk  # noqa: E402
+from swarmjax.train.sft import sft_step  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=2,
+                      num_kv_heads=1, head_dim=32, intermediate_size=3 * args.hidden)
+    r = np.random.RandomState(0)
+    batch = (r.randint(0, args.vocab, (args.batch, args.seq)).astype(np.int32),
+             np.ones((args.batch, args.seq), bool), np.ones((args.batch, args.seq), bool))
+    out = {"vocab": args.vocab, "batch": args.batch, "seq": args.seq, "params": cfg.num_params(),
+           "auto_chunk": auto_logits_chunk(args.batch, args.vocab), "peak_flops": matmul_peak_flops()}
+    for name, chunk in (("whole", 0), ("chunked", None)):
+        params, opt_state, step = sft_step(init_params(cfg, jax.random.key(0)), cfg, OptimConfig(), roles=("agent",),
+                                           logits_chunk=chunk)
+        compiled = step.lower(params, opt_state, batch).compile()
+        out[f"{name}_temp_gib"] = compiled.memory_analysis().temp_size_in_bytes / 2 ** 30
+        holder = {"state": (params, opt_state)}
+
+        def call():
+            p_, o_, m = step(*holder["state"], batch)
+            holder["state"] = (p_, o_)
+            jax.block_until_ready(m)
+        call()
+        out[f"{name}_step_s"] = time_best(call, args.repeats)
+    out["speedup"] = out["whole_step_s"] / out["chunked_step_s"]
+    out["temp_ratio"] = out["chunked_temp_gib"] / out["whole_temp_gib"]
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"jax {jax.__version__} on {jax.default_backend()} (float32 matmul peak {out['peak_flops'] / 1e9:.1f} GFLOP/s); "
+          f"{out['params'] / 1e6:.1f}M params, vocabulary {args.vocab}, warm-start step of {args.batch} x {args.seq}")
+    print(f"{'':10}{'step s':>9}{'temp GiB':>10}")
+    for name in ("whole", "chunked"):
+        print(f"{name:10}{out[name + '_step_s']:9.3f}{out[name + '_temp_gib']:10.2f}")
+    print(f"chunked ({out['auto_chunk']} positions a chunk): {out['speedup']:.2f}x faster, "
+          f"{out['temp_ratio']:.2f}x the temporary memory")
+
+
+if __name__ == "__main__":
+    main()
