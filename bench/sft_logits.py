@@ -1,6 +1,7 @@
 """The warm-start step at a real vocabulary: the whole [B, T, V] logits against chunks.
 
     python bench/sft_logits.py [--vocab 151936] [--batch 8] [--seq 512] [--hidden 64] [--layers 2]
+    python bench/sft_logits.py --size qwen3-0.6b --batch 4 --repeats 1   # a preset's shape instead
 
 One :func:`~swarmjax.train.sft.sft_step` (Muon, the agent role's loss over every id) of a
 small model with a large vocabulary, as a tiny model over Qwen3's tokenizer is: with
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import matmul_peak_flops, time_best  # noqa: E402
 
 from swarmjax.models import init_params  # noqa: E402
-from swarmjax.models.config import ModelConfig  # noqa: E402
+from swarmjax.models.config import ModelConfig, preset  # noqa: E402
 from swarmjax.optim import OptimConfig  # noqa: E402
 from swarmjax.rl.losses import auto_logits_chunk  # noqa: E402
 from swarmjax.train.sft import sft_step  # noqa: E402
@@ -37,17 +38,24 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--size", help="a model preset (swarmjax.models.config.PRESETS) instead of --vocab/--hidden/--layers")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--arms", nargs="+", choices=("whole", "chunked"), default=["whole", "chunked"],
+                   help="which steps to run (the whole logits of a large model may not fit this machine)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=2,
-                      num_kv_heads=1, head_dim=32, intermediate_size=3 * args.hidden)
+    cfg = preset(args.size) if args.size else ModelConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=2, num_kv_heads=1,
+        head_dim=32, intermediate_size=3 * args.hidden)
+    args.vocab = cfg.vocab_size
     r = np.random.RandomState(0)
     batch = (r.randint(0, args.vocab, (args.batch, args.seq)).astype(np.int32),
              np.ones((args.batch, args.seq), bool), np.ones((args.batch, args.seq), bool))
     out = {"vocab": args.vocab, "batch": args.batch, "seq": args.seq, "params": cfg.num_params(),
            "auto_chunk": auto_logits_chunk(args.batch, args.vocab), "peak_flops": matmul_peak_flops()}
     for name, chunk in (("whole", 0), ("chunked", None)):
+        if name not in args.arms:
+            continue
         params, opt_state, step = sft_step(init_params(cfg, jax.random.key(0)), cfg, OptimConfig(), roles=("agent",),
                                            logits_chunk=chunk)
         compiled = step.lower(params, opt_state, batch).compile()
@@ -60,18 +68,20 @@ def main() -> None:
             jax.block_until_ready(m)
         call()
         out[f"{name}_step_s"] = time_best(call, args.repeats)
-    out["speedup"] = out["whole_step_s"] / out["chunked_step_s"]
-    out["temp_ratio"] = out["chunked_temp_gib"] / out["whole_temp_gib"]
+    if len(args.arms) == 2:
+        out["speedup"] = out["whole_step_s"] / out["chunked_step_s"]
+        out["temp_ratio"] = out["chunked_temp_gib"] / out["whole_temp_gib"]
     if args.json:
         print(json.dumps(out))
         return
     print(f"jax {jax.__version__} on {jax.default_backend()} (float32 matmul peak {out['peak_flops'] / 1e9:.1f} GFLOP/s); "
           f"{out['params'] / 1e6:.1f}M params, vocabulary {args.vocab}, warm-start step of {args.batch} x {args.seq}")
     print(f"{'':10}{'step s':>9}{'temp GiB':>10}")
-    for name in ("whole", "chunked"):
+    for name in args.arms:
         print(f"{name:10}{out[name + '_step_s']:9.3f}{out[name + '_temp_gib']:10.2f}")
-    print(f"chunked ({out['auto_chunk']} positions a chunk): {out['speedup']:.2f}x faster, "
-          f"{out['temp_ratio']:.2f}x the temporary memory")
+    if len(args.arms) == 2:
+        print(f"chunked ({out['auto_chunk']} positions a chunk): {out['speedup']:.2f}x faster, "
+              f"{out['temp_ratio']:.2f}x the temporary memory")
 
 
 if __name__ == "__main__":

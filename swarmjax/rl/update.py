@@ -48,7 +48,7 @@ from swarmjax.models.transformer import (forward, forward_after_head, output_hea
 from swarmjax.optim.muon import OptimConfig, make_optimizer
 from swarmjax.optim.qk_clip import qk_clip
 from swarmjax.rl.advantages import ADVANTAGES
-from swarmjax.rl.losses import (LossConfig, MetricSums, batch_totals, chunked_token_logprobs,
+from swarmjax.rl.losses import (LossConfig, MetricSums, auto_logits_chunk, batch_totals, chunked_token_logprobs,
                                 metrics_from_sums, policy_loss_sums, token_logprobs)
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.sharding.mesh import (DEFAULT_RULES, batch_sharding, rows_sharding, state_shardings_like,
@@ -77,13 +77,15 @@ class UpdateConfig:
     num_minibatches: int = 4      # GSPO paper: rollout batch split into 4 minibatches
     num_microbatches: int = 1     # gradient accumulation inside each minibatch
     remat: str = "none"           # per-layer rematerialisation of the forward (models.transformer.remat_policy)
-    logits_chunk: int = 1024      # log-probs this many positions at a time (losses.chunked_token_logprobs); 0: all
+    # log-probs this many positions at a time (losses.chunked_token_logprobs); None: as many as keep a
+    # chunk's float32 logits within losses.LOGITS_CHUNK_BYTES for the microbatch's rows; 0: all at once
+    logits_chunk: int | None = None
 
     def __post_init__(self):
         if self.num_minibatches < 1 or self.num_microbatches < 1:
             raise ValueError("num_minibatches and num_microbatches must be >= 1")
         remat_policy(self.remat)          # a clear error for an unknown name, at config time
-        if self.logits_chunk < 0:
+        if self.logits_chunk is not None and self.logits_chunk < 0:
             raise ValueError(f"logits_chunk must be >= 0, got {self.logits_chunk}")
 
     @property
@@ -221,6 +223,8 @@ class Learner:
         B, T = tokens.shape
         act = None if self.mesh is None else rows_sharding(self.mesh, (B, T, 1), rules=self.rules)
         chunk = self.cfg.logits_chunk
+        if chunk is None:
+            chunk = auto_logits_chunk(B, self.model_cfg.vocab_size)
         chunked = bool(chunk and chunk < T - 1)     # long sequences: never the whole [B, T, V] logits
         kw = dict(token_mask=token_mask, return_max_logits=want_max, activation_sharding=act,
                   return_hidden=chunked)
