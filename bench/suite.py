@@ -15,7 +15,8 @@ process measures the floors they are read against, on the same device, in the sa
 
 Sections (:data:`SECTIONS`): ``decode`` (the sampler against ``transformers``,
 ``bench/sampler.py``), ``update`` (the RL update with Muon, AdamW beside it,
-``bench/update.py``), ``moe`` (the grouped expert matmul against a dense SwiGLU of the
+``bench/update.py``), ``muon`` (Muon / AdamW at 2k to 64k tokens a step, qwen3-0.6b:
+Newton-Schulz's fixed cost against the step), ``moe`` (the grouped expert matmul against a dense SwiGLU of the
 same active width, ``bench/moe.py``), ``swarm`` (the jitted text swarm against the
 host-driven text rollout on the same episodes, ``bench/rollout_text.py``). Writes
 ``suite.json`` (every section's figures, the floors, the machine) and ``suite.md`` (the
@@ -89,6 +90,12 @@ def _update_rows(out: dict, floors: dict) -> list:
     return rows
 
 
+def _muon_rows(out: dict, floors: dict) -> list:
+    return [(f"{size} Muon / AdamW at {row['tokens']} tokens a step", f"{row['muon_step_s']:.3f} s",
+             f"{row['adamw_step_s']:.3f} s AdamW", f"{row['muon_over_adamw']:.2f}x")
+            for size, r in out.items() for row in r.get("sweep", ())]
+
+
 def _moe_rows(r: dict, floors: dict) -> list:
     return [(f"MoE {r['experts']} experts, {r['k']} a token ({r['tokens']} tokens)", f"{r['moe_s'] * 1e3:.2f} ms",
              f"{r['dense_s'] * 1e3:.2f} ms dense, same active width", f"{r['moe_over_dense']:.2f}x, MFU {r['moe_mfu']:.1%}")]
@@ -106,6 +113,9 @@ SECTIONS: dict[str, Section] = {
                       _decode_rows),
     "update": Section("update.py", ("--sizes", "qwen3-0.6b", "--batch", "16", "--seq", "512", "--repeats", "2"),
                       ("--sizes", "tiny", "--batch", "2", "--seq", "32", "--repeats", "1"), _update_rows),
+    "muon": Section("update.py", ("--sizes", "qwen3-0.6b", "--batch", "4", "--seq", "512", "--repeats", "2",
+                                  "--tokens-sweep", "2048", "8192", "16384", "65536"), None, _muon_rows,
+                    why_not_quick="its point is real token counts (2k to 64k a step)"),
     "moe": Section("moe.py", ("--tokens", "8192", "--hidden", "1024", "--experts", "64", "--k", "8",
                               "--expert-width", "768"),
                    ("--tokens", "256", "--hidden", "64", "--experts", "4", "--expert-width", "64", "--repeats", "1"),

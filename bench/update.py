@@ -28,6 +28,11 @@ by query blocks (the default, ``models.attention.ATTENTION_BLOCK``) and with one
 over whole rows; ``blocks_speedup`` = whole / blocked step seconds (the text jobs' warm
 starts look like ``--sizes 1m --batch 16 --seq 1280``).
 
+``--tokens-sweep N ...``: Muon / AdamW at each of these tokens per step too (``--seq`` ids a
+row, N / seq rows, QK-Clip off), the first size only: Newton-Schulz costs a fixed time per
+optimizer step, so its share should fall as the tokens grow (``sweep``: tokens, both step
+times, the ratio).
+
 ``--mesh D,F,T``: the same steps on a (data, fsdp, tensor) mesh (on a CPU, simulated
 devices: the script asks for as many), params sharded by the logical rules, plus Muon
 left to XLA (``muon_gathered``: the optimizer not given the mesh, so Newton-Schulz
@@ -132,6 +137,14 @@ def bench_size(name: str, args, peak: float) -> dict:
     _, adamw_s = time_update(cfg, OptimConfig(name="adamw", qk_clip_tau=0.0), batch, args.repeats, mesh=mesh)
     _, clip_s = time_update(cfg, OptimConfig(name="muon", qk_clip_tau=100.0), batch, args.repeats, mesh=mesh)
     out = bench_head(cfg, args) if args.head else {}
+    if args.tokens_sweep and name == args.sizes[0]:
+        out["sweep"] = []
+        for n in args.tokens_sweep:
+            rows = make_batch(cfg, max(1, n // args.seq), args.seq)
+            _, m = time_update(cfg, muon, rows, args.repeats, mesh=mesh)
+            _, a = time_update(cfg, OptimConfig(name="adamw", qk_clip_tau=0.0), rows, args.repeats, mesh=mesh)
+            out["sweep"].append({"tokens": int(rows.tokens.size), "muon_step_s": m, "adamw_step_s": a,
+                                 "muon_over_adamw": m / a})
     if args.attention_blocks:
         out.update(bench_blocks(cfg, batch, args.repeats))
     if mesh:
@@ -152,6 +165,8 @@ def main() -> None:
     p = base_parser(__doc__)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--head", type=int, default=0, help="also time rows sharing this many leading ids")
+    p.add_argument("--tokens-sweep", type=int, nargs="+", default=(),
+                   help="also Muon / AdamW at these tokens per step (the first size)")
     p.add_argument("--attention-blocks", action="store_true",
                    help="also time the update with attention over whole rows instead of by query blocks")
     p.add_argument("--mesh", type=mesh_shape, default=None,
@@ -177,6 +192,9 @@ def main() -> None:
               f"{r['adamw_step_s']:>8.3f} {r['ns_overhead_s']:>6.2f} {r['muon_over_adamw']:>10.3f} "
               f"{r['qkclip_over_muon']:>8.3f}")
     for name, r in results.items():
+        for row in r.get("sweep", ()):
+            print(f"{name}: {row['tokens']:>7} tokens a step: Muon {row['muon_step_s']:.3f} s, AdamW "
+                  f"{row['adamw_step_s']:.3f} s, Muon / AdamW {row['muon_over_adamw']:.3f}")
         if "mesh" in r:
             print(f"{name}: Muon on mesh {tuple(r['mesh'])}: spread {r['step_s']:.3f} s, gathered by XLA "
                   f"{r['muon_gathered_step_s']:.3f} s, spread/gathered {r['spread_over_gathered']:.3f}, "

@@ -79,7 +79,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 def _compile_cache_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-cache", metavar="DIR|off", default=None,
                    help="JAX's persistent compilation cache (a directory, gs:// too, or off); default "
-                        "$SWARMJAX_COMPILE_CACHE, else ~/.cache/swarmjax/xla: a resumed or repeated job loads "
+                        "$SWARMJAX_COMPILE_CACHE, else $JAX_COMPILATION_CACHE_DIR, else ~/.cache/swarmjax/xla: a resumed or "
+                        "repeated job loads "
                         "its compiled programs instead of compiling them again")
 
 
@@ -112,9 +113,8 @@ def run_train(args: argparse.Namespace) -> int:
     from etils import epath
 
     from swarmjax.train.jobs import job_table, run_job
-    from swarmjax.train.preemption import PREEMPTED_EXIT_CODE, Preempted
-
     from swarmjax.train.compile_cache import CompileClock
+    from swarmjax.train.preemption import PREEMPTED_EXIT_CODE, Preempted
 
     cache = _enable_compile_cache(args)
     _start_distributed(args)
