@@ -126,3 +126,39 @@ def two_processes(argv: list[str], *, timeout: int = 600) -> list[str]:
     outs = [p.communicate(timeout=timeout)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     return outs
+
+
+WALL_CLOCK = TIMING | {"wall_clock_s", "warm_start_s"}
+
+
+def log_lines(run, name):
+    """The lines of a run's ``name`` log (metrics.jsonl, eval.jsonl) without wall-clock fields."""
+    return [{k: v for k, v in json.loads(x).items() if k not in WALL_CLOCK} for x in open(os.path.join(run, name))]
+
+
+def trains_and_resumes_exactly(config, root, overrides=(), *, step=2):
+    """``swarmjax train --config config --set ...`` run once in ``root/full``, then in
+    ``root/cut`` stopped by SIGTERM in its first RL step and resumed with ``--resume
+    auto``: asserts the two wrote the same metrics and evaluations and the same
+    parameters at RL step ``step``. -> the uninterrupted run's workdir."""
+    import jax
+    import numpy as np
+
+    from swarmjax.cli import main
+    from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
+
+    def args(workdir, *more):
+        return ["train", "--config", config, "--workdir", workdir, "--no-progress"] + [
+            a for s in overrides for a in ("--set", s)] + list(more)
+
+    full, cut = os.path.join(root, "full"), os.path.join(root, "cut")
+    assert main(args(full)) == 0
+    with sigterm_in_rl_step(0):
+        assert main(args(cut)) == PREEMPTED_EXIT_CODE
+    assert main(args(cut, "--resume", "auto")) == 0
+    for name in ("metrics.jsonl", "eval.jsonl"):
+        assert log_lines(cut, name) == log_lines(full, name), name
+    states = restored_states((full, cut), lambda ckpt, s: ckpt.read(s), step)
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, states[0]["params"], states[1]["params"])))
+    return full
+

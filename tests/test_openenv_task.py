@@ -4,11 +4,9 @@ multi-turn episode, the environment's rewards summed, errors as ``env_error``, b
 configs refused; and (slow tier) the example job trained, stopped by SIGTERM in its
 first RL step and resumed bit for bit."""
 
-import json
 import os
 import sys
 
-import jax
 import numpy as np
 import pytest
 
@@ -102,28 +100,9 @@ def test_a_missing_observation_field_and_bad_configs_are_refused(world):
 
 @pytest.mark.slow
 def test_the_openenv_example_trains_and_resumes_exactly(tmp_path):
-    from small_job import restored_states, sigterm_in_rl_step
-    from swarmjax.cli import main
-    from swarmjax.train.preemption import PREEMPTED_EXIT_CODE
+    from small_job import log_lines, trains_and_resumes_exactly
 
-    small = ["rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2", "eval_episodes=4", "eval_every=1"]
-
-    def args(workdir, *more):
-        return ["train", "--config", os.path.join(EXAMPLE, "config.py"), "--workdir", workdir, "--no-progress"] + [
-            a for s in small for a in ("--set", s)] + list(more)
-
-    def lines(run, name):
-        timing = {"rollout_s", "update_s", "tok_s", "wall_clock_s"}
-        return [{k: v for k, v in json.loads(x).items() if k not in timing} for x in open(os.path.join(run, name))]
-
-    full, cut = str(tmp_path / "full"), str(tmp_path / "cut")
-    assert main(args(full)) == 0
-    rl = [r for r in lines(full, "metrics.jsonl") if r.get("stage") == "rl"]
+    full = trains_and_resumes_exactly(os.path.join(EXAMPLE, "config.py"), str(tmp_path), [
+        "rl.steps=2", "rl.tasks_per_step=2", "rl.group_size=2", "eval_episodes=4", "eval_every=1"])
+    rl = [r for r in log_lines(full, "metrics.jsonl") if r.get("stage") == "rl"]
     assert len(rl) == 2 and all(r["env_error"] == 0 and r["turns"] >= 1 for r in rl)
-    with sigterm_in_rl_step(0):
-        assert main(args(cut)) == PREEMPTED_EXIT_CODE
-    assert main(args(cut, "--resume", "auto")) == 0
-    for name in ("metrics.jsonl", "eval.jsonl"):
-        assert lines(cut, name) == lines(full, name), name
-    states = restored_states((full, cut), lambda ckpt, s: ckpt.read(s), 2)
-    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, states[0]["params"], states[1]["params"])))

@@ -52,14 +52,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from swarmjax.envs.task import Demo, EnvContext, Task, TaskError, maybe_import, problem_records
+from swarmjax.envs.task import Demo, EnvContext, Task, TaskError, maybe_import, once_per_task, problem_records
 from swarmjax.text.chat import ChatFormat, call_parts
 
 __all__ = ["HarnessTask"]
 
-_SERVERS: dict[int, Any] = {}           # id(task) -> (hub, server): one server per task object and process
-_LAUNCHERS: dict[int, Callable] = {}     # id(task) -> its launch(problem, episode)
-_LOCK = threading.Lock()
 
 
 def _assistant(reply: Any, *, call_id: str) -> dict:
@@ -221,23 +218,23 @@ class HarnessTask(Task):
     # ------------------------------------------------------------------ the server and the harness
     def server(self):
         """(hub, server) of this task in this process, started on first use."""
+        return once_per_task(self, "harness server", self._start_server)
+
+    def _start_server(self):
         from swarmjax.serve.http import HarnessServer
         from swarmjax.serve.hub import Hub
 
-        with _LOCK:
-            if id(self) not in _SERVERS:
-                hub = Hub()
-                server = HarnessServer(hub, model=self.model, api_key=self.api_key).start()
-                atexit.register(server.stop)
-                _SERVERS[id(self)] = (hub, server)
-            return _SERVERS[id(self)]
+        hub = Hub()
+        server = HarnessServer(hub, model=self.model, api_key=self.api_key).start()
+        atexit.register(server.stop)
+        return hub, server
 
     def _launcher(self) -> Callable:
         """``launch(problem, episode)``: the harness in a thread of its own (one per task
         object and process)."""
-        with _LOCK:
-            if id(self) in _LAUNCHERS:
-                return _LAUNCHERS[id(self)]
+        return once_per_task(self, "harness launcher", self._make_launcher)
+
+    def _make_launcher(self) -> Callable:
         _, server = self.server()
         try:
             import openai
@@ -265,5 +262,4 @@ class HarnessTask(Task):
 
 
             threading.Thread(target=harness, name=f"harness-{episode.key[:8]}", daemon=True).start()
-        with _LOCK:
-            return _LAUNCHERS.setdefault(id(self), launch)
+        return launch

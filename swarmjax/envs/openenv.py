@@ -38,7 +38,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import weakref
@@ -48,14 +47,12 @@ from typing import Any
 import numpy as np
 
 from swarmjax.envs.api import Step, SubAgentResult
-from swarmjax.envs.task import EnvContext, Task, TaskError, maybe_import, problem_records
+from swarmjax.envs.task import EnvContext, Task, TaskError, maybe_import, once_per_task, problem_records
 from swarmjax.text.chat import ChatFormat
 from swarmjax.text.toolcalls import parse_turn
 
 __all__ = ["OpenEnvTask", "OpenEnvEnv", "EnvServer"]
 
-_SERVERS: dict[int, tuple] = {}       # id(task) -> (task, its EnvServer), one per task object and process
-_LOCK = threading.Lock()
 _LOG = logging.getLogger(__name__)
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -259,12 +256,12 @@ class OpenEnvTask(Task):
         and process, stopped at exit)."""
         if self.base_url is not None:
             return self.base_url.rstrip("/")
-        with _LOCK:
-            if id(self) not in _SERVERS:
-                server = EnvServer(self.app, pythonpath=self.pythonpath, log=self.server_log).start()
-                atexit.register(server.stop)
-                _SERVERS[id(self)] = (self, server)       # the task kept alive: its id stays its own
-            return _SERVERS[id(self)][1].base_url
+        return once_per_task(self, "openenv server", self._start_server).base_url
+
+    def _start_server(self) -> EnvServer:
+        server = EnvServer(self.app, pythonpath=self.pythonpath, log=self.server_log).start()
+        atexit.register(server.stop)
+        return server
 
     def connect(self) -> Any:
         """A connected synchronous client of a new session."""

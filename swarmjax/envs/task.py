@@ -83,6 +83,7 @@ import inspect
 import json
 import os
 import random
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -372,6 +373,21 @@ def jsonl_records(path: str | os.PathLike) -> list[dict[str, Any]]:
             except json.JSONDecodeError as e:
                 raise TaskError(f"{path}:{i}: not a JSON line ({e})") from None
     return out
+
+
+_ONCE: dict[tuple[int, str], tuple[Any, Any]] = {}
+_ONCE_LOCK = threading.RLock()       # re-entrant: one value's ``make`` may ask for another's
+
+
+def once_per_task(task: Any, what: str, make: Callable[[], Any]) -> Any:
+    """``make()`` the first time ``what`` is asked for ``task`` in this process, the same
+    value after (a task's server, its loaded dataset). The task is kept with it, so its
+    ``id`` is never another object's."""
+    with _ONCE_LOCK:
+        key = (id(task), what)
+        if key not in _ONCE:
+            _ONCE[key] = (task, make())
+        return _ONCE[key][1]
 
 
 def maybe_import(spec: Any, *, what: str) -> Any:

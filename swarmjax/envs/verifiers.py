@@ -29,23 +29,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import logging
 import os
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from swarmjax.envs.task import EnvContext, Task, TaskError, maybe_import
+from swarmjax.envs.task import EnvContext, Task, TaskError, maybe_import, once_per_task
 from swarmjax.text.chat import ChatFormat
 
 __all__ = ["VerifiersTask", "local_chat_harness"]
 
-_TASKSETS: dict[int, tuple] = {}       # id(task) -> (task, its verifiers tasks), loaded once per process
-_HARNESS_TASKS: dict[int, tuple] = {}  # id(task) -> (task, the HarnessTask that serves its episodes)
-_LOCK = threading.Lock()
 _LOG = logging.getLogger(__name__)
 KEY_VARIABLE = "SWARMJAX_VERIFIERS_UPSTREAM_KEY"   # verifiers reads the endpoint's key from a variable
 SCORING_MARGIN_S = 60.0      # an episode's time past verifiers' rollout timeout: its rubric's scoring
@@ -79,26 +76,24 @@ class _LocalScripts:
         return [sys.executable, path]
 
 
-_LOCAL_HARNESS: list = []
+@functools.cache
+def _local_harness_class() -> type:
+    from verifiers.v1.harnesses.null import NullHarness
+
+    class LocalChatHarness(NullHarness):
+        async def setup(self, runtime: Any) -> None:
+            await super().setup(_LocalScripts(runtime))
+
+        async def launch(self, ctx: Any, trace: Any, runtime: Any, *args: Any, **kwargs: Any) -> Any:
+            return await super().launch(ctx, trace, _LocalScripts(runtime), *args, **kwargs)
+    return LocalChatHarness
 
 
 def local_chat_harness(config: Any) -> Any:
     """verifiers' ``null`` harness (its chat + MCP program) whose program runs with this
     interpreter (module docstring): a subclass of it, built on first use (so this module
     imports without verifiers), with ``config`` (a ``vf.HarnessConfig``)."""
-    with _LOCK:
-        if not _LOCAL_HARNESS:
-            from verifiers.v1.harnesses.null import NullHarness
-
-            class LocalChatHarness(NullHarness):
-                async def setup(self, runtime: Any) -> None:
-                    await super().setup(_LocalScripts(runtime))
-
-                async def launch(self, ctx: Any, trace: Any, runtime: Any, *args: Any, **kwargs: Any) -> Any:
-                    return await super().launch(ctx, trace, _LocalScripts(runtime), *args, **kwargs)
-
-            _LOCAL_HARNESS.append(LocalChatHarness)
-    return _LOCAL_HARNESS[0](config)
+    return _local_harness_class()(config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,28 +137,28 @@ class VerifiersTask(Task):
     # ------------------------------------------------------------------ the task protocol
     def tasks(self) -> list:
         """The taskset's tasks (loaded once per task object and process)."""
-        with _LOCK:
-            if id(self) not in _TASKSETS:
-                from verifiers.v1.utils.loaders import load_taskset
+        return once_per_task(self, "verifiers tasks", self._load_tasks)
 
-                for path in map(os.path.abspath, self.pythonpath):
-                    if path not in sys.path:
-                        sys.path.insert(0, path)
-                    if path not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-                        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))
-                config = maybe_import(self.taskset, what="VerifiersTask.taskset")
-                if callable(config) and not hasattr(config, "model_dump"):
-                    config = config()                  # a factory
-                elif isinstance(config, type):
-                    config = config()                  # a TasksetConfig class with its defaults
-                if not getattr(config, "id", None):
-                    raise TaskError(f"VerifiersTask.taskset: {config!r} is not a verifiers TasksetConfig with an id "
-                                    "(the installed taskset package's name)")
-                tasks = list(load_taskset(config))
-                if not tasks:
-                    raise TaskError(f"the verifiers taskset {config.id!r} has no tasks")
-                _TASKSETS[id(self)] = (self, tasks)      # the task kept alive: its id stays its own
-            return _TASKSETS[id(self)][1]
+    def _load_tasks(self) -> list:
+        from verifiers.v1.utils.loaders import load_taskset
+
+        for path in map(os.path.abspath, self.pythonpath):
+            if path not in sys.path:
+                sys.path.insert(0, path)
+            if path not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+                os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))
+        config = maybe_import(self.taskset, what="VerifiersTask.taskset")
+        if callable(config) and not hasattr(config, "model_dump"):
+            config = config()                  # a factory
+        elif isinstance(config, type):
+            config = config()                  # a TasksetConfig class with its defaults
+        if not getattr(config, "id", None):
+            raise TaskError(f"VerifiersTask.taskset: {config!r} is not a verifiers TasksetConfig with an id "
+                            "(the installed taskset package's name)")
+        tasks = list(load_taskset(config))
+        if not tasks:
+            raise TaskError(f"the verifiers taskset {config.id!r} has no tasks")
+        return tasks
 
     def records(self, split: str) -> Sequence[int]:
         """The indices of ``split``'s tasks in the taskset."""
@@ -195,12 +190,10 @@ class VerifiersTask(Task):
     def _harness_task(self):
         from swarmjax.envs.harness import HarnessTask
 
-        with _LOCK:
-            if id(self) not in _HARNESS_TASKS:      # the episode's limit: verifiers' rollout, then its scoring
-                _HARNESS_TASKS[id(self)] = (self, HarnessTask(run=self.run_episode, verify=None, problems={},
-                                                              model=self.model,
-                                                              timeout_s=self.timeout_s + SCORING_MARGIN_S))
-            return _HARNESS_TASKS[id(self)][1]
+        # the episode's limit: verifiers' rollout, then its scoring
+        return once_per_task(self, "harness task", lambda: HarnessTask(
+            run=self.run_episode, verify=None, problems={}, model=self.model,
+            timeout_s=self.timeout_s + SCORING_MARGIN_S))
 
     def run_episode(self, problem: int, client: Any, model: str):
         """One verifiers rollout of task ``problem`` against ``client``'s endpoint (its

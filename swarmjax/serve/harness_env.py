@@ -84,7 +84,18 @@ class HarnessError(RuntimeError):
     before its first request."""
 
 
-class HarnessEnv:
+class _Agent:
+    """What a harness's agent and its sub-agents share: requests answered with an error,
+    counted in ``refused``."""
+
+    refused = 0
+
+    def _refuse(self, request: Request, error: APIError) -> None:
+        self.refused += 1
+        request.respond(error.status, error.body())
+
+
+class HarnessEnv(_Agent):
     """One harness episode (module docstring).
 
     Args:
@@ -190,11 +201,7 @@ class HarnessEnv:
         since, drift = self._since
         return Step(restart=got) if self.stream.template_drift > drift else Step(reply=got[since:])
 
-    def _refuse(self, request: Request, error: APIError) -> None:
-        self.refused += 1
-        request.respond(error.status, error.body())
-
-    def _render(self, stream: ChatStream, event: Request, owner: HarnessEnv | SubHarnessEnv) -> np.ndarray | None:
+    def _render(self, stream: ChatStream, event: Request, owner: _Agent) -> np.ndarray | None:
         """``event``'s conversation in ``stream`` -> its prompt ids [P], or None when it is
         refused (400 a malformed history, or the context: the stream unchanged; counted
         in ``owner.refused``)."""
@@ -277,7 +284,7 @@ class HarnessEnv:
         return Step(done=True, answer=answer, rewards=terms)
 
 
-class SubHarnessEnv:
+class SubHarnessEnv(_Agent):
     """A sub-agent of a harness episode (the requests naming it, ``X-Agent-Id``): a
     :class:`~swarmjax.envs.api.HostEnv` the rollout runs in a stage with the frozen
     sub-agent parameters (module docstring). Its reward terms (its own ``requests``,
@@ -318,10 +325,6 @@ class SubHarnessEnv:
 
     def resume(self, results: Sequence[SubAgentResult]) -> Step:
         raise RuntimeError("a harness's sub-agent starts no sub-agents of its own through the rollout")
-
-    def _refuse(self, request: Request, error: APIError) -> None:
-        self.refused += 1
-        request.respond(error.status, error.body())
 
     def _done(self, answer: str | None) -> Step:
         self.parent.episode.release(self.stream.trace.name)

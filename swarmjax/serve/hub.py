@@ -26,7 +26,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from swarmjax.serve.protocol import APIError, ChatRequest
@@ -66,16 +66,20 @@ class Finished:
     error: str | None = None
 
 
-def refuse_queued(events: queue.Queue, error: APIError) -> None:
-    """Answer every :class:`Request` still in ``events`` with ``error`` (other events
-    are dropped), until the queue is empty."""
-    while True:
-        try:
-            ev = events.get_nowait()
-        except queue.Empty:
-            return
+def refuse(events: Iterable, error: APIError) -> None:
+    """Answer every :class:`Request` in ``events`` with ``error`` (other events are dropped)."""
+    for ev in events:
         if isinstance(ev, Request):
             ev.respond(error.status, error.body())
+
+
+def refuse_queued(events: queue.Queue, error: APIError) -> None:
+    """:func:`refuse` what is still in the queue ``events``, until it is empty."""
+    while True:
+        try:
+            refuse([events.get_nowait()], error)
+        except queue.Empty:
+            return
 
 
 class Episode:
@@ -159,10 +163,7 @@ class Episode:
             queued = [ev for events in self._events.values() for ev in events]
             self._events.clear()
             self._cond.notify_all()
-        error = APIError(410, "this episode is over", code="episode_closed")
-        for ev in queued:
-            if isinstance(ev, Request):
-                ev.respond(error.status, error.body())
+        refuse(queued, APIError(410, "this episode is over", code="episode_closed"))
 
 
 class Hub:
