@@ -13,16 +13,18 @@ process measures the floors they are read against, on the same device, in the sa
   the caches: bytes read and written per second), for the decode floor: a decode step
   reads every weight once, so ``weight bytes / bandwidth`` is the least a step can take.
 
-Sections (:data:`SECTIONS`): ``decode`` (the sampler against ``transformers``,
-``bench/sampler.py``), ``update`` (the RL update with Muon, AdamW beside it,
+Sections (:data:`SECTIONS`): ``decode`` (the sampler against ``transformers``, and its step
+against its weight matmuls alone, ``bench/sampler.py``), ``profile`` (where the sampler's
+time goes, by named scope: ``bench/profile_ops.py``), ``update`` (the RL update with Muon, AdamW beside it,
 ``bench/update.py``), ``muon`` (Muon / AdamW at 2k to 64k tokens a step, qwen3-0.6b:
 Newton-Schulz's fixed cost against the step), ``moe`` (the grouped expert matmul against a dense SwiGLU of the
 same active width, ``bench/moe.py``), ``swarm`` (the jitted text swarm against the
-host-driven text rollout on the same episodes, ``bench/rollout_text.py``). Writes
+host-driven text rollout on the same episodes, ``bench/rollout_text.py``), ``rl_step`` (a
+whole RL step of the agent job, ``swarmjax train`` itself: rollout + update at qwen3-0.6b,
+``bench/rl_step.py``). Writes
 ``suite.json`` (every section's figures, the floors, the machine) and ``suite.md`` (the
 table) to ``--out``, and prints the table. ``--quick`` skips ``swarm`` (its one program
-compiles for minutes on a CPU at any size). Not yet a section: a whole RL step of the
-agent job (rollout + update) at qwen3-0.6b.
+compiles for minutes on a CPU at any size); its ``rl_step`` is the config's own 0.7M model.
 """
 
 from __future__ import annotations
@@ -46,13 +48,16 @@ from common import matmul_peak_flops, on_gpu, time_best  # noqa: E402
 
 def copy_bandwidth(megabytes: int | None = None, repeats: int = 10) -> float:
     """Bytes a second a jitted ``x + 1`` moves (reads and writes) over a float32 buffer of
-    ``megabytes`` (default 1024 on a GPU, 256 on a CPU: past the caches)."""
+    ``megabytes`` (default 1024 on a GPU, 256 on a CPU: past the caches), updated in place
+    (donated: a fresh output buffer cost a CPU its page faults, 7.5 against 53 GB/s here)."""
     megabytes = megabytes or (1024 if on_gpu() else 256)
     n = megabytes * 2 ** 20 // 4
-    x = jnp.zeros((n,), jnp.float32)
-    add = jax.jit(lambda v: v + 1.0)
-    jax.block_until_ready(add(x))
-    return 2 * 4 * n / time_best(lambda: jax.block_until_ready(add(x)), repeats)
+    add = jax.jit(lambda v: v + 1.0, donate_argnums=0)   # in place: no fresh pages to fault in a CPU's copy
+    holder = {"x": jax.block_until_ready(add(jnp.zeros((n,), jnp.float32)))}
+
+    def step():
+        holder["x"] = jax.block_until_ready(add(holder["x"]))
+    return 2 * 4 * n / time_best(step, repeats)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +80,8 @@ def _decode_rows(out: dict, floors: dict) -> list:
         floor = r["params"] * bytes_per / floors["bandwidth"]
         rows += [(f"{size} decode step (batch {r['batch']})", f"{step * 1e3:.3f} ms",
                   f"{floor * 1e3:.3f} ms weights / bandwidth", f"{step / floor:.2f}x floor"),
+                 (f"{size} decode step vs its weight matmuls alone", f"{step * 1e3:.3f} ms",
+                  f"{r['xla_floor_s'] * 1e3:.3f} ms matmuls", f"{step / r['xla_floor_s']:.2f}x"),
                  (f"{size} decode vs transformers", f"{r['swarmjax_tok_s']:.0f} tok/s",
                   f"{r['hf_tok_s']:.0f} tok/s", f"{r['ratio']:.2f}x")]
     return rows
@@ -101,9 +108,23 @@ def _moe_rows(r: dict, floors: dict) -> list:
              f"{r['dense_s'] * 1e3:.2f} ms dense, same active width", f"{r['moe_over_dense']:.2f}x, MFU {r['moe_mfu']:.1%}")]
 
 
+def _profile_rows(r: dict, floors: dict, top: int = 6) -> list:
+    return [(f"{r['size']} sampler call: {g['group']}", f"{g['ms']:.1f} ms",
+             "" if g["ms_per_step"] is None else f"{g['ms_per_step']:.3f} ms a decode step", f"{g['share']:.1%}")
+            for g in r["groups"][:top]]
+
+
 def _swarm_rows(r: dict, floors: dict) -> list:
     return [(f"text swarm, {r['batch']} episodes: jitted vs host", f"{r['jit_s']:.3f} s", f"{r['host_s']:.3f} s host",
              f"{r['ratio']:.2f}x (bound {r['ratio_bound_same_device_work']:.2f}x)")]
+
+
+def _rl_step_rows(r: dict, floors: dict) -> list:
+    return [(f"RL step, {r['size']} ({r['episodes']} episodes)", f"{r['step_s']:.2f} s",
+             f"rollout {r['rollout_s']:.2f} s ({r['rollout_tok_s']:.0f} tok/s) + update {r['update_s']:.2f} s",
+             f"update {r['update_share']:.0%}"),
+            (f"RL step 0, {r['size']} (compiles)", f"{r['first_step_s']:.2f} s", f"{r['step_s']:.2f} s a later step",
+             f"{r['first_step_s'] / r['step_s']:.1f}x")]
 
 
 SECTIONS: dict[str, Section] = {
@@ -111,6 +132,9 @@ SECTIONS: dict[str, Section] = {
                       ("--sizes", "qwen3-0.6b", "--batch", "32", "--prompt-len", "64", "--new-tokens", "128"),
                       ("--sizes", "tiny", "--batch", "2", "--prompt-len", "8", "--new-tokens", "8", "--repeats", "1"),
                       _decode_rows),
+    "profile": Section("profile_ops.py", ("--size", "qwen3-0.6b", "--batch", "32", "--prompt-len", "64",
+                                          "--new-tokens", "128"),
+                       ("--size", "tiny", "--batch", "2", "--prompt-len", "8", "--new-tokens", "8"), _profile_rows),
     "update": Section("update.py", ("--sizes", "qwen3-0.6b", "--batch", "16", "--seq", "512", "--repeats", "2"),
                       ("--sizes", "tiny", "--batch", "2", "--seq", "32", "--repeats", "1"), _update_rows),
     "muon": Section("update.py", ("--sizes", "qwen3-0.6b", "--batch", "4", "--seq", "512", "--repeats", "2",
@@ -122,6 +146,8 @@ SECTIONS: dict[str, Section] = {
                    _moe_rows),
     "swarm": Section("rollout_text.py", ("--text", "--batch", "32"), None, _swarm_rows,
                      why_not_quick="the jitted swarm's one program compiles for minutes on a CPU at any size"),
+    "rl_step": Section("rl_step.py", ("--size", "qwen3-0.6b", "--steps", "3"),
+                       ("--size", "config", "--steps", "2", "--tasks", "2", "--group", "4"), _rl_step_rows),
 }
 
 
@@ -131,7 +157,7 @@ def run_section(name: str, *, quick: bool, timeout: float) -> tuple[dict | None,
     if quick and s.quick is None:
         return None, 0.0, f"skipped with --quick: {s.why_not_quick}"
     flags = list(s.quick if quick else s.full)
-    if name == "decode" and on_gpu() and not quick:
+    if name in ("decode", "profile") and on_gpu() and not quick:
         flags += ["--dtype", "bfloat16"]
     t0 = time.perf_counter()
     try:

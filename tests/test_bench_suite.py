@@ -17,7 +17,8 @@ def test_the_quick_suite_prints_every_figure_beside_its_floor(tmp_path):
     md = (tmp_path / "suite.md").read_text()
     assert md in proc.stdout and "copy bandwidth" in md and "matmul peak" in md
     assert "x floor" in md and "weights / bandwidth" in md and "MFU" in md and "dense, same active width" in md
+    assert "a decode step" in md and "| profile | " in md and "| rl_step | RL step" in md
     assert "| swarm | skipped |" in md and "| muon | skipped |" in md
     out = json.load(open(tmp_path / "suite.json"))
     assert out["quick"] and out["floors"]["bandwidth"] > 0 and out["floors"]["peak_flops"] > 0
-    assert all(out["sections"][s]["figures"] for s in ("decode", "update", "moe"))
+    assert all(out["sections"][s]["figures"] for s in ("decode", "profile", "update", "moe", "rl_step"))

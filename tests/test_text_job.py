@@ -15,7 +15,7 @@ import pytest
 from swarmjax.cli import main
 from swarmjax.config_file import apply_overrides
 from swarmjax.train.agent import OverlongConfig, TextRLConfig
-from swarmjax.train.agent_rl import episode_rewards
+from swarmjax.train.agent_rl import episode_rewards, row_width
 from swarmjax.train.agent_job import AgentJob
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,6 +115,13 @@ def test_overlong_penalty_shapes_the_rewards():
     np.testing.assert_allclose(episode_rewards(res, rcfg)[0], plain, atol=1e-6)
     shaped = episode_rewards(res, dataclasses.replace(rcfg, overlong=OverlongConfig(max_length=20, cache_length=4)))[0]
     np.testing.assert_allclose(shaped, plain + [0.0, 0.0, -0.5, -1.0, -1.0], atol=1e-6)
+
+
+def test_learner_widths_double_so_a_job_compiles_few_updates():
+    widths = {row_width(w, 64, 1000) for w in range(1, 1001)}
+    assert widths == {64, 128, 256, 512, 1000}               # log2(cap / bucket) + 1 programs, not cap / bucket
+    assert row_width(300, 64, 1000) == 512 and row_width(513, 64, 1000) == 1000
+    assert row_width(1200, 64, 1000) == 1200                 # rows past the rollout's width (segments) are kept whole
 
 
 def test_overlong_config_from_overrides():

@@ -162,7 +162,9 @@ class TextRLConfig:
     update, rollout: the learner's and the rollout's settings.
     swarm: the device engine's own settings (:class:`~swarmjax.swarm.text_types.SwarmConfig`;
       the host engine has none).
-    bucket: learner rows are cut to a multiple of this length (one compile each).
+    bucket: learner rows are cut to ``bucket * 2**k`` ids, the least that holds the step's
+      longest row (:func:`~swarmjax.train.agent_rl.row_width`): one compiled update per
+      width, so a job compiles at most ``log2(context / bucket) + 1`` of them.
     head_multiple: the ids every learner row opens with (system turn, tool schemas) run
       once per forward (``Learner.update(head=)``), cut to a multiple of this; 0: off.
     segment_weight: how the rows of an episode a context strategy split into K + 1

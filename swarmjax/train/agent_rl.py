@@ -201,7 +201,7 @@ def collect(engine: Engine, params: Roles, problems: list, key: jax.Array, rcfg:
     exactly the rollout's ids, loss mask and sampler log-probs; a context strategy's
     earlier segments are rows of their own with their episode's advantage
     (:func:`_segment_rows`; weighted by ``rcfg.segment_weight``). Rows are cut to a
-    multiple of ``rcfg.bucket`` ids (few shapes to compile); with ``rcfg.head_multiple``
+    :func:`row_width` of the longest (few shapes to compile); with ``rcfg.head_multiple``
     the ids every row opens with run once per forward (``Learner.update(head=)``)."""
     G = rcfg.group_size
     start, stop = share(len(problems))
@@ -227,8 +227,7 @@ def collect(engine: Engine, params: Roles, problems: list, key: jax.Array, rcfg:
     subs = _subagent_rows(res, reward, groups, keep, rcfg, rcfg.update.splits) if subagents == "shared" else None
     if subs is not None:
         rows = _stack_rows(rows, subs)
-    W = rows["tokens"].shape[1]
-    W = min(-(-W // rcfg.bucket) * rcfg.bucket, max(W, res.tokens.shape[1]))   # few distinct widths to compile
+    W = row_width(rows["tokens"].shape[1], rcfg.bucket, res.tokens.shape[1])
     rows = {k: _pad_to(v, W) if v.ndim == 2 else v for k, v in rows.items()}
     P = _shared_head(rows, rcfg.head_multiple) if rcfg.head_multiple else 0
     batch = TrajectoryBatch.create(rows["tokens"], rows["loss_mask"], rows["advantages"],
@@ -303,6 +302,21 @@ def _shared_head(rows: dict[str, np.ndarray], multiple: int) -> int:
     P = min(int(heads.min()), common)
     return max(0, P - P % multiple)
 
+
+
+def row_width(width: int, bucket: int, cap: int) -> int:
+    """The learner's row width for rows of ``width`` ids: the least ``bucket * 2**k`` that
+    holds them, but no more than ``max(width, cap)`` (``cap``: the rollout's full width).
+
+    Episode lengths change every step; a width per multiple of ``bucket`` compiled a new
+    update whenever the longest episode crossed one (up to ``cap / bucket`` programs, each
+    seconds on a CPU and a minute at 0.6B on a GPU). Doubling widths bound the job to
+    ``log2(cap / bucket) + 1`` programs, for at most 2x padded ids (masked: the loss is the
+    same at any width)."""
+    w = bucket
+    while w < width:
+        w *= 2
+    return min(w, max(width, cap))
 
 
 def _pad_to(x: np.ndarray, width: int) -> np.ndarray:
