@@ -105,7 +105,7 @@ def test_remat_keeps_values_and_gradients():
         return jnp.mean(forward(p, CFG, tokens, remat=remat).logits ** 2)
     grad = jax.jit(jax.grad(loss), static_argnums=1)
     ref = grad(params, "none")
-    for name in ("block", "dots_with_no_batch_dims_saveable"):
+    for name in ("block", "dots", "dots_with_no_batch_dims_saveable"):
         got = grad(params, name)
         for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
@@ -176,7 +176,7 @@ def test_remat_and_logit_chunks_leave_the_update_unchanged():
                             sampler_logprobs=jnp.full((4, 24), -5.0), advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]),
                             group_ids=jnp.zeros((4,), jnp.int32), rewards=jnp.ones((4,)))
     out = {}
-    for name, update in {"plain": UpdateConfig(num_minibatches=2, logits_chunk=0),
+    for name, update in {"plain": UpdateConfig(num_minibatches=2, logits_chunk=0, remat="none"),
                          "memory": UpdateConfig(num_minibatches=2, logits_chunk=5, remat="block")}.items():
         learner = Learner(CFG, update)
         out[name] = learner.update(learner.init(init_params(CFG, jax.random.key(0))), batch)

@@ -58,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "a table gives the fewest devices of each chip kind that hold the job")
     p.add_argument("--batch", type=int, required=True, help="trajectories per learner update")
     p.add_argument("--seq", type=int, required=True, help="tokens per trajectory (and KV slots per rollout row)")
-    p.add_argument("--remat", default="none",
-                   help="learner rematerialisation: none, block, or a jax.checkpoint_policies name")
+    p.add_argument("--remat", default="dots",
+                   help="the learner's and warm start's rematerialisation: dots (the default: keep the weight "
+                        "matmuls' outputs), none, block, or a jax.checkpoint_policies name")
     p.add_argument("--prompt", type=int, help="prompt tokens of a rollout row (default seq / 2)")
     p.add_argument("--rollout-batch", type=int, help="rows decoded at once (default --batch)")
     p.add_argument("--dtype", help="override the preset's compute and param dtype (float32, bfloat16)")

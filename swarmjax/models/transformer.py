@@ -371,7 +371,11 @@ def cache_logical_axes(cfg: ModelConfig) -> KVCache:
 # ~ L x B x T x D instead of every intermediate; one extra forward of compute); any
 # other name is one of ``jax.checkpoint_policies`` (e.g. "dots_with_no_batch_dims_saveable":
 # keep the weight matmuls' outputs, recompute the attention and elementwise ops).
-REMAT_POLICIES: dict[str, Any] = {"none": None, "block": jax.checkpoint_policies.nothing_saveable}
+# "dots" keeps the outputs of the weight matmuls (``dots_with_no_batch_dims_saveable``) and
+# recomputes the attention scores and the elementwise ops: at Qwen3-0.6B, 16 x 512 ids, the
+# warm start's step plans at 20.11 GiB against 53.57 keeping everything (12.86 with "block").
+REMAT_POLICIES: dict[str, Any] = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
+                                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 def remat_policy(name: str) -> Any:

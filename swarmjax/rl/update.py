@@ -76,7 +76,9 @@ class UpdateConfig:
     optim: OptimConfig = OptimConfig()
     num_minibatches: int = 4      # GSPO paper: rollout batch split into 4 minibatches
     num_microbatches: int = 1     # gradient accumulation inside each minibatch
-    remat: str = "none"           # per-layer rematerialisation of the forward (models.transformer.remat_policy)
+    # per-layer rematerialisation of the forward (models.transformer.remat_policy); "dots" keeps the weight
+    # matmuls' outputs and recomputes attention scores and elementwise ops (what it saves: REMAT_POLICIES)
+    remat: str = "dots"
     # log-probs this many positions at a time (losses.chunked_token_logprobs); None: as many as keep a
     # chunk's float32 logits within losses.LOGITS_CHUNK_BYTES for the microbatch's rows; 0: all at once
     logits_chunk: int | None = None

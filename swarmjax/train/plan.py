@@ -210,7 +210,7 @@ def plan_judge(cfg: ModelConfig, mesh: Mesh, batch: int, prompt: int):
 
 
 def plan_warm_start(cfg: ModelConfig, mesh: Mesh, batch: int, seq: int, *, roles: int = 1,
-                    optim: OptimConfig = OptimConfig(), remat: str = "none"):
+                    optim: OptimConfig = OptimConfig(), remat: str = "dots"):
     """The warm start's step (:func:`~swarmjax.train.sft.sft_program`: the program every
     job's warm start runs, its logits chunk included) compiled ahead of time for ``roles``
     batches of ``batch`` rows of ``seq`` ids [B, T], its params and optimizer state sharded
@@ -296,7 +296,7 @@ _REMEDIES: dict[str, tuple[str, ...]] = {
     "rollout": ("a smaller --rollout-batch (the rows decoded at once)", "a shorter --seq (rollout.contexts)",
                 "a larger fsdp or tensor axis in --mesh (mesh.fsdp, mesh.tensor)"),
     "judge": ("a smaller --judge-batch (judge.batch)", "a shorter --judge-prompt"),
-    "warm start": ("a smaller --warm-batch (sft.batch)", "a larger fsdp axis in --mesh (mesh.fsdp)"),
+    "warm start": ("--remat block (sft.remat)", "a smaller --warm-batch (sft.batch)", "a larger fsdp axis in --mesh (mesh.fsdp)"),
     "swarm": ("fewer --subagents or --subagent-lanes (rollout.subagent_lanes)", "a shorter --subagent-context",
               "a larger data axis in --mesh (mesh.data)"),
 }

@@ -197,7 +197,7 @@ def evaluate(params: Any, cfg: ModelConfig, orch: Demos, work: Demos, batch: int
 
 def sft_program(cfg: ModelConfig, optim: OptimConfig, params: Any, *, roles: Sequence[str] = ROLES,
                 heads: Sequence[Array | None] | None = None, mesh: Any = None, logits_chunk: int | None = None,
-                remat: str = "none") -> tuple[Any, Any, Any, Callable]:
+                remat: str = "dots") -> tuple[Any, Any, Any, Callable]:
     """The warm-start step as a program, from the params' shapes alone (``params``: arrays
     or ``jax.ShapeDtypeStruct``): (the optimizer, the params' shardings, the optimizer
     state's shardings, the jitted ``step(params, opt_state, *batches) -> (params, opt_state,
@@ -230,7 +230,7 @@ def sft_program(cfg: ModelConfig, optim: OptimConfig, params: Any, *, roles: Seq
 
 def sft_step(params: Any, cfg: ModelConfig, optim: OptimConfig, *, roles: Sequence[str] = ROLES,
              heads: Sequence[Array | None] | None = None, mesh: Any = None, logits_chunk: int | None = None,
-             remat: str = "none") -> tuple[Any, Any, Callable]:
+             remat: str = "dots") -> tuple[Any, Any, Callable]:
     """The one warm-start step of every job: (params, optimizer state, the jitted
     ``step(params, opt_state, *batches) -> (params, opt_state, metrics)``) on
     :func:`sft_loss` over ``roles`` (one batch per role, ``heads`` passed on). Metrics:
