@@ -143,8 +143,9 @@ def test_a_judge_trained_on_verdicts_reads_them_back(judge_parts):
     assert [rows.tokens[i, first[i]] for i in range(3)] == [yes, no, no] and rows.loss_mask.sum(1).tolist() == [2] * 3
     assert chat.tokenizer.decode(rows.tokens[2, :first[2]]).count("Is the answer short?") == 1
     before = agreement(Judge(jc, cfg, params, chat), triples)
-    scfg = TextSFTConfig(steps=40, batch=8, bucket=32, optim=OptimConfig(learning_rate=1e-2, warmup_steps=5,
-                                                                        decay_steps=40))
+    # 60 steps: at 40 the last verdict was a coin flip of float rounding (remat none 16/16, dots 15/16)
+    scfg = TextSFTConfig(steps=60, batch=8, bucket=32, optim=OptimConfig(learning_rate=1e-2, warmup_steps=5,
+                                                                        decay_steps=60))
     trained = train_judge(params, cfg, chat, jc, [(rubric, triples)], scfg)
     after = agreement(Judge(jc, cfg, trained, chat), triples)
     assert after["accuracy"] == 1.0 and before["accuracy"] < 0.9, (before, after)
