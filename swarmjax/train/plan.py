@@ -296,7 +296,8 @@ _REMEDIES: dict[str, tuple[str, ...]] = {
     "rollout": ("a smaller --rollout-batch (the rows decoded at once)", "a shorter --seq (rollout.contexts)",
                 "a larger fsdp or tensor axis in --mesh (mesh.fsdp, mesh.tensor)"),
     "judge": ("a smaller --judge-batch (judge.batch)", "a shorter --judge-prompt"),
-    "warm start": ("--remat block (sft.remat)", "a smaller --warm-batch (sft.batch)", "a larger fsdp axis in --mesh (mesh.fsdp)"),
+    "warm start": ("--remat block (sft.remat)", "a smaller --warm-batch (sft.batch)",
+                   "a larger fsdp axis in --mesh (mesh.fsdp)"),
     "swarm": ("fewer --subagents or --subagent-lanes (rollout.subagent_lanes)", "a shorter --subagent-context",
               "a larger data axis in --mesh (mesh.data)"),
 }
