@@ -20,7 +20,6 @@ weights call no tool and rarely stop early, so each episode is one turn of
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os

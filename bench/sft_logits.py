@@ -73,7 +73,8 @@ def main() -> None:
             jax.block_until_ready(m)
         call()
         out[f"{name}_step_s"] = time_best(call, args.repeats)
-        del holder, params, opt_state
+        holder.clear()                                 # the next arm's params and state in its place
+        params = opt_state = None
     if len(runs) == 2 and len(args.remat) == 1:
         out["speedup"] = out["whole_step_s"] / out["chunked_step_s"]
         out["temp_ratio"] = out["chunked_temp_gib"] / out["whole_temp_gib"]
