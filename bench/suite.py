@@ -70,6 +70,7 @@ class Section:
     quick: tuple[str, ...] | None       # None: not in --quick (say why in ``why_not_quick``)
     rows: Callable[[dict, dict], list[tuple[str, str, str, str]]]
     why_not_quick: str = ""
+    gpu_flags: tuple[str, ...] = ()      # flags added at real sizes on a GPU
 
 
 def _decode_rows(out: dict, floors: dict) -> list:
@@ -127,14 +128,17 @@ def _rl_step_rows(r: dict, floors: dict) -> list:
              f"{r['first_step_s'] / r['step_s']:.1f}x")]
 
 
+BF16 = ("--dtype", "bfloat16")
+
 SECTIONS: dict[str, Section] = {
     "decode": Section("sampler.py",
                       ("--sizes", "qwen3-0.6b", "--batch", "32", "--prompt-len", "64", "--new-tokens", "128"),
                       ("--sizes", "tiny", "--batch", "2", "--prompt-len", "8", "--new-tokens", "8", "--repeats", "1"),
-                      _decode_rows),
+                      _decode_rows, gpu_flags=BF16),
     "profile": Section("profile_ops.py", ("--size", "qwen3-0.6b", "--batch", "32", "--prompt-len", "64",
                                           "--new-tokens", "128"),
-                       ("--size", "tiny", "--batch", "2", "--prompt-len", "8", "--new-tokens", "8"), _profile_rows),
+                       ("--size", "tiny", "--batch", "2", "--prompt-len", "8", "--new-tokens", "8"), _profile_rows,
+                       gpu_flags=BF16),
     "update": Section("update.py", ("--sizes", "qwen3-0.6b", "--batch", "16", "--seq", "512", "--repeats", "2"),
                       ("--sizes", "tiny", "--batch", "2", "--seq", "32", "--repeats", "1"), _update_rows),
     "muon": Section("update.py", ("--sizes", "qwen3-0.6b", "--batch", "4", "--seq", "512", "--repeats", "2",
@@ -156,9 +160,7 @@ def run_section(name: str, *, quick: bool, timeout: float) -> tuple[dict | None,
     s = SECTIONS[name]
     if quick and s.quick is None:
         return None, 0.0, f"skipped with --quick: {s.why_not_quick}"
-    flags = list(s.quick if quick else s.full)
-    if name in ("decode", "profile") and on_gpu() and not quick:
-        flags += ["--dtype", "bfloat16"]
+    flags = list(s.quick) if quick else list(s.full) + list(s.gpu_flags if on_gpu() else ())
     t0 = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, os.path.join(HERE, s.script), *flags, "--json"], capture_output=True,
