@@ -9,7 +9,7 @@ small model with a large vocabulary, as a tiny model over Qwen3's tokenizer is: 
 ``logits_chunk=0`` (the whole logits, and their float32 log-softmax and gradient, at once)
 and with the default chunk (:func:`~swarmjax.rl.losses.auto_logits_chunk`: a chunk's
 float32 logits within 256 MiB), in one process, each under every ``--remat`` policy
-(``models.transformer.remat_policy``; default: the warm start's own, ``TextSFTConfig.remat``).
+(``models.remat``; default: the warm start's own, ``TextSFTConfig.remat``).
 Prints each step's best time, the compiled step's temporary bytes, and the ratios.
 """
 

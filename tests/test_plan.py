@@ -15,7 +15,7 @@ import pytest
 from swarmjax.models import ModelConfig, forward, init_params
 from swarmjax.models.config import PRESETS
 from swarmjax.models.hf import config_to_hf
-from swarmjax.models.transformer import remat_policy
+from swarmjax.models.remat import remat_policy
 from swarmjax.rl.trajectory import TrajectoryBatch
 from swarmjax.rl.update import Learner, UpdateConfig
 from jax.sharding import PartitionSpec

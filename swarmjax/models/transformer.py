@@ -50,6 +50,7 @@ from swarmjax.models.dense import dense
 from swarmjax.models.lora import attach as attach_lora
 from swarmjax.models.lora import delta, init_lora
 from swarmjax.models.moe import MoE
+from swarmjax.models.remat import remat_policy
 from swarmjax.models.rope import (apply_rope, rope_attention_factor, rope_inv_freq,  # noqa: F401  (re-exported)
                                   rope_table, rope_tables)
 
@@ -363,37 +364,6 @@ def cache_logical_axes(cfg: ModelConfig) -> KVCache:
     return KVCache(k=k, v=v, valid=P("batch", "cache_seq"))
 
 
-# ----------------------------------------------------------------------------- remat
-
-# Rematerialisation of the layer stack in training and scoring (``forward(remat=...)``):
-# what each layer keeps for the backward pass. "none" keeps every activation; "block"
-# keeps only each layer's input and recomputes the rest in the backward pass (memory
-# ~ L x B x T x D instead of every intermediate; one extra forward of compute); any
-# other name is one of ``jax.checkpoint_policies`` (e.g. "dots_with_no_batch_dims_saveable":
-# keep the weight matmuls' outputs, recompute the attention and elementwise ops).
-# "dots" keeps the outputs of the weight matmuls (``dots_with_no_batch_dims_saveable``) and
-# recomputes the attention scores and the elementwise ops: at Qwen3-0.6B, 16 x 512 ids, the
-# warm start's step plans at 20.11 GiB against 53.57 keeping everything (12.86 with "block").
-REMAT_POLICIES: dict[str, Any] = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
-                                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
-
-
-def remat_policy(name: str) -> Any:
-    """The ``jax.checkpoint`` policy named ``name`` (:data:`REMAT_POLICIES` or a
-    ``jax.checkpoint_policies`` attribute); None for "none". Raises ValueError."""
-    if name in REMAT_POLICIES:
-        return REMAT_POLICIES[name]
-    policy = getattr(jax.checkpoint_policies, name, None)
-    if policy is None or name.startswith("_") or not callable(policy):
-        named = sorted(n for n in dir(jax.checkpoint_policies) if not n.startswith("_"))
-        raise ValueError(f"unknown remat policy {name!r}; known: {sorted(REMAT_POLICIES)} or a "
-                         f"jax.checkpoint_policies name: {named}")
-    if name.startswith(("save_", "offload_", "save_and_offload")) or name == "save_from_both_policies":
-        raise ValueError(f"jax.checkpoint_policies.{name} builds a policy from arguments; "
-                         "give a ready policy name such as 'dots_saveable'")
-    return policy
-
-
 # ----------------------------------------------------------------------------- forward
 
 
@@ -445,7 +415,8 @@ def forward(params: dict[str, Any], cfg: ModelConfig, tokens: Array, *,
         ``positions`` continue after it). Needs ``cache``.
       prefix_rows: [B] bool, the rows that attend over ``prefix`` (default: all).
       remat: static; without a cache, what each layer keeps for the backward pass
-        (:func:`remat_policy`: "none", "block" or a ``jax.checkpoint_policies`` name).
+        (:func:`~swarmjax.models.remat.remat_policy`: "none", "dots", "block" or a
+        ``jax.checkpoint_policies`` name).
         The values are the same; only the memory of a gradient and its compute change.
       activation_sharding: optional sharding of the hidden state [B, T, D] (e.g. rows over
         the data axes), imposed after the embedding and after every layer so the SPMD

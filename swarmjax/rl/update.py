@@ -43,8 +43,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from swarmjax.models.config import ModelConfig
 from swarmjax.models.lora import frozen_part, over_base
-from swarmjax.models.transformer import (forward, forward_after_head, output_head, param_logical_axes,
-                                         remat_policy)
+from swarmjax.models.remat import remat_policy
+from swarmjax.models.transformer import forward, forward_after_head, output_head, param_logical_axes
 from swarmjax.optim.muon import OptimConfig, make_optimizer
 from swarmjax.optim.qk_clip import qk_clip
 from swarmjax.rl.advantages import ADVANTAGES
@@ -76,8 +76,8 @@ class UpdateConfig:
     optim: OptimConfig = OptimConfig()
     num_minibatches: int = 4      # GSPO paper: rollout batch split into 4 minibatches
     num_microbatches: int = 1     # gradient accumulation inside each minibatch
-    # per-layer rematerialisation of the forward (models.transformer.remat_policy); "dots" keeps the weight
-    # matmuls' outputs and recomputes attention scores and elementwise ops (what it saves: REMAT_POLICIES)
+    # per-layer rematerialisation of the forward (models.remat): "dots" keeps the weight matmuls'
+    # outputs and recomputes attention scores and elementwise ops
     remat: str = "dots"
     # log-probs this many positions at a time (losses.chunked_token_logprobs); None: as many as keep a
     # chunk's float32 logits within losses.LOGITS_CHUNK_BYTES for the microbatch's rows; 0: all at once

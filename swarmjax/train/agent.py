@@ -31,7 +31,7 @@ import numpy as np
 from swarmjax.envs.api import Played, play
 from swarmjax.envs.task import ROLES, Demo, EnvContext, demonstration, make_env
 from swarmjax.models.config import ModelConfig
-from swarmjax.models.transformer import remat_policy
+from swarmjax.models.remat import remat_policy
 from swarmjax.optim import OptimConfig
 from swarmjax.rl.losses import loss_preset
 from swarmjax.rl.parl import PARLConfig
@@ -84,7 +84,7 @@ class TextSFTConfig:
       still each batch's mean over its ids, so a short batch's ids weigh more than in a
       mixed one.
     remat: the layers' rematerialisation in the step's backward pass
-      (:func:`~swarmjax.models.transformer.remat_policy`), as ``rl.update.remat`` is the
+      (:func:`~swarmjax.models.remat.remat_policy`), as ``rl.update.remat`` is the
       learner's: "dots" (the default) keeps the weight matmuls' outputs and recomputes the
       rest, so Qwen3-0.6B's 16 x 512 step plans at 20 GiB, not 54 ("none"); "block" keeps
       only each layer's input (13 GiB). The logits are chunked by default

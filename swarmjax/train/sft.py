@@ -105,7 +105,7 @@ def _role_stats(params: Any, cfg: ModelConfig, tokens: Array, token_mask: Array,
     are longer (:func:`~swarmjax.rl.losses.chunked_token_logprobs`: never the whole
     [B, T, V] logits; None: as many as :func:`~swarmjax.rl.losses.auto_logits_chunk`
     allows for B rows; 0: all at once). ``remat``: the layers' rematerialisation
-    (:func:`~swarmjax.models.transformer.remat_policy`; the rows after a ``head`` only)."""
+    (:func:`~swarmjax.models.remat.remat_policy`; the rows after a ``head`` only)."""
     act = None if mesh is None else rows_sharding(mesh, (*tokens.shape, 1))
     if logits_chunk is None:
         logits_chunk = auto_logits_chunk(tokens.shape[0], cfg.vocab_size)
